@@ -1,0 +1,161 @@
+"""`lospmm` console script: run, rerun, inspect."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lospmm.flows.config import DEFAULT_M1, ConfigError, RunConfig, validated
+from lospmm.flows.store import STAGES
+from lospmm.stages.extract import ZOO_NAMES
+
+app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (LO-SpMM).",
+                  no_args_is_help=True, add_completion=False)
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+# Options that take several values after one flag: `--sparsity 0.5 0.7 0.9`.
+_MULTI = ("--sparsity", "--zoo", "--m1")
+_ARTIFACTS = typer.Option("artifacts", "--artifacts", help="Artifact root directory.")
+
+
+def main() -> None:
+    """Entry point: lets list options take space-separated values, then runs the app."""
+    app(args=_expanded(sys.argv[1:]), prog_name="lospmm")
+
+
+def _expanded(argv: list[str]) -> list[str]:
+    out, current = [], None
+    for tok in argv:
+        if tok.startswith("-"):
+            current = tok if tok in _MULTI else None
+            out.append(tok)
+        elif current and out and out[-1] != current and not out[-1].startswith("-"):
+            out += [current, tok]  # a further value of the same list option
+        else:
+            out.append(tok)
+    return out
+
+
+@app.command()
+def run(
+    zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors file; every 2-D tensor is a linear layer."),
+    tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers."),
+    sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
+    until: str = typer.Option("constrain", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
+    artifacts: str = _ARTIFACTS,
+    gpu: str = typer.Option("h100", "--gpu", help="Built-in device table: h100, h200, a100, v100, 2080ti."),
+    seed: int = typer.Option(0, "--seed"),
+    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (default: random for the zoo, magnitude for weights)."),
+    batch: int = typer.Option(32, "--batch", help="BERT batch size."),
+    seq_len: int = typer.Option(128, "--seq-len", help="BERT sequence length."),
+    cnn_batch: int = typer.Option(4, "--cnn-batch", help="CNN batch size."),
+    image_size: int = typer.Option(224, "--image-size"),
+    m1: list[int] = typer.Option(list(DEFAULT_M1), "--m1", help="Candidate M1 values (rows per thread)."),
+    th_row: float = typer.Option(0.25, "--th-row", help="Load-balance threshold on COV_row."),
+    th_col: float = typer.Option(0.25, "--th-col", help="Load-balance threshold on WASTE_col."),
+) -> None:
+    """Run the pipeline over zoo models and/or a weights file."""
+    if not zoo and weights is None:
+        zoo = ["bert-base"]
+    if "all" in zoo:
+        zoo = list(ZOO_NAMES)
+    cfg = RunConfig(zoo=tuple(zoo), weights=str(weights) if weights else None, tokens=tokens,
+                    sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
+                    prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
+                    m1s=tuple(m1), th_row=th_row, th_col=th_col)
+    _run(cfg, refresh=[])
+
+
+@app.command()
+def rerun(
+    stage: str = typer.Option(..., "--stage", help=f"Stage to recompute with its dependants: {', '.join(STAGES)}."),
+    run_id: Optional[str] = typer.Argument(None, help="Run to repeat (default: the latest)."),
+    artifacts: str = _ARTIFACTS,
+) -> None:
+    """Recompute one stage and everything downstream of it for an earlier run's inputs."""
+    from lospmm.flows.runs import run_record
+
+    if stage not in STAGES:
+        _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
+    try:
+        record = run_record(artifacts, run_id)
+    except LookupError as e:
+        _fail(str(e))
+    cfg = RunConfig.from_dict({**record["config"], "artifacts": artifacts})
+    stages = cfg.stages()
+    if stage not in stages:
+        _fail(f"run {record['run_id']} stopped at {cfg.until!r}; it has no {stage!r} stage")
+    _run(cfg, refresh=list(stages[stages.index(stage):]))
+
+
+@app.command()
+def inspect(
+    run_id: Optional[str] = typer.Argument(None, help="Run id (a unique prefix will do)."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="Show this stage's artifact contents."),
+    layer: Optional[str] = typer.Option(None, "--layer", help="Only rows of layers containing this text."),
+    rows: bool = typer.Option(False, "--rows", help="For constrain: every candidate, not the per-layer summary."),
+    limit: int = typer.Option(60, "--limit", help="Most rows to print per artifact."),
+    all_columns: bool = typer.Option(False, "--all-columns", help="Every column except the list payloads."),
+    artifacts: str = _ARTIFACTS,
+) -> None:
+    """List runs; a run's artifacts; or one stage's artifact contents."""
+    from lospmm.flows import inspection
+    from lospmm.flows.runs import run_record, run_records
+
+    if run_id is None and stage is None:
+        records = run_records(artifacts)
+        if not records:
+            _fail(f"no runs under {Path(artifacts) / 'runs'}; start one with `lospmm run`")
+        console.print(inspection.runs_table(records))
+        return
+    try:
+        record = run_record(artifacts, run_id)
+    except LookupError as e:
+        _fail(str(e))
+    if stage is None:
+        console.print(inspection.run_table(record))
+        return
+    if stage not in STAGES:
+        _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
+    for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):
+        console.print(table)
+        console.print(title, style="dim")
+
+
+def _run(cfg: RunConfig, refresh: list[str]) -> None:
+    try:
+        validated(cfg)
+    except ConfigError as e:
+        _fail(str(e))
+    from lospmm.flows import inspection
+    from lospmm.flows.pipeline import new_run_id, pipeline
+
+    run_id = new_run_id()
+    console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
+                  + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
+    result = pipeline(config=cfg.as_dict(), refresh=refresh, run_id=run_id)
+    from lospmm.flows.runs import run_record
+
+    record = run_record(cfg.artifacts, result["run_id"])
+    console.print(inspection.run_table(record))
+    problems = inspection.problems_table(record)
+    if problems is not None:
+        console.print(problems)
+    if record["status"] != "completed":
+        raise typer.Exit(1)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Readable views of run records and artifacts for `lospmm inspect` (rich tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from rich.table import Table
+
+from lospmm.flows.schemas import LIST_COLUMNS
+from lospmm.flows.store import read_artifact
+from lospmm.stages.constrain import REMOVED_BY
+
+
+# What `inspect --stage S` shows by default; --all-columns shows every non-list column.
+VIEW_COLUMNS = {
+    "extract": ["layer", "op", "m", "n", "k", "repeat", "kh", "stride", "h_out", "status", "message"],
+    "prune": ["layer", "m", "n", "k", "repeat", "sparsity_requested", "sparsity_achieved", "nnz", "status",
+              "message", "seconds"],
+    "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "identity_max_nnc", "reordered_max_nnc",
+                "identity_mean_nnc", "reordered_mean_nnc", "identity_cov_nnz", "reordered_cov_nnz", "status",
+                "seconds"],
+    "constrain": ["layer", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
+                  "removed_by"],
+}
+
+
+def runs_table(records: list[dict]) -> Table:
+    t = Table(title="runs")
+    for c in ("run", "status", "started", "wall s", "models", "sparsities", "until", "tasks", "cached"):
+        t.add_column(c)
+    for r in records:
+        cfg, entries = r["config"], r.get("entries", [])
+        models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])
+        t.add_row(r["run_id"], r["status"], r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
+                  " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg["until"], str(len(entries)),
+                  str(sum(e["state"] == "Cached" for e in entries)))
+    return t
+
+
+def run_table(record: dict) -> Table:
+    t = Table(title=f"run {record['run_id']} — {record['status']}"
+              + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else ""))
+    for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "key", "artifact"):
+        t.add_column(c, overflow="fold")
+    for e in record.get("entries", []):
+        state = e["state"] + (" (reused file)" if e.get("reused") and e["state"] != "Cached" else "")
+        t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
+                  _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
+    return t
+
+
+def problems_table(record: dict) -> Table | None:
+    seen = {}
+    for e in record.get("entries", []):
+        for p in e.get("problems", []):
+            seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
+    if not seen:
+        return None
+    t = Table(title="layers with problems (the other layers completed)")
+    for c in ("model", "layer", "first seen in", "status", "message"):
+        t.add_column(c, overflow="fold")
+    for (model, layer), (stage, status, msg) in sorted(seen.items()):
+        t.add_row(model, layer, stage, status, msg)
+    return t
+
+
+def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: bool,
+                 limit: int, all_columns: bool = False) -> Iterator[tuple[str, Table]]:
+    entries = [e for e in record.get("entries", []) if e["stage"] == stage and e.get("path")]
+    if not entries:
+        yield f"run {record['run_id']} has no {stage} artifact", Table()
+    for e in entries:
+        path = Path(root) / e["path"]
+        table = read_artifact(path)
+        if layer:
+            table = table.filter(pc.match_substring(table["layer"], layer))
+        if stage == "constrain" and not rows:
+            yield str(path), _reduction_table(table, e)
+        else:
+            cols = None if all_columns else VIEW_COLUMNS[stage]
+            yield str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}", cols)
+
+
+def _reduction_table(table: pa.Table, entry: dict) -> Table:
+    """Per layer: candidates left after each constraint (Fig. 3 in numbers), and the kept tiles."""
+    t = Table(title=f"constrain {entry.get('model', '')} s={entry.get('sparsity', '')}: candidates left")
+    for c in ("layer", "M", "N", "K", "total", *(f"-{r}" for r in REMOVED_BY), "kept", "kept (M1,N1) sample"):
+        t.add_column(c, overflow="fold", no_wrap=c == "layer")
+    for row_layer in dict.fromkeys(table.column("layer").to_pylist()):
+        sub = table.filter(pc.equal(table["layer"], row_layer)).to_pylist()
+        removed = [r["removed_by"] for r in sub]
+        kept = [r for r in sub if r["kept"]]
+        sample = ", ".join(f"({r['m1']},{r['n1']})" for r in kept[:6]) + (" …" if len(kept) > 6 else "")
+        first = sub[0]
+        t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(sub)),
+                  *(str(removed.count(r)) for r in REMOVED_BY), str(len(kept)),
+                  sample if first["status"] != "error" else first["message"])
+    return t
+
+
+def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table:
+    cols = columns or [c for c in table.column_names if c not in LIST_COLUMNS]
+    t = Table(title=f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})")
+    for c in cols:
+        t.add_column(c, overflow="fold", no_wrap=c == "layer")
+    for r in table.slice(0, limit).select(cols).to_pylist():
+        t.add_row(*(_num(v) if isinstance(v, float) else str(v) for v in r.values()))
+    return t
+
+
+def _num(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

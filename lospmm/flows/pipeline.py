@@ -1,0 +1,322 @@
+"""The Prefect flow over stages 1–4: load inputs -> call the stage -> write the artifact ->
+return a small manifest.
+
+Each task's cache key is its artifact key (stage, stage code version, parameters, input keys), so
+a re-run with nothing changed is all Cached; the flow checks each artifact on disk first and
+recomputes one that is missing or fails its checksum. A task also reuses a whole artifact that a
+killed run left behind without a Prefect cache record.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import wait
+
+from lospmm.flows import schemas
+from lospmm.flows.config import RunConfig, validated, weights_label
+from lospmm.flows.runs import write_run_record
+from lospmm.flows.store import (
+    STAGES,
+    artifact_key,
+    artifact_path,
+    file_sha256,
+    read_artifact,
+    stage_version,
+    valid_sidecar,
+    write_artifact,
+)
+from lospmm.flows.weights import load_tensor, tensor_infos
+from lospmm.stages.constrain import ConstrainParams, constrained_candidates
+from lospmm.stages.devices import device_named
+from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
+from lospmm.stages.prune import PruneParams, pruned_layer
+from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
+
+
+def _cache_key(_context, parameters: dict[str, Any]) -> str:
+    return parameters["key"]
+
+
+_TASK = dict(cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+
+
+# --- tasks: thin wrappers that load, call a stage per layer, and write one artifact -------------
+
+
+@task(name="extract", task_run_name="extract:{label}", **_TASK)
+def extract_task(key: str, root: str, label: str, source: dict, force: bool = False) -> dict:
+    def compute():
+        if source["kind"] == "zoo":
+            shapes = zoo_shapes(source["name"], ZooParams(**source["zoo"]))
+        else:
+            shapes = weight_shapes(label, tensor_infos(source["path"]), source["tokens"])
+        return [schemas.shape_row(s, source.get("path") or source["name"], source.get("sha256", "")) for s in shapes]
+
+    return _run_stage("extract", key, root, label, force, compute)
+
+
+@task(name="prune", task_run_name="prune:{label}", **_TASK)
+def prune_task(key: str, root: str, label: str, shapes: dict, sparsity: float, method: str,
+               seed: int, weights: str | None = None, force: bool = False) -> dict:
+    def compute():
+        table = read_artifact(Path(root) / shapes["path"])
+        params = PruneParams(method=method, seed=seed)
+        rows = []
+        for row in table.to_pylist():
+            shape = schemas.shape_from_row(row)
+            if shape.status == "skipped":
+                continue
+            t0 = time.perf_counter()
+            try:
+                weight = load_tensor(weights, shape.layer) if (weights and shape.ok) else None
+                layer = pruned_layer(shape, sparsity, params, weight)
+            except Exception as e:  # one bad layer never sinks the others
+                layer = None
+                err = f"{shape.layer}: {type(e).__name__}: {e}"
+            base = {f: row[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat")}
+            if layer is None:
+                rows.append({**base, "sparsity_requested": sparsity, "method": method, "nnz": 0,
+                             "status": "error", "message": err, "seconds": time.perf_counter() - t0})
+                continue
+            a = layer.matrix
+            rows.append({
+                **base, "sparsity_requested": sparsity, "sparsity_achieved": layer.sparsity_achieved,
+                "method": method, "nnz": layer.nnz, "status": layer.status, "message": layer.message,
+                "indptr": None if a is None else a.indptr, "indices": None if a is None else a.indices,
+                "data": None if a is None else a.data, "seconds": time.perf_counter() - t0,
+            })
+        return rows
+
+    return _run_stage("prune", key, root, label, force, compute)
+
+
+@task(name="reorder", task_run_name="reorder:{label}", **_TASK)
+def reorder_task(key: str, root: str, label: str, pruned: dict, m1s: list[int], force: bool = False) -> dict:
+    def compute():
+        table = read_artifact(Path(root) / pruned["path"])
+        params = ReorderParams()
+        rows = []
+        for i in range(table.num_rows):
+            info = {c: table.column(c)[i].as_py() for c in ("model", "layer", "op", "m", "n", "k", "repeat",
+                                                           "nnz", "status", "message", "sparsity_requested")}
+            base = {f: info[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "nnz")}
+            base["sparsity"] = info.pop("sparsity_requested")
+            if info["status"] != "ok":
+                rows.append({**base, "m1": 0, "status": info["status"], "message": info["message"]})
+                continue
+            try:
+                matrix = schemas.csr_from_row(table, i)
+                nonempty = int((matrix.getnnz(axis=1) > 0).sum())
+                # An M1 above the non-empty row count tiles like M1 = that count; keep it once.
+                for m1 in sorted({min(m, nonempty) for m in m1s}):
+                    t0 = time.perf_counter()
+                    tiles = reordered_tiles(matrix, m1, params)
+                    ident = tile_stats(identity_tiles(matrix, m1))
+                    rows.append({
+                        **base, "m1": m1, "status": "ok", "message": "",
+                        "num_tiles": tiles.num_tiles, "num_empty_rows": len(tiles.empty_rows),
+                        "empty_rows": tiles.empty_rows, "rows": tiles.rows, "tile_ptr": tiles.tile_ptr,
+                        "tile_nnz": tiles.tile_nnz, "tile_nnc": tiles.tile_nnc,
+                        **_prefixed("identity", ident), **_prefixed("reordered", tile_stats(tiles)),
+                        "seconds": time.perf_counter() - t0,
+                    })
+            except Exception as e:
+                rows.append({**base, "m1": 0, "status": "error",
+                             "message": f"{info['layer']}: {type(e).__name__}: {e}"})
+        return rows
+
+    return _run_stage("reorder", key, root, label, force, compute)
+
+
+@task(name="constrain", task_run_name="constrain:{label}", **_TASK)
+def constrain_task(key: str, root: str, label: str, reordered: dict, gpu: str, th_row: float,
+                   th_col: float, force: bool = False) -> dict:
+    def compute():
+        cols = [c for c in schemas.REORDERED.names if c not in schemas.LIST_COLUMNS]
+        table = read_artifact(Path(root) / reordered["path"], columns=cols)
+        device = device_named(gpu)
+        params = ConstrainParams(th_row=th_row, th_col=th_col)
+        layers: dict[str, list[dict]] = {}
+        for row in table.to_pylist():
+            layers.setdefault(row["layer"], []).append(row)
+        rows = []
+        for layer, group in layers.items():
+            first = group[0]
+            base = {f: first[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity")}
+            base.update(gpu=device.name, arch=device.arch)
+            if first["status"] == "error":
+                rows.append({**base, "kept": False, "removed_by": "error", "status": "error",
+                             "message": first["message"]})
+                continue
+            stats = {
+                r["m1"]: TileStats(r["num_tiles"], r["reordered_max_nnc"], r["reordered_mean_nnc"],
+                                   r["reordered_nnc_sum"], r["reordered_max_nnz"], r["reordered_cov_nnz"])
+                for r in group if r["status"] == "ok"
+            }
+            if first["status"] == "empty":  # all-zero layer: every tile size is removed as empty
+                stats = {m1: TileStats(0, 0, 0.0, 0, 0, 0.0) for m1 in (1,)}
+            try:
+                cands = constrained_candidates(first["n"], stats, device, params)
+            except Exception as e:
+                rows.append({**base, "kept": False, "removed_by": "error", "status": "error",
+                             "message": f"{layer}: {type(e).__name__}: {e}"})
+                continue
+            for c in cands:
+                rows.append({**base, **vars(c), "kept": c.kept, "status": first["status"],
+                             "message": first["message"]})
+        return rows
+
+    return _run_stage("constrain", key, root, label, force, compute)
+
+
+def _prefixed(prefix: str, stats: TileStats) -> dict:
+    return {f"{prefix}_{k}": v for k, v in vars(stats).items() if k != "num_tiles"}
+
+
+def _run_stage(stage: str, key: str, root: str, label: str, force: bool, compute: Callable[[], list]) -> dict:
+    path = artifact_path(root, stage, label, key)
+    meta = None if force else valid_sidecar(path)
+    if meta is not None:  # a finished artifact without a cache record (e.g. the run was killed)
+        return _manifest(meta, root, path, reused=True)
+    t0 = time.perf_counter()
+    rows = compute()
+    table = schemas.table_from_rows(rows, schemas.SCHEMAS[stage])
+    problems = [{"layer": r["layer"], "status": r["status"], "message": r["message"]}
+                for r in rows if r.get("status") not in ("ok", None)]
+    # One problem row per layer (reorder/constrain repeat the layer's status on each of its rows).
+    problems = list({p["layer"]: p for p in problems}.values())
+    meta = {"stage": stage, "key": key, "label": label, "seconds": time.perf_counter() - t0,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "problems": problems}
+    return _manifest(write_artifact(path, table, meta), root, path, reused=False)
+
+
+def _manifest(meta: dict, root: str, path: Path, reused: bool) -> dict:
+    return {"stage": meta["stage"], "key": meta["key"], "label": meta["label"],
+            "path": str(path.relative_to(root)), "rows": meta["rows"], "seconds": meta["seconds"],
+            "problems": meta.get("problems", []), "reused": reused}
+
+
+# --- the flow ----------------------------------------------------------------------------------
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _label(*parts: Any) -> str:
+    return "-".join(str(p) for p in parts)
+
+
+@flow(name="lospmm-pipeline")
+def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
+    """Stages 1–4 (until `config['until']`) for every zoo model / weights file × sparsity.
+
+    `refresh` names stages to recompute even when cached (their dependants follow by key only
+    if their inputs' keys change, so callers pass the downstream stages too)."""
+    cfg = validated(RunConfig.from_dict(config))
+    run_id = run_id or new_run_id()
+    root = Path(cfg.artifacts).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    refresh = set(refresh or ())
+    stages = cfg.stages()
+    record = {"run_id": run_id, "config": cfg.as_dict(), "refresh": sorted(refresh), "status": "running",
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
+    write_run_record(root, record)
+    t_start = time.perf_counter()
+
+    submitted: list[tuple[dict, Any]] = []
+
+    def submit(task_, stage: str, label: str, where: dict, params: dict, inputs: list[str], **kwargs):
+        key = artifact_key(stage, stage_version(stage), params, inputs)
+        path = artifact_path(root, stage, label, key)
+        force = stage in refresh
+        use_cache = not force and valid_sidecar(path) is not None
+        fut = task_.with_options(refresh_cache=not use_cache, result_storage=root / ".prefect-results").submit(
+            key=key, root=str(root), label=label, force=force, **kwargs)
+        submitted.append(({"stage": stage, "label": label, "key": key, **where}, fut))
+        return key, fut
+
+    for source in _sources(cfg):
+        model = source["label"]
+        # The file's content, not where it lies, identifies real weights.
+        ex_params = {k: v for k, v in source.items() if k not in ("label", "path")}
+        ex_key, ex = submit(extract_task, "extract", model, {"model": model}, ex_params, [], source=source)
+        if "prune" not in stages:
+            continue
+        method = cfg.prune or ("magnitude" if source["kind"] == "weights" else "random")
+        for s in cfg.sparsities:
+            where = {"model": model, "sparsity": s}
+            lab = _label(model, f"s{s:g}")
+            pr_key, pr = submit(prune_task, "prune", lab, where,
+                                {"sparsity": s, "method": method, "seed": cfg.seed},
+                                [ex_key], shapes=ex, sparsity=s, method=method, seed=cfg.seed,
+                                weights=source.get("path"))
+            if "reorder" not in stages:
+                continue
+            m1s = sorted(set(cfg.m1s))
+            ro_key, ro = submit(reorder_task, "reorder", lab, where, {"m1s": m1s}, [pr_key],
+                                pruned=pr, m1s=m1s)
+            if "constrain" not in stages:
+                continue
+            submit(constrain_task, "constrain", lab, where,
+                   {"gpu": cfg.gpu, "th_row": cfg.th_row, "th_col": cfg.th_col}, [ro_key],
+                   reordered=ro, gpu=cfg.gpu, th_row=cfg.th_row, th_col=cfg.th_col)
+
+    wait([f for _, f in submitted])
+    for entry, fut in submitted:
+        state = fut.state
+        entry["state"] = state.name
+        if state.is_completed():
+            m = fut.result()
+            entry.update(path=m["path"], rows=m["rows"], seconds=m["seconds"], problems=m["problems"],
+                         reused=m["reused"])
+        else:
+            entry["error"] = _state_message(state)
+        record["entries"].append(entry)
+    record.update(status="completed" if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
+                  else "failed", wall_seconds=time.perf_counter() - t_start,
+                  finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_run_record(root, record)
+    _publish_summary(root, record)
+    return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+
+
+def _sources(cfg: RunConfig) -> list[dict]:
+    # Only the sizes a model uses enter its key: a CNN batch change leaves BERT cached.
+    sizes = {"bert-base": {"batch": cfg.batch, "seq_len": cfg.seq_len}}
+    cnn = {"cnn_batch": cfg.cnn_batch, "image_size": cfg.image_size}
+    out = [{"kind": "zoo", "name": name, "label": name, "zoo": sizes.get(name, cnn)} for name in cfg.zoo]
+    if cfg.weights:
+        path = str(Path(cfg.weights).resolve())
+        out.append({"kind": "weights", "name": weights_label(path), "label": weights_label(path),
+                    "path": path, "sha256": file_sha256(Path(path)), "tokens": cfg.tokens})
+    return out
+
+
+def _state_message(state) -> str:
+    try:
+        state.result()
+    except BaseException as e:  # the task's own exception, for the record
+        return "".join(traceback.format_exception_only(type(e), e)).strip()
+    return state.message or state.name
+
+
+def _publish_summary(root: Path, record: dict) -> None:
+    lines = [f"# lospmm run `{record['run_id']}` — {record['status']}", "",
+             "| stage | model | sparsity | state | rows | seconds | artifact |", "|---|---|---|---|---|---|---|"]
+    for e in record["entries"]:
+        link = f"[{e.get('path', '-')}]({(root / e['path']).as_uri()})" if e.get("path") else e.get("error", "-")
+        lines.append(f"| {e['stage']} | {e.get('model', '')} | {e.get('sparsity', '')} | {e['state']} | "
+                     f"{e.get('rows', '')} | {e.get('seconds', 0):.2f} | {link} |")
+    problems = {(p["layer"], p["message"]) for e in record["entries"] for p in e.get("problems", [])}
+    if problems:
+        lines += ["", "## Layers with problems", ""] + [f"- `{layer}`: {msg}" for layer, msg in sorted(problems)]
+    create_markdown_artifact(markdown="\n".join(lines), key="lospmm-run-summary",
+                             description=f"lospmm run {record['run_id']}")

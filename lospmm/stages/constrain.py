@@ -1,0 +1,129 @@
+"""Stage 4, constrain: A_tiles per M1 and a device -> (M1, N1) candidates, each kept or removed
+with its reason (§3.2–3.4, Eq. 1).
+
+Candidates: every M1 the reorder stage tiled, × N1 ∈ {32, 64, …, 1024} (multiples of the warp
+size up to the per-block thread limit). Constraints apply in the paper's order and a candidate
+records the first one it fails:
+
+- register: the predicted registers per thread exceed the per-thread limit, or the block's
+  registers (allocated per warp in units of `reg_alloc_unit`) exceed the SM's or the block limit;
+- utilisation: block_num = num_A_tiles · ceil(N/N1) < SMs/2 (Eq. 1 with the relaxed bound);
+- load_balance: COV_row (coefficient of variation of nnz across A_tiles) > TH_row, or
+  WASTE_col (padded share of the ceil(N/N1)·N1 columns) > TH_col;
+- empty: the layer has no nonzero, so there is no kernel to tile.
+
+Register prediction follows Alg. 2's thread: M1 accumulators, `prefetch_regs` registers holding
+B values (the current column and the prefetched next one), and `overhead_regs` for pointers,
+indices and the column bound. It is kept in the artifact to be checked against ptxas later, and
+becomes the kernel's --maxrregcount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from lospmm.stages.devices import Device
+from lospmm.stages.reorder import TileStats
+
+REMOVED_BY = ("register", "utilisation", "load_balance", "empty")
+
+
+@dataclass(frozen=True)
+class ConstrainParams:
+    """Defaults: th_row=0.25, th_col=0.25 (the paper's §3.4 thresholds), min_blocks_per_sm=0.5
+    (Eq. 1 relaxed to SMs/2), prefetch_regs=2, overhead_regs=14."""
+
+    th_row: float = 0.25
+    th_col: float = 0.25
+    min_blocks_per_sm: float = 0.5
+    prefetch_regs: int = 2
+    overhead_regs: int = 14
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One tile size (M1, N1) with everything the constraints looked at."""
+
+    m1: int
+    n1: int
+    num_a_tiles: int
+    num_b_tiles: int
+    block_num: int
+    threads: int
+    pred_regs: int
+    block_regs: int
+    cov_row: float
+    waste_col: float
+    nnc_sum: int
+    nnz_max: int
+    max_nnc: int
+    removed_by: str | None
+
+    @property
+    def kept(self) -> bool:
+        return self.removed_by is None
+
+
+def n1_choices(device: Device) -> list[int]:
+    """Multiples of the warp size up to the per-block thread limit."""
+    return list(range(device.warp_size, device.max_threads_per_block + 1, device.warp_size))
+
+
+def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams()) -> int:
+    """Registers per thread of Alg. 2's thread tile: accumulators + B prefetch + overhead."""
+    return m1 + params.prefetch_regs + params.overhead_regs
+
+
+def block_registers(regs_per_thread: int, threads: int, device: Device) -> int:
+    """Registers a block occupies: per-warp allocation rounded up to the allocation unit."""
+    warps = -(-threads // device.warp_size)
+    per_warp = -(-(regs_per_thread * device.warp_size) // device.reg_alloc_unit) * device.reg_alloc_unit
+    return warps * per_warp
+
+
+def constrained_candidates(
+    n: int,
+    tiles_by_m1: Mapping[int, TileStats],
+    device: Device,
+    params: ConstrainParams = ConstrainParams(),
+) -> list[Candidate]:
+    """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`."""
+    if n < 1:
+        raise ValueError(f"N must be >= 1, got {n}")
+    out = []
+    for m1 in sorted(tiles_by_m1):
+        stats = tiles_by_m1[m1]
+        regs = predicted_registers(m1, params)
+        for n1 in n1_choices(device):
+            num_b = -(-n // n1)
+            blocks = stats.num_tiles * num_b
+            block_regs = block_registers(regs, n1, device)
+            waste = (num_b * n1 - n) / (num_b * n1)
+            if stats.num_tiles == 0:
+                reason = "empty"
+            elif (regs > device.max_regs_per_thread or block_regs > device.regs_per_sm
+                  or block_regs > device.max_regs_per_block):
+                reason = "register"
+            elif blocks < device.sms * params.min_blocks_per_sm:
+                reason = "utilisation"
+            elif stats.cov_nnz > params.th_row or waste > params.th_col:
+                reason = "load_balance"
+            else:
+                reason = None
+            out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, n1, regs, block_regs,
+                                 stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason))
+    return out
+
+
+def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:
+    """Candidates left after each constraint in order (the paper's Fig. 3 in numbers)."""
+    left = len(candidates)
+    counts = {"total": left}
+    reasons = np.array([c.removed_by or "" for c in candidates])
+    for step in ("empty", "register", "utilisation", "load_balance"):
+        left -= int(np.sum(reasons == step))
+        counts[f"after_{step}"] = left
+    return counts

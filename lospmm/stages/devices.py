@@ -1,0 +1,52 @@
+"""Built-in GPU descriptions used by the constrain (and later pad/time) stages.
+
+Facts come from NVIDIA's CUDA occupancy tables for each compute capability; the SM count is the
+named product's. The arch is always explicit: nothing here asks a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU's facts that the search depends on (per SM unless named otherwise)."""
+
+    name: str
+    arch: str  # e.g. "sm_90"
+    sms: int
+    regs_per_sm: int
+    max_regs_per_block: int
+    max_regs_per_thread: int
+    smem_per_sm: int  # bytes
+    max_smem_per_block: int  # bytes, opt-in maximum
+    reserved_smem_per_block: int  # bytes the runtime keeps per block
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    warp_size: int = 32
+    reg_alloc_unit: int = 256  # registers are allocated per warp in units of this many
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+DEVICES: dict[str, Device] = {
+    d.name: d
+    for d in (
+        Device("h100", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32),
+        Device("h200", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32),
+        Device("a100", "sm_80", 108, 65536, 65536, 255, 167936, 166912, 1024, 2048, 1024, 32),
+        Device("v100", "sm_70", 80, 65536, 65536, 255, 98304, 98304, 0, 2048, 1024, 32),
+        Device("2080ti", "sm_75", 68, 65536, 65536, 255, 65536, 65536, 0, 1024, 1024, 16),
+    )
+}
+
+
+def device_named(name: str) -> Device:
+    """The built-in description of `name` (case-insensitive); ValueError lists the known ones."""
+    key = name.strip().lower().replace("rtx", "").replace("-", "").replace(" ", "")
+    if key not in DEVICES:
+        raise ValueError(f"unknown GPU {name!r}; built-in: {', '.join(sorted(DEVICES))}")
+    return DEVICES[key]

@@ -1,0 +1,259 @@
+"""Stage 1, extract: model zoo entry or real weights -> GEMM shapes (§7.1).
+
+A linear layer y = W x with W of shape (out, in) is C = A·B with A = W (M = out, K = in) and
+B the activations (N = tokens). A convolution is lowered by im2col: M = Cout, K = Cin/groups·kh·kw,
+N = batch·Hout·Wout. Depthwise convolutions are not GEMMs; they are listed with status "skipped".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Sequence
+
+ZOO_NAMES = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
+
+
+@dataclass(frozen=True)
+class ZooParams:
+    """Zoo input sizes. Defaults: batch=32, seq_len=128 (BERT: N = 4096 tokens, the paper's
+    setting); cnn_batch=4, image_size=224 (N up to 4·112·112 = 50,176, the paper's largest N)."""
+
+    batch: int = 32
+    seq_len: int = 128
+    cnn_batch: int = 4
+    image_size: int = 224
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One GEMM C[M×N] = A[M×K]·B[K×N]; conv geometry is zero for linear layers."""
+
+    model: str
+    layer: str
+    op: str  # "linear" | "conv" | "depthwise" | "tensor"
+    m: int
+    n: int
+    k: int
+    repeat: int = 1
+    layers: tuple[str, ...] = ()
+    cin: int = 0
+    cout: int = 0
+    kh: int = 0
+    kw: int = 0
+    stride: int = 0
+    pad: int = 0
+    groups: int = 0
+    h_in: int = 0
+    w_in: int = 0
+    h_out: int = 0
+    w_out: int = 0
+    status: str = "ok"  # "ok" | "skipped" | "error"
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What extract needs to know of one tensor in a weights file."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def zoo_shapes(name: str, params: ZooParams = ZooParams()) -> list[LayerShape]:
+    """Distinct GEMM shapes of a built-in model, duplicates folded into `repeat`."""
+    builders = {
+        "bert-base": _bert_base,
+        "resnet50": _resnet50,
+        "mobilenetv2": _mobilenetv2,
+        "shufflenetv2": _shufflenetv2,
+    }
+    if name not in builders:
+        raise ValueError(f"unknown zoo model {name!r}; built-in: {', '.join(ZOO_NAMES)}")
+    _check_positive(params)
+    return folded_duplicates(builders[name](params))
+
+
+def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int) -> list[LayerShape]:
+    """One linear layer per 2-D tensor (M = rows, K = columns, N = tokens).
+
+    Each tensor keeps its own row (real weights differ even when shapes match); tensors of
+    another rank are listed as skipped, zero-sized ones as errors.
+    """
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    out = []
+    for t in tensors:
+        base = dict(model=model, layer=t.name, op="tensor", layers=(t.name,))
+        if len(t.shape) != 2:
+            out.append(
+                LayerShape(**base, m=0, n=tokens, k=0, status="skipped",
+                           message=f"{t.name}: {len(t.shape)}-D tensor {list(t.shape)} is not a linear weight")
+            )
+            continue
+        m, k = t.shape
+        shape = LayerShape(**{**base, "op": "linear"}, m=m, n=tokens, k=k)
+        if m == 0 or k == 0:
+            shape = _failed(shape, f"{t.name}: weight has an empty dimension (M={m}, K={k})")
+        out.append(shape)
+    return out
+
+
+def folded_duplicates(shapes: Sequence[LayerShape]) -> list[LayerShape]:
+    """Keep the first layer of each (op, M, N, K); count the rest in `repeat`, name them in `layers`."""
+    first: dict[tuple, LayerShape] = {}
+    members: dict[tuple, list[str]] = {}
+    repeats: dict[tuple, int] = {}
+    for s in shapes:
+        key = (s.op, s.m, s.n, s.k) if s.status != "skipped" else (s.op, s.layer)
+        if key not in first:
+            first[key], members[key], repeats[key] = s, [], 0
+        members[key].extend(s.layers or (s.layer,))
+        repeats[key] += s.repeat
+    return [_replace(s, repeat=repeats[key], layers=tuple(members[key])) for key, s in first.items()]
+
+
+def sanitized_name(text: str) -> str:
+    """A name safe for files and C identifiers: [A-Za-z0-9_], not starting with a digit."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_") or "model"
+    return name if not name[0].isdigit() else f"m_{name}"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _replace(s: LayerShape, **changes) -> LayerShape:
+    return replace(s, **changes)
+
+
+def _failed(s: LayerShape, message: str) -> LayerShape:
+    return _replace(s, status="error", message=message)
+
+
+def _check_positive(p: ZooParams) -> None:
+    for f in ("batch", "seq_len", "cnn_batch", "image_size"):
+        if getattr(p, f) < 1:
+            raise ValueError(f"{f} must be >= 1, got {getattr(p, f)}")
+
+
+def _linear(model: str, layer: str, d_in: int, d_out: int, tokens: int) -> LayerShape:
+    return LayerShape(model, layer, "linear", m=d_out, n=tokens, k=d_in)
+
+
+@dataclass
+class _ConvNet:
+    """Accumulates im2col GEMMs while walking a CNN definition."""
+
+    model: str
+    batch: int
+    shapes: list[LayerShape] = field(default_factory=list)
+
+    def conv(self, layer: str, cin: int, cout: int, k: int, stride: int, h: int, groups: int = 1) -> int:
+        """Record a k×k conv on an h×h input (padding k//2); return the output size."""
+        pad = k // 2
+        h_out = (h + 2 * pad - k) // stride + 1
+        depthwise = groups > 1 and groups == cin
+        self.shapes.append(
+            LayerShape(
+                self.model, layer, "depthwise" if depthwise else "conv",
+                m=cout, n=self.batch * h_out * h_out, k=(cin // groups) * k * k,
+                cin=cin, cout=cout, kh=k, kw=k, stride=stride, pad=pad, groups=groups,
+                h_in=h, w_in=h, h_out=h_out, w_out=h_out,
+                status="skipped" if depthwise else "ok",
+                message="depthwise convolution is not a GEMM" if depthwise else "",
+            )
+        )
+        return h_out
+
+    def linear(self, layer: str, d_in: int, d_out: int) -> None:
+        self.shapes.append(_linear(self.model, layer, d_in, d_out, self.batch))
+
+
+def _bert_base(p: ZooParams) -> list[LayerShape]:
+    """BERT-base encoder: 12 layers, hidden 768, FFN 3072, plus the pooler (CLS token only)."""
+    tokens, hidden, ffn = p.batch * p.seq_len, 768, 3072
+    shapes = []
+    for i in range(12):
+        pre = f"encoder.layer.{i}"
+        for proj in ("query", "key", "value"):
+            shapes.append(_linear("bert-base", f"{pre}.attention.self.{proj}", hidden, hidden, tokens))
+        shapes.append(_linear("bert-base", f"{pre}.attention.output.dense", hidden, hidden, tokens))
+        shapes.append(_linear("bert-base", f"{pre}.intermediate.dense", hidden, ffn, tokens))
+        shapes.append(_linear("bert-base", f"{pre}.output.dense", ffn, hidden, tokens))
+    shapes.append(_linear("bert-base", "pooler.dense", hidden, hidden, p.batch))
+    return shapes
+
+
+def _resnet50(p: ZooParams) -> list[LayerShape]:
+    """torchvision ResNet-50 (v1.5: stride on the 3×3 conv of each bottleneck)."""
+    net = _ConvNet("resnet50", p.cnn_batch)
+    h = net.conv("conv1", 3, 64, 7, 2, p.image_size)
+    h = (h + 2 - 3) // 2 + 1  # 3×3/2 max-pool, padding 1
+    cin = 64
+    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3)), start=1):
+        for b in range(blocks):
+            pre = f"layer{stage}.{b}"
+            stride = 2 if (b == 0 and stage > 1) else 1
+            net.conv(f"{pre}.conv1", cin, width, 1, 1, h)
+            h_out = net.conv(f"{pre}.conv2", width, width, 3, stride, h)
+            net.conv(f"{pre}.conv3", width, width * 4, 1, 1, h_out)
+            if b == 0:
+                net.conv(f"{pre}.downsample.0", cin, width * 4, 1, stride, h)
+            cin, h = width * 4, h_out
+    net.linear("fc", 2048, 1000)
+    return net.shapes
+
+
+def _mobilenetv2(p: ZooParams) -> list[LayerShape]:
+    """torchvision MobileNetV2 (width 1.0)."""
+    net = _ConvNet("mobilenetv2", p.cnn_batch)
+    h = net.conv("features.0", 3, 32, 3, 2, p.image_size)
+    cin, idx = 32, 1
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                       (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            pre = f"features.{idx}.conv"
+            j = 0
+            if t != 1:
+                net.conv(f"{pre}.{j}", cin, hidden, 1, 1, h)
+                j += 1
+            h_out = net.conv(f"{pre}.{j}", hidden, hidden, 3, stride, h, groups=hidden)
+            net.conv(f"{pre}.{j + 1}", hidden, c, 1, 1, h_out)
+            cin, h, idx = c, h_out, idx + 1
+    net.conv(f"features.{idx}", cin, 1280, 1, 1, h)
+    net.linear("classifier.1", 1280, 1000)
+    return net.shapes
+
+
+def _shufflenetv2(p: ZooParams) -> list[LayerShape]:
+    """torchvision ShuffleNetV2 x1.0: stages of 4, 8, 4 units, channels 116, 232, 464."""
+    net = _ConvNet("shufflenetv2", p.cnn_batch)
+    h = net.conv("conv1.0", 3, 24, 3, 2, p.image_size)
+    h = (h + 2 - 3) // 2 + 1  # max-pool 3×3/2
+    cin = 24
+    for stage, (units, cout) in enumerate(zip((4, 8, 4), (116, 232, 464)), start=2):
+        half = cout // 2
+        for u in range(units):
+            pre = f"stage{stage}.{u}"
+            if u == 0:  # stride-2 unit: both branches see the whole input
+                h_out = net.conv(f"{pre}.branch1.0", cin, cin, 3, 2, h, groups=cin)
+                net.conv(f"{pre}.branch1.2", cin, half, 1, 1, h_out)
+                net.conv(f"{pre}.branch2.0", cin, half, 1, 1, h)
+                net.conv(f"{pre}.branch2.3", half, half, 3, 2, h, groups=half)
+                net.conv(f"{pre}.branch2.5", half, half, 1, 1, h_out)
+                h = h_out
+            else:  # stride-1 unit: branch2 sees half the channels
+                net.conv(f"{pre}.branch2.0", half, half, 1, 1, h)
+                net.conv(f"{pre}.branch2.3", half, half, 3, 1, h, groups=half)
+                net.conv(f"{pre}.branch2.5", half, half, 1, 1, h)
+        cin = cout
+    net.conv("conv5.0", cin, 1024, 1, 1, h)
+    net.linear("fc", 1024, 1000)
+    return net.shapes

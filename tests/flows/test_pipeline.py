@@ -1,0 +1,131 @@
+"""Integration: the flow on a real (temporary) Prefect API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from safetensors.numpy import save_file
+
+from lospmm.flows import pipeline as pl
+from lospmm.flows.runs import run_record
+from lospmm.flows.store import valid_sidecar
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+@pytest.fixture()
+def weights_file(tmp_path):
+    rng = np.random.default_rng(0)
+    bad = rng.standard_normal((32, 16)).astype(np.float32)
+    bad[3, 4] = np.nan
+    path = tmp_path / "tiny model.safetensors"
+    save_file({
+        "enc.0.q.weight": rng.standard_normal((96, 64)).astype(np.float32),
+        "enc.0.ffn.weight": rng.standard_normal((128, 96)).astype(np.float32),
+        "enc.0.q.bias": rng.standard_normal(96).astype(np.float32),
+        "enc.0.broken.weight": bad,
+        "enc.0.dead.weight": np.zeros((16, 16), np.float32),
+    }, str(path))
+    return path
+
+
+def _config(root, weights, **kw):
+    return {"zoo": [], "weights": str(weights), "tokens": 256, "sparsities": [0.5, 0.9],
+            "artifacts": str(root), "m1s": [2, 8, 32], **kw}
+
+
+def _states(result, root):
+    record = run_record(root, result["run_id"])
+    return {(e["stage"], e.get("sparsity")): e["state"] for e in record["entries"]}, record
+
+
+def test_run_cache_partial_rerun_and_recovery(tmp_path, weights_file):
+    root = tmp_path / "artifacts"
+    cfg = _config(root, weights_file)
+
+    first = pl.pipeline(config=cfg)
+    states, record = _states(first, root)
+    assert first["status"] == "completed"
+    assert set(states.values()) == {"Completed"}
+    # every artifact opens with plain pyarrow
+    for e in record["entries"]:
+        assert pq.read_table(root / e["path"]).num_rows == e["rows"]
+
+    # bad layers are reported by name; the good ones have candidates
+    problems = {p["layer"]: p for e in record["entries"] for p in e["problems"]}
+    assert problems["enc.0.broken.weight"]["status"] == "error" and "NaN" in problems["enc.0.broken.weight"]["message"]
+    assert problems["enc.0.dead.weight"]["status"] == "empty"
+    cand = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "constrain")).to_pylist()
+    good = [c for c in cand if c["layer"] == "enc.0.ffn.weight"]
+    assert good and any(c["kept"] for c in good)
+    assert {c["removed_by"] for c in cand if c["layer"] == "enc.0.dead.weight"} == {"empty"}
+    assert {c["removed_by"] for c in cand if c["layer"] == "enc.0.broken.weight"} == {"error"}
+
+    # same inputs again: everything Cached
+    states, _ = _states(pl.pipeline(config=cfg), root)
+    assert set(states.values()) == {"Cached"}
+
+    # a constrain parameter: only constrain recomputes
+    states, _ = _states(pl.pipeline(config={**cfg, "th_row": 0.1}), root)
+    assert {k: v for k, v in states.items() if v != "Cached"} == {("constrain", 0.5): "Completed",
+                                                                 ("constrain", 0.9): "Completed"}
+
+    # reorder's code changes: reorder and constrain recompute, extract and prune stay cached
+    real = pl.stage_version
+    pl.stage_version = lambda s: real(s) + ("-edited" if s == "reorder" else "")
+    try:
+        states, _ = _states(pl.pipeline(config=cfg), root)
+    finally:
+        pl.stage_version = real
+    assert {s for (s, _), v in states.items() if v == "Completed"} == {"reorder", "constrain"}
+    assert {s for (s, _), v in states.items() if v == "Cached"} == {"extract", "prune"}
+
+    # a deleted and a truncated artifact are detected and recomputed; the rest stays cached
+    _, record = _states(pl.pipeline(config=cfg), root)
+    paths = {(e["stage"], e.get("sparsity")): root / e["path"] for e in record["entries"]}
+    paths[("prune", 0.5)].unlink()
+    data = paths[("reorder", 0.9)].read_bytes()
+    paths[("reorder", 0.9)].write_bytes(data[:100])
+    states, _ = _states(pl.pipeline(config=cfg), root)
+    assert {k for k, v in states.items() if v == "Completed"} == {("prune", 0.5), ("reorder", 0.9)}
+    assert valid_sidecar(paths[("prune", 0.5)]) and valid_sidecar(paths[("reorder", 0.9)])
+
+    # forced recompute of one stage and its dependants
+    states, _ = _states(pl.pipeline(config=cfg, refresh=["reorder", "constrain"]), root)
+    assert {s for (s, _), v in states.items() if v == "Completed"} == {"reorder", "constrain"}
+
+
+def test_finished_artifacts_survive_a_lost_cache_record(tmp_path, weights_file):
+    """As after a SIGKILL between writing an artifact and Prefect recording the result."""
+    import shutil
+
+    root = tmp_path / "artifacts"
+    cfg = _config(root, weights_file, sparsities=[0.7])
+    _, record = _states(pl.pipeline(config=cfg), root)
+    mtimes = {e["path"]: (root / e["path"]).stat().st_mtime_ns for e in record["entries"]}
+    shutil.rmtree(root / ".prefect-results")
+    states, record = _states(pl.pipeline(config=cfg), root)
+    assert all(e["reused"] for e in record["entries"])
+    assert mtimes == {e["path"]: (root / e["path"]).stat().st_mtime_ns for e in record["entries"]}
+
+
+def test_until_stops_after_the_named_stage(tmp_path, weights_file):
+    root = tmp_path / "artifacts"
+    result = pl.pipeline(config=_config(root, weights_file, sparsities=[0.5], until="prune"))
+    states, _ = _states(result, root)
+    assert set(states) == {("extract", None), ("prune", 0.5)}
+
+
+def test_zoo_model_runs_through_constrain(tmp_path):
+    root = tmp_path / "artifacts"
+    cfg = {"zoo": ["bert-base"], "sparsities": [0.9], "batch": 2, "seq_len": 64, "m1s": [4, 16],
+           "artifacts": str(root)}
+    result = pl.pipeline(config=cfg)
+    states, record = _states(result, root)
+    assert result["status"] == "completed" and set(states.values()) == {"Completed"}
+    cand = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "constrain"))
+    assert set(cand.column("layer").to_pylist()) == {
+        "encoder.layer.0.attention.self.query", "encoder.layer.0.intermediate.dense",
+        "encoder.layer.0.output.dense", "pooler.dense"}
+    assert cand.num_rows == 4 * 2 * 32

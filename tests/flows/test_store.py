@@ -1,0 +1,91 @@
+import importlib
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lospmm.flows import schemas
+from lospmm.flows.store import (
+    ArtifactError, artifact_key, artifact_path, module_closure_hash, read_artifact, stage_version, valid_sidecar,
+    write_artifact,
+)
+
+
+def _table():
+    return pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]})
+
+
+def test_key_depends_on_stage_version_params_and_inputs():
+    base = artifact_key("prune", "v1", {"sparsity": 0.9}, ["in1"])
+    assert base == artifact_key("prune", "v1", {"sparsity": 0.9}, ["in1"])
+    for other in (artifact_key("reorder", "v1", {"sparsity": 0.9}, ["in1"]),
+                  artifact_key("prune", "v2", {"sparsity": 0.9}, ["in1"]),
+                  artifact_key("prune", "v1", {"sparsity": 0.8}, ["in1"]),
+                  artifact_key("prune", "v1", {"sparsity": 0.9}, ["in2"])):
+        assert other != base
+
+
+def test_every_stage_has_a_version_and_constrain_covers_its_imports():
+    versions = {s: stage_version(s) for s in ("extract", "prune", "reorder", "constrain")}
+    assert len(set(versions.values())) == 4
+
+
+def test_editing_a_helper_module_changes_the_stage_version(tmp_path, monkeypatch):
+    pkg = tmp_path / "tmpstages"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("def f():\n    return 1\n")
+    (pkg / "stage.py").write_text("from tmpstages.helper import f\n\ndef out():\n    return f()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = module_closure_hash("tmpstages.stage", prefix="tmpstages")
+    (pkg / "helper.py").write_text("def f():\n    return 2\n")
+    for mod in ("tmpstages.helper", "tmpstages.stage"):
+        sys.modules.pop(mod, None)
+    importlib.invalidate_caches()
+    module_closure_hash.cache_clear()
+    assert module_closure_hash("tmpstages.stage", prefix="tmpstages") != before
+
+
+def test_write_then_read_round_trips_and_leaves_no_temp_files(tmp_path):
+    path = artifact_path(tmp_path, "prune", "m-s0.9", "ab" * 32)
+    side = write_artifact(path, _table(), {"stage": "prune", "key": "k"})
+    assert side["rows"] == 3 and valid_sidecar(path)["sha256"] == side["sha256"]
+    assert read_artifact(path).to_pylist() == _table().to_pylist()
+    assert pq.read_table(path).num_rows == 3  # plain pyarrow opens it
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.with_suffix(".json").name, path.name]
+
+
+def test_truncated_or_missing_artifacts_are_detected(tmp_path):
+    path = tmp_path / "01_shapes" / "a.parquet"
+    write_artifact(path, _table(), {"stage": "extract"})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert valid_sidecar(path) is None
+    with pytest.raises(ArtifactError, match="a.parquet"):
+        read_artifact(path)
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    assert valid_sidecar(path) is None
+    path.unlink()
+    assert valid_sidecar(path) is None
+
+
+def test_failed_write_keeps_the_previous_artifact(tmp_path):
+    path = tmp_path / "01_shapes" / "a.parquet"
+    write_artifact(path, _table(), {"stage": "extract"})
+
+    with pytest.raises(Exception):
+        write_artifact(path, "not a table", {"stage": "extract"})  # type: ignore[arg-type]
+    assert valid_sidecar(path) is not None
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_list_columns_round_trip_including_nulls():
+    rows = [{"model": "m", "layer": "a", "indptr": np.array([0, 1, 3]), "indices": np.array([0, 2, 4]),
+             "data": np.array([1.0, 2.0, 3.0], np.float32)},
+            {"model": "m", "layer": "b", "indptr": None, "indices": None, "data": None, "status": "error"}]
+    t = schemas.table_from_rows(rows, schemas.PRUNED)
+    assert t.schema == schemas.PRUNED
+    assert schemas.list_values(t, "indices", 0).tolist() == [0, 2, 4]
+    assert t.column("indptr")[1].as_py() is None

@@ -1,0 +1,86 @@
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lospmm.stages.constrain import (
+    REMOVED_BY, ConstrainParams, block_registers, constrained_candidates, n1_choices, predicted_registers,
+    reduction_counts,
+)
+from lospmm.stages.devices import DEVICES, device_named
+from lospmm.stages.reorder import TileStats
+
+H100 = device_named("h100")
+
+
+def _stats(num_tiles=64, cov=0.0):
+    return TileStats(num_tiles=num_tiles, max_nnc=10, mean_nnc=8.0, nnc_sum=8 * num_tiles, max_nnz=20, cov_nnz=cov)
+
+
+def _one(cands, m1, n1):
+    return next(c for c in cands if (c.m1, c.n1) == (m1, n1))
+
+
+def test_n1_is_every_warp_multiple_up_to_the_block_limit():
+    assert n1_choices(H100) == list(range(32, 1025, 32))
+
+
+def test_register_constraint_removes_tall_tiles_and_big_blocks():
+    cands = constrained_candidates(4096, {256: _stats(), 192: _stats(), 8: _stats()}, H100)
+    assert predicted_registers(256) > 255
+    assert all(c.removed_by == "register" for c in cands if c.m1 == 256)
+    # 192 + 16 registers: 9 warps fit in 64K registers, 10 do not.
+    assert _one(cands, 192, 288).removed_by != "register"
+    assert _one(cands, 192, 320).removed_by == "register"
+    assert all(c.removed_by != "register" for c in cands if c.m1 == 8)
+
+
+def test_block_registers_round_per_warp_allocation():
+    assert block_registers(33, 32, H100) == 40 * 32  # 33·32 = 1056 -> 1280 per warp
+    assert block_registers(32, 64, H100) == 2 * 1024
+
+
+def test_utilisation_constraint_is_eq1_against_half_the_sms():
+    cands = constrained_candidates(1024, {4: _stats(num_tiles=4)}, H100)
+    # 4 A_tiles × ceil(1024/N1) blocks; H100 has 132 SMs, so at least 66 blocks are needed.
+    assert _one(cands, 4, 32).block_num == 128 and _one(cands, 4, 32).removed_by is None
+    assert _one(cands, 4, 64).block_num == 64 and _one(cands, 4, 64).removed_by == "utilisation"
+
+
+def test_load_balance_removes_column_waste_and_row_imbalance():
+    cands = constrained_candidates(100, {1: _stats(num_tiles=200)}, H100)
+    assert _one(cands, 1, 32).waste_col == pytest.approx(28 / 128) and _one(cands, 1, 32).kept
+    assert _one(cands, 1, 96).waste_col == pytest.approx(92 / 192) and _one(cands, 1, 96).removed_by == "load_balance"
+    skewed = constrained_candidates(4096, {1: _stats(num_tiles=200, cov=0.3)}, H100)
+    assert all(c.removed_by in ("load_balance", "register") for c in skewed)
+    relaxed = constrained_candidates(4096, {1: _stats(num_tiles=200, cov=0.3)}, H100, ConstrainParams(th_row=0.5))
+    assert any(c.kept for c in relaxed)
+
+
+def test_empty_layer_removes_everything_as_empty():
+    cands = constrained_candidates(4096, {1: _stats(num_tiles=0)}, H100)
+    assert cands and all(c.removed_by == "empty" for c in cands)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 60000), tiles=st.integers(0, 3000), cov=st.floats(0, 1), gpu=st.sampled_from(sorted(DEVICES)),
+       m1s=st.lists(st.integers(1, 300), min_size=1, max_size=6, unique=True))
+def test_every_candidate_is_kept_or_names_its_first_failing_constraint(n, tiles, cov, gpu, m1s):
+    dev = DEVICES[gpu]
+    cands = constrained_candidates(n, {m1: _stats(tiles, cov) for m1 in m1s}, dev)
+    assert len(cands) == len(m1s) * len(n1_choices(dev))
+    for c in cands:
+        assert c.removed_by is None or c.removed_by in REMOVED_BY
+        reg_fail = c.pred_regs > dev.max_regs_per_thread or c.block_regs > dev.regs_per_sm
+        util_fail = c.block_num < dev.sms / 2
+        lb_fail = c.cov_row > 0.25 or c.waste_col > 0.25
+        expected = ("empty" if tiles == 0 else "register" if reg_fail else "utilisation" if util_fail
+                    else "load_balance" if lb_fail else None)
+        assert c.removed_by == expected
+    counts = reduction_counts(cands)
+    steps = [counts[k] for k in ("total", "after_empty", "after_register", "after_utilisation", "after_load_balance")]
+    assert steps == sorted(steps, reverse=True) and steps[-1] == sum(c.kept for c in cands)
+
+
+def test_unknown_gpu_lists_the_table():
+    with pytest.raises(ValueError, match="h100"):
+        device_named("rtx9090")
+    assert device_named("RTX 2080Ti").arch == "sm_75"

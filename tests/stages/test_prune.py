@@ -1,0 +1,89 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lospmm.stages.extract import LayerShape
+from lospmm.stages.prune import PruneParams, checked_sparsity, magnitude_pruned, pruned_layer, random_pruned
+
+
+def _shape(m=64, k=48, layer="fc", **kw):
+    return LayerShape("net", layer, "linear", m=m, n=16, k=k, **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 80), k=st.integers(1, 80), s=st.floats(0.01, 0.99), seed=st.integers(0, 2**31))
+def test_random_pruning_hits_the_requested_count_exactly(m, k, s, seed):
+    a = random_pruned(m, k, s, np.random.default_rng(seed))
+    assert a.nnz == round((1 - s) * m * k)
+    assert a.has_canonical_format and a.shape == (m, k)
+    assert np.all(a.data != 0)
+
+
+def test_random_pruning_is_seeded_per_layer():
+    a1 = pruned_layer(_shape(), 0.9, PruneParams(seed=1)).matrix
+    a2 = pruned_layer(_shape(), 0.9, PruneParams(seed=1)).matrix
+    b = pruned_layer(_shape(), 0.9, PruneParams(seed=2)).matrix
+    other = pruned_layer(_shape(layer="fc2"), 0.9, PruneParams(seed=1)).matrix
+    assert (a1 != a2).nnz == 0
+    assert (a1 != b).nnz > 0 and (a1 != other).nnz > 0
+
+
+def test_records_requested_and_achieved_sparsity():
+    layer = pruned_layer(_shape(m=10, k=10), 0.55)
+    assert layer.sparsity_requested == 0.55
+    assert layer.sparsity_achieved == pytest.approx(1 - round(0.45 * 100) / 100)
+
+
+def test_magnitude_pruning_keeps_the_largest_weights():
+    w = np.arange(1, 21, dtype=np.float32).reshape(4, 5) * np.array([1, -1, 1, -1, 1], dtype=np.float32)
+    a = magnitude_pruned(w, 0.75)
+    assert a.nnz == 5
+    assert sorted(np.abs(a.data)) == [16, 17, 18, 19, 20]
+    kept = a.toarray()
+    assert np.array_equal(kept[kept != 0], w[kept != 0])
+
+
+def test_magnitude_pruning_of_already_sparse_weights_reports_higher_sparsity():
+    w = np.zeros((8, 8), dtype=np.float32)
+    w[0, :4] = 1.0
+    layer = pruned_layer(_shape(m=8, k=8), 0.5, PruneParams(method="magnitude"), weight=w)
+    assert layer.nnz == 4 and layer.sparsity_achieved == pytest.approx(60 / 64)
+
+
+def test_nan_weights_are_an_error_naming_the_layer():
+    w = np.ones((4, 4), dtype=np.float32)
+    w[1, 2] = np.nan
+    w[3, 3] = np.inf
+    layer = pruned_layer(_shape(m=4, k=4, layer="enc.0.q"), 0.5, PruneParams(method="magnitude"), weight=w)
+    assert layer.status == "error" and "enc.0.q" in layer.message and "2 NaN/Inf" in layer.message
+
+
+def test_all_zero_weights_prune_to_empty_with_a_message():
+    layer = pruned_layer(_shape(m=4, k=4, layer="dead"), 0.5, PruneParams(method="magnitude"),
+                         weight=np.zeros((4, 4), np.float32))
+    assert layer.status == "empty" and "dead" in layer.message and "all zeros" in layer.message
+
+
+def test_tiny_layer_at_high_sparsity_is_empty_not_an_exception():
+    layer = pruned_layer(_shape(m=2, k=2, layer="tiny"), 0.99)
+    assert layer.status == "empty" and layer.nnz == 0
+
+
+def test_random_mask_over_real_weights_keeps_their_values():
+    w = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+    a = pruned_layer(_shape(m=16, k=16), 0.5, PruneParams(method="random"), weight=w).matrix
+    dense = a.toarray()
+    assert a.nnz == 128 and np.array_equal(dense[dense != 0], w[dense != 0])
+
+
+@pytest.mark.parametrize("s", [0, 1, -0.1, 1.5, float("nan")])
+def test_sparsity_outside_the_open_unit_interval_is_rejected(s):
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        checked_sparsity(s)
+
+
+def test_empty_gemm_and_failed_shapes_become_error_rows():
+    assert pruned_layer(_shape(m=0), 0.5).status == "error"
+    failed = pruned_layer(_shape(status="error", message="fc: bad"), 0.5)
+    assert failed.status == "error" and failed.message == "fc: bad"
+    assert "needs the layer's weights" in pruned_layer(_shape(), 0.5, PruneParams(method="magnitude")).message

@@ -1,0 +1,69 @@
+import pytest
+from typer.testing import CliRunner
+
+from lospmm.cli import _expanded, app
+
+runner = CliRunner()
+
+
+def test_list_options_take_space_separated_values():
+    argv = ["run", "--zoo", "bert-base", "resnet50", "--sparsity", "0.5", "0.9", "--until", "prune"]
+    assert _expanded(argv) == ["run", "--zoo", "bert-base", "--zoo", "resnet50", "--sparsity", "0.5",
+                               "--sparsity", "0.9", "--until", "prune"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--zoo", "bert-large"], "unknown zoo model 'bert-large'"),
+    (["--sparsity", "1.0"], "--sparsity 1.0"),
+    (["--sparsity", "0"], "between 0 and 1"),
+    (["--until", "emit"], "--until 'emit'"),
+    (["--gpu", "rtx9090"], "unknown GPU"),
+    (["--tokens", "0", "--weights", "x.safetensors"], "--tokens must be >= 1"),
+    (["--weights", "missing.safetensors"], "missing.safetensors does not exist"),
+    (["--m1", "0"], "--m1"),
+])
+def test_bad_run_options_fail_fast_with_a_clear_message(tmp_path, args, message):
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "01_shapes").exists()  # nothing started
+
+
+def test_unreadable_weights_file_is_named(tmp_path):
+    bad = tmp_path / "junk.safetensors"
+    bad.write_bytes(b"this is not a safetensors file")
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--weights", str(bad)])
+    assert result.exit_code == 2 and "junk.safetensors" in result.output and "not a readable safetensors" in result.output
+
+
+def test_inspect_without_runs_says_how_to_start(tmp_path):
+    result = runner.invoke(app, ["inspect", "--artifacts", str(tmp_path)])
+    assert result.exit_code == 2 and "lospmm run" in result.output
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_run_inspect_and_rerun(tmp_path):
+    root = str(tmp_path / "art")
+    common = ["--artifacts", root]
+    result = runner.invoke(app, ["run", "--zoo", "bert-base", "--sparsity", "0.8", "--batch", "1", "--seq-len", "64",
+                                 "--m1", "8", *common])
+    assert result.exit_code == 0, result.output
+    assert "completed" in result.output
+
+    listing = runner.invoke(app, ["inspect", *common])
+    assert listing.exit_code == 0 and "bert-base" in listing.output
+    from lospmm.flows.runs import run_record
+
+    run_id = run_record(root)["run_id"]
+    detail = runner.invoke(app, ["inspect", run_id[:15], *common])
+    assert detail.exit_code == 0 and "04_candidates/" in detail.output and "Completed" in detail.output
+    constrain = runner.invoke(app, ["inspect", "--stage", "constrain", *common])
+    assert constrain.exit_code == 0 and "-register" in constrain.output and "pooler.dense" in constrain.output
+    reorder = runner.invoke(app, ["inspect", "--stage", "reorder", "--layer", "query", *common])
+    assert reorder.exit_code == 0 and "(1 rows)" in reorder.output and "query" in reorder.output
+
+    rerun = runner.invoke(app, ["rerun", "--stage", "reorder", *common])
+    assert rerun.exit_code == 0, rerun.output
+    assert "recomputing: reorder, constrain" in rerun.output
+    bad = runner.invoke(app, ["rerun", "--stage", "emit", *common])
+    assert bad.exit_code == 2 and "choose one of" in bad.output
