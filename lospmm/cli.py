@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,10 @@ from rich.table import Table
 from lospmm.flows.config import DEFAULT_M1, ConfigError, RunConfig, validated
 from lospmm.flows.store import STAGES
 from lospmm.stages.extract import ZOO_NAMES
+
+# GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
+# An explicit setting by the user still wins.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (LO-SpMM).",
                   no_args_is_help=True, add_completion=False)
