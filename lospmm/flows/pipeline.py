@@ -74,23 +74,21 @@ def prune_task(key: str, root: str, label: str, shapes: dict, sparsity: float, m
             if shape.status == "skipped":
                 continue
             t0 = time.perf_counter()
+            base = {f: row[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat")}
+            base.update(sparsity_requested=sparsity, method=method)
             try:
                 weight = load_tensor(weights, shape.layer) if (weights and shape.ok) else None
                 layer = pruned_layer(shape, sparsity, params, weight)
             except Exception as e:  # one bad layer never sinks the others
-                layer = None
-                err = f"{shape.layer}: {type(e).__name__}: {e}"
-            base = {f: row[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat")}
-            if layer is None:
-                rows.append({**base, "sparsity_requested": sparsity, "method": method, "nnz": 0,
-                             "status": "error", "message": err, "seconds": time.perf_counter() - t0})
+                rows.append({**base, "nnz": 0, "status": "error", "message": f"{shape.layer}: {type(e).__name__}: {e}",
+                             "seconds": time.perf_counter() - t0})
                 continue
             a = layer.matrix
             rows.append({
-                **base, "sparsity_requested": sparsity, "sparsity_achieved": layer.sparsity_achieved,
-                "method": method, "nnz": layer.nnz, "status": layer.status, "message": layer.message,
-                "indptr": None if a is None else a.indptr, "indices": None if a is None else a.indices,
-                "data": None if a is None else a.data, "seconds": time.perf_counter() - t0,
+                **base, "sparsity_achieved": layer.sparsity_achieved, "nnz": layer.nnz,
+                "status": layer.status, "message": layer.message,
+                **({"indptr": a.indptr, "indices": a.indices, "data": a.data} if a is not None else {}),
+                "seconds": time.perf_counter() - t0,
             })
         return rows
 
@@ -160,8 +158,8 @@ def constrain_task(key: str, root: str, label: str, reordered: dict, gpu: str, t
                                    r["reordered_nnc_sum"], r["reordered_max_nnz"], r["reordered_cov_nnz"])
                 for r in group if r["status"] == "ok"
             }
-            if first["status"] == "empty":  # all-zero layer: every tile size is removed as empty
-                stats = {m1: TileStats(0, 0, 0.0, 0, 0, 0.0) for m1 in (1,)}
+            if first["status"] == "empty":  # all-zero layer: no tiles, every N1 is removed as empty
+                stats = {1: TileStats(0, 0, 0.0, 0, 0, 0.0)}
             try:
                 cands = constrained_candidates(first["n"], stats, device, params)
             except Exception as e:
