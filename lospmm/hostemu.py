@@ -1,0 +1,199 @@
+"""Run generated CUDA source on the CPU: the text NVRTC compiles, included after a shim header,
+built with the host C++ compiler and run over every block and thread.
+
+Each pointer argument is copied into a heap buffer of exactly its size (so AddressSanitizer,
+`sanitize=True`, catches any out-of-bounds read or write) and every output buffer is filled with
+NaN first, so an element the kernel never writes fails the comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from lospmm.stages.codegen import KernelSource
+
+SHIM = r"""// lospmm host-emulation shim: CUDA built-ins as plain C++ for a CPU loop over blocks/threads.
+#include <cstddef>
+#include <cstdint>
+#define LOSPMM_HOST_EMULATION 1
+#define LOSPMM_KERNEL extern "C"
+struct lospmm_dim3 { unsigned x, y, z; };
+static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
+#define __global__
+#define __device__ static
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __ldg(p) (*(p))
+static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }
+static inline void lospmm_st(float* base, int off4, int n, float v) { base[(long long)(off4 / 4) * n] = v; }
+"""
+
+_HARNESS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+template <class T> static T* read_array(FILE* f, long long* count) {
+  if (fread(count, sizeof(long long), 1, f) != 1) { fprintf(stderr, "short input\n"); exit(3); }
+  T* p = static_cast<T*>(malloc(sizeof(T) * (*count > 0 ? *count : 1)));
+  if (*count > 0 && fread(p, sizeof(T), *count, f) != (size_t)*count) { fprintf(stderr, "short input\n"); exit(3); }
+  return p;
+}
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  FILE* in = fopen(argv[1], "rb");
+  if (!in) return 2;
+  unsigned dims[4];
+  if (fread(dims, sizeof(unsigned), 4, in) != 4) return 3;
+@READ@
+  fclose(in);
+  gridDim = {dims[0], dims[1], 1};
+  blockDim = {dims[2], 1, 1};
+  for (unsigned by = 0; by < dims[1]; ++by)
+    for (unsigned bx = 0; bx < dims[0]; ++bx) {
+      blockIdx = {bx, by, 0};
+      for (unsigned tx = 0; tx < dims[2]; ++tx) {
+        threadIdx = {tx, 0, 0};
+        @KERNEL@(@ARGS@);
+      }
+    }
+  FILE* out = fopen(argv[2], "wb");
+  if (!out) return 2;
+@WRITE@
+  fclose(out);
+  return 0;
+}
+"""
+
+
+class EmulationError(RuntimeError):
+    """The host build failed, or the kernel crashed or touched memory out of bounds."""
+
+
+@dataclass(frozen=True)
+class _Param:
+    ctype: str
+    name: str
+
+    @property
+    def pointer(self) -> bool:
+        return "*" in self.ctype
+
+    @property
+    def output(self) -> bool:
+        return self.pointer and not self.ctype.startswith("const")
+
+    @property
+    def base(self) -> str:
+        return self.ctype.replace("const", "").replace("*", "").strip()
+
+
+def _params(kernel: KernelSource) -> list[_Param]:
+    out = []
+    for decl in kernel.params:
+        ctype, name = decl.rsplit(" ", 1)
+        out.append(_Param(ctype.strip(), name.strip()))
+    return out
+
+
+def host_program(kernel: KernelSource) -> str:
+    """The C++ translation unit: shim, the kernel text unchanged, and a driver main()."""
+    reads, writes = [], []
+    for p in _params(kernel):
+        if p.pointer:
+            reads.append(f"  long long n_{p.name}; {p.base}* {p.name} = read_array<{p.base}>(in, &n_{p.name});")
+            if p.output:
+                reads.append(f"  for (long long i = 0; i < n_{p.name}; ++i) {p.name}[i] = NAN;")
+                writes.append(f"  fwrite({p.name}, sizeof({p.base}), n_{p.name}, out);")
+        else:
+            reads.append(f"  long long n_{p.name}; {p.base}* {p.name}_box = read_array<{p.base}>(in, &n_{p.name}); "
+                         f"const {p.base} {p.name} = {p.name}_box[0];")
+    harness = (_HARNESS.replace("@READ@", "\n".join(reads)).replace("@WRITE@", "\n".join(writes))
+               .replace("@KERNEL@", kernel.name).replace("@ARGS@", ", ".join(p.name for p in _params(kernel))))
+    return SHIM + "\n" + kernel.source + "\n" + harness
+
+
+def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid: tuple[int, int, int],
+                block: int, sanitize: bool = False, cxx: str | None = None,
+                build_dir: str | None = None) -> dict[str, np.ndarray]:
+    """Build `kernel` for the host and run it; returns each output pointer argument's final array.
+
+    `args` maps parameter names to arrays (pointers) or ints; output arrays give only the size."""
+    params = _params(kernel)
+    missing = [p.name for p in params if p.name not in args]
+    if missing:
+        raise ValueError(f"missing kernel arguments: {missing}")
+    exe = _build(kernel, sanitize, cxx, build_dir)
+    with tempfile.TemporaryDirectory(prefix="lospmm-emu-") as tmp:
+        inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
+        with open(inp, "wb") as f:
+            f.write(np.array([grid[0], grid[1], block, 0], dtype=np.uint32).tobytes())
+            for p in params:
+                arr = np.atleast_1d(np.asarray(args[p.name], dtype=_dtype(p.base)))
+                f.write(np.int64(arr.size).tobytes())
+                f.write(np.ascontiguousarray(arr).tobytes())
+        env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=23"}
+        proc = subprocess.run([str(exe), str(inp), str(outp)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise EmulationError(f"{kernel.name}: host run failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+        data = outp.read_bytes()
+    out, offset = {}, 0
+    for p in params:
+        if p.output:
+            size = np.atleast_1d(args[p.name]).size
+            dt = _dtype(p.base)
+            out[p.name] = np.frombuffer(data, dtype=dt, count=size, offset=offset).copy()
+            offset += size * np.dtype(dt).itemsize
+    return out
+
+
+def _dtype(base: str):
+    return {"float": np.float32, "int": np.int32, "unsigned": np.uint32}[base]
+
+
+def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str | None) -> Path:
+    cxx = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
+    program = host_program(kernel)
+    flags = ["-O1", "-std=c++17", "-w"] + (["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else [])
+    key = hashlib.sha256((program + " ".join([cxx, *flags])).encode()).hexdigest()[:24]
+    root = Path(build_dir or Path(tempfile.gettempdir()) / "lospmm-hostemu")
+    exe = root / f"{key}.bin"
+    if exe.exists():
+        return exe
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / f"{key}.cpp"
+    src.write_text(program)
+    tmp_exe = root / f".{key}.{os.getpid()}.tmp"
+    proc = subprocess.run([cxx, *flags, "-o", str(tmp_exe), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EmulationError(f"{kernel.name}: host build failed: {proc.stderr[-3000:]}")
+    os.replace(tmp_exe, exe)
+    return exe
+
+
+def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, sanitize: bool = False,
+                          rtol: float = 1e-4) -> float:
+    """Run a full kernel on a fresh random B (K×n) and return max |C - A·B| / max(1, |A·B|max).
+
+    Raises EmulationError if any element is unwritten (still NaN) or the error exceeds `rtol`."""
+    rng = np.random.default_rng(seed)
+    b = rng.standard_normal((kernel.k, n)).astype(np.float32)
+    c = run_on_host(kernel, {"B": b.ravel(), "C": np.empty(kernel.m * n, np.float32), "N": n},
+                    kernel.grid(n), kernel.n1, sanitize=sanitize)["C"].reshape(kernel.m, n)
+    ref = (matrix.astype(np.float64) @ b.astype(np.float64))
+    if np.isnan(c).any():
+        rows = np.unique(np.nonzero(np.isnan(c))[0])
+        raise EmulationError(f"{kernel.name}: {np.isnan(c).sum()} output elements never written (rows {rows[:10].tolist()}…)")
+    err = float(np.max(np.abs(c - ref)) / max(1.0, float(np.max(np.abs(ref))))) if c.size else 0.0
+    if err > rtol:
+        raise EmulationError(f"{kernel.name}: max relative error {err:.3g} exceeds {rtol}")
+    return err

@@ -1,0 +1,145 @@
+"""CUDA C++ source of the full SpMM kernel (Alg. 2, §6.1) and of its proxies (§5.1).
+
+Layout: A is M×K (baked in), B is K×N row-major, C is M×N row-major, both float32; N is a runtime
+argument, so one kernel serves any batch. Block (x = A_tile, y = column block) has N1 threads;
+a thread owns output column n = y·N1 + threadIdx.x and the M1 rows of its A_tile (the reorder
+stage's rows, possibly non-contiguous), kept in registers. The tile's non-empty columns are
+visited in order: the B value of column j + P is loaded before the multiply-adds of column j
+(prefetch depth P), a column with no nonzero is never loaded, and each nonzero is one
+`acc += b * <literal>` (the same FFMA as fmaf, without NVRTC's superlinear front end);
+loads and stores go through `lospmm_ld`/`lospmm_st` (inline PTX, see PREAMBLE). Rows of A
+with no nonzero are zeroed by extra blocks after the last tile.
+
+The same text compiles with NVRTC and, under `hostemu.SHIM`, with the host C++ compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from lospmm.stages.reorder import Tiles
+
+# Address arithmetic lives inside inline PTX: with thousands of `B + c * N + n` in straight-line
+# code, LLVM's straight-line strength reduction goes superlinear (4000 loads: 184 s in NVVM, 5.9 s
+# this way). Byte offsets are `row * 4`, so one mad.wide forms each address.
+PREAMBLE = r"""#ifndef LOSPMM_HOST_EMULATION
+#define LOSPMM_KERNEL extern "C" __global__
+__device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
+  float v;
+  asm("{ .reg .u64 a; mad.wide.s32 a, %1, %2, %3; ld.global.nc.f32 %0, [a]; }" : "=f"(v) : "r"(off4), "r"(n), "l"(base));
+  return v;
+}
+__device__ __forceinline__ void lospmm_st(float* base, int off4, int n, float v) {
+  asm volatile("{ .reg .u64 a; mad.wide.s32 a, %0, %1, %2; st.global.f32 [a], %3; }" :: "r"(off4), "r"(n), "l"(base), "f"(v) : "memory");
+}
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class CodegenParams:
+    """Defaults: prefetch=1 (B values loaded one column ahead, Alg. 2's b)."""
+
+    prefetch: int = 1
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated source plus what a launcher needs; `params` lists the C parameters in order."""
+
+    name: str
+    kind: str  # "full" | "proxy"
+    source: str
+    params: tuple[str, ...]
+    m: int
+    k: int
+    m1: int
+    n1: int  # 0 for a proxy: its block size is a launch argument
+    grid_x: int  # blocks along A (tiles, plus zeroing blocks for a full kernel)
+    num_tiles: int
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def grid(self, n: int, n1: int | None = None) -> tuple[int, int, int]:
+        """Launch grid for N output columns (a proxy takes the N1 under test)."""
+        n1 = n1 or self.n1
+        return (self.grid_x, -(-n // n1), 1)
+
+
+def kernel_name(prefix: str, *parts) -> str:
+    """An identifier derived from a hash, never from raw layer names."""
+    digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+    return f"{prefix}_{digest}"
+
+
+def float_literal(values: np.ndarray) -> list[str]:
+    """Shortest decimal literals that read back as exactly these float32 values."""
+    return [np.format_float_scientific(v, unique=True, trim="0") + "f"
+            for v in np.asarray(values, dtype=np.float32)]
+
+
+def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
+                       params: CodegenParams = CodegenParams()) -> KernelSource:
+    """Alg. 2 for every A_tile of `tiles`, blocks of `n1` threads."""
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    if n1 < 1 or n1 > 1024:
+        raise ValueError(f"N1 must be in 1..1024, got {n1}")
+    if params.prefetch < 0:
+        raise ValueError(f"prefetch must be >= 0, got {params.prefetch}")
+    m, k = a.shape
+    name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch)
+    parts = [PREAMBLE, f"// lospmm full kernel: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
+                       f"tiles={tiles.num_tiles} prefetch={params.prefetch}\n"]
+    for t in range(tiles.num_tiles):
+        parts.append(_tile_function(a, t, tiles.tile(t), params.prefetch))
+    zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
+    for z, rows in enumerate(zero_blocks):
+        stores = "".join(f"  lospmm_st(Cn, {4 * r}, N, 0.0f);\n" for r in rows)
+        parts.append(f"__device__ __forceinline__ void zero_{z}(float* __restrict__ Cn, const int N) {{\n"
+                     f"{stores}}}\n")
+    cases = [f"    case {t}: tile_{t}(Bn, Cn, N); break;\n" for t in range(tiles.num_tiles)]
+    cases += [f"    case {tiles.num_tiles + z}: zero_{z}(Cn, N); break;\n" for z in range(len(zero_blocks))]
+    parts.append(
+        # No __launch_bounds__: with it NVRTC ignores --maxrregcount, which §3.2 relies on.
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, "
+        f"const int N) {{\n"
+        f"  const int n = blockIdx.y * {n1} + threadIdx.x;\n"
+        f"  if (n >= N) return;\n"
+        f"  const float* Bn = B + n;\n"
+        f"  float* Cn = C + n;\n"
+        f"  switch (blockIdx.x) {{\n{''.join(cases)}    default: break;\n  }}\n}}\n"
+    )
+    return KernelSource(name, "full", "".join(parts), ("const float* B", "float* C", "int N"), m, k,
+                        tiles.m1, n1, tiles.num_tiles + len(zero_blocks), tiles.num_tiles)
+
+
+def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) -> str:
+    sub = a[rows].tocsc()
+    sub.sort_indices()
+    cols = np.flatnonzero(np.diff(sub.indptr))
+    lits = float_literal(sub.data)
+    out = [f"__device__ __forceinline__ void tile_{t}(const float* __restrict__ Bn, float* __restrict__ Cn, "
+           f"const int N) {{\n"]
+    out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(len(rows))) + ";\n")
+    loads = [f"  const float b{j} = lospmm_ld(Bn, {4 * c}, N);\n" for j, c in enumerate(cols)]
+    out.extend(loads[:prefetch])
+    for j, c in enumerate(cols):
+        if j + prefetch < len(loads):
+            out.append(loads[j + prefetch])
+        lo, hi = sub.indptr[c], sub.indptr[c + 1]
+        out.append("  " + " ".join(f"acc{sub.indices[p]} += b{j} * {lits[p]};" for p in range(lo, hi)) + "\n")
+    out.extend(f"  lospmm_st(Cn, {4 * r}, N, acc{i});\n" for i, r in enumerate(rows))
+    out.append("}\n")
+    return "".join(out)
+
+
+def _zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
+    return [empty_rows[i:i + per_block] for i in range(0, len(empty_rows), per_block)]

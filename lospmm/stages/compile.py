@@ -1,0 +1,138 @@
+"""Stage 8, compile: CUDA source -> PTX and cubin via NVRTC (cuda-python), with ptxas's resource
+report (registers, spills, stack, shared memory). Works without a GPU. A compile failure is a
+result with its log, never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """NVRTC options. Defaults: arch="sm_90" (always explicit; nothing asks a device),
+    maxrregcount=None (the caller passes the register prediction), std="c++17", extra=().
+    --Ofast-compile is never passed: it trades kernel speed for compile speed."""
+
+    arch: str = "sm_90"
+    maxrregcount: int | None = None
+    std: str = "c++17"
+    extra: tuple[str, ...] = field(default=())
+
+    def as_list(self) -> list[str]:
+        if not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
+            raise ValueError(f"arch must look like sm_90, got {self.arch!r}")
+        opts = [f"--gpu-architecture={self.arch}", f"--std={self.std}", "-Xptxas=-v"]
+        if self.maxrregcount:
+            opts.append(f"--maxrregcount={int(self.maxrregcount)}")
+        bad = [o for o in self.extra if "Ofast-compile" in o]
+        if bad:
+            raise ValueError(f"--Ofast-compile is not allowed: {bad}")
+        return opts + list(self.extra)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """NVRTC's output for one source. `status` is "ok" or "error" (then `log` says why)."""
+
+    status: str
+    log: str
+    ptx: bytes
+    cubin: bytes
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    smem_bytes: int
+    seconds: float
+    nvrtc_version: str
+
+
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def compile_key(source: str, options: CompileOptions, version: str | None = None) -> str:
+    """Content address of a compilation: source, options, NVRTC version and arch."""
+    blob = "\0".join([source, " ".join(options.as_list()), version or nvrtc_version(), options.arch])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def compiled(source: str, name: str, options: CompileOptions = CompileOptions()) -> Compiled:
+    """Compile `source` (file name `name` in messages) to PTX and cubin for `options.arch`."""
+    from cuda.bindings import nvrtc
+
+    version = nvrtc_version()
+    opts = [o.encode() for o in options.as_list()]
+    t0 = time.perf_counter()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        seconds = time.perf_counter() - t0
+        log = _log(prog)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return Compiled("error", log or str(result), b"", b"", 0, 0, 0, 0, 0, seconds, version)
+        ptx = _blob(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0")
+        cubin = _blob(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    usage = resource_usage(log)
+    return Compiled("ok", log, ptx, cubin, usage["registers"], usage["spill_stores"], usage["spill_loads"],
+                    usage["stack_bytes"], usage["smem_bytes"], seconds, version)
+
+
+def resource_usage(ptxas_log: str) -> dict[str, int]:
+    """Registers, spills, stack and static shared memory from ptxas's -v report (summed over entries)."""
+    def total(pattern: str) -> int:
+        return sum(int(x) for x in re.findall(pattern, ptxas_log))
+
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", ptxas_log)]
+    return {
+        "registers": max(regs, default=0),
+        "spill_stores": total(r"(\d+) bytes spill stores"),
+        "spill_loads": total(r"(\d+) bytes spill loads"),
+        "stack_bytes": max([int(x) for x in re.findall(r"(\d+) bytes stack frame", ptxas_log)], default=0),
+        "smem_bytes": max([int(x) for x in re.findall(r"(\d+) bytes smem", ptxas_log)], default=0),
+    }
+
+
+def _check(err, what: str) -> None:
+    from cuda.bindings import nvrtc
+
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+
+
+def _log(prog) -> str:
+    from cuda.bindings import nvrtc
+
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\0").decode(errors="replace").strip()
+
+
+def _blob(prog, size_fn, get_fn) -> bytes:
+    _, size = size_fn(prog)
+    buf = b" " * size
+    (err,) = get_fn(prog, buf)
+    _check(err, get_fn.__name__)
+    return bytes(buf)
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether NVRTC can be loaded here (the cuda-python bindings and the NVRTC library)."""
+    try:
+        nvrtc_version()
+        return True
+    except Exception:
+        return False

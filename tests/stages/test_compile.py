@@ -1,0 +1,61 @@
+"""NVRTC compilation without a GPU: cubin, PTX and ptxas's resource report."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from lospmm.stages import compile as nv
+from lospmm.stages.codegen import full_kernel_source
+from lospmm.stages.reorder import reordered_tiles
+
+pytestmark = pytest.mark.skipif(not nv.available(), reason="NVRTC (cuda-python) is not installed")
+
+
+def _kernel(m1=4):
+    a = sp.random(16, 24, density=0.3, format="csr", random_state=np.random.default_rng(0), dtype=np.float32)
+    return full_kernel_source(a, reordered_tiles(a, m1), 64)
+
+
+def test_compiles_to_cubin_and_ptx_with_a_resource_report():
+    k = _kernel()
+    out = nv.compiled(k.source, k.name, nv.CompileOptions(arch="sm_90"))
+    assert out.status == "ok", out.log
+    assert out.cubin[:4] == b"\x7fELF" and b".target sm_90" in out.ptx
+    assert out.registers > 0 and out.spill_stores == 0
+    assert f"Compiling entry function '{k.name}'" in out.log
+
+
+def test_maxrregcount_is_honoured():
+    k = _kernel(m1=16)
+    out = nv.compiled(k.source, k.name, nv.CompileOptions(arch="sm_80", maxrregcount=32))
+    assert out.status == "ok" and out.registers <= 32
+
+
+def test_a_compile_failure_is_a_result_with_its_log():
+    out = nv.compiled('extern "C" __global__ void k() { undeclared(); }', "broken", nv.CompileOptions())
+    assert out.status == "error" and "undeclared" in out.log and out.cubin == b""
+
+
+def test_options_are_explicit_and_checked():
+    assert "--gpu-architecture=sm_75" in nv.CompileOptions(arch="sm_75").as_list()
+    with pytest.raises(ValueError, match="arch"):
+        nv.CompileOptions(arch="hopper").as_list()
+    with pytest.raises(ValueError, match="Ofast-compile"):
+        nv.CompileOptions(extra=("--Ofast-compile=max",)).as_list()
+
+
+def test_compile_key_covers_source_options_and_arch():
+    k = _kernel()
+    base = nv.compile_key(k.source, nv.CompileOptions(), "13.5")
+    assert base == nv.compile_key(k.source, nv.CompileOptions(), "13.5")
+    assert base != nv.compile_key(k.source + " ", nv.CompileOptions(), "13.5")
+    assert base != nv.compile_key(k.source, nv.CompileOptions(arch="sm_80"), "13.5")
+    assert base != nv.compile_key(k.source, nv.CompileOptions(maxrregcount=40), "13.5")
+    assert base != nv.compile_key(k.source, nv.CompileOptions(), "13.6")
+
+
+def test_resource_usage_parses_ptxas_verbose_output():
+    log = ("ptxas info    : Function properties for k\nptxas         .     8 bytes stack frame, 12 bytes spill "
+           "stores, 16 bytes spill loads\nptxas info    : Used 40 registers, used 0 barriers, 1024 bytes smem")
+    assert nv.resource_usage(log) == {"registers": 40, "spill_stores": 12, "spill_loads": 16, "stack_bytes": 8,
+                                      "smem_bytes": 1024}
