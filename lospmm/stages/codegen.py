@@ -143,3 +143,54 @@ def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) ->
 
 def _zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
     return [empty_rows[i:i + per_block] for i in range(0, len(empty_rows), per_block)]
+
+
+def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
+    """The M1 proxy of §5.1: one kernel for every N1 (block size, grid and the tile -> cluster map
+    are launch arguments), one block function per cluster, NNC_p iterations of one B load and CPL
+    multiply-adds each, results stored to the block's own rows (`tile_rows`, −1 padded)."""
+    m1 = clusters.m1
+    name = kernel_name("lospmm_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
+                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch)
+    parts = [PREAMBLE, f"// lospmm proxy: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
+                       f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}\n"]
+    for c in range(clusters.num_clusters):
+        cols, cpl = clusters.columns[c], int(clusters.cpl[c])
+        out = [f"__device__ __forceinline__ void proxy_{c}(const float* __restrict__ Bn, float* __restrict__ Cn, "
+               f"const int N, const int* __restrict__ rows) {{\n"]
+        out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
+        loads = [f"  const float b{j} = lospmm_ld(Bn, {4 * int(col)}, N);\n" for j, col in enumerate(cols)]
+        out.extend(loads[:params.prefetch])
+        for j in range(len(cols)):
+            if j + params.prefetch < len(loads):
+                out.append(loads[j + params.prefetch])
+            # distinct constants keep the multiply-adds from being folded together
+            out.append("  " + " ".join(f"acc{(j * cpl + q) % m1} += b{j} * {1 + ((j * cpl + q) % 97) / 128:.7f}f;"
+                                       for q in range(cpl)) + "\n")
+        out.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) lospmm_st(Cn, 4 * r, N, acc{i}); }}\n"
+                   for i in range(m1))
+        out.append("}\n")
+        parts.append("".join(out))
+    cases = "".join(f"    case {c}: proxy_{c}(Bn, Cn, N, rows); break;\n" for c in range(clusters.num_clusters))
+    parts.append(
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
+        f"const int* __restrict__ cluster_of, const int* __restrict__ tile_rows) {{\n"
+        f"  const int n = blockIdx.y * blockDim.x + threadIdx.x;\n"
+        f"  if (n >= N) return;\n"
+        f"  const float* Bn = B + n;\n"
+        f"  float* Cn = C + n;\n"
+        f"  const int* rows = tile_rows + blockIdx.x * {m1};\n"
+        f"  switch (cluster_of[blockIdx.x]) {{\n{cases}    default: break;\n  }}\n}}\n"
+    )
+    return KernelSource(name, "proxy", "".join(parts),
+                        ("const float* B", "float* C", "int N", "const int* cluster_of", "const int* tile_rows"),
+                        m, k, m1, 0, len(clusters.cluster_of), len(clusters.cluster_of))
+
+
+def proxy_tile_rows(tiles: Tiles) -> np.ndarray:
+    """The `tile_rows` argument of a proxy: each tile's rows, padded with −1 to M1."""
+    out = np.full((tiles.num_tiles, tiles.m1), -1, dtype=np.int32)
+    for t in range(tiles.num_tiles):
+        rows = tiles.tile(t)
+        out[t, :len(rows)] = rows
+    return out

@@ -1,0 +1,84 @@
+"""Stage 6, cluster: the A_tiles of one M1 -> proxy block functions (§5.1.2–5.1.3).
+
+Tiles are clustered on (memory accesses, multiply-adds) = (nnc, nnz) with agglomerative (Ward)
+clustering into min(num_tiles, 3 · max NUM_ATB) clusters, NUM_ATB taken over the candidates the
+proxy stands for. Each cluster becomes one proxy block function: NNC_p = min(NNC, 300 / (1 −
+sparsity)) iterations of one B load and CPL multiply-adds, CPL = round(centroid nnz / centroid
+nnc), loading an evenly spaced subset of its medoid tile's columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.cluster.hierarchy import fcluster, linkage
+
+from lospmm.stages.reorder import Tiles
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    """Defaults: clusters_per_active_block=3, iteration_budget=300 (§5.1.3's 300/(1 − sparsity))."""
+
+    clusters_per_active_block: int = 3
+    iteration_budget: float = 300.0
+
+
+@dataclass(frozen=True)
+class ProxyClusters:
+    """Proxy block functions for one M1: tile t runs cluster `cluster_of[t]`."""
+
+    m1: int
+    cluster_of: np.ndarray  # int32 per tile
+    medoid: np.ndarray  # int32 tile id per cluster
+    centroid_nnc: np.ndarray  # float64 per cluster
+    centroid_nnz: np.ndarray  # float64 per cluster
+    nnc_p: np.ndarray  # int32 proxy iterations per cluster
+    cpl: np.ndarray  # int32 multiply-adds per iteration per cluster
+    columns: tuple[np.ndarray, ...]  # int32 B rows loaded by each cluster's proxy, NNC_p of them
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.medoid)
+
+
+def cluster_count(num_tiles: int, max_active_blocks: int, params: ClusterParams = ClusterParams()) -> int:
+    """3 · max(NUM_ATB), capped by the tile count."""
+    return max(1, min(num_tiles, params.clusters_per_active_block * max(1, max_active_blocks)))
+
+
+def proxy_clusters(matrix: sp.csr_matrix, tiles: Tiles, sparsity: float, max_active_blocks: int,
+                   params: ClusterParams = ClusterParams()) -> ProxyClusters:
+    """Cluster the tiles of `tiles` and derive each cluster's proxy block function."""
+    if tiles.num_tiles == 0:
+        raise ValueError("no tiles to cluster (the layer has no nonzero)")
+    if not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    features = np.column_stack([tiles.tile_nnc, tiles.tile_nnz]).astype(np.float64)
+    k = cluster_count(tiles.num_tiles, max_active_blocks, params)
+    if k >= tiles.num_tiles:
+        labels = np.arange(tiles.num_tiles)
+    else:
+        labels = fcluster(linkage(features, method="ward"), t=k, criterion="maxclust") - 1
+    # fcluster may return fewer clusters than asked (ties); renumber densely.
+    _, labels = np.unique(labels, return_inverse=True)
+    a = sp.csr_matrix(matrix)
+    budget = int(np.ceil(params.iteration_budget / (1.0 - sparsity)))
+    medoids, c_nnc, c_nnz, nnc_p, cpl, columns = [], [], [], [], [], []
+    for c in range(labels.max() + 1):
+        members = np.flatnonzero(labels == c)
+        centroid = features[members].mean(axis=0)
+        medoid = members[np.argmin(((features[members] - centroid) ** 2).sum(axis=1))]
+        iters = max(1, min(int(round(centroid[0])), budget))
+        cols = np.unique(a[tiles.tile(medoid)].indices)
+        picks = cols[np.linspace(0, len(cols) - 1, num=min(iters, len(cols))).round().astype(int)]
+        medoids.append(medoid)
+        c_nnc.append(centroid[0])
+        c_nnz.append(centroid[1])
+        nnc_p.append(len(picks))
+        cpl.append(max(1, int(round(centroid[1] / max(centroid[0], 1.0)))))
+        columns.append(picks.astype(np.int32))
+    return ProxyClusters(tiles.m1, labels.astype(np.int32), np.array(medoids, np.int32), np.array(c_nnc),
+                         np.array(c_nnz), np.array(nnc_p, np.int32), np.array(cpl, np.int32), tuple(columns))
