@@ -1,0 +1,121 @@
+"""Compile cost of full kernels vs their proxies (NVRTC, no GPU needed).
+
+For sampled zoo layers at one sparsity and a few M1: compile seconds and peak memory of the full
+Alg. 2 kernel (N1 = 128) and of the M1 proxy (clusters sized for the kept candidates' occupancy),
+each compile in its own process with a time limit. A full kernel that runs past the limit is
+reported as '> limit', not as a number.
+
+    python benchmarks/compile_cost.py [--sparsity 0.9] [--m1 8 32] [--limit 300]
+    python benchmarks/compile_cost.py --scaling    # full-kernel compile seconds and memory vs nnz
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from lospmm.stages.cluster import proxy_clusters
+from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source
+from lospmm.stages.compile import CompileOptions, compiled
+from lospmm.stages.constrain import predicted_registers
+from lospmm.stages.devices import device_named
+from lospmm.stages.extract import zoo_shapes
+from lospmm.stages.pad import proxy_launch
+from lospmm.stages.prune import pruned_layer, random_pruned
+from lospmm.stages.reorder import reordered_tiles
+
+SAMPLES = [("bert-base", "encoder.layer.0.attention.self.query"), ("resnet50", "layer2.0.conv3"),
+           ("resnet50", "layer3.0.conv2"), ("resnet50", "layer1.0.conv2")]
+
+
+def _child(source: str, name: str, maxrreg: int, queue) -> None:
+    out = compiled(source, name, CompileOptions(arch="sm_90", maxrregcount=maxrreg))
+    queue.put((out.status, out.seconds, out.registers, out.spill_stores,
+               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+
+
+def timed_compile(source: str, name: str, maxrreg: int, limit: float) -> dict:
+    """Compile in a fresh process; seconds, registers, spills and the process's peak RSS (MiB)."""
+    queue = mp.get_context("fork").Queue()
+    proc = mp.get_context("fork").Process(target=_child, args=(source, name, maxrreg, queue))
+    t0 = time.perf_counter()
+    proc.start()
+    proc.join(limit)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return {"status": "timeout", "seconds": time.perf_counter() - t0}
+    status, seconds, regs, spills, rss = queue.get()
+    return {"status": status, "seconds": seconds, "regs": regs, "spills": spills, "rss_mib": rss}
+
+
+def _fmt(r: dict, limit: float) -> str:
+    return f"> {limit:.0f}" if r["status"] == "timeout" else f"{r['seconds']:.2f}"
+
+
+def proxies_vs_full(args) -> None:
+    device = device_named("h100")
+    table = Table(title=f"compile seconds, full kernel (N1=128) vs M1 proxy; sparsity {args.sparsity}, sm_90, "
+                        f"limit {args.limit:.0f} s per compile")
+    for c in ("model", "layer", "M×K", "nnz", "M1", "tiles", "clusters", "full loads", "proxy loads",
+              "full s", "full MiB", "full regs/spill", "proxy s", "proxy MiB", "full/proxy"):
+        table.add_column(c)
+    for model, layer in SAMPLES:
+        shape = next(s for s in zoo_shapes(model) if s.layer == layer)
+        a = pruned_layer(shape, args.sparsity).matrix
+        for m1 in args.m1:
+            tiles = reordered_tiles(a, m1)
+            regs = predicted_registers(m1)
+            atb = max(proxy_launch(tiles.num_tiles, shape.n, m1, n1, regs, device).num_atb
+                      for n1 in range(32, 1025, 32))
+            cl = proxy_clusters(a, tiles, args.sparsity, atb)
+            proxy = proxy_kernel_source(shape.m, shape.k, cl)
+            full = full_kernel_source(a, tiles, 128)
+            p = timed_compile(proxy.source, proxy.name, regs, args.limit)
+            f = timed_compile(full.source, full.name, regs, args.limit)
+            ratio = "" if "timeout" in (p["status"], f["status"]) else f"{f['seconds'] / p['seconds']:.1f}×"
+            if f["status"] == "timeout" and p["status"] != "timeout":
+                ratio = f"> {args.limit / p['seconds']:.1f}×"
+            table.add_row(model, layer, f"{shape.m}×{shape.k}", str(a.nnz), str(m1), str(tiles.num_tiles),
+                          str(cl.num_clusters), str(int(tiles.tile_nnc.sum())), str(int(cl.nnc_p.sum())), _fmt(f, args.limit), f"{f.get('rss_mib', 0):.0f}",
+                          f"{f.get('regs', '')}/{f.get('spills', '')}", _fmt(p, args.limit), f"{p.get('rss_mib', 0):.0f}",
+                          ratio)
+            Console(width=200).print(table) if args.verbose else None
+    Console(width=200).print(table)
+
+
+def scaling(args) -> None:
+    table = Table(title=f"full kernel compile vs nnz (K=768, M1=16, N1=128, sparsity 0.9, sm_90, limit {args.limit:.0f} s)")
+    for c in ("M", "nnz", "tiles", "loads", "compile s", "peak MiB", "regs", "spill bytes"):
+        table.add_column(c)
+    for m in args.rows:
+        a = random_pruned(m, 768, 0.9, np.random.default_rng(0))
+        tiles = reordered_tiles(a, 16)
+        k = full_kernel_source(a, tiles, 128)
+        r = timed_compile(k.source, k.name, predicted_registers(16), args.limit)
+        table.add_row(str(m), str(a.nnz), str(tiles.num_tiles), str(int(tiles.tile_nnc.sum())), _fmt(r, args.limit),
+                      f"{r.get('rss_mib', 0):.0f}", str(r.get("regs", "")), str(r.get("spills", "")))
+        Console(width=160).print(table) if args.verbose else None
+    Console(width=160).print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sparsity", type=float, default=0.9)
+    ap.add_argument("--m1", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--limit", type=float, default=300.0)
+    ap.add_argument("--scaling", action="store_true")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    ap.add_argument("--verbose", action="store_true", help="print the table after every row")
+    args = ap.parse_args()
+    scaling(args) if args.scaling else proxies_vs_full(args)
+
+
+if __name__ == "__main__":
+    main()
