@@ -65,6 +65,7 @@ def run(
     m1: list[int] = typer.Option(list(DEFAULT_M1), "--m1", help="Candidate M1 values (rows per thread)."),
     th_row: float = typer.Option(0.25, "--th-row", help="Load-balance threshold on COV_row."),
     th_col: float = typer.Option(0.25, "--th-col", help="Load-balance threshold on WASTE_col."),
+    verify: bool = typer.Option(False, "--verify", help="Run every compiled kernel on the host under AddressSanitizer."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -74,7 +75,7 @@ def run(
     cfg = RunConfig(zoo=tuple(zoo), weights=str(weights) if weights else None, tokens=tokens,
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
-                    m1s=tuple(m1), th_row=th_row, th_col=th_col)
+                    m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify)
     _run(cfg, refresh=[])
 
 

@@ -24,7 +24,8 @@ class ConfigError(ValueError):
 class RunConfig:
     """A run's inputs and parameters. Defaults: zoo=("bert-base",), sparsities=(0.9,),
     until="constrain", artifacts="artifacts", gpu="h100", seed=0, prune=None (random for the
-    zoo, magnitude for weights), tokens=4096, M1 in DEFAULT_M1, th_row=th_col=0.25, and the
+    zoo, magnitude for weights), tokens=4096, M1 in DEFAULT_M1, th_row=th_col=0.25,
+    verify=False (host-emulate compiled kernels under AddressSanitizer), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
@@ -43,6 +44,7 @@ class RunConfig:
     m1s: tuple[int, ...] = DEFAULT_M1
     th_row: float = 0.25
     th_col: float = 0.25
+    verify: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":

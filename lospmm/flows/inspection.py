@@ -24,6 +24,10 @@ VIEW_COLUMNS = {
                 "seconds"],
     "constrain": ["layer", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
                   "removed_by"],
+    "cluster": ["layer", "m1", "num_tiles", "max_active_blocks", "num_clusters", "status", "message", "seconds"],
+    "pad": ["layer", "m1", "n1", "grid_x", "grid_y", "block", "pred_regs", "num_atb", "smem_bytes", "status"],
+    "compile": ["layer", "m1", "kind", "status", "registers", "maxrregcount", "spill_stores", "compile_seconds",
+                "from_cache", "source_bytes", "verified", "cubin_path"],
 }
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import secrets
 import time
+
+import numpy as np
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +39,14 @@ from lospmm.stages.constrain import ConstrainParams, constrained_candidates
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
 from lospmm.stages.prune import PruneParams, pruned_layer
-from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import ReorderParams, Tiles, TileStats, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.cluster import ProxyClusters, proxy_clusters
+from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
+from lospmm.stages.compile import CompileOptions
+from lospmm.stages.constrain import predicted_registers
+from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
+from lospmm.flows.compile_cache import cached_compile
+from lospmm.hostemu import run_on_host
 
 
 def _cache_key(_context, parameters: dict[str, Any]) -> str:
@@ -174,6 +183,147 @@ def constrain_task(key: str, root: str, label: str, reordered: dict, gpu: str, t
     return _run_stage("constrain", key, root, label, force, compute)
 
 
+@task(name="cluster", task_run_name="cluster:{label}", **_TASK)
+def cluster_task(key: str, root: str, label: str, pruned: dict, reordered: dict, candidates: dict, gpu: str,
+                 force: bool = False) -> dict:
+    def compute():
+        device = device_named(gpu)
+        matrices = _matrices(root, pruned)
+        tiles = _tiles_by_layer(root, reordered)
+        rows = []
+        for layer, cands in _kept_by_layer(root, candidates).items():
+            for m1, group in sorted(cands.items()):
+                first = group[0]
+                base = {f: first[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity")}
+                t0 = time.perf_counter()
+                try:
+                    t = tiles[layer][m1]
+                    atb = max(active_blocks_per_sm(c["block_num"], c["pred_regs"], c["n1"], device) for c in group)
+                    cl = proxy_clusters(matrices[layer], t, first["sparsity"], atb)
+                    rows.append({**base, "m1": m1, "status": "ok", "message": "", "num_tiles": t.num_tiles,
+                                 "max_active_blocks": atb, "num_clusters": cl.num_clusters,
+                                 "cluster_of": cl.cluster_of, "medoid": cl.medoid, "centroid_nnc": cl.centroid_nnc,
+                                 "centroid_nnz": cl.centroid_nnz, "nnc_p": cl.nnc_p, "cpl": cl.cpl,
+                                 "columns": np.concatenate(cl.columns), "seconds": time.perf_counter() - t0})
+                except Exception as e:
+                    rows.append({**base, "m1": m1, "status": "error",
+                                 "message": f"{layer} M1={m1}: {type(e).__name__}: {e}"})
+        return rows
+
+    return _run_stage("cluster", key, root, label, force, compute)
+
+
+@task(name="pad", task_run_name="pad:{label}", **_TASK)
+def pad_task(key: str, root: str, label: str, candidates: dict, gpu: str, force: bool = False) -> dict:
+    def compute():
+        device = device_named(gpu)
+        rows = []
+        for layer, cands in _kept_by_layer(root, candidates).items():
+            for m1, group in sorted(cands.items()):
+                for c in group:
+                    base = {f: c[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity", "m1", "n1")}
+                    try:
+                        launch = proxy_launch(c["num_a_tiles"], c["n"], m1, c["n1"], c["pred_regs"], device)
+                        rows.append({**base, "status": "ok", "message": "", "gpu": device.name,
+                                     "grid_x": launch.grid_x, "grid_y": launch.grid_y, "block": launch.block,
+                                     "pred_regs": c["pred_regs"], "num_atb": launch.num_atb,
+                                     "smem_bytes": launch.smem_bytes})
+                    except Exception as e:
+                        rows.append({**base, "status": "error", "gpu": device.name,
+                                     "message": f"{layer} ({m1},{c['n1']}): {type(e).__name__}: {e}"})
+        return rows
+
+    return _run_stage("pad", key, root, label, force, compute)
+
+
+@task(name="compile", task_run_name="compile:{label}", **_TASK)
+def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dict, arch: str, verify: bool,
+                 force: bool = False) -> dict:
+    def compute():
+        table = read_artifact(Path(root) / clusters["path"])
+        tiles = _tiles_by_layer(root, reordered) if verify else {}
+        rows = []
+        for i in range(table.num_rows):
+            info = {c: table.column(c)[i].as_py() for c in ("model", "layer", "op", "m", "n", "k", "repeat",
+                                                           "sparsity", "m1", "status", "message")}
+            base = {f: info[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity", "m1")}
+            if info["status"] != "ok":
+                rows.append({**base, "status": info["status"], "message": info["message"], "kind": "proxy"})
+                continue
+            try:
+                cl = _clusters_from_row(table, i)
+                kernel = proxy_kernel_source(info["m"], info["k"], cl)
+                options = CompileOptions(arch=arch, maxrregcount=predicted_registers(info["m1"]))
+                result, hit = cached_compile(root, kernel.source, kernel.name, options)
+                verified = "not run"
+                if verify and result["status"] == "ok":
+                    verified = _verify_proxy(kernel, cl, tiles[info["layer"]][info["m1"]], info)
+                rows.append({**base, "status": result["status"], "kind": "proxy", "kernel": kernel.name,
+                             "message": "" if result["status"] == "ok" else f"{info['layer']} M1={info['m1']}: NVRTC failed",
+                             "source_sha256": kernel.sha256, "compile_key": result["key"], "arch": arch,
+                             "maxrregcount": options.maxrregcount, "registers": result["registers"],
+                             "spill_stores": result["spill_stores"], "spill_loads": result["spill_loads"],
+                             "stack_bytes": result["stack_bytes"], "smem_bytes": result["smem_bytes"],
+                             "compile_seconds": result["seconds"], "from_cache": hit,
+                             "source_bytes": len(kernel.source), "source_path": result["paths"]["source"],
+                             "ptx_path": result["paths"]["ptx"], "cubin_path": result["paths"]["cubin"],
+                             "verified": verified, "log": result["log"][-4000:]})
+            except Exception as e:
+                rows.append({**base, "status": "error", "kind": "proxy",
+                             "message": f"{info['layer']} M1={info['m1']}: {type(e).__name__}: {e}"})
+        return rows
+
+    return _run_stage("compile", key, root, label, force, compute)
+
+
+def _verify_proxy(kernel, cl, tiles, info) -> str:
+    """Run the proxy on the host under AddressSanitizer with a small N; 'asan-ok' or the error."""
+    n, n1 = 37, 32  # two column blocks, the second partial
+    try:
+        run_on_host(kernel, {"B": np.zeros(info["k"] * n, np.float32), "C": np.empty(info["m"] * n, np.float32),
+                             "N": n, "cluster_of": cl.cluster_of, "tile_rows": proxy_tile_rows(tiles)},
+                    (len(cl.cluster_of), -(-n // n1), 1), n1, sanitize=True)
+        return "asan-ok"
+    except Exception as e:
+        return f"failed: {e}"[:2000]
+
+
+def _matrices(root: str, pruned: dict) -> dict:
+    table = read_artifact(Path(root) / pruned["path"])
+    return {table.column("layer")[i].as_py(): schemas.csr_from_row(table, i)
+            for i in range(table.num_rows) if table.column("status")[i].as_py() == "ok"}
+
+
+def _tiles_by_layer(root: str, reordered: dict) -> dict:
+    table = read_artifact(Path(root) / reordered["path"])
+    out: dict = {}
+    for i in range(table.num_rows):
+        if table.column("status")[i].as_py() != "ok":
+            continue
+        lv = lambda c: schemas.list_values(table, c, i).astype(np.int32)  # noqa: E731
+        t = Tiles(table.column("m1")[i].as_py(), lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"),
+                  lv("empty_rows"))
+        out.setdefault(table.column("layer")[i].as_py(), {})[t.m1] = t
+    return out
+
+
+def _kept_by_layer(root: str, candidates: dict) -> dict:
+    """layer -> M1 -> kept candidate rows."""
+    table = read_artifact(Path(root) / candidates["path"])
+    out: dict = {}
+    for row in table.filter(table["kept"]).to_pylist():
+        out.setdefault(row["layer"], {}).setdefault(row["m1"], []).append(row)
+    return out
+
+
+def _clusters_from_row(table, i) -> ProxyClusters:
+    lv = lambda c: schemas.list_values(table, c, i)  # noqa: E731
+    nnc_p = lv("nnc_p").astype(np.int32)
+    columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
+    return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32), lv("medoid").astype(np.int32),
+                         lv("centroid_nnc"), lv("centroid_nnz"), nnc_p, lv("cpl").astype(np.int32), columns)
+
+
 def _prefixed(prefix: str, stats: TileStats) -> dict:
     return {f"{prefix}_{k}": v for k, v in vars(stats).items() if k != "num_tiles"}
 
@@ -263,9 +413,19 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                                 pruned=pr, m1s=m1s)
             if "constrain" not in stages:
                 continue
-            submit(constrain_task, "constrain", lab, where,
-                   {"gpu": cfg.gpu, "th_row": cfg.th_row, "th_col": cfg.th_col}, [ro_key],
-                   reordered=ro, gpu=cfg.gpu, th_row=cfg.th_row, th_col=cfg.th_col)
+            co_key, co = submit(constrain_task, "constrain", lab, where,
+                                {"gpu": cfg.gpu, "th_row": cfg.th_row, "th_col": cfg.th_col}, [ro_key],
+                                reordered=ro, gpu=cfg.gpu, th_row=cfg.th_row, th_col=cfg.th_col)
+            if "cluster" not in stages:
+                continue
+            cl_key, cl = submit(cluster_task, "cluster", lab, where, {"gpu": cfg.gpu}, [pr_key, ro_key, co_key],
+                                pruned=pr, reordered=ro, candidates=co, gpu=cfg.gpu)
+            if "pad" in stages:
+                submit(pad_task, "pad", lab, where, {"gpu": cfg.gpu}, [co_key], candidates=co, gpu=cfg.gpu)
+            if "compile" in stages:
+                arch = device_named(cfg.gpu).arch
+                submit(compile_task, "compile", lab, where, {"arch": arch, "verify": cfg.verify}, [cl_key, ro_key],
+                       clusters=cl, reordered=ro, arch=arch, verify=cfg.verify)
 
     wait([f for _, f in submitted])
     for entry, fut in submitted:

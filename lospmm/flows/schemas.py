@@ -56,7 +56,33 @@ CANDIDATES = pa.schema(
     + _STATUS
 )
 
-SCHEMAS = {"extract": SHAPES, "prune": PRUNED, "reorder": REORDERED, "constrain": CANDIDATES}
+_LAYER_AT = _LAYER + [("sparsity", _f64), ("m1", _i32)]
+
+CLUSTERS = pa.schema(
+    _LAYER_AT + _STATUS
+    + [("num_tiles", _i32), ("max_active_blocks", _i32), ("num_clusters", _i32),
+       ("cluster_of", pa.list_(_i32)), ("medoid", pa.list_(_i32)), ("centroid_nnc", pa.list_(_f64)),
+       ("centroid_nnz", pa.list_(_f64)), ("nnc_p", pa.list_(_i32)), ("cpl", pa.list_(_i32)),
+       ("columns", pa.list_(_i32)), ("seconds", _f64)]
+)
+
+LAUNCH = pa.schema(
+    _LAYER_AT + [("n1", _i32)] + _STATUS
+    + [("gpu", _str), ("grid_x", _i32), ("grid_y", _i32), ("block", _i32), ("pred_regs", _i32),
+       ("num_atb", _i32), ("smem_bytes", _i32)]
+)
+
+COMPILED = pa.schema(
+    _LAYER_AT + _STATUS
+    + [("kind", _str), ("kernel", _str), ("source_sha256", _str), ("compile_key", _str), ("arch", _str),
+       ("maxrregcount", _i32), ("registers", _i32), ("spill_stores", _i32), ("spill_loads", _i32),
+       ("stack_bytes", _i32), ("smem_bytes", _i32), ("compile_seconds", _f64), ("from_cache", _bool),
+       ("source_bytes", _i64), ("source_path", _str), ("ptx_path", _str), ("cubin_path", _str),
+       ("verified", _str), ("log", _str)]
+)
+
+SCHEMAS = {"extract": SHAPES, "prune": PRUNED, "reorder": REORDERED, "constrain": CANDIDATES,
+           "cluster": CLUSTERS, "pad": LAUNCH, "compile": COMPILED}
 LIST_COLUMNS = {name for s in SCHEMAS.values() for name in s.names if pa.types.is_list(s.field(name).type)}
 
 

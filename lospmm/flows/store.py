@@ -21,14 +21,20 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# Numbered as in the design's DAG; 05 (rank) is not implemented yet.
 STAGE_LAYERS = {
     "extract": "01_shapes",
     "prune": "02_pruned",
     "reorder": "03_reordered",
     "constrain": "04_candidates",
+    "cluster": "06_clusters",
+    "pad": "07_launch",
+    "compile": "08_compiled",
 }
 STAGES = tuple(STAGE_LAYERS)
-STAGE_MODULES = {s: f"lospmm.stages.{s}" for s in STAGES}
+# The modules whose source is a stage's code version (imports under lospmm.stages follow).
+STAGE_MODULES = {s: (f"lospmm.stages.{s}",) for s in STAGES}
+STAGE_MODULES["compile"] = ("lospmm.stages.compile", "lospmm.stages.codegen", "lospmm.hostemu")
 
 
 class ArtifactError(RuntimeError):
@@ -37,7 +43,7 @@ class ArtifactError(RuntimeError):
 
 def stage_version(stage: str) -> str:
     """Hash of the stage module's source and of every lospmm.stages module it imports."""
-    return module_closure_hash(STAGE_MODULES[stage])
+    return hashlib.sha256("".join(module_closure_hash(m) for m in STAGE_MODULES[stage]).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=None)

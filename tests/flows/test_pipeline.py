@@ -129,3 +129,34 @@ def test_zoo_model_runs_through_constrain(tmp_path):
         "encoder.layer.0.attention.self.query", "encoder.layer.0.intermediate.dense",
         "encoder.layer.0.output.dense", "pooler.dense"}
     assert cand.num_rows == 4 * 2 * 32
+
+
+def test_cluster_pad_and_compile_stages(tmp_path, weights_file):
+    from lospmm.stages import compile as nv
+
+    if not nv.available():
+        pytest.skip("NVRTC not installed")
+    root = tmp_path / "artifacts"
+    cfg = _config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="compile", verify=True)
+    result = pl.pipeline(config=cfg)
+    states, record = _states(result, root)
+    assert result["status"] == "completed" and set(states.values()) == {"Completed"}
+    paths = {e["stage"]: root / e["path"] for e in record["entries"]}
+    kept = pq.read_table(paths["constrain"]).to_pylist()
+    kept = {(c["layer"], c["m1"], c["n1"]) for c in kept if c["kept"]}
+    launch = pq.read_table(paths["pad"]).to_pylist()
+    assert {(r["layer"], r["m1"], r["n1"]) for r in launch} == kept
+    assert all(r["smem_bytes"] >= 0 and r["num_atb"] >= 1 for r in launch)
+    clusters = pq.read_table(paths["cluster"]).to_pylist()
+    assert {(r["layer"], r["m1"]) for r in clusters} == {(l, m1) for l, m1, _ in kept}
+    compiled = pq.read_table(paths["compile"]).to_pylist()
+    assert len(compiled) == len(clusters)
+    for r in compiled:
+        assert r["status"] == "ok" and r["verified"] == "asan-ok" and r["registers"] > 0
+        assert (root / r["cubin_path"]).read_bytes()[:4] == b"\x7fELF"
+    # nothing compiles again: the flow is cached, and a forced recompute hits the compile cache
+    states, _ = _states(pl.pipeline(config=cfg), root)
+    assert set(states.values()) == {"Cached"}
+    _, record = _states(pl.pipeline(config=cfg, refresh=["compile"]), root)
+    again = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "compile")).to_pylist()
+    assert all(r["from_cache"] for r in again)
