@@ -7,6 +7,7 @@ reported as '> limit', not as a number.
 
     python benchmarks/compile_cost.py [--sparsity 0.9] [--m1 8 32] [--limit 300]
     python benchmarks/compile_cost.py --scaling    # full-kernel compile seconds and memory vs nnz
+    python benchmarks/compile_cost.py --counts     # kernels to compile and source bytes, with vs without proxies
 """
 
 from __future__ import annotations
@@ -90,6 +91,47 @@ def proxies_vs_full(args) -> None:
     Console(width=200).print(table)
 
 
+def search_counts(args) -> None:
+    """Per layer: full kernels a search without proxies compiles (one per kept (M1, N1)) vs proxies
+    (one per kept M1), and the CUDA source each side generates (measured bytes, not compiled)."""
+    from lospmm.flows.config import DEFAULT_M1
+    from lospmm.stages.constrain import constrained_candidates
+    from lospmm.stages.reorder import tile_stats
+
+    device = device_named("h100")
+    table = Table(title=f"search cost by kernel count and generated source, sparsity {args.sparsity}, h100 "
+                        f"(full kernels: N1 only changes a constant, so each (M1, N1) has its M1's source size)")
+    for c in ("model", "layer", "nnz", "kept (M1,N1) = full compiles", "kept M1 = proxies", "full source MB",
+              "proxy source MB", "source ratio"):
+        table.add_column(c)
+    totals = {}
+    for model in ("bert-base", "resnet50"):
+        for shape in [s for s in zoo_shapes(model) if s.ok]:
+            a = pruned_layer(shape, args.sparsity).matrix
+            rows = max(1, int((a.getnnz(axis=1) > 0).sum()))
+            tiles = {m1: reordered_tiles(a, m1) for m1 in sorted({min(m, rows) for m in DEFAULT_M1})}
+            kept = [c for c in constrained_candidates(shape.n, {m: tile_stats(t) for m, t in tiles.items()}, device)
+                    if c.kept]
+            by_m1: dict[int, list] = {}
+            for c in kept:
+                by_m1.setdefault(c.m1, []).append(c)
+            full_b = proxy_b = 0
+            for m1, group in by_m1.items():
+                t = tiles[m1]
+                atb = max(proxy_launch(t.num_tiles, shape.n, m1, c.n1, c.pred_regs, device).num_atb for c in group)
+                proxy_b += len(proxy_kernel_source(shape.m, shape.k, proxy_clusters(a, t, args.sparsity, atb)).source)
+                full_b += len(group) * len(full_kernel_source(a, t, group[0].n1).source)
+            ratio = f"{full_b / proxy_b:.1f}×" if proxy_b else "-"
+            table.add_row(model, shape.layer, str(a.nnz), str(len(kept)), str(len(by_m1)), f"{full_b / 1e6:.1f}",
+                          f"{proxy_b / 1e6:.1f}", ratio)
+            t_ = totals.setdefault(model, [0, 0, 0, 0])
+            for i, v in enumerate((len(kept), len(by_m1), full_b, proxy_b)):
+                t_[i] += v
+    for model, (k, p, fb, pb) in totals.items():
+        table.add_row(model, "ALL", "", str(k), str(p), f"{fb / 1e6:.1f}", f"{pb / 1e6:.1f}", f"{fb / pb:.1f}×")
+    Console(width=200).print(table)
+
+
 def scaling(args) -> None:
     table = Table(title=f"full kernel compile vs nnz (K=768, M1=16, N1=128, sparsity 0.9, sm_90, limit {args.limit:.0f} s)")
     for c in ("M", "nnz", "tiles", "loads", "compile s", "peak MiB", "regs", "spill bytes"):
@@ -111,10 +153,16 @@ def main() -> None:
     ap.add_argument("--m1", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--limit", type=float, default=300.0)
     ap.add_argument("--scaling", action="store_true")
+    ap.add_argument("--counts", action="store_true", help="kernel counts and generated source sizes (no compiling)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     ap.add_argument("--verbose", action="store_true", help="print the table after every row")
     args = ap.parse_args()
-    scaling(args) if args.scaling else proxies_vs_full(args)
+    if args.counts:
+        search_counts(args)
+    elif args.scaling:
+        scaling(args)
+    else:
+        proxies_vs_full(args)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,14 @@ records the first one it fails:
 - empty: the layer has no nonzero, so there is no kernel to tile.
 
 Register prediction follows Alg. 2's thread: M1 accumulators, `prefetch_regs` registers holding
-B values (the current column and the prefetched next one), and `overhead_regs` for pointers,
-indices and the column bound. It is kept in the artifact to be checked against ptxas later, and
-becomes the kernel's --maxrregcount.
+B values (the current column and the prefetched next one), `overhead_regs` for pointers, indices
+and the column bound, plus `extra_regs_per_row` · M1 for the loads ptxas keeps in flight, and never
+below `min_regs` (ptxas uses that many anyway: at 32 per thread a full SM still runs 2,048
+threads). The last two are calibrated against ptxas (NVRTC 13.5, sm_90, K = 768, sparsity 0.9):
+uncapped, it used 32 registers for M1 = 2, 4, 8, 40 for 16 and 64 for 32 — exactly this formula;
+for M1 ≥ 64 it hoists loads to 255 registers and spills, so those predictions are floors. The
+prediction is kept in the artifact and becomes the kernel's --maxrregcount (a cap far above
+ptxas's own choice made it hoist loads and spill, e.g. 64 or 96 for an M1 = 2 kernel that needs 32).
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ REMOVED_BY = ("register", "utilisation", "load_balance", "empty")
 @dataclass(frozen=True)
 class ConstrainParams:
     """Defaults: th_row=0.25, th_col=0.25 (the paper's §3.4 thresholds), min_blocks_per_sm=0.5
-    (Eq. 1 relaxed to SMs/2), prefetch_regs=2, overhead_regs=14."""
+    (Eq. 1 relaxed to SMs/2), prefetch_regs=2, overhead_regs=14, extra_regs_per_row=0.5,
+    min_regs=32."""
 
     th_row: float = 0.25
     th_col: float = 0.25
     min_blocks_per_sm: float = 0.5
     prefetch_regs: int = 2
     overhead_regs: int = 14
+    extra_regs_per_row: float = 0.5
+    min_regs: int = 32
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,9 @@ def n1_choices(device: Device) -> list[int]:
 
 
 def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams()) -> int:
-    """Registers per thread of Alg. 2's thread tile: accumulators + B prefetch + overhead."""
-    return m1 + params.prefetch_regs + params.overhead_regs
+    """Registers per thread of Alg. 2's thread tile (see the module docstring for the calibration)."""
+    regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
+    return max(params.min_regs, regs)
 
 
 def block_registers(regs_per_thread: int, threads: int, device: Device) -> int:

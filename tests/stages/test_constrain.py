@@ -23,13 +23,18 @@ def test_n1_is_every_warp_multiple_up_to_the_block_limit():
     assert n1_choices(H100) == list(range(32, 1025, 32))
 
 
+def test_register_prediction_matches_the_calibration():
+    assert [predicted_registers(m1) for m1 in (2, 4, 8, 16, 32)] == [32, 32, 32, 40, 64]
+    assert predicted_registers(128) == 128 + 64 + 16
+
+
 def test_register_constraint_removes_tall_tiles_and_big_blocks():
-    cands = constrained_candidates(4096, {256: _stats(), 192: _stats(), 8: _stats()}, H100)
-    assert predicted_registers(256) > 255
-    assert all(c.removed_by == "register" for c in cands if c.m1 == 256)
-    # 192 + 16 registers: 9 warps fit in 64K registers, 10 do not.
-    assert _one(cands, 192, 288).removed_by != "register"
-    assert _one(cands, 192, 320).removed_by == "register"
+    cands = constrained_candidates(4096, {192: _stats(), 128: _stats(), 8: _stats()}, H100)
+    assert predicted_registers(192) > 255
+    assert all(c.removed_by == "register" for c in cands if c.m1 == 192)
+    # 208 registers: 208·32 = 6656 per warp, so 9 warps fit in 64K registers and 10 do not.
+    assert _one(cands, 128, 288).removed_by != "register"
+    assert _one(cands, 128, 320).removed_by == "register"
     assert all(c.removed_by != "register" for c in cands if c.m1 == 8)
 
 

@@ -75,7 +75,7 @@ def test_eq6_shared_memory_gives_the_full_kernels_occupancy(dev, m1, n1, tiles, 
 
 def test_active_blocks_follow_eq5():
     # few blocks: ceil(NUM_TB / SMs) binds; many blocks: registers bind
-    assert active_blocks_per_sm(132, 24, 128, H100) == 1
+    assert active_blocks_per_sm(132, 32, 128, H100) == 1
     assert active_blocks_per_sm(100000, 144, 256, H100) == 65536 // (8 * 144 * 32)
 
 
