@@ -135,6 +135,37 @@ def inspect(
         console.print(title, style="dim")
 
 
+@app.command()
+def kernel(
+    run_id: Optional[str] = typer.Argument(None, help="Run (default: the latest)."),
+    layer: str = typer.Option(..., "--layer", help="Layer name as in the run's artifacts."),
+    m1: int = typer.Option(..., "--m1", help="Rows per thread (an M1 the run reordered for)."),
+    n1: int = typer.Option(..., "--n1", help="Threads per block."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Needed when the run has several."),
+    out: Path = typer.Option(Path("kernel"), "--out", help="Kernel directory to write."),
+    compile_: bool = typer.Option(True, "--compile/--no-compile", help="Compile with NVRTC (compile cache)."),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="Check on the host against scipy (ASan build)."),
+    artifacts: str = _ARTIFACTS,
+) -> None:
+    """Write the full Alg. 2 kernel of one layer and tile: kernel.cu/.ptx/.cubin and kernel.json."""
+    from lospmm.flows.kernels import write_full_kernel
+    from lospmm.flows.runs import run_record
+
+    try:
+        record = run_record(artifacts, run_id)
+        facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify)
+    except (LookupError, ValueError) as e:
+        _fail(str(e))
+    c = facts.get("compile", {})
+    console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
+                  f"tile=({m1},{n1}) grid.x={facts['grid']['x']}")
+    if c:
+        console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
+                      f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")
+    if "host_check" in facts:
+        console.print(f"host check vs scipy: max relative error {facts['host_check']['max_rel_error']:.2e}")
+
+
 def _run(cfg: RunConfig, refresh: list[str]) -> None:
     try:
         validated(cfg)

@@ -160,3 +160,26 @@ def test_cluster_pad_and_compile_stages(tmp_path, weights_file):
     _, record = _states(pl.pipeline(config=cfg, refresh=["compile"]), root)
     again = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "compile")).to_pylist()
     assert all(r["from_cache"] for r in again)
+
+
+def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
+    import json
+
+    from lospmm.flows.kernels import write_full_kernel
+    from lospmm.stages import compile as nv
+
+    root = tmp_path / "artifacts"
+    result = pl.pipeline(config=_config(root, weights_file, sparsities=[0.7], until="reorder"))
+    record = run_record(root, result["run_id"])
+    out = tmp_path / "kernel"
+    facts = write_full_kernel(str(root), record, "enc.0.ffn.weight", 8, 64, str(out),
+                              compile_=nv.available(), verify=True)
+    assert (out / "kernel.cu").read_text().count("lospmm_ld(Bn,") > 0
+    assert facts["host_check"]["max_rel_error"] < 1e-4
+    assert json.loads((out / "kernel.json").read_text())["m1"] == 8
+    if nv.available():
+        assert facts["compile"]["status"] == "ok" and (out / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    with pytest.raises(LookupError, match="M1 values in the run"):
+        write_full_kernel(str(root), record, "enc.0.ffn.weight", 5, 64, str(out))
+    with pytest.raises(LookupError, match="not in the run"):
+        write_full_kernel(str(root), record, "nope", 8, 64, str(out))
