@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
@@ -255,6 +255,10 @@ def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dic
                 kernel = proxy_kernel_source(info["m"], info["k"], cl)
                 options = CompileOptions(arch=arch, maxrregcount=predicted_registers(info["m1"]))
                 result, hit = cached_compile(root, kernel.source, kernel.name, options)
+                get_run_logger().info(
+                    "compiled proxy %s M1=%d (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", info["layer"],
+                    info["m1"], i + 1, table.num_rows, result["status"], result["registers"], result["spill_stores"],
+                    result["seconds"], " (compile cache)" if hit else "")
                 verified = "not run"
                 if verify and result["status"] == "ok":
                     verified = _verify_proxy(kernel, cl, tiles[info["layer"]][info["m1"]], info)
