@@ -8,8 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from lospmm.flows import schemas
 from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.store import atomic_write, read_artifact
@@ -18,7 +16,6 @@ from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import CompileOptions
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.devices import device_named
-from lospmm.stages.reorder import Tiles
 
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
@@ -44,9 +41,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         known = sorted({reordered.column("m1")[i].as_py() for i in range(reordered.num_rows)
                         if reordered.column("layer")[i].as_py() == layer})
         raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
-    i = rows[0]
-    lv = lambda c: schemas.list_values(reordered, c, i).astype(np.int32)  # noqa: E731
-    tiles = Tiles(m1, lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"), lv("empty_rows"))
+    tiles = schemas.tiles_from_row(reordered, rows[0])
     kernel = full_kernel_source(matrix, tiles, n1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

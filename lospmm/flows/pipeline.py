@@ -39,7 +39,7 @@ from lospmm.stages.constrain import ConstrainParams, constrained_candidates
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
 from lospmm.stages.prune import PruneParams, pruned_layer
-from lospmm.stages.reorder import ReorderParams, Tiles, TileStats, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
 from lospmm.stages.cluster import ProxyClusters, proxy_clusters
 from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import CompileOptions
@@ -304,9 +304,7 @@ def _tiles_by_layer(root: str, reordered: dict) -> dict:
     for i in range(table.num_rows):
         if table.column("status")[i].as_py() != "ok":
             continue
-        lv = lambda c: schemas.list_values(table, c, i).astype(np.int32)  # noqa: E731
-        t = Tiles(table.column("m1")[i].as_py(), lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"),
-                  lv("empty_rows"))
+        t = schemas.tiles_from_row(table, i)
         out.setdefault(table.column("layer")[i].as_py(), {})[t.m1] = t
     return out
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from lospmm.stages.extract import LayerShape
+from lospmm.stages.reorder import Tiles
 
 _i32, _i64, _f32, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.bool_()
 
@@ -130,3 +131,10 @@ def csr_from_row(table: pa.Table, i: int) -> sp.csr_matrix:
         (list_values(table, "data", i), list_values(table, "indices", i), list_values(table, "indptr", i)),
         shape=(m, k),
     )
+
+
+def tiles_from_row(table: pa.Table, i: int) -> Tiles:
+    """Row i of a 03_reordered table as the reorder stage's Tiles."""
+    lv = lambda c: list_values(table, c, i).astype(np.int32)  # noqa: E731
+    return Tiles(table.column("m1")[i].as_py(), lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"),
+                 lv("empty_rows"))
