@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from lospmm.flows.config import DEFAULT_M1, ConfigError, RunConfig, validated
 from lospmm.flows.store import STAGES

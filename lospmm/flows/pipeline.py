@@ -25,7 +25,6 @@ from lospmm.flows import schemas
 from lospmm.flows.config import RunConfig, validated, weights_label
 from lospmm.flows.runs import write_run_record
 from lospmm.flows.store import (
-    STAGES,
     artifact_key,
     artifact_path,
     file_sha256,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 ZOO_NAMES = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
 
