@@ -1,5 +1,5 @@
-"""The Prefect flow over stages 1–4: load inputs -> call the stage -> write the artifact ->
-return a small manifest.
+"""The Prefect flow over stages 1–4 and 6–8: load inputs -> call the stage -> write the
+artifact -> return a small manifest.
 
 Each task's cache key is its artifact key (stage, stage code version, parameters, input keys), so
 a re-run with nothing changed is all Cached; the flow checks each artifact on disk first and
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import secrets
 import time
-
-import numpy as np
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
 from lospmm.flows import schemas
+from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.config import RunConfig, validated, weights_label
 from lospmm.flows.runs import write_run_record
 from lospmm.flows.store import (
@@ -34,18 +34,24 @@ from lospmm.flows.store import (
     write_artifact,
 )
 from lospmm.flows.weights import load_tensor, tensor_infos
-from lospmm.stages.constrain import ConstrainParams, constrained_candidates
-from lospmm.stages.devices import device_named
-from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
-from lospmm.stages.prune import PruneParams, pruned_layer
-from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
-from lospmm.stages.cluster import ProxyClusters, proxy_clusters
+from lospmm.hostemu import run_on_host
+from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import CompileOptions
-from lospmm.stages.constrain import predicted_registers
+from lospmm.stages.constrain import ConstrainParams, constrained_candidates, predicted_registers
+from lospmm.stages.devices import device_named
+from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
 from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
-from lospmm.flows.compile_cache import cached_compile
-from lospmm.hostemu import run_on_host
+from lospmm.stages.prune import PruneParams, pruned_layer
+from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
+
+
+_LAYER_FIELDS = ("model", "layer", "op", "m", "n", "k", "repeat")
+
+
+def _layer_fields(row: dict, *extra: str) -> dict:
+    """The columns that identify a layer (plus `extra`), copied from an upstream row."""
+    return {f: row[f] for f in _LAYER_FIELDS + extra}
 
 
 def _cache_key(_context, parameters: dict[str, Any]) -> str:
@@ -82,8 +88,7 @@ def prune_task(key: str, root: str, label: str, shapes: dict, sparsity: float, m
             if shape.status == "skipped":
                 continue
             t0 = time.perf_counter()
-            base = {f: row[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat")}
-            base.update(sparsity_requested=sparsity, method=method)
+            base = {**_layer_fields(row), "sparsity_requested": sparsity, "method": method}
             try:
                 weight = load_tensor(weights, shape.layer) if (weights and shape.ok) else None
                 layer = pruned_layer(shape, sparsity, params, weight)
@@ -110,10 +115,9 @@ def reorder_task(key: str, root: str, label: str, pruned: dict, m1s: list[int], 
         params = ReorderParams()
         rows = []
         for i in range(table.num_rows):
-            info = {c: table.column(c)[i].as_py() for c in ("model", "layer", "op", "m", "n", "k", "repeat",
-                                                           "nnz", "status", "message", "sparsity_requested")}
-            base = {f: info[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "nnz")}
-            base["sparsity"] = info.pop("sparsity_requested")
+            info = {c: table.column(c)[i].as_py() for c in _LAYER_FIELDS + ("nnz", "status", "message",
+                                                                             "sparsity_requested")}
+            base = {**_layer_fields(info, "nnz"), "sparsity": info["sparsity_requested"]}
             if info["status"] != "ok":
                 rows.append({**base, "m1": 0, "status": info["status"], "message": info["message"]})
                 continue
@@ -155,8 +159,7 @@ def constrain_task(key: str, root: str, label: str, reordered: dict, gpu: str, t
         rows = []
         for layer, group in layers.items():
             first = group[0]
-            base = {f: first[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity")}
-            base.update(gpu=device.name, arch=device.arch)
+            base = {**_layer_fields(first, "sparsity"), "gpu": device.name, "arch": device.arch}
             if first["status"] == "error":
                 rows.append({**base, "kept": False, "removed_by": "error", "status": "error",
                              "message": first["message"]})
@@ -193,7 +196,7 @@ def cluster_task(key: str, root: str, label: str, pruned: dict, reordered: dict,
         for layer, cands in _kept_by_layer(root, candidates).items():
             for m1, group in sorted(cands.items()):
                 first = group[0]
-                base = {f: first[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity")}
+                base = _layer_fields(first, "sparsity")
                 t0 = time.perf_counter()
                 try:
                     t = tiles[layer][m1]
@@ -217,19 +220,16 @@ def pad_task(key: str, root: str, label: str, candidates: dict, gpu: str, force:
     def compute():
         device = device_named(gpu)
         rows = []
-        for layer, cands in _kept_by_layer(root, candidates).items():
-            for m1, group in sorted(cands.items()):
-                for c in group:
-                    base = {f: c[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity", "m1", "n1")}
-                    try:
-                        launch = proxy_launch(c["num_a_tiles"], c["n"], m1, c["n1"], c["pred_regs"], device)
-                        rows.append({**base, "status": "ok", "message": "", "gpu": device.name,
-                                     "grid_x": launch.grid_x, "grid_y": launch.grid_y, "block": launch.block,
-                                     "pred_regs": c["pred_regs"], "num_atb": launch.num_atb,
-                                     "smem_bytes": launch.smem_bytes})
-                    except Exception as e:
-                        rows.append({**base, "status": "error", "gpu": device.name,
-                                     "message": f"{layer} ({m1},{c['n1']}): {type(e).__name__}: {e}"})
+        for c in _kept_rows(root, candidates):
+            base = {**_layer_fields(c, "sparsity", "m1", "n1"), "gpu": device.name}
+            try:
+                launch = proxy_launch(c["num_a_tiles"], c["n"], c["m1"], c["n1"], c["pred_regs"], device)
+                rows.append({**base, "status": "ok", "message": "", "grid_x": launch.grid_x,
+                             "grid_y": launch.grid_y, "block": launch.block, "pred_regs": c["pred_regs"],
+                             "num_atb": launch.num_atb, "smem_bytes": launch.smem_bytes})
+            except Exception as e:
+                rows.append({**base, "status": "error",
+                             "message": f"{c['layer']} ({c['m1']},{c['n1']}): {type(e).__name__}: {e}"})
         return rows
 
     return _run_stage("pad", key, root, label, force, compute)
@@ -243,14 +243,13 @@ def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dic
         tiles = _tiles_by_layer(root, reordered) if verify else {}
         rows = []
         for i in range(table.num_rows):
-            info = {c: table.column(c)[i].as_py() for c in ("model", "layer", "op", "m", "n", "k", "repeat",
-                                                           "sparsity", "m1", "status", "message")}
-            base = {f: info[f] for f in ("model", "layer", "op", "m", "n", "k", "repeat", "sparsity", "m1")}
+            info = {c: table.column(c)[i].as_py() for c in _LAYER_FIELDS + ("sparsity", "m1", "status", "message")}
+            base = _layer_fields(info, "sparsity", "m1")
             if info["status"] != "ok":
                 rows.append({**base, "status": info["status"], "message": info["message"], "kind": "proxy"})
                 continue
             try:
-                cl = _clusters_from_row(table, i)
+                cl = schemas.clusters_from_row(table, i)
                 kernel = proxy_kernel_source(info["m"], info["k"], cl)
                 options = CompileOptions(arch=arch, maxrregcount=predicted_registers(info["m1"]))
                 result, hit = cached_compile(root, kernel.source, kernel.name, options)
@@ -308,21 +307,18 @@ def _tiles_by_layer(root: str, reordered: dict) -> dict:
     return out
 
 
+def _kept_rows(root: str, candidates: dict) -> list[dict]:
+    """The kept candidates, in the artifact's (layer, M1, N1) order."""
+    table = read_artifact(Path(root) / candidates["path"])
+    return table.filter(table["kept"]).to_pylist()
+
+
 def _kept_by_layer(root: str, candidates: dict) -> dict:
     """layer -> M1 -> kept candidate rows."""
-    table = read_artifact(Path(root) / candidates["path"])
     out: dict = {}
-    for row in table.filter(table["kept"]).to_pylist():
+    for row in _kept_rows(root, candidates):
         out.setdefault(row["layer"], {}).setdefault(row["m1"], []).append(row)
     return out
-
-
-def _clusters_from_row(table, i) -> ProxyClusters:
-    lv = lambda c: schemas.list_values(table, c, i)  # noqa: E731
-    nnc_p = lv("nnc_p").astype(np.int32)
-    columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
-    return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32), lv("medoid").astype(np.int32),
-                         lv("centroid_nnc"), lv("centroid_nnz"), nnc_p, lv("cpl").astype(np.int32), columns)
 
 
 def _prefixed(prefix: str, stats: TileStats) -> dict:

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
 
+from lospmm.stages.cluster import ProxyClusters
 from lospmm.stages.extract import LayerShape
 from lospmm.stages.reorder import Tiles
 
@@ -138,3 +139,13 @@ def tiles_from_row(table: pa.Table, i: int) -> Tiles:
     lv = lambda c: list_values(table, c, i).astype(np.int32)  # noqa: E731
     return Tiles(table.column("m1")[i].as_py(), lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"),
                  lv("empty_rows"))
+
+
+def clusters_from_row(table: pa.Table, i: int) -> ProxyClusters:
+    """Row i of a 06_clusters table as the cluster stage's ProxyClusters (`columns` split by nnc_p)."""
+    lv = lambda c: list_values(table, c, i)  # noqa: E731
+    nnc_p = lv("nnc_p").astype(np.int32)
+    columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
+    return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32),
+                         lv("medoid").astype(np.int32), lv("centroid_nnc"), lv("centroid_nnz"), nnc_p,
+                         lv("cpl").astype(np.int32), columns)
