@@ -41,10 +41,11 @@ def _child(source: str, name: str, maxrreg: int, queue) -> None:
                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
-def timed_compile(source: str, name: str, maxrreg: int, limit: float) -> dict:
-    """Compile in a fresh process; seconds, registers, spills and the process's peak RSS (MiB)."""
-    queue = mp.get_context("fork").Queue()
-    proc = mp.get_context("fork").Process(target=_child, args=(source, name, maxrreg, queue))
+def in_child(target, args: tuple, limit: float):
+    """Run target(*args, queue) in a forked process; its queued result, or a timeout/crash dict."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
     t0 = time.perf_counter()
     proc.start()
     proc.join(limit)
@@ -52,7 +53,15 @@ def timed_compile(source: str, name: str, maxrreg: int, limit: float) -> dict:
         proc.kill()
         proc.join()
         return {"status": "timeout", "seconds": time.perf_counter() - t0}
-    status, seconds, regs, spills, rss = queue.get()
+    return queue.get() if not queue.empty() else {"status": "crashed", "seconds": time.perf_counter() - t0}
+
+
+def timed_compile(source: str, name: str, maxrreg: int, limit: float) -> dict:
+    """Compile in a fresh process; seconds, registers, spills and the process's peak RSS (MiB)."""
+    r = in_child(_child, (source, name, maxrreg), limit)
+    if isinstance(r, dict):
+        return r
+    status, seconds, regs, spills, rss = r
     return {"status": status, "seconds": seconds, "regs": regs, "spills": spills, "rss_mib": rss}
 
 

@@ -1,4 +1,4 @@
-"""`lospmm` console script: run, rerun, inspect."""
+"""`lospmm` console script: run, rerun, inspect, kernel, train-ranker."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Console
 
 from lospmm.flows.config import DEFAULT_M1, ConfigError, RunConfig, validated
 from lospmm.flows.store import STAGES
+from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
@@ -52,7 +53,7 @@ def run(
     weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors file; every 2-D tensor is a linear layer."),
     tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers."),
     sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
-    until: str = typer.Option("constrain", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
+    until: str = typer.Option("emit", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option("h100", "--gpu", help="Built-in device table: h100, h200, a100, v100, 2080ti."),
     seed: int = typer.Option(0, "--seed"),
@@ -64,7 +65,11 @@ def run(
     m1: list[int] = typer.Option(list(DEFAULT_M1), "--m1", help="Candidate M1 values (rows per thread)."),
     th_row: float = typer.Option(0.25, "--th-row", help="Load-balance threshold on COV_row."),
     th_col: float = typer.Option(0.25, "--th-col", help="Load-balance threshold on WASTE_col."),
-    verify: bool = typer.Option(False, "--verify", help="Run every compiled kernel on the host under AddressSanitizer."),
+    verify: bool = typer.Option(False, "--verify", help="Run every compiled proxy on the host under AddressSanitizer."),
+    timer: str = typer.Option("auto", "--timer", help="auto (cuda with a GPU, else estimate) | estimate | cuda."),
+    top_k: int = typer.Option(10, "--top-k", help="Candidates the ranker passes on to proxy timing."),
+    no_rank: bool = typer.Option(False, "--no-rank", help="Time every kept candidate (LO-SpMM without the ranker)."),
+    ranker: Optional[Path] = typer.Option(None, "--ranker", help="Ranker model (from train-ranker); default: shipped."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -74,8 +79,42 @@ def run(
     cfg = RunConfig(zoo=tuple(zoo), weights=str(weights) if weights else None, tokens=tokens,
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
-                    m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify)
+                    m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
+                    rank=not no_rank, ranker=str(ranker) if ranker else None)
     _run(cfg, refresh=[])
+
+
+@app.command("train-ranker")
+def train_ranker_cmd(
+    out: Path = typer.Option(Path("ranker"), "--out", help="Model path stem: writes OUT.txt and OUT.json."),
+    samples: int = typer.Option(500, "--samples", help="Synthetic kernels (groups) drawn from Table 3's ranges."),
+    gpu: str = typer.Option("h100", "--gpu", help="Device table for constraints and the estimate timer."),
+    timer: str = typer.Option("auto", "--timer", help="auto | estimate | cuda (times every kept candidate)."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Build the ranker's training set by timing synthetic kernels, fit LambdaMART, write a model."""
+    from rich.progress import Progress
+
+    from lospmm.flows.pipeline import resolved_timer
+    from lospmm.flows.training import train_ranker
+
+    try:
+        device_named(gpu)
+        resolved = resolved_timer(timer) if timer in ("auto", "estimate", "cuda") else None
+        if resolved is None:
+            raise ConfigError(f"--timer {timer!r}: choose auto, estimate or cuda")
+        if samples < 10:
+            raise ConfigError(f"--samples must be >= 10, got {samples}")
+    except (ConfigError, ValueError) as e:
+        _fail(str(e))
+    with Progress(console=err, transient=True) as progress:
+        bar = progress.add_task(f"timing synthetic kernels ({resolved})", total=samples)
+        meta = train_ranker(out, samples, gpu, resolved, seed,
+                            progress=lambda done, total: progress.update(bar, completed=done))
+    console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')} (version {meta['version']}): "
+                  f"timer {meta['timer']}, device {meta['device']}, {meta['synthetic_kernels']} kernels, "
+                  f"{meta['samples']} timed candidates; held-out NDCG@10 {meta['heldout_ndcg_at_10']:.3f}, "
+                  f"true best in top-10 {meta['heldout_top10_hit_rate']:.0%}")
 
 
 @app.command()
@@ -161,13 +200,20 @@ def kernel(
     if c:
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")
-    if "host_check" in facts:
-        console.print(f"host check vs scipy: max relative error {facts['host_check']['max_rel_error']:.2e}")
+    hc = facts.get("host_check")
+    if hc and hc["status"] == "ok":
+        console.print(f"host check vs scipy: max relative error {hc['max_rel_error']:.2e}")
+    elif hc:
+        err.print(f"[red]host check vs scipy FAILED:[/] {hc['message']}")
+        raise typer.Exit(1)
 
 
 def _run(cfg: RunConfig, refresh: list[str]) -> None:
     try:
         validated(cfg)
+        from lospmm.flows.pipeline import resolved_timer
+
+        resolved_timer(cfg.timer)
     except ConfigError as e:
         _fail(str(e))
     from lospmm.flows import inspection
@@ -184,6 +230,9 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     problems = inspection.problems_table(record)
     if problems is not None:
         console.print(problems)
+    summary = inspection.summary_table(cfg.artifacts, record)
+    if summary is not None:
+        console.print(summary)
     if record["status"] != "completed":
         raise typer.Exit(1)
 

@@ -16,7 +16,9 @@ def test_list_options_take_space_separated_values():
     (["--zoo", "bert-large"], "unknown zoo model 'bert-large'"),
     (["--sparsity", "1.0"], "--sparsity 1.0"),
     (["--sparsity", "0"], "between 0 and 1"),
-    (["--until", "emit"], "--until 'emit'"),
+    (["--until", "deploy"], "--until 'deploy'"),
+    (["--timer", "fast"], "--timer 'fast'"),
+    (["--top-k", "0"], "--top-k must be >= 1"),
     (["--gpu", "rtx9090"], "unknown GPU"),
     (["--tokens", "0", "--weights", "x.safetensors"], "--tokens must be >= 1"),
     (["--weights", "missing.safetensors"], "missing.safetensors does not exist"),
@@ -46,7 +48,7 @@ def test_run_inspect_and_rerun(tmp_path):
     root = str(tmp_path / "art")
     common = ["--artifacts", root]
     result = runner.invoke(app, ["run", "--zoo", "bert-base", "--sparsity", "0.8", "--batch", "1", "--seq-len", "64",
-                                 "--m1", "8", *common])
+                                 "--m1", "8", "--until", "constrain", *common])
     assert result.exit_code == 0, result.output
     assert "completed" in result.output
 
@@ -65,5 +67,35 @@ def test_run_inspect_and_rerun(tmp_path):
     rerun = runner.invoke(app, ["rerun", "--stage", "reorder", *common])
     assert rerun.exit_code == 0, rerun.output
     assert "recomputing: reorder, constrain" in rerun.output
-    bad = runner.invoke(app, ["rerun", "--stage", "emit", *common])
+    bad = runner.invoke(app, ["rerun", "--stage", "deploy", *common])
     assert bad.exit_code == 2 and "choose one of" in bad.output
+    beyond = runner.invoke(app, ["rerun", "--stage", "emit", *common])
+    assert beyond.exit_code == 2 and "it has no 'emit' stage" in beyond.output
+
+
+def test_train_ranker_writes_a_usable_model(tmp_path):
+    import json
+
+    from lospmm.flows.ranker_store import load_ranker
+
+    out = tmp_path / "my-ranker"
+    result = runner.invoke(app, ["train-ranker", "--samples", "30", "--out", str(out), "--timer", "estimate"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["timer"] == "estimate" and meta["device"] == "h100" and meta["synthetic_kernels"] == 30
+    assert 0 <= meta["heldout_ndcg_at_10"] <= 1 and meta["samples"] > 30
+    booster, back = load_ranker(out)
+    assert back["version"] == meta["version"]
+    # a run can use it (validated before any work); a missing model is named
+    missing = runner.invoke(app, ["run", "--artifacts", str(tmp_path / "a"), "--ranker", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "nope.txt" in missing.output
+
+
+def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
+    from lospmm.runtime import gpu_present
+
+    if gpu_present():
+        pytest.skip("a GPU is present")
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--timer", "cuda"])
+    assert result.exit_code == 2 and "no CUDA device" in result.output
+    assert not (tmp_path / "01_shapes").exists()

@@ -14,6 +14,7 @@ from lospmm.stages.prune import METHODS, checked_sparsity
 # M1 (rows of a thread's output tile): 1 to 256. The register constraint removes the tallest
 # (M1 = 256 needs > 255 registers); Table 3 of the paper trains on 2..128.
 DEFAULT_M1 = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TIMERS = ("auto", "estimate", "cuda")
 
 
 class ConfigError(ValueError):
@@ -23,16 +24,18 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RunConfig:
     """A run's inputs and parameters. Defaults: zoo=("bert-base",), sparsities=(0.9,),
-    until="constrain", artifacts="artifacts", gpu="h100", seed=0, prune=None (random for the
+    until="emit", artifacts="artifacts", gpu="h100", seed=0, prune=None (random for the
     zoo, magnitude for weights), tokens=4096, M1 in DEFAULT_M1, th_row=th_col=0.25,
-    verify=False (host-emulate compiled kernels under AddressSanitizer), and the
-    ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
+    verify=False (host-emulate compiled proxies under AddressSanitizer), timer="auto" (cuda
+    when a GPU is present, else estimate), top_k=10, rank=True (False: time every kept
+    candidate), ranker=None (the shipped model), and the ZooParams defaults (batch 32 × seq 128
+    for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
     weights: str | None = None
     tokens: int = 4096
     sparsities: tuple[float, ...] = (0.9,)
-    until: str = "constrain"
+    until: str = "emit"
     artifacts: str = "artifacts"
     gpu: str = "h100"
     seed: int = 0
@@ -45,6 +48,10 @@ class RunConfig:
     th_row: float = 0.25
     th_col: float = 0.25
     verify: bool = False
+    timer: str = "auto"
+    top_k: int = 10
+    rank: bool = True
+    ranker: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -96,6 +103,14 @@ def validated(cfg: RunConfig) -> RunConfig:
     for name in ("th_row", "th_col"):
         if not getattr(cfg, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.timer not in TIMERS:
+        raise ConfigError(f"--timer {cfg.timer!r}: choose one of {', '.join(TIMERS)}")
+    if cfg.top_k < 1:
+        raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
+    if cfg.ranker and not (Path(cfg.ranker).with_suffix(".txt").is_file()
+                           and Path(cfg.ranker).with_suffix(".json").is_file()):
+        raise ConfigError(f"--ranker {cfg.ranker}: needs {Path(cfg.ranker).with_suffix('.txt')} and .json "
+                          f"(written by `lospmm train-ranker`)")
     if cfg.weights:
         from lospmm.flows.weights import tensor_infos  # raises ConfigError naming the file
 

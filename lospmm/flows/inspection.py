@@ -119,3 +119,22 @@ def _num(v) -> str:
     if v is None:
         return ""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def summary_table(artifacts: str, record: dict) -> Table | None:
+    """The run's per-layer summary (summary/<run_id>.parquet), if the run reached it."""
+    if not record.get("summary"):
+        return None
+    rows = read_artifact(Path(artifacts).resolve() / record["summary"]).to_pylist()
+    t = Table(title="per layer: candidates after each step, chosen tile, time (timer named per row; "
+                    "'estimate' = analytic model, not a measurement), search seconds")
+    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "timer",
+              "time µs", "search s"):
+        t.add_column(c)
+    for r in rows:
+        fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
+        t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
+                  fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
+                  f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r["timer"]), fmt(r["time_us"], "{:.1f}"),
+                  f"{r['search_seconds']:.1f}")
+    return t

@@ -42,17 +42,24 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
                         if reordered.column("layer")[i].as_py() == layer})
         raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
     tiles = schemas.tiles_from_row(reordered, rows[0])
+    arch = device_named(record["config"]["gpu"]).arch
+    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify)
+
+
+def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
+                   compile_: bool = True, verify: bool = True, extra: dict | None = None) -> dict:
+    """Write one full kernel directory: kernel.cu, kernel.ptx/.cubin (compiled through the compile
+    cache), kernel.json with the launch facts, compile results, `extra` and the host check."""
+    m1 = tiles.m1
     kernel = full_kernel_source(matrix, tiles, n1)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source))
-    arch = device_named(record["config"]["gpu"]).arch
     facts = {"kernel": kernel.name, "layer": layer, "sparsity": sparsity, "m": kernel.m, "k": kernel.k,
              "nnz": int(matrix.nnz), "m1": m1, "n1": n1, "params": list(kernel.params),
              "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument",
              "grid": {"x": kernel.grid_x, "y": "ceil(N / n1)", "z": 1}, "block": {"x": n1, "y": 1, "z": 1},
              "dynamic_smem_bytes": 0, "arch": arch, "row_order": tiles.rows.tolist(),
-             "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist()}
+             "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist(), **(extra or {})}
     if compile_:
         options = CompileOptions(arch=arch, maxrregcount=predicted_registers(m1))
         result, hit = cached_compile(root, kernel.source, kernel.name, options)
@@ -61,8 +68,14 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         if result["status"] == "ok":
             for what in ("ptx", "cubin"):
                 shutil.copyfile(Path(root) / result["paths"][what], out / f"kernel.{what}")
+        else:
+            facts["compile"]["log"] = result["log"][-4000:]
     if verify:
-        facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=2 * n1 + 3, sanitize=True),
-                               "n": 2 * n1 + 3, "sanitizer": "address"}
+        n = 2 * n1 + 3
+        try:
+            facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True),
+                                   "n": n, "sanitizer": "address", "status": "ok"}
+        except Exception as e:
+            facts["host_check"] = {"status": "failed", "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
     return facts

@@ -1,4 +1,4 @@
-"""The Prefect flow over stages 1–4 and 6–8: load inputs -> call the stage -> write the
+"""The Prefect flow over stages 1–10: load inputs -> call the stage -> write the
 artifact -> return a small manifest.
 
 Each task's cache key is its artifact key (stage, stage code version, parameters, input keys), so
@@ -9,6 +9,7 @@ killed run left behind without a Prefect cache record.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import traceback
@@ -22,11 +23,14 @@ from prefect.futures import wait
 
 from lospmm.flows import schemas
 from lospmm.flows.compile_cache import cached_compile
-from lospmm.flows.config import RunConfig, validated, weights_label
+from lospmm.flows.config import ConfigError, RunConfig, validated, weights_label
+from lospmm.flows.kernels import emitted_kernel
+from lospmm.flows.ranker_store import load_ranker
 from lospmm.flows.runs import write_run_record
 from lospmm.flows.store import (
     artifact_key,
     artifact_path,
+    atomic_write,
     file_sha256,
     read_artifact,
     stage_version,
@@ -40,10 +44,12 @@ from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import CompileOptions
 from lospmm.stages.constrain import ConstrainParams, constrained_candidates, predicted_registers
 from lospmm.stages.devices import device_named
-from lospmm.stages.extract import ZooParams, weight_shapes, zoo_shapes
+from lospmm.stages.extract import ZooParams, sanitized_name, weight_shapes, zoo_shapes
 from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
 from lospmm.stages.prune import PruneParams, pruned_layer
+from lospmm.stages.rank import ranked
 from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.timing import estimated_timing, full_kernel_work, proxy_work
 
 
 _LAYER_FIELDS = ("model", "layer", "op", "m", "n", "k", "repeat")
@@ -185,6 +191,29 @@ def constrain_task(key: str, root: str, label: str, reordered: dict, gpu: str, t
     return _run_stage("constrain", key, root, label, force, compute)
 
 
+@task(name="rank", task_run_name="rank:{label}", **_TASK)
+def rank_task(key: str, root: str, label: str, candidates: dict, top_k: int, use_rank: bool, ranker: str | None,
+              force: bool = False) -> dict:
+    def compute():
+        booster, meta = load_ranker(ranker) if use_rank else (None, {"version": "none"})
+        tag = f"lambdamart:{meta['version']}" if use_rank else "none (every kept candidate)"
+        rows = []
+        for layer, by_m1 in _kept_by_layer(root, candidates).items():
+            group = [c for m1 in sorted(by_m1) for c in by_m1[m1]]
+            t0 = time.perf_counter()
+            if use_rank:
+                scores, ranks = ranked(group, booster, top_k)
+            else:
+                scores, ranks = np.zeros(len(group)), np.arange(1, len(group) + 1, dtype=np.int32)
+            seconds = time.perf_counter() - t0
+            for c, sc, r in zip(group, scores, ranks):
+                rows.append({**c, "score": float(sc), "rank": int(r), "chosen": (not use_rank) or int(r) <= top_k,
+                             "ranker": tag, "seconds": seconds})
+        return rows
+
+    return _run_stage("rank", key, root, label, force, compute)
+
+
 @task(name="cluster", task_run_name="cluster:{label}", **_TASK)
 def cluster_task(key: str, root: str, label: str, pruned: dict, reordered: dict, candidates: dict, gpu: str,
                  force: bool = False) -> dict:
@@ -278,6 +307,117 @@ def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dic
     return _run_stage("compile", key, root, label, force, compute)
 
 
+@task(name="time", task_run_name="time:{label}", **_TASK)
+def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, clusters: dict, reordered: dict,
+              gpu: str, timer: str, force: bool = False) -> dict:
+    def compute():
+        device = device_named(gpu)
+        comp = _rows_by(read_artifact(Path(root) / compiled_["path"]), ("layer", "m1"))
+        cl_table = read_artifact(Path(root) / clusters["path"])
+        cl_index = {(cl_table.column("layer")[i].as_py(), cl_table.column("m1")[i].as_py()): i
+                    for i in range(cl_table.num_rows) if cl_table.column("status")[i].as_py() == "ok"}
+        tiles = _tiles_by_layer(root, reordered) if timer == "cuda" else {}
+        rows = []
+        for c in read_artifact(Path(root) / launch["path"]).to_pylist():
+            base = {**_layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer}
+            where = f"{c['layer']} ({c['m1']},{c['n1']})"
+            p = comp.get((c["layer"], c["m1"]))
+            if c["status"] != "ok" or p is None or p["status"] != "ok" or (c["layer"], c["m1"]) not in cl_index:
+                why = c["message"] if c["status"] != "ok" else "its proxy did not compile"
+                rows.append({**base, "status": "skipped", "message": f"{where}: {why}", "time_us": float("inf")})
+                continue
+            t0 = time.perf_counter()
+            cl = schemas.clusters_from_row(cl_table, cl_index[(c["layer"], c["m1"])])
+            spill = int(p["spill_stores"]) + int(p["spill_loads"])
+            if timer == "cuda":
+                from lospmm.runtime import time_proxy_cubin
+
+                cubin = (Path(root) / p["cubin_path"]).read_bytes()
+                t = time_proxy_cubin(cubin, p["kernel"], c["m"], c["k"], c["n"], c["n1"], cl.cluster_of,
+                                     proxy_tile_rows(tiles[c["layer"]][c["m1"]]), c["smem_bytes"])
+            else:
+                work = proxy_work(cl, c["m"], c["k"], c["n"], c["n1"], p["registers"], c["smem_bytes"], spill)
+                t = estimated_timing(work, device)
+            rows.append({**base, "status": t.status, "message": f"{where}: {t.message}" if t.message else "",
+                         "time_us": t.time_us, "compute_us": t.compute_us, "memory_us": t.memory_us,
+                         "latency_us": t.latency_us, "active_blocks": t.active_blocks, "repeats": t.repeats,
+                         "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
+                         "rank": c.get("rank"), "seconds": time.perf_counter() - t0})
+        return rows
+
+    return _run_stage("time", key, root, label, force, compute)
+
+
+@task(name="emit", task_run_name="emit:{label}", **_TASK)
+def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reordered: dict, gpu: str, timer: str,
+              chosen_by: str, verify: bool, force: bool = False) -> dict:
+    def compute():
+        device = device_named(gpu)
+        matrices = _matrices(root, pruned)
+        tiles = _tiles_by_layer(root, reordered)
+        by_layer: dict = {}
+        for r in read_artifact(Path(root) / timed["path"]).to_pylist():
+            by_layer.setdefault(r["layer"], []).append(r)
+        kernels_root = artifact_path(root, "emit", label, key).with_suffix("")
+        rows = []
+        for layer, group in by_layer.items():
+            ok = [r for r in group if r["status"] == "ok" and np.isfinite(r["time_us"])]
+            base = {**_layer_fields(group[0], "sparsity"), "timer": timer, "chosen_by": chosen_by,
+                    "candidates_timed": len(ok)}
+            if not ok:
+                rows.append({**base, "status": "error", "message": f"{layer}: no candidate could be timed ("
+                             + "; ".join(sorted({r["message"] for r in group if r["message"]}))[:500] + ")"})
+                continue
+            best = min(ok, key=lambda r: (r["time_us"], r["m1"], r["n1"]))
+            t0 = time.perf_counter()
+            try:
+                m1, n1 = best["m1"], best["n1"]
+                matrix, t = matrices[layer], tiles[layer][m1]
+                out = kernels_root / sanitized_name(layer)
+                facts = emitted_kernel(root, matrix, t, layer, best["sparsity"], n1, device.arch, out,
+                                       compile_=True, verify=verify and timer != "cuda",
+                                       extra={"chosen_by": chosen_by, "timer": timer, "gpu": device.name,
+                                              "proxy_time_us": best["time_us"], "candidates_timed": len(ok)})
+                comp = facts["compile"]
+                full_us, check, err = float("nan"), "not run", float("nan")
+                if comp["status"] == "ok":
+                    regs, spill = comp["registers"], comp["spill_stores"] + comp["spill_loads"]
+                    if timer == "cuda":
+                        from lospmm.runtime import check_full_kernel, time_full_kernel_cubin
+
+                        cubin = (out / "kernel.cubin").read_bytes()
+                        err = check_full_kernel(cubin, facts["kernel"], facts["grid"]["x"], n1, matrix)
+                        check = "device" if err < 1e-4 else "device: FAILED"
+                        full_us = time_full_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], best["m"],
+                                                         best["k"], best["n"], n1).time_us
+                    else:
+                        work = full_kernel_work(t, best["m"], best["k"], best["n"], n1, regs, spill)
+                        full_us = estimated_timing(work, device).time_us
+                    hc = facts.get("host_check")
+                    if hc:
+                        check = "host-asan" if hc["status"] == "ok" else "host: FAILED"
+                        err = hc.get("max_rel_error", float("inf"))
+                    facts.update(full_time_us=full_us, check=check, max_rel_error=err)
+                    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
+                failed = comp["status"] != "ok" or "FAILED" in check
+                rows.append({**base, "status": "error" if failed else "ok",
+                             "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
+                             "m1": m1, "n1": n1, "proxy_time_us": best["time_us"], "full_time_us": full_us,
+                             "kernel": facts["kernel"], "kernel_dir": str(out.relative_to(root)),
+                             "registers": comp.get("registers"), "spill_bytes": comp.get("spill_stores", 0)
+                             + comp.get("spill_loads", 0), "compile_seconds": comp.get("seconds"), "check": check,
+                             "max_rel_error": err, "seconds": time.perf_counter() - t0})
+            except Exception as e:
+                rows.append({**base, "status": "error", "message": f"{layer}: {type(e).__name__}: {e}"})
+        return rows
+
+    return _run_stage("emit", key, root, label, force, compute)
+
+
+def _rows_by(table, cols: tuple[str, ...]) -> dict:
+    return {tuple(r[c] for c in cols): r for r in table.to_pylist()}
+
+
 def _verify_proxy(kernel, cl, tiles, info) -> str:
     """Run the proxy on the host under AddressSanitizer with a small N; 'asan-ok' or the error."""
     n, n1 = 37, 32  # two column blocks, the second partial
@@ -308,9 +448,9 @@ def _tiles_by_layer(root: str, reordered: dict) -> dict:
 
 
 def _kept_rows(root: str, candidates: dict) -> list[dict]:
-    """The kept candidates, in the artifact's (layer, M1, N1) order."""
+    """The kept candidates (04) or the chosen ones (05, after rank), in (layer, M1, N1) order."""
     table = read_artifact(Path(root) / candidates["path"])
-    return table.filter(table["kept"]).to_pylist()
+    return table.filter(table["chosen" if "chosen" in table.column_names else "kept"]).to_pylist()
 
 
 def _kept_by_layer(root: str, candidates: dict) -> dict:
@@ -361,7 +501,7 @@ def _label(*parts: Any) -> str:
 
 @flow(name="lospmm-pipeline")
 def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
-    """Stages 1–4 (until `config['until']`) for every zoo model / weights file × sparsity.
+    """Stages 1–10 (until `config['until']`) for every zoo model / weights file × sparsity.
 
     `refresh` names stages to recompute even when cached (their dependants follow by key only
     if their inputs' keys change, so callers pass the downstream stages too)."""
@@ -371,6 +511,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
     stages = cfg.stages()
+    timer = resolved_timer(cfg.timer)
+    ranker_version = load_ranker(cfg.ranker)[1]["version"] if cfg.rank and "rank" in stages else "none"
     record = {"run_id": run_id, "config": cfg.as_dict(), "refresh": sorted(refresh), "status": "running",
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
     write_run_record(root, record)
@@ -413,16 +555,35 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
             co_key, co = submit(constrain_task, "constrain", lab, where,
                                 {"gpu": cfg.gpu, "th_row": cfg.th_row, "th_col": cfg.th_col}, [ro_key],
                                 reordered=ro, gpu=cfg.gpu, th_row=cfg.th_row, th_col=cfg.th_col)
+            if "rank" not in stages:
+                continue
+            rk_params = {"top_k": cfg.top_k, "rank": cfg.rank, "ranker": ranker_version}
+            rk_key, rk = submit(rank_task, "rank", lab, where, rk_params, [co_key], candidates=co, top_k=cfg.top_k,
+                                use_rank=cfg.rank, ranker=cfg.ranker)
             if "cluster" not in stages:
                 continue
-            cl_key, cl = submit(cluster_task, "cluster", lab, where, {"gpu": cfg.gpu}, [pr_key, ro_key, co_key],
-                                pruned=pr, reordered=ro, candidates=co, gpu=cfg.gpu)
-            if "pad" in stages:
-                submit(pad_task, "pad", lab, where, {"gpu": cfg.gpu}, [co_key], candidates=co, gpu=cfg.gpu)
-            if "compile" in stages:
-                arch = device_named(cfg.gpu).arch
-                submit(compile_task, "compile", lab, where, {"arch": arch, "verify": cfg.verify}, [cl_key, ro_key],
-                       clusters=cl, reordered=ro, arch=arch, verify=cfg.verify)
+            cl_key, cl = submit(cluster_task, "cluster", lab, where, {"gpu": cfg.gpu}, [pr_key, ro_key, rk_key],
+                                pruned=pr, reordered=ro, candidates=rk, gpu=cfg.gpu)
+            if "pad" not in stages:
+                continue
+            pa_key, pa = submit(pad_task, "pad", lab, where, {"gpu": cfg.gpu}, [rk_key], candidates=rk, gpu=cfg.gpu)
+            if "compile" not in stages:
+                continue
+            arch = device_named(cfg.gpu).arch
+            cp_key, cp = submit(compile_task, "compile", lab, where, {"arch": arch, "verify": cfg.verify},
+                                [cl_key, ro_key], clusters=cl, reordered=ro, arch=arch, verify=cfg.verify)
+            if "time" not in stages:
+                continue
+            ti_key, ti = submit(time_task, "time", lab, where, {"gpu": cfg.gpu, "timer": timer},
+                                [pa_key, cp_key, cl_key, ro_key], launch=pa, compiled_=cp, clusters=cl,
+                                reordered=ro, gpu=cfg.gpu, timer=timer)
+            if "emit" not in stages:
+                continue
+            chosen_by = (f"top-1 proxy of the ranker's top-{cfg.top_k}" if cfg.rank
+                         else "top-1 proxy of every kept candidate")
+            submit(emit_task, "emit", lab, where, {"gpu": cfg.gpu, "timer": timer, "chosen_by": chosen_by,
+                                                   "verify": True}, [ti_key, pr_key, ro_key],
+                   timed=ti, pruned=pr, reordered=ro, gpu=cfg.gpu, timer=timer, chosen_by=chosen_by, verify=True)
 
     wait([f for _, f in submitted])
     for entry, fut in submitted:
@@ -438,9 +599,24 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     record.update(status="completed" if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
                   else "failed", wall_seconds=time.perf_counter() - t_start,
                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    try:
+        record["summary"] = write_summary(root, record)
+    except Exception as e:  # the stages' artifacts stand on their own; say why the summary is missing
+        record["summary_error"] = f"{type(e).__name__}: {e}"
     write_run_record(root, record)
     _publish_summary(root, record)
     return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+
+
+def resolved_timer(timer: str) -> str:
+    """"auto" -> "cuda" when a GPU is present, else "estimate"; "cuda" without a GPU is an error."""
+    from lospmm.runtime import gpu_present
+
+    if timer == "auto":
+        return "cuda" if gpu_present() else "estimate"
+    if timer == "cuda" and not gpu_present():
+        raise ConfigError("--timer cuda: no CUDA device here (use --timer estimate, or auto)")
+    return timer
 
 
 def _sources(cfg: RunConfig) -> list[dict]:
@@ -453,6 +629,66 @@ def _sources(cfg: RunConfig) -> list[dict]:
         out.append({"kind": "weights", "name": weights_label(path), "label": weights_label(path),
                     "path": path, "sha256": file_sha256(Path(path)), "tokens": cfg.tokens})
     return out
+
+
+def write_summary(root: Path, record: dict) -> str | None:
+    """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
+    to summary/<run_id>.parquet and published as a Prefect table artifact. None if nothing ran."""
+    from prefect.artifacts import create_table_artifact
+
+    by = {}
+    for e in record["entries"]:
+        if e.get("path") and "sparsity" in e:
+            by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = read_artifact(root / e["path"]).to_pylist()
+    rows = []
+    for (model, sparsity), arts in by.items():
+        layers = [r for r in arts.get("prune", []) if r["status"] == "ok"]
+        def per_layer(stage, col="seconds"):
+            out = {}
+            for r in arts.get(stage, []):
+                v = r.get(col)
+                if v is not None and np.isfinite(v):
+                    out[r["layer"]] = out.get(r["layer"], 0.0) + float(v)
+            return out
+        secs = {s: per_layer(s) for s in ("prune", "reorder", "cluster", "time", "emit")}
+        secs["compile"] = per_layer("compile", "compile_seconds")
+        rank_s = {r["layer"]: r["seconds"] for r in arts.get("rank", [])}
+        cand = {}
+        for r in arts.get("constrain", []):
+            c = cand.setdefault(r["layer"], [0, 0])
+            c[0] += 1
+            c[1] += bool(r["kept"])
+        chosen = {}
+        for r in arts.get("rank", []):
+            chosen[r["layer"]] = chosen.get(r["layer"], 0) + bool(r["chosen"])
+        timed = {}
+        for r in arts.get("time", []):
+            timed[r["layer"]] = timed.get(r["layer"], 0) + (r["status"] == "ok")
+        emitted = {r["layer"]: r for r in arts.get("emit", [])}
+        for lay in layers:
+            name = lay["layer"]
+            em = emitted.get(name, {})
+            row = {**_layer_fields(lay), "sparsity": sparsity, "status": em.get("status", "not emitted"),
+                   "candidates": cand.get(name, [0, 0])[0], "after_constrain": cand.get(name, [0, 0])[1],
+                   "after_rank": chosen.get(name), "timed": timed.get(name), "m1": em.get("m1"), "n1": em.get("n1"),
+                   "timer": em.get("timer"), "time_us": em.get("full_time_us"), "kernel_dir": em.get("kernel_dir"),
+                   "rank_seconds": rank_s.get(name)}
+            for s_ in ("prune", "reorder", "cluster", "compile", "time", "emit"):
+                row[f"{s_}_seconds"] = secs[s_].get(name)
+            row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in
+                                        ("prune", "reorder", "rank", "cluster", "compile", "time", "emit"))
+            rows.append(row)
+    if not rows:
+        return None
+    path = root / "summary" / f"{record['run_id']}.parquet"
+    write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
+                   {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
+    show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
+            "n1", "timer", "time_us", "search_seconds")
+    create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
+                          description=f"lospmm run {record['run_id']}: per layer (time_us from the "
+                                      f"timer named in each row; 'estimate' rows are model estimates)")
+    return str(path.relative_to(root))
 
 
 def _state_message(state) -> str:

@@ -83,8 +83,36 @@ COMPILED = pa.schema(
        ("verified", _str), ("log", _str)]
 )
 
-SCHEMAS = {"extract": SHAPES, "prune": PRUNED, "reorder": REORDERED, "constrain": CANDIDATES,
-           "cluster": CLUSTERS, "pad": LAUNCH, "compile": COMPILED}
+RANKED = pa.schema(
+    list(zip(CANDIDATES.names, CANDIDATES.types))
+    + [("score", _f64), ("rank", _i32), ("chosen", _bool), ("ranker", _str), ("seconds", _f64)]
+)
+
+TIMED = pa.schema(
+    _LAYER_AT + [("n1", _i32)] + _STATUS
+    + [("kind", _str), ("timer", _str), ("time_us", _f64), ("compute_us", _f64), ("memory_us", _f64),
+       ("latency_us", _f64), ("active_blocks", _i32), ("repeats", _i32), ("registers", _i32),
+       ("spill_bytes", _i32), ("smem_bytes", _i32), ("rank", _i32), ("seconds", _f64)]
+)
+
+KERNELS = pa.schema(
+    _LAYER + [("sparsity", _f64)] + _STATUS
+    + [("m1", _i32), ("n1", _i32), ("chosen_by", _str), ("timer", _str), ("proxy_time_us", _f64),
+       ("full_time_us", _f64), ("kernel", _str), ("kernel_dir", _str), ("registers", _i32),
+       ("spill_bytes", _i32), ("compile_seconds", _f64), ("check", _str), ("max_rel_error", _f64),
+       ("candidates_timed", _i32), ("seconds", _f64)]
+)
+
+SUMMARY = pa.schema(
+    _LAYER + [("sparsity", _f64), ("status", _str), ("candidates", _i32), ("after_constrain", _i32),
+              ("after_rank", _i32), ("timed", _i32), ("m1", _i32), ("n1", _i32), ("timer", _str),
+              ("time_us", _f64)]
+    + [(f"{s}_seconds", _f64) for s in ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")]
+    + [("search_seconds", _f64), ("kernel_dir", _str)]
+)
+
+SCHEMAS = {"extract": SHAPES, "prune": PRUNED, "reorder": REORDERED, "constrain": CANDIDATES, "rank": RANKED,
+           "cluster": CLUSTERS, "pad": LAUNCH, "compile": COMPILED, "time": TIMED, "emit": KERNELS}
 LIST_COLUMNS = {name for s in SCHEMAS.values() for name in s.names if pa.types.is_list(s.field(name).type)}
 
 

@@ -27,14 +27,20 @@ STAGE_LAYERS = {
     "prune": "02_pruned",
     "reorder": "03_reordered",
     "constrain": "04_candidates",
+    "rank": "05_ranked",
     "cluster": "06_clusters",
     "pad": "07_launch",
     "compile": "08_compiled",
+    "time": "09_timed",
+    "emit": "10_kernels",
 }
 STAGES = tuple(STAGE_LAYERS)
 # The modules whose source is a stage's code version (imports under lospmm.stages follow).
 STAGE_MODULES = {s: (f"lospmm.stages.{s}",) for s in STAGES}
 STAGE_MODULES["compile"] = ("lospmm.stages.compile", "lospmm.stages.codegen", "lospmm.hostemu")
+STAGE_MODULES["time"] = ("lospmm.stages.timing", "lospmm.runtime")
+STAGE_MODULES["emit"] = ("lospmm.stages.codegen", "lospmm.stages.compile", "lospmm.stages.timing", "lospmm.hostemu",
+                         "lospmm.runtime", "lospmm.flows.kernels")
 
 
 class ArtifactError(RuntimeError):

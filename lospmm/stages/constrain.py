@@ -21,6 +21,7 @@ uncapped, it used 32 registers for M1 = 2, 4, 8, 40 for 16 and 64 for 32 — exa
 for M1 ≥ 64 it hoists loads to 255 registers and spills, so those predictions are floors. The
 prediction is kept in the artifact and becomes the kernel's --maxrregcount (a cap far above
 ptxas's own choice made it hoist loads and spill, e.g. 64 or 96 for an M1 = 2 kernel that needs 32).
+Kernels compile at ptxas -O1 (see compile.CompileOptions), where this cap held without spills.
 """
 
 from __future__ import annotations

@@ -27,6 +27,14 @@ class Device:
     max_blocks_per_sm: int
     warp_size: int = 32
     reg_alloc_unit: int = 256  # registers are allocated per warp in units of this many
+    # Throughput facts for the `estimate` timer only (published boost clock and memory bandwidth;
+    # L2 bandwidth and latency are approximate public microbenchmark figures).
+    clock_ghz: float = 1.5
+    fp32_lanes_per_sm: int = 64
+    dram_gbps: float = 900.0
+    l2_gbps: float = 2500.0
+    l2_bytes: int = 6 * 2**20
+    mem_latency_cycles: int = 400  # between an L2 hit and DRAM: B slices are shared by many blocks
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -35,11 +43,16 @@ class Device:
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
-        Device("h100", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32),
-        Device("h200", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32),
-        Device("a100", "sm_80", 108, 65536, 65536, 255, 167936, 166912, 1024, 2048, 1024, 32),
-        Device("v100", "sm_70", 80, 65536, 65536, 255, 98304, 98304, 0, 2048, 1024, 32),
-        Device("2080ti", "sm_75", 68, 65536, 65536, 255, 65536, 65536, 0, 1024, 1024, 16),
+        Device("h100", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=3350, l2_gbps=7000, l2_bytes=50 * 2**20),
+        Device("h200", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=4800, l2_gbps=7000, l2_bytes=50 * 2**20),
+        Device("a100", "sm_80", 108, 65536, 65536, 255, 167936, 166912, 1024, 2048, 1024, 32,
+               clock_ghz=1.41, fp32_lanes_per_sm=64, dram_gbps=1555, l2_gbps=4800, l2_bytes=40 * 2**20),
+        Device("v100", "sm_70", 80, 65536, 65536, 255, 98304, 98304, 0, 2048, 1024, 32,
+               clock_ghz=1.53, fp32_lanes_per_sm=64, dram_gbps=900, l2_gbps=2200, l2_bytes=6 * 2**20),
+        Device("2080ti", "sm_75", 68, 65536, 65536, 255, 65536, 65536, 0, 1024, 1024, 16,
+               clock_ghz=1.545, fp32_lanes_per_sm=64, dram_gbps=616, l2_gbps=1600, l2_bytes=5632 * 1024),
     )
 }
 

@@ -16,7 +16,7 @@ from lospmm.flows.store import sidecar_path, valid_sidecar
 
 def _cmd(root: Path) -> list[str]:
     return [sys.executable, "-m", "lospmm.cli", "run", "--zoo", "all", "--sparsity", "0.5", "0.9",
-            "--artifacts", str(root)]
+            "--until", "constrain", "--artifacts", str(root)]
 
 
 def test_sigkill_then_resume(tmp_path):

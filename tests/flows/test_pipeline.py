@@ -32,7 +32,7 @@ def weights_file(tmp_path):
 
 def _config(root, weights, **kw):
     return {"zoo": [], "weights": str(weights), "tokens": 256, "sparsities": [0.5, 0.9],
-            "artifacts": str(root), "m1s": [2, 8, 32], **kw}
+            "artifacts": str(root), "m1s": [2, 8, 32], "until": "constrain", **kw}
 
 
 def _states(result, root):
@@ -120,7 +120,7 @@ def test_until_stops_after_the_named_stage(tmp_path, weights_file):
 def test_zoo_model_runs_through_constrain(tmp_path):
     root = tmp_path / "artifacts"
     cfg = {"zoo": ["bert-base"], "sparsities": [0.9], "batch": 2, "seq_len": 64, "m1s": [4, 16],
-           "artifacts": str(root)}
+           "artifacts": str(root), "until": "constrain"}
     result = pl.pipeline(config=cfg)
     states, record = _states(result, root)
     assert result["status"] == "completed" and set(states.values()) == {"Completed"}
@@ -131,35 +131,65 @@ def test_zoo_model_runs_through_constrain(tmp_path):
     assert cand.num_rows == 4 * 2 * 32
 
 
-def test_cluster_pad_and_compile_stages(tmp_path, weights_file):
+def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
+    import json
+
     from lospmm.stages import compile as nv
 
     if not nv.available():
         pytest.skip("NVRTC not installed")
     root = tmp_path / "artifacts"
-    cfg = _config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="compile", verify=True)
+    cfg = _config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="emit", verify=True, top_k=4)
     result = pl.pipeline(config=cfg)
     states, record = _states(result, root)
     assert result["status"] == "completed" and set(states.values()) == {"Completed"}
     paths = {e["stage"]: root / e["path"] for e in record["entries"]}
-    kept = pq.read_table(paths["constrain"]).to_pylist()
-    kept = {(c["layer"], c["m1"], c["n1"]) for c in kept if c["kept"]}
+    kept = {(c["layer"], c["m1"], c["n1"]) for c in pq.read_table(paths["constrain"]).to_pylist() if c["kept"]}
+    ranked = pq.read_table(paths["rank"]).to_pylist()
+    assert {(r["layer"], r["m1"], r["n1"]) for r in ranked} == kept
+    chosen = {(r["layer"], r["m1"], r["n1"]) for r in ranked if r["chosen"]}
+    for layer in {lay for lay, _, _ in kept}:
+        n_kept = sum(1 for k in kept if k[0] == layer)
+        assert sum(1 for c in chosen if c[0] == layer) == min(4, n_kept)
     launch = pq.read_table(paths["pad"]).to_pylist()
-    assert {(r["layer"], r["m1"], r["n1"]) for r in launch} == kept
+    assert {(r["layer"], r["m1"], r["n1"]) for r in launch} == chosen
     assert all(r["smem_bytes"] >= 0 and r["num_atb"] >= 1 for r in launch)
     clusters = pq.read_table(paths["cluster"]).to_pylist()
-    assert {(r["layer"], r["m1"]) for r in clusters} == {(l, m1) for l, m1, _ in kept}
+    assert {(r["layer"], r["m1"]) for r in clusters} == {(l, m1) for l, m1, _ in chosen}
     compiled = pq.read_table(paths["compile"]).to_pylist()
     assert len(compiled) == len(clusters)
     for r in compiled:
         assert r["status"] == "ok" and r["verified"] == "asan-ok" and r["registers"] > 0
         assert (root / r["cubin_path"]).read_bytes()[:4] == b"\x7fELF"
+    timed = pq.read_table(paths["time"]).to_pylist()
+    assert {(r["layer"], r["m1"], r["n1"]) for r in timed} == chosen
+    assert all(r["timer"] == "estimate" and r["status"] == "ok" and r["time_us"] > 0 for r in timed)
+    emitted = pq.read_table(paths["emit"]).to_pylist()
+    assert {r["layer"] for r in emitted} == {lay for lay, _, _ in chosen}
+    for r in emitted:
+        best = min((t for t in timed if t["layer"] == r["layer"]), key=lambda t: t["time_us"])
+        assert (r["m1"], r["n1"]) == (best["m1"], best["n1"]) and r["proxy_time_us"] == best["time_us"]
+        assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
+        d = root / r["kernel_dir"]
+        facts = json.loads((d / "kernel.json").read_text())
+        assert facts["timer"] == "estimate" and facts["m1"] == r["m1"] and facts["chosen_by"]
+        assert (d / "kernel.cubin").read_bytes()[:4] == b"\x7fELF" and (d / "kernel.cu").exists()
+    summary = pq.read_table(root / record["summary"]).to_pylist()
+    good = [s for s in summary if s["status"] == "ok"]
+    assert {s["layer"] for s in good} == {r["layer"] for r in emitted}
+    assert all(s["after_constrain"] >= s["after_rank"] == s["timed"] and s["search_seconds"] > 0 for s in good)
+
     # nothing compiles again: the flow is cached, and a forced recompute hits the compile cache
     states, _ = _states(pl.pipeline(config=cfg), root)
     assert set(states.values()) == {"Cached"}
     _, record = _states(pl.pipeline(config=cfg, refresh=["compile"]), root)
     again = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "compile")).to_pylist()
     assert all(r["from_cache"] for r in again)
+
+    # --no-rank times every kept candidate
+    _, record = _states(pl.pipeline(config={**cfg, "rank": False, "until": "time"}), root)
+    timed = pq.read_table(root / next(e["path"] for e in record["entries"] if e["stage"] == "time")).to_pylist()
+    assert {(r["layer"], r["m1"], r["n1"]) for r in timed} == kept
 
 
 def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):

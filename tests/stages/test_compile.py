@@ -59,3 +59,22 @@ def test_resource_usage_parses_ptxas_verbose_output():
            "stores, 16 bytes spill loads\nptxas info    : Used 40 registers, used 0 barriers, 1024 bytes smem")
     assert nv.resource_usage(log) == {"registers": 40, "spill_stores": 12, "spill_loads": 16, "stack_bytes": 8,
                                       "smem_bytes": 1024}
+
+
+def test_ptxas_level_is_an_explicit_option():
+    assert "-Xptxas=-O1" in nv.CompileOptions().as_list()
+    assert "-Xptxas=-O3" in nv.CompileOptions(ptxas_level=3).as_list()
+    with pytest.raises(ValueError, match="ptxas_level"):
+        nv.CompileOptions(ptxas_level=5).as_list()
+
+
+def test_no_spills_at_the_register_prediction_with_ptxas_o1():
+    # At -O3 ptxas hoists loads and spills at this cap (2.7 KB on a 128-row version of this kernel).
+    from lospmm.stages.constrain import predicted_registers
+    from lospmm.stages.prune import random_pruned
+
+    a = random_pruned(64, 768, 0.9, np.random.default_rng(0))
+    k = full_kernel_source(a, reordered_tiles(a, 16), 128)
+    out = nv.compiled(k.source, k.name, nv.CompileOptions(maxrregcount=predicted_registers(16)))
+    assert out.status == "ok" and out.spill_stores == 0 and out.spill_loads == 0
+    assert out.registers <= predicted_registers(16)

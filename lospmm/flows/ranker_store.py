@@ -1,0 +1,57 @@
+"""Ranker model files: a LightGBM text model plus JSON metadata (timer, device, sample count,
+held-out NDCG), written atomically. A model ships with the package so `run` works out of the box."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "ranker"
+
+
+class RankerError(RuntimeError):
+    """A ranker model file is missing or unreadable; the message names the file."""
+
+
+def _files(base: Path) -> tuple[Path, Path]:
+    base = Path(base)
+    if base.suffix in (".txt", ".json"):
+        base = base.with_suffix("")
+    return base.with_suffix(".txt"), base.with_suffix(".json")
+
+
+def save_ranker(base: Path, booster, metadata: dict) -> dict:
+    """Write `base`.txt (model) and `base`.json (metadata + version = hash of the model text)."""
+    model_path, meta_path = _files(base)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    text = booster.model_to_string()
+    meta = {**metadata, "version": hashlib.sha256(text.encode()).hexdigest()[:12]}
+    for path, content in ((model_path, text), (meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return meta
+
+
+def load_ranker(base: Path | None = None):
+    """(booster, metadata) from `base` (default: the shipped model)."""
+    import lightgbm
+
+    model_path, meta_path = _files(Path(base) if base else SHIPPED)
+    try:
+        meta = json.loads(meta_path.read_text())
+        booster = lightgbm.Booster(model_str=model_path.read_text())
+    except FileNotFoundError as e:
+        raise RankerError(f"ranker model {e.filename} not found (train one with `lospmm train-ranker`)") from None
+    except Exception as e:
+        raise RankerError(f"ranker model {model_path}: unreadable ({type(e).__name__}: {e})") from None
+    if meta.get("features") and list(meta["features"]) != list(booster.feature_name()) and \
+            len(meta["features"]) != booster.num_feature():
+        raise RankerError(f"ranker model {model_path}: expects {booster.num_feature()} features, "
+                          f"metadata lists {len(meta['features'])}")
+    return booster, meta

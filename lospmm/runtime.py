@@ -1,0 +1,246 @@
+"""The GPU side: load a cubin, launch it, and the `cuda` timer (cuda-python driver bindings).
+
+Nothing here runs at import, and `gpu_present()` is safe on a machine without a GPU or driver.
+The timer: warm-up launches, then for each repeat an L2 flush (a memset over twice the L2 size),
+CUDA events around one launch, and the median of the repeats. Dynamic shared memory above 48 KB
+is enabled per function by attribute before launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from lospmm.stages.timing import Timing
+
+
+class CudaError(RuntimeError):
+    """A driver call failed; the message names the call and the error."""
+
+
+def _ck(result, what: str):
+    from cuda.bindings import driver
+
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise CudaError(f"{what}: {name.decode() if isinstance(name, bytes) else name}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+@lru_cache(maxsize=1)
+def gpu_present() -> bool:
+    """Whether a CUDA device can be used here (driver loads, at least one device)."""
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return err == driver.CUresult.CUDA_SUCCESS and count > 0
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=None)
+def _context(ordinal: int = 0):
+    from cuda.bindings import driver
+
+    _ck(driver.cuInit(0), "cuInit")
+    dev = _ck(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+    ctx = _ck(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _ck(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return dev, ctx
+
+
+def device_facts(ordinal: int = 0) -> dict:
+    """Name, compute capability, SMs, L2 and shared memory of the present GPU."""
+    from cuda.bindings import driver
+
+    dev, _ = _context(ordinal)
+    a = driver.CUdevice_attribute
+    get = lambda attr: _ck(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")  # noqa: E731
+    name = _ck(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    major = get(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = get(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    return {"name": name.split(b"\0")[0].decode(), "arch": f"sm_{major}{minor}",
+            "sms": get(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), "l2_bytes": get(a.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            "smem_per_sm": get(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)}
+
+
+class DeviceBuffer:
+    """A device allocation (freed on close)."""
+
+    def __init__(self, nbytes: int):
+        from cuda.bindings import driver
+
+        _context()
+        self.nbytes = max(int(nbytes), 4)
+        self.ptr = int(_ck(driver.cuMemAlloc(self.nbytes), "cuMemAlloc"))
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> "DeviceBuffer":
+        from cuda.bindings import driver
+
+        a = np.ascontiguousarray(array)
+        buf = cls(a.nbytes)
+        if a.nbytes:
+            _ck(driver.cuMemcpyHtoD(buf.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+        return buf
+
+    def to_host(self, dtype, count: int) -> np.ndarray:
+        from cuda.bindings import driver
+
+        out = np.empty(count, dtype=dtype)
+        _ck(driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
+        return out
+
+    def close(self) -> None:
+        from cuda.bindings import driver
+
+        if self.ptr:
+            driver.cuMemFree(self.ptr)
+            self.ptr = 0
+
+
+class LoadedKernel:
+    """A cubin's kernel function, ready to launch with (device pointers | ints) arguments."""
+
+    def __init__(self, cubin: bytes, name: str):
+        from cuda.bindings import driver
+
+        _context()
+        self._image = np.frombuffer(cubin, dtype=np.uint8).copy()
+        self.module = _ck(driver.cuModuleLoadData(self._image.ctypes.data), f"cuModuleLoadData({name})")
+        self.function = _ck(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+        self.name = name
+        self._smem_set = 0
+
+    def launch(self, grid: Sequence[int], block: int, args: Sequence[tuple[str, int]], smem_bytes: int = 0,
+               stream=0) -> None:
+        """`args`: ("ptr", address) or ("int", value), in the kernel's parameter order."""
+        from cuda.bindings import driver
+
+        if smem_bytes > 48 * 1024 and smem_bytes > self._smem_set:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _ck(driver.cuFuncSetAttribute(self.function, attr, int(smem_bytes)), "cuFuncSetAttribute")
+            self._smem_set = smem_bytes
+        holders = [np.array([v], dtype=np.uint64 if kind == "ptr" else np.int32) for kind, v in args]
+        params = np.array([h.ctypes.data for h in holders], dtype=np.uint64)
+        _ck(driver.cuLaunchKernel(self.function, int(grid[0]), int(grid[1]), int(grid[2]), int(block), 1, 1,
+                                  int(smem_bytes), stream, params.ctypes.data, 0), f"cuLaunchKernel({self.name})")
+
+    def close(self) -> None:
+        from cuda.bindings import driver
+
+        driver.cuModuleUnload(self.module)
+
+
+@dataclass(frozen=True)
+class CudaTimerOptions:
+    """Defaults: warmup=3, repeats=20, flush_l2=True."""
+
+    warmup: int = 3
+    repeats: int = 20
+    flush_l2: bool = True
+
+
+def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int = 0,
+                 options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    """Median time of `repeats` launches (events, L2 flushed before each); a failure is a row."""
+    from cuda.bindings import driver
+
+    try:
+        _context()
+        flush = DeviceBuffer(2 * device_facts()["l2_bytes"]) if options.flush_l2 else None
+        start = _ck(driver.cuEventCreate(0), "cuEventCreate")
+        end = _ck(driver.cuEventCreate(0), "cuEventCreate")
+        try:
+            for _ in range(options.warmup):
+                kernel.launch(grid, block, args, smem_bytes)
+            _ck(driver.cuCtxSynchronize(), "warm-up")
+            times = []
+            for _ in range(options.repeats):
+                if flush:
+                    _ck(driver.cuMemsetD8(flush.ptr, 0, flush.nbytes), "L2 flush")
+                _ck(driver.cuEventRecord(start, 0), "cuEventRecord")
+                kernel.launch(grid, block, args, smem_bytes)
+                _ck(driver.cuEventRecord(end, 0), "cuEventRecord")
+                _ck(driver.cuEventSynchronize(end), "cuEventSynchronize")
+                times.append(_ck(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1000.0)
+        finally:
+            driver.cuEventDestroy(start)
+            driver.cuEventDestroy(end)
+            if flush:
+                flush.close()
+        return Timing("cuda", float(np.median(times)), "ok", "", repeats=len(times))
+    except Exception as e:
+        return Timing("cuda", float("inf"), "error", f"{type(e).__name__}: {e}")
+
+
+def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: int = 77, seed: int = 0) -> float:
+    """Max |C − A·B| / max|A·B| of the full kernel on the device, fresh random B, C poisoned with NaN."""
+    rng = np.random.default_rng(seed)
+    m, k = matrix.shape
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    kernel = LoadedKernel(cubin, name)
+    bb, cb = DeviceBuffer.of(b), DeviceBuffer.of(np.full((m, n), np.nan, np.float32))
+    try:
+        kernel.launch((grid_x, -(-n // n1), 1), n1, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)])
+        from cuda.bindings import driver
+
+        _ck(driver.cuCtxSynchronize(), f"{name}")
+        c = cb.to_host(np.float32, m * n).reshape(m, n)
+    finally:
+        bb.close()
+        cb.close()
+        kernel.close()
+    ref = matrix @ b.astype(np.float64)
+    return float(np.nanmax(np.abs(c - ref)) / max(np.abs(ref).max(), 1e-30)) if np.isfinite(c).all() else float("inf")
+
+
+def time_full_kernel_cubin(cubin: bytes, name: str, grid_x: int, m: int, k: int, n: int, n1: int,
+                           options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    kernel = LoadedKernel(cubin, name)
+    bb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32))
+    cb = DeviceBuffer(4 * m * n)
+    try:
+        return timed_launch(kernel, (grid_x, -(-n // n1), 1), n1, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)],
+                            0, options)
+    finally:
+        bb.close()
+        cb.close()
+        kernel.close()
+
+
+def time_proxy_cubin(cubin: bytes, name: str, m: int, k: int, n: int, n1: int, cluster_of: np.ndarray,
+                     tile_rows: np.ndarray, smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    """The proxy of candidate (M1, N1) launched with its Eq. 6 dynamic shared memory."""
+    kernel = LoadedKernel(cubin, name)
+    bufs = [DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32)),
+            DeviceBuffer(4 * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32)),
+            DeviceBuffer.of(np.asarray(tile_rows, np.int32))]
+    try:
+        args = [("ptr", bufs[0].ptr), ("ptr", bufs[1].ptr), ("int", n), ("ptr", bufs[2].ptr), ("ptr", bufs[3].ptr)]
+        return timed_launch(kernel, (len(cluster_of), -(-n // n1), 1), n1, args, smem_bytes, options)
+    finally:
+        for b in bufs:
+            b.close()
+        kernel.close()
+
+
+def time_full_kernel(matrix, tiles, n: int, n1: int, registers: int, arch: str) -> Timing:
+    """Generate, compile (maxrregcount = `registers`) and time one full kernel (ranker training)."""
+    from lospmm.stages.codegen import full_kernel_source
+    from lospmm.stages.compile import CompileOptions, compiled
+
+    src = full_kernel_source(matrix, tiles, n1)
+    out = compiled(src.source, src.name, CompileOptions(arch=arch, maxrregcount=registers))
+    if out.status != "ok":
+        return Timing("cuda", float("inf"), "compile_error", out.log[-500:])
+    m, k = matrix.shape
+    return time_full_kernel_cubin(out.cubin, src.name, src.grid_x, m, k, n, n1)

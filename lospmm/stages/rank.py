@@ -1,0 +1,174 @@
+"""Stage 5, rank: kept (M1, N1) candidates -> LambdaMART score and top-K (§3.5, Table 1).
+
+The ranker is a LightGBM `LGBMRanker` (lambdarank, one group per kernel) on Table 1's features.
+Training data (§7.3, Table 3): synthetic pruned matrices; for each, every candidate the constrain
+stage keeps is timed by a timer passed in (the `estimate` model, or the `cuda` timer on a GPU), and
+its graded relevance is how close its time is to the group's best.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+# Table 1, in this order: schedule information, sparse attributes, tile size.
+FEATURES = ("num_a_tiles", "num_b_tiles", "block_num", "sparsity", "nnc_sum", "nnz_max", "m1", "n1", "k")
+
+
+@dataclass(frozen=True)
+class SyntheticParams:
+    """Table 3's ranges. Defaults: m_exp=(6, 11), k_exp=(6, 11), n_exp=(10, 11) (powers of two),
+    sparsity=(0.5, 0.98) uniform, m1=(2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128) (Table 3: 2..2^7);
+    N1 is every multiple of 32 the constrain stage keeps, as at inference."""
+
+    m_exp: tuple[int, int] = (6, 11)
+    k_exp: tuple[int, int] = (6, 11)
+    n_exp: tuple[int, int] = (10, 11)
+    sparsity: tuple[float, float] = (0.5, 0.98)
+    m1: tuple[int, ...] = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class RankerParams:
+    """Defaults: n_estimators=300, learning_rate=0.05, num_leaves=31, min_child_samples=10,
+    relevance_levels=8 (grade 7 = the group's best time, 0 = 4× slower or worse), holdout=0.2, seed=0."""
+
+    n_estimators: int = 300
+    learning_rate: float = 0.05
+    num_leaves: int = 31
+    min_child_samples: int = 10
+    relevance_levels: int = 8
+    holdout: float = 0.2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SyntheticKernel:
+    m: int
+    k: int
+    n: int
+    sparsity: float
+    seed: int
+
+
+def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), seed: int = 0) -> list[SyntheticKernel]:
+    """`count` shapes and sparsities drawn from Table 3's ranges (seeded)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        m = 2 ** int(rng.integers(params.m_exp[0], params.m_exp[1] + 1))
+        k = 2 ** int(rng.integers(params.k_exp[0], params.k_exp[1] + 1))
+        n = 2 ** int(rng.integers(params.n_exp[0], params.n_exp[1] + 1))
+        out.append(SyntheticKernel(m, k, n, float(rng.uniform(*params.sparsity)), seed * 1_000_003 + i))
+    return out
+
+
+def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
+    """Table 1's features of candidate rows (dicts with the FEATURES keys) as float64."""
+    return np.array([[float(r[f]) for f in FEATURES] for r in rows], dtype=np.float64).reshape(len(rows), len(FEATURES))
+
+
+def relevance(times_us: np.ndarray, levels: int = 8) -> np.ndarray:
+    """Graded relevance within one group: levels−1 for the best time, falling with log(time/best),
+    0 at 4× the best or slower (and for failed launches, time = inf)."""
+    t = np.asarray(times_us, dtype=np.float64)
+    finite = np.isfinite(t)
+    if not finite.any():
+        return np.zeros(len(t), dtype=np.int32)
+    best = t[finite].min()
+    ratio = np.where(finite, t / best, np.inf)
+    grade = (levels - 1) * (1 - np.log(ratio) / np.log(4.0))
+    return np.clip(np.floor(grade + 1e-9), 0, levels - 1).astype(np.int32)
+
+
+def ndcg_at(scores: np.ndarray, labels: np.ndarray, k: int = 10) -> float:
+    """NDCG@k of one group, gains 2^label − 1 (LightGBM's lambdarank default)."""
+    order = np.argsort(-scores, kind="stable")[:k]
+    ideal = np.sort(labels)[::-1][:k]
+    disc = 1 / np.log2(np.arange(2, k + 2))
+    dcg = ((2.0 ** labels[order] - 1) * disc[:len(order)]).sum()
+    idcg = ((2.0 ** ideal - 1) * disc[:len(ideal)]).sum()
+    return float(dcg / idcg) if idcg > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class TrainedRanker:
+    booster: object  # lightgbm.Booster
+    metadata: dict
+
+
+def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarray,
+                   params: RankerParams = RankerParams()) -> TrainedRanker:
+    """Fit LGBMRanker on candidate rows (`groups` = group id per row, rows of a group contiguous)
+    and report held-out NDCG@10, the top-10 hit rate (true best tile within the predicted top 10),
+    and the loss of the best of the top 10 against the true best (share within 2%, mean)."""
+    import lightgbm
+
+    ids = np.unique(groups)
+    rng = np.random.default_rng(params.seed)
+    held = set(rng.choice(ids, size=max(1, int(round(params.holdout * len(ids)))), replace=False).tolist())
+    labels = np.concatenate([relevance(times_us[groups == g], params.relevance_levels) for g in ids])
+    order = np.concatenate([np.flatnonzero(groups == g) for g in ids])
+    x, y, g = features[order], labels, groups[order]
+    train = ~np.isin(g, list(held))
+
+    def sizes(mask):
+        _, counts = np.unique(g[mask], return_counts=True)
+        # np.unique sorts ids; rows are grouped in `ids` order, which is sorted too
+        return counts
+
+    model = lightgbm.LGBMRanker(objective="lambdarank", n_estimators=params.n_estimators,
+                                learning_rate=params.learning_rate, num_leaves=params.num_leaves,
+                                min_child_samples=params.min_child_samples, random_state=params.seed,
+                                label_gain=[2.0 ** i - 1 for i in range(params.relevance_levels)], verbose=-1)
+    model.fit(x[train], y[train], group=sizes(train))
+    ndcgs, hits, losses = [], [], []
+    t_sorted = times_us[order]
+    for gid in sorted(held):
+        mask = g == gid
+        s = model.predict(x[mask])
+        ndcgs.append(ndcg_at(s, y[mask], 10))
+        best = int(np.argmin(t_sorted[mask]))
+        top = np.argsort(-s, kind="stable")[:10]
+        hits.append(best in top)
+        # the paper's Table 4 view: how much slower the best of the top 10 is than the true best
+        losses.append(float(t_sorted[mask][top].min() / t_sorted[mask][best] - 1))
+    meta = {"features": list(FEATURES), "train_groups": int(len(ids) - len(held)), "heldout_groups": len(held),
+            "rows": int(len(x)), "heldout_ndcg_at_10": float(np.mean(ndcgs)),
+            "heldout_top10_hit_rate": float(np.mean(hits)),
+            "heldout_top10_within_2pct": float(np.mean(np.array(losses) <= 0.02)),
+            "heldout_top10_mean_loss": float(np.mean(losses)), "params": vars(params),
+            "lightgbm": lightgbm.__version__}
+    return TrainedRanker(model.booster_, meta)
+
+
+def ranked(rows: Sequence[dict], booster, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and 1-based ranks (1 = best) of one kernel's kept candidates; rank ≤ top_k is chosen."""
+    if not rows:
+        return np.zeros(0), np.zeros(0, dtype=np.int32)
+    scores = np.asarray(booster.predict(feature_matrix(rows)), dtype=np.float64)
+    ranks = np.empty(len(rows), dtype=np.int32)
+    ranks[np.argsort(-scores, kind="stable")] = np.arange(1, len(rows) + 1)
+    return scores, ranks
+
+
+def training_rows(kernels: Sequence[SyntheticKernel], candidates_of: Callable[[SyntheticKernel], list[dict]],
+                  time_of: Callable[[SyntheticKernel, dict], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Features, times and group ids for `kernels`; both callables are passed in (Triton-style), so
+    the timer can be the estimate model or a GPU. A candidate that fails to time gets inf."""
+    feats, times, groups = [], [], []
+    for gid, sk in enumerate(kernels):
+        cands = candidates_of(sk)
+        if len(cands) < 2:
+            continue  # nothing to rank
+        for c in cands:
+            try:
+                t = float(time_of(sk, c))
+            except Exception:
+                t = float("inf")
+            feats.append(c)
+            times.append(t)
+            groups.append(gid)
+    return feature_matrix(feats), np.array(times, dtype=np.float64), np.array(groups, dtype=np.int64)

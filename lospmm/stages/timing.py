@@ -1,0 +1,144 @@
+"""Stage 9, time: the `estimate` timer, an analytic model of one launch (no GPU needed).
+
+Its figures are ESTIMATES and every row that carries one says `timer = "estimate"`. The `cuda`
+timer (measured, on a GPU) lives in `lospmm.runtime`; both fill the same `Timing`.
+
+The model, per launch of a full kernel or proxy with tile (M1, N1) over N columns:
+- Work per thread of A_tile t: loads_t B loads (its non-empty columns, or NNC_p for a proxy),
+  fmas_t multiply-adds, M1 stores. Instructions per warp: fmas_t + (1 + addr)·loads_t + 2·M1 +
+  overhead (addr = integer instructions per load, 2 as read from the SASS).
+- Occupancy: resident blocks per SM from registers (allocated per warp in 256s), threads, the
+  block limit and shared memory (a proxy's Eq. 6 padding counts).
+- Compute: all warps' instructions over the SMs' issue rate (4 warp-instructions per cycle) and
+  FFMA rate (FP32 lanes / 32 per cycle), whichever binds.
+- Memory: DRAM bytes (B and C once, plus spills) over DRAM bandwidth, and L2 bytes (every block's
+  B column reads, C stores, spills, and its instruction stream at 16 B per instruction: these
+  kernels are straight-line code) over L2 bandwidth.
+- Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
+- Time = launch overhead + max(compute, memory, latency, longest single block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lospmm.stages.devices import Device
+
+
+@dataclass(frozen=True)
+class EstimateParams:
+    """Defaults: launch_us=3.0, addr_instr_per_load=2, block_overhead_instr=24, store_instr=2,
+    sass_bytes_per_instr=16, issue_per_sm_cycle=4."""
+
+    launch_us: float = 3.0
+    addr_instr_per_load: int = 2
+    block_overhead_instr: int = 24
+    store_instr: int = 2
+    sass_bytes_per_instr: int = 16
+    issue_per_sm_cycle: int = 4
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """What one launch does, per A_tile (block row): per-thread loads and multiply-adds."""
+
+    m: int
+    k: int
+    n: int
+    m1: int
+    n1: int
+    tile_loads: np.ndarray
+    tile_fmas: np.ndarray
+    registers: int
+    spill_bytes: int = 0  # per thread, stores + loads
+    smem_bytes: int = 0  # dynamic, per block
+    zero_blocks: int = 0  # full kernel: blocks that zero empty rows
+    prefetch: int = 1
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed (or estimated) launch. `timer` says which: "estimate" or "cuda"."""
+
+    timer: str
+    time_us: float
+    status: str = "ok"
+    message: str = ""
+    compute_us: float = float("nan")
+    memory_us: float = float("nan")
+    latency_us: float = float("nan")
+    active_blocks: int = 0
+    repeats: int = 0
+
+
+def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spill_bytes: int = 0,
+                     prefetch: int = 1) -> KernelWork:
+    """The full Alg. 2 kernel of `tiles` (a reorder.Tiles)."""
+    zero = -(-len(tiles.empty_rows) // max(tiles.m1, 1)) if len(tiles.empty_rows) else 0
+    return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
+                      registers, spill_bytes, 0, zero, prefetch)
+
+
+def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
+               prefetch: int = 1) -> KernelWork:
+    """The M1 proxy (a cluster.ProxyClusters) launched for candidate (M1, N1)."""
+    loads = np.asarray(clusters.nnc_p, np.int64)[clusters.cluster_of]
+    fmas = loads * np.asarray(clusters.cpl, np.int64)[clusters.cluster_of]
+    return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch)
+
+
+def resident_blocks(registers: int, threads: int, smem_bytes: int, device: Device) -> int:
+    """Blocks per SM that registers, threads, the block limit and shared memory allow."""
+    warps = -(-threads // device.warp_size)
+    regs_per_warp = -(-max(registers, 1) * device.warp_size // device.reg_alloc_unit) * device.reg_alloc_unit
+    by_regs = device.regs_per_sm // (regs_per_warp * warps)
+    by_threads = device.max_threads_per_sm // threads
+    per_block_smem = smem_bytes + device.reserved_smem_per_block
+    by_smem = device.smem_per_sm // per_block_smem if per_block_smem else device.max_blocks_per_sm
+    return max(0, min(by_regs, by_threads, by_smem, device.max_blocks_per_sm))
+
+
+def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
+    """The analytic estimate of one launch (see the module docstring); status "error" if it cannot run."""
+    if work.n < 1 or work.n1 < 1 or work.n1 > device.max_threads_per_block:
+        return Timing("estimate", float("inf"), "error", f"cannot launch N={work.n} with N1={work.n1}")
+    if work.registers > device.max_regs_per_thread:
+        return Timing("estimate", float("inf"), "error", f"{work.registers} registers > {device.max_regs_per_thread}")
+    atb = resident_blocks(work.registers, work.n1, work.smem_bytes, device)
+    if atb < 1:
+        return Timing("estimate", float("inf"), "error", "no block fits on an SM")
+    ws = device.warp_size
+    grid_y = -(-work.n // work.n1)
+    full_y, rem = divmod(work.n, work.n1)
+    # warps of all column blocks of one block row (the last column block may be partial)
+    warps_per_row = full_y * -(-work.n1 // ws) + (-(-rem // ws) if rem else 0)
+    threads_per_row = work.n
+    loads = work.tile_loads.astype(np.float64)
+    fmas = work.tile_fmas.astype(np.float64)
+    instr = fmas + (1 + params.addr_instr_per_load) * loads + params.store_instr * work.m1 + params.block_overhead_instr
+    spill_instr = work.spill_bytes / 4.0
+    instr = instr + spill_instr
+    zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
+    total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
+    total_warp_ffma = warps_per_row * fmas.sum()
+    sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
+    sm_cycles_ffma = total_warp_ffma / (device.sms * device.fp32_lanes_per_sm / ws)
+    clock_hz = device.clock_ghz * 1e9
+    compute_s = max(sm_cycles_issue, sm_cycles_ffma) / clock_hz
+
+    rows_written = work.m  # every row of C is written once (tiles or zero blocks)
+    dram = 4.0 * (work.k * work.n + rows_written * work.n) + threads_per_row * work.spill_bytes * len(loads)
+    l2 = (4.0 * threads_per_row * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
+          + threads_per_row * work.spill_bytes * len(loads)
+          + params.sass_bytes_per_instr * grid_y * (instr.sum() + work.zero_blocks * zero_instr))
+    memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
+
+    wait = device.mem_latency_cycles / (1 + work.prefetch)
+    resident_warps = device.sms * atb * -(-work.n1 // ws)
+    latency_s = warps_per_row * loads.sum() * wait / resident_warps / clock_hz
+    longest_s = (loads.max(initial=0) * wait + instr.max(initial=0)) / clock_hz
+    body = max(compute_s, memory_s, latency_s, longest_s)
+    return Timing("estimate", params.launch_us + body * 1e6, "ok", "", compute_s * 1e6, memory_s * 1e6,
+                  latency_s * 1e6, atb, 0)

@@ -1,0 +1,73 @@
+"""Rank stage: Table 1 features, graded relevance, NDCG, and a ranker that learns a known order."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lospmm.flows.ranker_store import load_ranker, save_ranker
+from lospmm.stages.rank import (FEATURES, RankerParams, feature_matrix, ndcg_at, ranked, relevance,
+                                synthetic_kernels, trained_ranker)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.1, 1e4), min_size=1, max_size=40))
+def test_relevance_is_monotone_and_best_gets_top_grade(times):
+    t = np.array(times)
+    g = relevance(t)
+    assert g[np.argmin(t)] == 7
+    order = np.argsort(t)
+    assert np.all(np.diff(g[order]) <= 0)  # slower never grades higher
+
+
+def test_failed_launches_grade_zero():
+    assert relevance(np.array([1.0, np.inf, 2.0])).tolist()[1] == 0
+    assert relevance(np.array([np.inf, np.inf])).tolist() == [0, 0]
+
+
+def test_ndcg_perfect_and_reversed():
+    labels = np.array([7, 5, 3, 0])
+    assert ndcg_at(np.array([4.0, 3, 2, 1]), labels) == 1.0
+    assert ndcg_at(np.array([1.0, 2, 3, 4]), labels) < 0.7
+
+
+def test_synthetic_kernels_follow_table3():
+    ks = synthetic_kernels(200, seed=3)
+    assert all(64 <= k.m <= 2048 and 64 <= k.k <= 2048 and 1024 <= k.n <= 2048 for k in ks)
+    assert all(0.5 <= k.sparsity <= 0.98 for k in ks)
+    assert ks == synthetic_kernels(200, seed=3)
+
+
+def _toy(groups=60, per=30, seed=0):
+    """Candidates whose 'time' is a known function of two Table 1 features."""
+    rng = np.random.default_rng(seed)
+    rows, times, gids = [], [], []
+    for g in range(groups):
+        for _ in range(per):
+            r = {f: float(rng.integers(1, 100)) for f in FEATURES}
+            rows.append(r)
+            times.append((r["m1"] - 30) ** 2 + 3 * r["n1"] + rng.uniform(0, 5))
+            gids.append(g)
+    return feature_matrix(rows), np.array(times), np.array(gids), rows
+
+
+def test_ranker_learns_a_known_order_and_round_trips(tmp_path):
+    x, t, g, rows = _toy()
+    trained = trained_ranker(x, t, g, RankerParams(n_estimators=80))
+    assert trained.metadata["heldout_ndcg_at_10"] > 0.8
+    meta = save_ranker(tmp_path / "r", trained.booster, {**trained.metadata, "timer": "toy"})
+    booster, back = load_ranker(tmp_path / "r")
+    assert back["version"] == meta["version"] and back["timer"] == "toy"
+    group = rows[:30]
+    scores, ranks = ranked(group, booster, top_k=5)
+    assert sorted(ranks.tolist()) == list(range(1, 31))
+    true_best = int(np.argmin(t[:30]))
+    assert ranks[true_best] <= 10
+
+
+def test_shipped_ranker_loads_and_says_how_it_was_made():
+    booster, meta = load_ranker()
+    assert booster.num_feature() == len(FEATURES)
+    for key in ("timer", "device", "samples", "heldout_ndcg_at_10", "version"):
+        assert key in meta

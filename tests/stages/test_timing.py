@@ -1,0 +1,79 @@
+"""The estimate timer: labelled, finite where a launch is possible, and responsive to its inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lospmm.stages.cluster import proxy_clusters
+from lospmm.stages.devices import DEVICES, device_named
+from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.reorder import reordered_tiles
+from lospmm.stages.timing import estimated_timing, full_kernel_work, proxy_work, resident_blocks
+
+H100 = device_named("h100")
+
+
+def _work(m=256, k=256, n=1024, m1=8, n1=128, sparsity=0.9, regs=32, seed=0):
+    a = random_pruned(m, k, sparsity, np.random.default_rng(seed))
+    return full_kernel_work(reordered_tiles(a, m1), m, k, n, n1, regs)
+
+
+def test_estimate_is_labelled_and_finite():
+    t = estimated_timing(_work(), H100)
+    assert t.timer == "estimate" and t.status == "ok"
+    assert 0 < t.time_us < 1e5 and t.active_blocks >= 1
+    assert t.time_us >= max(t.compute_us, t.memory_us, t.latency_us)
+
+
+def test_more_work_is_never_faster():
+    base = estimated_timing(_work(n=1024), H100).time_us
+    assert estimated_timing(_work(n=4096), H100).time_us >= base  # one wave either way: the longest block binds
+    big = dict(m=1024, k=1024)
+    assert estimated_timing(_work(n=16384, **big), H100).time_us > estimated_timing(_work(n=1024, **big), H100).time_us
+    assert estimated_timing(_work(sparsity=0.5), H100).time_us > estimated_timing(_work(sparsity=0.95), H100).time_us
+
+
+def test_spills_cost_time():
+    w = _work()
+    slow = estimated_timing(type(w)(**{**vars(w), "spill_bytes": 512}), H100)
+    assert slow.time_us > estimated_timing(w, H100).time_us
+
+
+def test_impossible_launch_is_a_row_not_an_exception():
+    w = _work()
+    too_many_regs = estimated_timing(type(w)(**{**vars(w), "registers": 300}), H100)
+    assert too_many_regs.status == "error" and too_many_regs.time_us == float("inf")
+    huge_block = estimated_timing(type(w)(**{**vars(w), "n1": 2048}), H100)
+    assert huge_block.status == "error"
+
+
+@settings(max_examples=40, deadline=None)
+@given(regs=st.integers(16, 255), threads=st.sampled_from([32, 64, 128, 256, 512, 1024]),
+       dev=st.sampled_from(sorted(DEVICES)))
+def test_resident_blocks_agree_with_eq5_when_smem_is_free(regs, threads, dev):
+    d = DEVICES[dev]
+    if threads > d.max_threads_per_block:
+        return
+    # Eq. 5 with enough blocks to fill the GPU
+    assert resident_blocks(regs, threads, 0, d) == active_blocks_per_sm(10**6, regs, threads, d) or \
+        resident_blocks(regs, threads, 0, d) == 0
+
+
+def test_proxy_padding_gives_the_full_kernels_occupancy():
+    a = random_pruned(512, 256, 0.9, np.random.default_rng(1))
+    tiles = reordered_tiles(a, 8)
+    launch = proxy_launch(tiles.num_tiles, 4096, 8, 128, 32, H100)
+    cl = proxy_clusters(a, tiles, 0.9, launch.num_atb)
+    proxy = estimated_timing(proxy_work(cl, 512, 256, 4096, 128, registers=24, smem_bytes=launch.smem_bytes), H100)
+    full = estimated_timing(full_kernel_work(tiles, 512, 256, 4096, 128, 32), H100)
+    assert proxy.active_blocks == full.active_blocks == launch.num_atb
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_every_device_has_throughput_facts(name):
+    d = DEVICES[name]
+    assert d.clock_ghz > 0 and d.dram_gbps > 0 and d.l2_gbps >= d.dram_gbps and d.fp32_lanes_per_sm >= 32

@@ -1,0 +1,57 @@
+"""Tests that need a CUDA device (marked `gpu`, skipped without one): the cuda timer, device checks
+of an emitted kernel, and the loader on CuPy/torch arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lospmm.runtime import gpu_present
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no CUDA device")]
+
+
+def _kernel(tmp_path, m=96, k=64, sparsity=0.8, m1=8, n1=64):
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.runtime import device_facts
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = random_pruned(m, k, sparsity, np.random.default_rng(0))
+    arch = device_facts()["arch"]
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, m1), "test", sparsity, n1, arch,
+                           tmp_path / "k", verify=False)
+    return a, facts, tmp_path / "k"
+
+
+def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
+    from lospmm.runtime import check_full_kernel
+
+    a, facts, d = _kernel(tmp_path)
+    for n in (1, 63, 64, 200):
+        err = check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], facts["grid"]["x"], 64, a, n=n)
+        assert err < 1e-5
+
+
+def test_cuda_timer_measures(tmp_path):
+    from lospmm.runtime import time_full_kernel_cubin
+
+    a, facts, d = _kernel(tmp_path)
+    t = time_full_kernel_cubin((d / "kernel.cubin").read_bytes(), facts["kernel"], facts["grid"]["x"], 96, 64, 4096, 64)
+    assert t.timer == "cuda" and t.status == "ok" and 0 < t.time_us < 1e4 and t.repeats == 20
+
+
+def test_loader_on_torch_or_cupy(tmp_path):
+    from lospmm.loader import load_kernel
+
+    a, facts, d = _kernel(tmp_path)
+    spmm = load_kernel(d)
+    b = np.random.default_rng(1).standard_normal((64, 130)).astype(np.float32)
+    try:
+        import torch
+
+        c = spmm(torch.from_numpy(b).cuda()).cpu().numpy()
+    except ImportError:
+        cupy = pytest.importorskip("cupy")
+        c = cupy.asnumpy(spmm(cupy.asarray(b)))
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
