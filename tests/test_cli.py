@@ -99,3 +99,12 @@ def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
     result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--timer", "cuda"])
     assert result.exit_code == 2 and "no CUDA device" in result.output
     assert not (tmp_path / "01_shapes").exists()
+
+
+def test_every_stage_has_an_inspect_view():
+    from lospmm.flows.inspection import VIEW_COLUMNS
+    from lospmm.flows.schemas import SCHEMAS
+    from lospmm.flows.store import STAGES
+
+    for stage in STAGES:
+        assert set(VIEW_COLUMNS[stage]) <= set(SCHEMAS[stage].names), stage

@@ -28,6 +28,11 @@ VIEW_COLUMNS = {
     "pad": ["layer", "m1", "n1", "grid_x", "grid_y", "block", "pred_regs", "num_atb", "smem_bytes", "status"],
     "compile": ["layer", "m1", "kind", "status", "registers", "maxrregcount", "spill_stores", "compile_seconds",
                 "from_cache", "source_bytes", "verified", "cubin_path"],
+    "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
+    "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
+             "registers", "smem_bytes", "status", "message"],
+    "emit": ["layer", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "registers", "spill_bytes",
+             "compile_seconds", "check", "max_rel_error", "status", "kernel_dir"],
 }
 
 
