@@ -668,7 +668,9 @@ def write_summary(root: Path, record: dict) -> str | None:
         for lay in layers:
             name = lay["layer"]
             em = emitted.get(name, {})
-            row = {**_layer_fields(lay), "sparsity": sparsity, "status": em.get("status", "not emitted"),
+            kept = cand.get(name, [0, 0])[1]
+            status = em.get("status") or ("no kept candidate" if kept == 0 and "constrain" in arts else "not emitted")
+            row = {**_layer_fields(lay), "sparsity": sparsity, "status": status,
                    "candidates": cand.get(name, [0, 0])[0], "after_constrain": cand.get(name, [0, 0])[1],
                    "after_rank": chosen.get(name), "timed": timed.get(name), "m1": em.get("m1"), "n1": em.get("n1"),
                    "timer": em.get("timer"), "time_us": em.get("full_time_us"), "kernel_dir": em.get("kernel_dir"),
