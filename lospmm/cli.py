@@ -70,6 +70,7 @@ def run(
     top_k: int = typer.Option(10, "--top-k", help="Candidates the ranker passes on to proxy timing."),
     no_rank: bool = typer.Option(False, "--no-rank", help="Time every kept candidate (LO-SpMM without the ranker)."),
     ranker: Optional[Path] = typer.Option(None, "--ranker", help="Ranker model (from train-ranker); default: shipped."),
+    jobs: int = typer.Option(0, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -80,7 +81,7 @@ def run(
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
-                    rank=not no_rank, ranker=str(ranker) if ranker else None)
+                    rank=not no_rank, ranker=str(ranker) if ranker else None, jobs=jobs)
     _run(cfg, refresh=[])
 
 

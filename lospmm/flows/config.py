@@ -28,7 +28,7 @@ class RunConfig:
     zoo, magnitude for weights), tokens=4096, M1 in DEFAULT_M1, th_row=th_col=0.25,
     verify=False (host-emulate compiled proxies under AddressSanitizer), timer="auto" (cuda
     when a GPU is present, else estimate), top_k=10, rank=True (False: time every kept
-    candidate), ranker=None (the shipped model), and the ZooParams defaults (batch 32 × seq 128
+    candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core), and the ZooParams defaults (batch 32 × seq 128
     for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
@@ -52,6 +52,7 @@ class RunConfig:
     top_k: int = 10
     rank: bool = True
     ranker: str | None = None
+    jobs: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -105,6 +106,8 @@ def validated(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if cfg.timer not in TIMERS:
         raise ConfigError(f"--timer {cfg.timer!r}: choose one of {', '.join(TIMERS)}")
+    if cfg.jobs < 0:
+        raise ConfigError(f"--jobs must be >= 0 (0 = every core), got {cfg.jobs}")
     if cfg.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
     if cfg.ranker and not (Path(cfg.ranker).with_suffix(".txt").is_file()

@@ -10,6 +10,7 @@ killed run left behind without a Prefect cache record.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 import traceback
@@ -266,43 +267,44 @@ def pad_task(key: str, root: str, label: str, candidates: dict, gpu: str, force:
 
 @task(name="compile", task_run_name="compile:{label}", **_TASK)
 def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dict, arch: str, verify: bool,
-                 force: bool = False) -> dict:
+                 jobs: int = 1, force: bool = False) -> dict:
     def compute():
         table = read_artifact(Path(root) / clusters["path"])
         tiles = _tiles_by_layer(root, reordered) if verify else {}
-        rows = []
-        for i in range(table.num_rows):
+        logger = get_run_logger()  # fetched here: pool threads do not carry Prefect's run context
+
+        def one(i: int) -> dict:
             info = {c: table.column(c)[i].as_py() for c in _LAYER_FIELDS + ("sparsity", "m1", "status", "message")}
             base = _layer_fields(info, "sparsity", "m1")
             if info["status"] != "ok":
-                rows.append({**base, "status": info["status"], "message": info["message"], "kind": "proxy"})
-                continue
+                return {**base, "status": info["status"], "message": info["message"], "kind": "proxy"}
             try:
                 cl = schemas.clusters_from_row(table, i)
                 kernel = proxy_kernel_source(info["m"], info["k"], cl)
                 options = CompileOptions(arch=arch, maxrregcount=predicted_registers(info["m1"]))
                 result, hit = cached_compile(root, kernel.source, kernel.name, options)
-                get_run_logger().info(
+                logger.info(
                     "compiled proxy %s M1=%d (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", info["layer"],
                     info["m1"], i + 1, table.num_rows, result["status"], result["registers"], result["spill_stores"],
                     result["seconds"], " (compile cache)" if hit else "")
                 verified = "not run"
                 if verify and result["status"] == "ok":
                     verified = _verify_proxy(kernel, cl, tiles[info["layer"]][info["m1"]], info)
-                rows.append({**base, "status": result["status"], "kind": "proxy", "kernel": kernel.name,
-                             "message": "" if result["status"] == "ok" else f"{info['layer']} M1={info['m1']}: NVRTC failed",
-                             "source_sha256": kernel.sha256, "compile_key": result["key"], "arch": arch,
-                             "maxrregcount": options.maxrregcount, "registers": result["registers"],
-                             "spill_stores": result["spill_stores"], "spill_loads": result["spill_loads"],
-                             "stack_bytes": result["stack_bytes"], "smem_bytes": result["smem_bytes"],
-                             "compile_seconds": result["seconds"], "from_cache": hit,
-                             "source_bytes": len(kernel.source), "source_path": result["paths"]["source"],
-                             "ptx_path": result["paths"]["ptx"], "cubin_path": result["paths"]["cubin"],
-                             "verified": verified, "log": result["log"][-4000:]})
+                return {**base, "status": result["status"], "kind": "proxy", "kernel": kernel.name,
+                        "message": "" if result["status"] == "ok" else f"{info['layer']} M1={info['m1']}: NVRTC failed",
+                        "source_sha256": kernel.sha256, "compile_key": result["key"], "arch": arch,
+                        "maxrregcount": options.maxrregcount, "registers": result["registers"],
+                        "spill_stores": result["spill_stores"], "spill_loads": result["spill_loads"],
+                        "stack_bytes": result["stack_bytes"], "smem_bytes": result["smem_bytes"],
+                        "compile_seconds": result["seconds"], "from_cache": hit,
+                        "source_bytes": len(kernel.source), "source_path": result["paths"]["source"],
+                        "ptx_path": result["paths"]["ptx"], "cubin_path": result["paths"]["cubin"],
+                        "verified": verified, "log": result["log"][-4000:]}
             except Exception as e:
-                rows.append({**base, "status": "error", "kind": "proxy",
-                             "message": f"{info['layer']} M1={info['m1']}: {type(e).__name__}: {e}"})
-        return rows
+                return {**base, "status": "error", "kind": "proxy",
+                        "message": f"{info['layer']} M1={info['m1']}: {type(e).__name__}: {e}"}
+
+        return _in_parallel(one, range(table.num_rows), jobs)
 
     return _run_stage("compile", key, root, label, force, compute)
 
@@ -350,7 +352,7 @@ def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, cl
 
 @task(name="emit", task_run_name="emit:{label}", **_TASK)
 def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reordered: dict, gpu: str, timer: str,
-              chosen_by: str, verify: bool, force: bool = False) -> dict:
+              chosen_by: str, verify: bool, jobs: int = 1, force: bool = False) -> dict:
     def compute():
         device = device_named(gpu)
         matrices = _matrices(root, pruned)
@@ -359,15 +361,15 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
         for r in read_artifact(Path(root) / timed["path"]).to_pylist():
             by_layer.setdefault(r["layer"], []).append(r)
         kernels_root = artifact_path(root, "emit", label, key).with_suffix("")
-        rows = []
-        for layer, group in by_layer.items():
+
+        def one(item) -> dict:
+            layer, group = item
             ok = [r for r in group if r["status"] == "ok" and np.isfinite(r["time_us"])]
             base = {**_layer_fields(group[0], "sparsity"), "timer": timer, "chosen_by": chosen_by,
                     "candidates_timed": len(ok)}
             if not ok:
-                rows.append({**base, "status": "error", "message": f"{layer}: no candidate could be timed ("
-                             + "; ".join(sorted({r["message"] for r in group if r["message"]}))[:500] + ")"})
-                continue
+                return {**base, "status": "error", "message": f"{layer}: no candidate could be timed ("
+                        + "; ".join(sorted({r["message"] for r in group if r["message"]}))[:500] + ")"}
             best = min(ok, key=lambda r: (r["time_us"], r["m1"], r["n1"]))
             t0 = time.perf_counter()
             try:
@@ -400,18 +402,31 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
                     facts.update(full_time_us=full_us, check=check, max_rel_error=err)
                     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
                 failed = comp["status"] != "ok" or "FAILED" in check
-                rows.append({**base, "status": "error" if failed else "ok",
-                             "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
-                             "m1": m1, "n1": n1, "proxy_time_us": best["time_us"], "full_time_us": full_us,
-                             "kernel": facts["kernel"], "kernel_dir": str(out.relative_to(root)),
-                             "registers": comp.get("registers"), "spill_bytes": comp.get("spill_stores", 0)
-                             + comp.get("spill_loads", 0), "compile_seconds": comp.get("seconds"), "check": check,
-                             "max_rel_error": err, "seconds": time.perf_counter() - t0})
+                return {**base, "status": "error" if failed else "ok",
+                        "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
+                        "m1": m1, "n1": n1, "proxy_time_us": best["time_us"], "full_time_us": full_us,
+                        "kernel": facts["kernel"], "kernel_dir": str(out.relative_to(root)),
+                        "registers": comp.get("registers"), "spill_bytes": comp.get("spill_stores", 0)
+                        + comp.get("spill_loads", 0), "compile_seconds": comp.get("seconds"), "check": check,
+                        "max_rel_error": err, "seconds": time.perf_counter() - t0}
             except Exception as e:
-                rows.append({**base, "status": "error", "message": f"{layer}: {type(e).__name__}: {e}"})
-        return rows
+                return {**base, "status": "error", "message": f"{layer}: {type(e).__name__}: {e}"}
+
+        # GPU timing is serialised: concurrent launches would disturb each other's measurements.
+        return _in_parallel(one, list(by_layer.items()), 1 if timer == "cuda" else jobs)
 
     return _run_stage("emit", key, root, label, force, compute)
+
+
+def _in_parallel(fn: Callable, items, jobs: int) -> list:
+    """fn over items in order; threads when jobs > 1 (NVRTC and the host compiler release the GIL)."""
+    items = list(items)
+    if jobs <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(jobs, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 def _rows_by(table, cols: tuple[str, ...]) -> dict:
@@ -512,6 +527,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     refresh = set(refresh or ())
     stages = cfg.stages()
     timer = resolved_timer(cfg.timer)
+    jobs = cfg.jobs or os.cpu_count() or 1  # compile/emit threads; not part of any artifact key
     ranker_version = load_ranker(cfg.ranker)[1]["version"] if cfg.rank and "rank" in stages else "none"
     record = {"run_id": run_id, "config": cfg.as_dict(), "refresh": sorted(refresh), "status": "running",
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
@@ -571,7 +587,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                 continue
             arch = device_named(cfg.gpu).arch
             cp_key, cp = submit(compile_task, "compile", lab, where, {"arch": arch, "verify": cfg.verify},
-                                [cl_key, ro_key], clusters=cl, reordered=ro, arch=arch, verify=cfg.verify)
+                                [cl_key, ro_key], clusters=cl, reordered=ro, arch=arch, verify=cfg.verify,
+                                jobs=jobs)
             if "time" not in stages:
                 continue
             ti_key, ti = submit(time_task, "time", lab, where, {"gpu": cfg.gpu, "timer": timer},
@@ -583,7 +600,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                          else "top-1 proxy of every kept candidate")
             submit(emit_task, "emit", lab, where, {"gpu": cfg.gpu, "timer": timer, "chosen_by": chosen_by,
                                                    "verify": True}, [ti_key, pr_key, ro_key],
-                   timed=ti, pruned=pr, reordered=ro, gpu=cfg.gpu, timer=timer, chosen_by=chosen_by, verify=True)
+                   timed=ti, pruned=pr, reordered=ro, gpu=cfg.gpu, timer=timer, chosen_by=chosen_by, verify=True,
+                   jobs=jobs)
 
     wait([f for _, f in submitted])
     for entry, fut in submitted:
