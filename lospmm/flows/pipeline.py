@@ -26,7 +26,7 @@ from lospmm.flows import schemas
 from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.config import ConfigError, RunConfig, validated, weights_label
 from lospmm.flows.kernels import emitted_kernel
-from lospmm.flows.ranker_store import load_ranker
+from lospmm.flows.ranker_store import load_ranker, ranker_metadata
 from lospmm.flows.runs import write_run_record
 from lospmm.flows.store import (
     artifact_key,
@@ -528,7 +528,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     stages = cfg.stages()
     timer = resolved_timer(cfg.timer)
     jobs = cfg.jobs or os.cpu_count() or 1  # compile/emit threads; not part of any artifact key
-    ranker_version = load_ranker(cfg.ranker)[1]["version"] if cfg.rank and "rank" in stages else "none"
+    ranker_version = ranker_metadata(cfg.ranker)["version"] if cfg.rank and "rank" in stages else "none"
     record = {"run_id": run_id, "config": cfg.as_dict(), "refresh": sorted(refresh), "status": "running",
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
     write_run_record(root, record)

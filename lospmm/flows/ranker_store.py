@@ -38,6 +38,17 @@ def save_ranker(base: Path, booster, metadata: dict) -> dict:
     return meta
 
 
+def ranker_metadata(base: Path | None = None) -> dict:
+    """The JSON metadata of a model (default: the shipped one) without loading the model itself."""
+    _, meta_path = _files(Path(base) if base else SHIPPED)
+    try:
+        return json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise RankerError(f"ranker model {meta_path} not found (train one with `lospmm train-ranker`)") from None
+    except ValueError as e:
+        raise RankerError(f"ranker model {meta_path}: unreadable metadata ({e})") from None
+
+
 def load_ranker(base: Path | None = None):
     """(booster, metadata) from `base` (default: the shipped model)."""
     import lightgbm
