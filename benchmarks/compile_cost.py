@@ -29,7 +29,7 @@ from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import pruned_layer, random_pruned
-from lospmm.stages.reorder import reordered_tiles
+from lospmm.stages.reorder import distinct_m1s, reordered_tiles
 
 SAMPLES = [("bert-base", "encoder.layer.0.attention.self.query"), ("resnet50", "layer2.0.conv3"),
            ("resnet50", "layer3.0.conv2"), ("resnet50", "layer1.0.conv2")]
@@ -117,8 +117,7 @@ def search_counts(args) -> None:
     for model in ("bert-base", "resnet50"):
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, args.sparsity).matrix
-            rows = max(1, int((a.getnnz(axis=1) > 0).sum()))
-            tiles = {m1: reordered_tiles(a, m1) for m1 in sorted({min(m, rows) for m in DEFAULT_M1})}
+            tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, DEFAULT_M1)}
             kept = [c for c in constrained_candidates(shape.n, {m: tile_stats(t) for m, t in tiles.items()}, device)
                     if c.kept]
             by_m1: dict[int, list] = {}

@@ -32,7 +32,7 @@ from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import pruned_layer
 from lospmm.stages.rank import ranked
-from lospmm.stages.reorder import reordered_tiles, tile_stats
+from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
 
 M1S = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -118,8 +118,7 @@ def main() -> None:
         for s in shapes:
             for sp_ in args.sparsity:
                 a = pruned_layer(s, sp_).matrix
-                rows = max(1, int((a.getnnz(axis=1) > 0).sum()))
-                tiles = {m1: reordered_tiles(a, m1) for m1 in sorted({min(m, rows) for m in M1S})}
+                tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, M1S)}
                 kept = [vars(c) | {"sparsity": sp_, "k": s.k} for c in
                         constrained_candidates(s.n, {m: tile_stats(t) for m, t in tiles.items()}, device) if c.kept]
                 if not kept:

@@ -43,7 +43,7 @@ from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.pad import active_blocks_per_sm
 from lospmm.stages.prune import pruned_layer
-from lospmm.stages.reorder import reordered_tiles, tile_stats
+from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
 
 
 @dataclass
@@ -78,8 +78,7 @@ def groups_of(models: list[str], sparsity: float, gpu: str) -> tuple[list[Group]
     for model in models:
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, sparsity).matrix
-            rows = max(1, int((a.getnnz(axis=1) > 0).sum()))
-            tiles = {m1: reordered_tiles(a, m1) for m1 in sorted({min(m, rows) for m in DEFAULT_M1})}
+            tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, DEFAULT_M1)}
             kept: dict[int, list] = {}
             for c in constrained_candidates(shape.n, {m: tile_stats(t) for m, t in tiles.items()}, device):
                 if c.kept:

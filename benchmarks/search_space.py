@@ -17,7 +17,7 @@ from lospmm.stages.constrain import constrained_candidates, reduction_counts
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES, zoo_shapes
 from lospmm.stages.prune import pruned_layer
-from lospmm.stages.reorder import reordered_tiles, tile_stats
+from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
 
 STEPS = ("total", "after_register", "after_utilisation", "after_load_balance")
 
@@ -44,8 +44,7 @@ def main() -> None:
         shapes = [s for s in zoo_shapes(model) if s.ok]
         for s in shapes:
             layer = pruned_layer(s, args.sparsity)
-            rows = max(1, int((layer.matrix.getnnz(axis=1) > 0).sum()))
-            stats = {m1: tile_stats(reordered_tiles(layer.matrix, m1)) for m1 in sorted({min(m, rows) for m in DEFAULT_M1})}
+            stats = {m1: tile_stats(reordered_tiles(layer.matrix, m1)) for m1 in distinct_m1s(layer.matrix, DEFAULT_M1)}
             counts = reduction_counts(constrained_candidates(s.n, stats, device))
             for k in STEPS:
                 totals[k] += counts[k]

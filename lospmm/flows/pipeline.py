@@ -49,7 +49,8 @@ from lospmm.stages.extract import ZooParams, sanitized_name, weight_shapes, zoo_
 from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
 from lospmm.stages.prune import PruneParams, pruned_layer
 from lospmm.stages.rank import ranked
-from lospmm.stages.reorder import ReorderParams, TileStats, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import (ReorderParams, TileStats, distinct_m1s, identity_tiles, reordered_tiles,
+                                   tile_stats)
 from lospmm.stages.timing import estimated_timing, full_kernel_work, proxy_work
 
 
@@ -130,9 +131,7 @@ def reorder_task(key: str, root: str, label: str, pruned: dict, m1s: list[int], 
                 continue
             try:
                 matrix = schemas.csr_from_row(table, i)
-                nonempty = int((matrix.getnnz(axis=1) > 0).sum())
-                # An M1 above the non-empty row count tiles like M1 = that count; keep it once.
-                for m1 in sorted({min(m, nonempty) for m in m1s}):
+                for m1 in distinct_m1s(matrix, m1s):
                     t0 = time.perf_counter()
                     tiles = reordered_tiles(matrix, m1, params)
                     ident = tile_stats(identity_tiles(matrix, m1))

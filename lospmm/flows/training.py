@@ -15,15 +15,14 @@ from lospmm.stages.devices import Device, device_named
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import (RankerParams, SyntheticKernel, SyntheticParams, synthetic_kernels, trained_ranker,
                                 training_rows)
-from lospmm.stages.reorder import reordered_tiles, tile_stats
+from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
 from lospmm.stages.timing import estimated_timing, full_kernel_work
 
 
 def candidate_rows(sk: SyntheticKernel, device: Device, params: SyntheticParams = SyntheticParams()) -> list[dict]:
     """The kept candidates of one synthetic kernel, with the tiles needed to time them."""
     a = random_pruned(sk.m, sk.k, sk.sparsity, np.random.default_rng(sk.seed))
-    rows = max(1, int((a.getnnz(axis=1) > 0).sum()))
-    tiles = {m1: reordered_tiles(a, m1) for m1 in sorted({min(m, rows) for m in params.m1})}
+    tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, params.m1)}
     out = []
     for c in constrained_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device):
         if c.kept:

@@ -58,6 +58,13 @@ class TileStats:
     cov_nnz: float
 
 
+def distinct_m1s(matrix: sp.csr_matrix, m1s) -> list[int]:
+    """The M1 values worth tiling: an M1 above the non-empty row count tiles like that count, so
+    each such M1 is kept once, as that count."""
+    nonempty = max(1, int((sp.csr_matrix(matrix).getnnz(axis=1) > 0).sum()))
+    return sorted({min(int(m), nonempty) for m in m1s})
+
+
 def reordered_tiles(matrix: sp.csr_matrix, m1: int, params: ReorderParams = ReorderParams()) -> Tiles:
     """Algorithm 1: group the non-empty rows of `matrix` into tiles of at most `m1` rows."""
     a = _canonical(matrix)

@@ -117,3 +117,11 @@ def test_bad_parameters_are_rejected():
         reordered_tiles(a, 0)
     with pytest.raises(ValueError, match="row_order"):
         reordered_tiles(a, 2, ReorderParams(row_order="random"))
+
+
+def test_distinct_m1s_caps_at_the_nonempty_row_count_once():
+    from lospmm.stages.reorder import distinct_m1s
+
+    a = sp.csr_matrix(np.diag([1.0, 0, 2, 3, 0, 4]))  # 4 non-empty rows
+    assert distinct_m1s(a, [1, 2, 8, 32, 4]) == [1, 2, 4]
+    assert distinct_m1s(sp.csr_matrix((3, 3)), [8]) == [1]
