@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections import Counter
 import time
 import traceback
 from pathlib import Path
@@ -198,8 +199,10 @@ def rank_task(key: str, root: str, label: str, candidates: dict, top_k: int, use
         booster, meta = load_ranker(ranker) if use_rank else (None, {"version": "none"})
         tag = f"lambdamart:{meta['version']}" if use_rank else "none (every kept candidate)"
         rows = []
-        for layer, by_m1 in _kept_by_layer(root, candidates).items():
-            group = [c for m1 in sorted(by_m1) for c in by_m1[m1]]
+        by_layer: dict = {}
+        for c in _kept_rows(root, candidates):  # already in (layer, M1, N1) order
+            by_layer.setdefault(c["layer"], []).append(c)
+        for group in by_layer.values():
             t0 = time.perf_counter()
             if use_rank:
                 scores, ranks = ranked(group, booster, top_k)
@@ -656,46 +659,38 @@ def write_summary(root: Path, record: dict) -> str | None:
     by = {}
     for e in record["entries"]:
         if e.get("path") and "sparsity" in e:
-            by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = read_artifact(root / e["path"]).to_pylist()
+            # the scalar columns only: the CSR and tile payloads are not needed here
+            cols = [c for c in schemas.SCHEMAS[e["stage"]].names if c not in schemas.LIST_COLUMNS]
+            by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = \
+                read_artifact(root / e["path"], columns=cols).to_pylist()
+    stages = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
     rows = []
     for (model, sparsity), arts in by.items():
-        layers = [r for r in arts.get("prune", []) if r["status"] == "ok"]
-        def per_layer(stage, col="seconds"):
-            out = {}
-            for r in arts.get(stage, []):
+        seconds = {s_: Counter() for s_ in stages}
+        for s_ in stages:
+            col = "compile_seconds" if s_ == "compile" else "seconds"
+            for r in arts.get(s_, []):
                 v = r.get(col)
                 if v is not None and np.isfinite(v):
-                    out[r["layer"]] = out.get(r["layer"], 0.0) + float(v)
-            return out
-        secs = {s: per_layer(s) for s in ("prune", "reorder", "cluster", "time", "emit")}
-        secs["compile"] = per_layer("compile", "compile_seconds")
-        rank_s = {r["layer"]: r["seconds"] for r in arts.get("rank", [])}
-        cand = {}
-        for r in arts.get("constrain", []):
-            c = cand.setdefault(r["layer"], [0, 0])
-            c[0] += 1
-            c[1] += bool(r["kept"])
-        chosen = {}
-        for r in arts.get("rank", []):
-            chosen[r["layer"]] = chosen.get(r["layer"], 0) + bool(r["chosen"])
-        timed = {}
-        for r in arts.get("time", []):
-            timed[r["layer"]] = timed.get(r["layer"], 0) + (r["status"] == "ok")
+                    seconds[s_][r["layer"]] += float(v)
+        # rank rows repeat the layer's ranking time on each candidate: count it once
+        seconds["rank"] = Counter({r["layer"]: r["seconds"] for r in arts.get("rank", [])})
+        total = Counter(r["layer"] for r in arts.get("constrain", []))
+        kept = Counter(r["layer"] for r in arts.get("constrain", []) if r["kept"])
+        chosen = Counter(r["layer"] for r in arts.get("rank", []) if r["chosen"])
+        timed = Counter(r["layer"] for r in arts.get("time", []) if r["status"] == "ok")
         emitted = {r["layer"]: r for r in arts.get("emit", [])}
-        for lay in layers:
+        for lay in (r for r in arts.get("prune", []) if r["status"] == "ok"):
             name = lay["layer"]
             em = emitted.get(name, {})
-            kept = cand.get(name, [0, 0])[1]
-            status = em.get("status") or ("no kept candidate" if kept == 0 and "constrain" in arts else "not emitted")
-            row = {**_layer_fields(lay), "sparsity": sparsity, "status": status,
-                   "candidates": cand.get(name, [0, 0])[0], "after_constrain": cand.get(name, [0, 0])[1],
-                   "after_rank": chosen.get(name), "timed": timed.get(name), "m1": em.get("m1"), "n1": em.get("n1"),
-                   "timer": em.get("timer"), "time_us": em.get("full_time_us"), "kernel_dir": em.get("kernel_dir"),
-                   "rank_seconds": rank_s.get(name)}
-            for s_ in ("prune", "reorder", "cluster", "compile", "time", "emit"):
-                row[f"{s_}_seconds"] = secs[s_].get(name)
-            row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in
-                                        ("prune", "reorder", "rank", "cluster", "compile", "time", "emit"))
+            status = em.get("status") or ("no kept candidate" if not kept[name] and "constrain" in arts
+                                          else "not emitted")
+            row = {**_layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
+                   "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
+                   "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
+                   "timer": em.get("timer"), "time_us": em.get("full_time_us"), "kernel_dir": em.get("kernel_dir")}
+            row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
+            row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
             rows.append(row)
     if not rows:
         return None
