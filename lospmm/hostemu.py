@@ -163,7 +163,10 @@ def _dtype(base: str):
 def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str | None) -> Path:
     cxx = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
     program = host_program(kernel)
-    flags = ["-O1", "-std=c++17", "-w"] + (["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else [])
+    # -O0: the generated kernels are long straight-line functions; g++ -O1 builds them 3-4x slower
+    # (59k nonzeros: 19.3 s vs 5.2 s with ASan) and the check runs a small N, so speed of the
+    # built program does not matter.
+    flags = ["-O0", "-std=c++17", "-w"] + (["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else [])
     key = hashlib.sha256((program + " ".join([cxx, *flags])).encode()).hexdigest()[:24]
     root = Path(build_dir or Path(tempfile.gettempdir()) / "lospmm-hostemu")
     exe = root / f"{key}.bin"
