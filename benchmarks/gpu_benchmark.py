@@ -22,7 +22,7 @@ from rich.table import Table
 
 from lospmm.flows.ranker_store import load_ranker
 from lospmm.runtime import (CudaTimerOptions, check_full_kernel, device_facts, gpu_present, time_full_kernel_cubin,
-                            time_proxy_cubin)
+                            time_proxy_cubin, torch_timed)
 from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import CompileOptions, compiled
@@ -43,25 +43,6 @@ def _compile(job):
     return out.status, out.cubin, out.log[-500:]
 
 
-def _torch_time(fn, repeats=20, warmup=3) -> float:
-    import torch
-
-    flush = torch.empty(2 * device_facts()["l2_bytes"] // 4, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1000.0)
-    return float(np.median(times))
-
-
 def library_times(a, n: int) -> dict[str, float]:
     import torch
 
@@ -69,15 +50,15 @@ def library_times(a, n: int) -> dict[str, float]:
     torch.backends.cudnn.allow_tf32 = False
     b = torch.randn(a.shape[1], n, device="cuda")
     dense = torch.from_numpy(a.toarray()).cuda()
-    out = {"cublas_us": _torch_time(lambda: torch.matmul(dense, b))}
+    out = {"cublas_us": torch_timed(lambda: torch.matmul(dense, b))}
     csr = dense.to_sparse_csr()
-    out["torch_csr_us"] = _torch_time(lambda: csr @ b)
+    out["torch_csr_us"] = torch_timed(lambda: csr @ b)
     try:
         import cupy
         import cupyx.scipy.sparse as cps
 
         ca, cb = cps.csr_matrix(a.astype(np.float32)), cupy.asarray(b.cpu().numpy())
-        out["cusparse_us"] = _torch_time(lambda: ca @ cb)  # both libraries use the legacy default stream
+        out["cusparse_us"] = torch_timed(lambda: ca @ cb)  # both libraries use the legacy default stream
     except ImportError:
         out["cusparse_us"] = float("nan")
     return out

@@ -182,6 +182,44 @@ def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int =
         return Timing("cuda", float("inf"), "error", f"{type(e).__name__}: {e}")
 
 
+def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
+    """Median µs of `fn()` on torch's current stream, timed as `timed_launch` times a kernel."""
+    import torch
+
+    flush = torch.empty(2 * device_facts()["l2_bytes"] // 4, device="cuda") if options.flush_l2 else None
+    for _ in range(options.warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(options.repeats):
+        if flush is not None:
+            flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1000.0)
+    return float(np.median(times))
+
+
+def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    """cuBLAS SGEMM with TF32 off (through torch) on the layer's M×K·K×N: the dense baseline a
+    kernel's speedup is quoted against. Status "unavailable" when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return Timing("cuda", float("nan"), "unavailable", "no dense baseline: install the torch extra")
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False  # FP32 SGEMM, the precision our kernels compute in
+        a = torch.randn(m, k, device="cuda")
+        b = torch.randn(k, n, device="cuda")
+        us = torch_timed(lambda: torch.matmul(a, b), options)
+        return Timing("cuda", us, "ok", "", repeats=options.repeats)
+    except Exception as e:
+        return Timing("cuda", float("nan"), "error", f"dense baseline: {type(e).__name__}: {e}")
+
+
 def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: int = 77, seed: int = 0) -> float:
     """Max |C − A·B| / max|A·B| of the full kernel on the device, fresh random B, C poisoned with NaN."""
     rng = np.random.default_rng(seed)

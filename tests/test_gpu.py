@@ -55,3 +55,37 @@ def test_loader_on_torch_or_cupy(tmp_path):
         cupy = pytest.importorskip("cupy")
         c = cupy.asnumpy(spmm(cupy.asarray(b)))
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_whole_search_with_the_cuda_timer(tmp_path):
+    """The default timer on a GPU host is cuda: proxies and the emitted kernel are measured, the
+    kernel is checked on the device, and the speedup over cuBLAS is reported when torch is present."""
+    import pyarrow.parquet as pq
+    from safetensors.numpy import save_file
+
+    from lospmm.flows import pipeline as pl
+    from lospmm.flows.runs import run_record
+    from lospmm.runtime import device_facts
+
+    rng = np.random.default_rng(0)
+    weights = tmp_path / "w.safetensors"
+    save_file({"fc.weight": rng.standard_normal((256, 192)).astype(np.float32)}, str(weights))
+    gpu = {"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(device_facts()["arch"], "h100")
+    cfg = {"zoo": [], "weights": str(weights), "tokens": 2048, "sparsities": [0.9], "artifacts": str(tmp_path / "a"),
+           "m1s": [2, 8], "until": "emit", "timer": "auto", "top_k": 4, "gpu": gpu}
+    result = pl.pipeline(config=cfg)
+    record = run_record(tmp_path / "a", result["run_id"])
+    assert result["status"] == "completed"
+    paths = {e["stage"]: tmp_path / "a" / e["path"] for e in record["entries"]}
+    timed = pq.read_table(paths["time"]).to_pylist()
+    assert timed and all(r["timer"] == "cuda" and r["status"] == "ok" and r["time_us"] > 0 for r in timed)
+    (em,) = pq.read_table(paths["emit"]).to_pylist()
+    assert em["status"] == "ok" and em["check"] == "device" and em["max_rel_error"] < 1e-4
+    assert em["full_time_us"] > 0
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        assert np.isnan(em["dense_time_us"])
+    else:
+        assert em["dense_time_us"] > 0 and em["speedup_vs_dense"] == pytest.approx(em["dense_time_us"] / em["full_time_us"])

@@ -31,7 +31,7 @@ VIEW_COLUMNS = {
     "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
     "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
-    "emit": ["layer", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "registers", "spill_bytes",
+    "emit": ["layer", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers", "spill_bytes",
              "compile_seconds", "check", "max_rel_error", "status", "kernel_dir"],
 }
 
@@ -134,12 +134,17 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
     t = Table(title="per layer: candidates after each step, chosen tile, time (timer named per row; "
                     "'estimate' = analytic model, not a measurement), search seconds")
     for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "timer",
-              "time µs", "search s"):
+              "time µs", "vs cuBLAS", "search s"):
         t.add_column(c)
     for r in rows:
         fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
                   f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r["timer"]), fmt(r["time_us"], "{:.1f}"),
-                  f"{r['search_seconds']:.1f}")
+                  _speedup(r.get("speedup_vs_dense")), f"{r['search_seconds']:.1f}")
     return t
+
+
+def _speedup(v) -> str:
+    """Measured speedup over cuBLAS (cuda timer only); '-' where nothing was measured."""
+    return "-" if v is None or v != v else f"{v:.2f}×"

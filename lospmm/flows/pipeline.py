@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
-from lospmm.flows import schemas
+from lospmm.flows import progress, schemas
 from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.config import ConfigError, RunConfig, validated, weights_label
 from lospmm.flows.kernels import emitted_kernel
@@ -269,7 +269,7 @@ def pad_task(key: str, root: str, label: str, candidates: dict, gpu: str, force:
 
 @task(name="compile", task_run_name="compile:{label}", **_TASK)
 def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dict, arch: str, verify: bool,
-                 jobs: int = 1, force: bool = False) -> dict:
+                 jobs: int = 1, run_id: str = "", force: bool = False) -> dict:
     def compute():
         table = read_artifact(Path(root) / clusters["path"])
         tiles = _tiles_by_layer(root, reordered) if verify else {}
@@ -306,14 +306,14 @@ def compile_task(key: str, root: str, label: str, clusters: dict, reordered: dic
                 return {**base, "status": "error", "kind": "proxy",
                         "message": f"{info['layer']} M1={info['m1']}: {type(e).__name__}: {e}"}
 
-        return _in_parallel(one, range(table.num_rows), jobs)
+        return _in_parallel(one, range(table.num_rows), jobs, _reporter(run_id, "compile", label))
 
     return _run_stage("compile", key, root, label, force, compute)
 
 
 @task(name="time", task_run_name="time:{label}", **_TASK)
 def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, clusters: dict, reordered: dict,
-              gpu: str, timer: str, force: bool = False) -> dict:
+              gpu: str, timer: str, run_id: str = "", force: bool = False) -> dict:
     def compute():
         device = device_named(gpu)
         comp = _rows_by(read_artifact(Path(root) / compiled_["path"]), ("layer", "m1"))
@@ -322,7 +322,11 @@ def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, cl
                     for i in range(cl_table.num_rows) if cl_table.column("status")[i].as_py() == "ok"}
         tiles = _tiles_by_layer(root, reordered) if timer == "cuda" else {}
         rows = []
-        for c in read_artifact(Path(root) / launch["path"]).to_pylist():
+        launches = read_artifact(Path(root) / launch["path"]).to_pylist()
+        report = _reporter(run_id, "time", label)
+        for c in launches:
+            if rows:
+                report(len(rows), len(launches), rows[-1])
             base = {**_layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer}
             where = f"{c['layer']} ({c['m1']},{c['n1']})"
             p = comp.get((c["layer"], c["m1"]))
@@ -354,7 +358,7 @@ def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, cl
 
 @task(name="emit", task_run_name="emit:{label}", **_TASK)
 def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reordered: dict, gpu: str, timer: str,
-              chosen_by: str, verify: bool, jobs: int = 1, force: bool = False) -> dict:
+              chosen_by: str, verify: bool, jobs: int = 1, run_id: str = "", force: bool = False) -> dict:
     def compute():
         device = device_named(gpu)
         matrices = _matrices(root, pruned)
@@ -363,6 +367,7 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
         for r in read_artifact(Path(root) / timed["path"]).to_pylist():
             by_layer.setdefault(r["layer"], []).append(r)
         kernels_root = artifact_path(root, "emit", label, key).with_suffix("")
+        logger = get_run_logger()
 
         def one(item) -> dict:
             layer, group = item
@@ -383,17 +388,18 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
                                        extra={"chosen_by": chosen_by, "timer": timer, "gpu": device.name,
                                               "proxy_time_us": best["time_us"], "candidates_timed": len(ok)})
                 comp = facts["compile"]
-                full_us, check, err = float("nan"), "not run", float("nan")
+                full_us, dense_us, check, err = float("nan"), float("nan"), "not run", float("nan")
                 if comp["status"] == "ok":
                     regs, spill = comp["registers"], comp["spill_stores"] + comp["spill_loads"]
                     if timer == "cuda":
-                        from lospmm.runtime import check_full_kernel, time_full_kernel_cubin
+                        from lospmm.runtime import check_full_kernel, dense_sgemm_time, time_full_kernel_cubin
 
                         cubin = (out / "kernel.cubin").read_bytes()
                         err = check_full_kernel(cubin, facts["kernel"], facts["grid"]["x"], n1, matrix)
                         check = "device" if err < 1e-4 else "device: FAILED"
                         full_us = time_full_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], best["m"],
                                                          best["k"], best["n"], n1).time_us
+                        dense_us = dense_sgemm_time(best["m"], best["k"], best["n"]).time_us
                     else:
                         work = full_kernel_work(t, best["m"], best["k"], best["n"], n1, regs, spill)
                         full_us = estimated_timing(work, device).time_us
@@ -401,12 +407,19 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
                     if hc:
                         check = "host-asan" if hc["status"] == "ok" else "host: FAILED"
                         err = hc.get("max_rel_error", float("inf"))
-                    facts.update(full_time_us=full_us, check=check, max_rel_error=err)
+                    # a speedup only from two measurements: the estimate timer has no dense baseline
+                    speedup = dense_us / full_us if np.isfinite(dense_us) and full_us > 0 else float("nan")
+                    facts.update(full_time_us=full_us, dense_time_us=dense_us, speedup_vs_dense=speedup, check=check,
+                                 max_rel_error=err)
                     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
                 failed = comp["status"] != "ok" or "FAILED" in check
+                logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all",
+                            layer, m1, n1, comp["status"], comp.get("seconds") or 0.0, check, timer, full_us,
+                            time.perf_counter() - t0)
                 return {**base, "status": "error" if failed else "ok",
                         "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
                         "m1": m1, "n1": n1, "proxy_time_us": best["time_us"], "full_time_us": full_us,
+                        "dense_time_us": dense_us, "speedup_vs_dense": facts.get("speedup_vs_dense"),
                         "kernel": facts["kernel"], "kernel_dir": str(out.relative_to(root)),
                         "registers": comp.get("registers"), "spill_bytes": comp.get("spill_stores", 0)
                         + comp.get("spill_loads", 0), "compile_seconds": comp.get("seconds"), "check": check,
@@ -415,20 +428,38 @@ def emit_task(key: str, root: str, label: str, timed: dict, pruned: dict, reorde
                 return {**base, "status": "error", "message": f"{layer}: {type(e).__name__}: {e}"}
 
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
-        return _in_parallel(one, list(by_layer.items()), 1 if timer == "cuda" else jobs)
+        return _in_parallel(one, list(by_layer.items()), 1 if timer == "cuda" else jobs,
+                            _reporter(run_id, "emit", label))
 
     return _run_stage("emit", key, root, label, force, compute)
 
 
-def _in_parallel(fn: Callable, items, jobs: int) -> list:
-    """fn over items in order; threads when jobs > 1 (NVRTC and the host compiler release the GIL)."""
+def _in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict], None] | None = None) -> list:
+    """fn over items, results in order; threads when jobs > 1 (NVRTC and the host compiler release
+    the GIL). `report(done, total, row)` is called as each item finishes."""
     items = list(items)
+    report = report or (lambda done, total, row: None)
     if jobs <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
+        out = []
+        for x in items:
+            out.append(fn(x))
+            report(len(out), len(items), out[-1])
+        return out
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     with ThreadPoolExecutor(min(jobs, len(items))) as pool:
-        return list(pool.map(fn, items))
+        futures = [pool.submit(fn, x) for x in items]
+        for done, f in enumerate(as_completed(futures), 1):
+            report(done, len(items), f.result())
+        return [f.result() for f in futures]
+
+
+def _reporter(run_id: str, stage: str, label: str) -> Callable[[int, int, dict], None]:
+    def report(done: int, total: int, row: dict) -> None:
+        item = row.get("layer", "") + (f" M1={row['m1']}" if row.get("m1") and stage != "emit" else "")
+        progress.report(run_id, stage, label, done, total, item)
+
+    return report
 
 
 def _rows_by(table, cols: tuple[str, ...]) -> dict:
@@ -590,12 +621,12 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
             arch = device_named(cfg.gpu).arch
             cp_key, cp = submit(compile_task, "compile", lab, where, {"arch": arch, "verify": cfg.verify},
                                 [cl_key, ro_key], clusters=cl, reordered=ro, arch=arch, verify=cfg.verify,
-                                jobs=jobs)
+                                jobs=jobs, run_id=run_id)
             if "time" not in stages:
                 continue
             ti_key, ti = submit(time_task, "time", lab, where, {"gpu": cfg.gpu, "timer": timer},
                                 [pa_key, cp_key, cl_key, ro_key], launch=pa, compiled_=cp, clusters=cl,
-                                reordered=ro, gpu=cfg.gpu, timer=timer)
+                                reordered=ro, gpu=cfg.gpu, timer=timer, run_id=run_id)
             if "emit" not in stages:
                 continue
             chosen_by = (f"top-1 proxy of the ranker's top-{cfg.top_k}" if cfg.rank
@@ -603,9 +634,9 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
             submit(emit_task, "emit", lab, where, {"gpu": cfg.gpu, "timer": timer, "chosen_by": chosen_by,
                                                    "verify": True}, [ti_key, pr_key, ro_key],
                    timed=ti, pruned=pr, reordered=ro, gpu=cfg.gpu, timer=timer, chosen_by=chosen_by, verify=True,
-                   jobs=jobs)
+                   jobs=jobs, run_id=run_id)
 
-    wait([f for _, f in submitted])
+    _awaited(run_id, submitted)
     for entry, fut in submitted:
         state = fut.state
         entry["state"] = state.name
@@ -626,6 +657,24 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     write_run_record(root, record)
     _publish_summary(root, record)
     return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+
+
+def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> None:
+    """Wait for every task, publishing progress (Prefect progress artifact and log) as they go."""
+    progress.started(run_id, [(e["stage"], e["label"]) for e, _ in submitted])
+    publisher = progress.Publisher(run_id, get_run_logger())
+    pending = list(submitted)
+    try:
+        while pending:
+            done = wait([f for _, f in pending], timeout=publisher.every_s).done
+            for entry, f in [p for p in pending if p[1] in done]:
+                progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
+            pending = [p for p in pending if p[1] not in done]
+            publisher.push()
+        wait([f for _, f in submitted])  # a timed wait may return a future before its final state is set
+        publisher.push(final=True)
+    finally:
+        progress.finished(run_id)
 
 
 def resolved_timer(timer: str) -> str:
@@ -688,7 +737,8 @@ def write_summary(root: Path, record: dict) -> str | None:
             row = {**_layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
-                   "timer": em.get("timer"), "time_us": em.get("full_time_us"), "kernel_dir": em.get("kernel_dir")}
+                   "timer": em.get("timer"), "time_us": em.get("full_time_us"),
+                   "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir")}
             row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
             row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
             rows.append(row)
@@ -698,7 +748,7 @@ def write_summary(root: Path, record: dict) -> str | None:
     write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
-            "n1", "timer", "time_us", "search_seconds")
+            "n1", "timer", "time_us", "speedup_vs_dense", "search_seconds")
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
                                       f"timer named in each row; 'estimate' rows are model estimates)")

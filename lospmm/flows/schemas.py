@@ -98,7 +98,7 @@ TIMED = pa.schema(
 KERNELS = pa.schema(
     _LAYER + [("sparsity", _f64)] + _STATUS
     + [("m1", _i32), ("n1", _i32), ("chosen_by", _str), ("timer", _str), ("proxy_time_us", _f64),
-       ("full_time_us", _f64), ("kernel", _str), ("kernel_dir", _str), ("registers", _i32),
+       ("full_time_us", _f64), ("dense_time_us", _f64), ("speedup_vs_dense", _f64), ("kernel", _str), ("kernel_dir", _str), ("registers", _i32),
        ("spill_bytes", _i32), ("compile_seconds", _f64), ("check", _str), ("max_rel_error", _f64),
        ("candidates_timed", _i32), ("seconds", _f64)]
 )
@@ -106,7 +106,7 @@ KERNELS = pa.schema(
 SUMMARY = pa.schema(
     _LAYER + [("sparsity", _f64), ("status", _str), ("candidates", _i32), ("after_constrain", _i32),
               ("after_rank", _i32), ("timed", _i32), ("m1", _i32), ("n1", _i32), ("timer", _str),
-              ("time_us", _f64)]
+              ("time_us", _f64), ("speedup_vs_dense", _f64)]
     + [(f"{s}_seconds", _f64) for s in ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")]
     + [("search_seconds", _f64), ("kernel_dir", _str)]
 )

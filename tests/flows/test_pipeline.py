@@ -178,6 +178,11 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
     good = [s for s in summary if s["status"] == "ok"]
     assert {s["layer"] for s in good} == {r["layer"] for r in emitted}
     assert all(s["after_constrain"] >= s["after_rank"] == s["timed"] and s["search_seconds"] > 0 for s in good)
+    from prefect.artifacts import Artifact
+
+    assert Artifact.get("lospmm-progress").data == 100.0  # the run's progress artifact ends full
+    table = json.loads(Artifact.get("lospmm-layer-summary").data)  # a table artifact stores JSON text
+    assert {r["layer"] for r in table} >= {s["layer"] for s in good}
 
     # nothing compiles again: the flow is cached, and a forced recompute hits the compile cache
     states, _ = _states(pl.pipeline(config=cfg), root)
