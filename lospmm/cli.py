@@ -166,6 +166,9 @@ def inspect(
         _fail(str(e))
     if stage is None:
         console.print(inspection.run_table(record))
+        summary = inspection.summary_table(artifacts, record)
+        if summary is not None:
+            console.print(summary)
         return
     if stage not in STAGES:
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")

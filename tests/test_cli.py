@@ -59,6 +59,7 @@ def test_run_inspect_and_rerun(tmp_path):
     run_id = run_record(root)["run_id"]
     detail = runner.invoke(app, ["inspect", run_id[:15], *common])
     assert detail.exit_code == 0 and "04_candidates/" in detail.output and "Completed" in detail.output
+    assert "per layer: candidates after each step" in detail.output  # the run's summary, shown again
     constrain = runner.invoke(app, ["inspect", "--stage", "constrain", *common])
     assert constrain.exit_code == 0 and "-register" in constrain.output and "pooler.dense" in constrain.output
     reorder = runner.invoke(app, ["inspect", "--stage", "reorder", "--layer", "query", *common])

@@ -134,14 +134,15 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
     t = Table(title="per layer: candidates after each step, chosen tile, time (timer named per row; "
                     "'estimate' = analytic model, not a measurement), search seconds")
     for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "timer",
-              "time µs", "vs cuBLAS", "search s"):
+              "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
         t.add_column(c)
     for r in rows:
         fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
                   f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r["timer"]), fmt(r["time_us"], "{:.1f}"),
-                  _speedup(r.get("speedup_vs_dense")), f"{r['search_seconds']:.1f}")
+                  _speedup(r.get("speedup_vs_dense")), fmt(r["compile_seconds"], "{:.1f}"),
+                  fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
     return t
 
 

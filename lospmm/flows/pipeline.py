@@ -748,7 +748,7 @@ def write_summary(root: Path, record: dict) -> str | None:
     write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
-            "n1", "timer", "time_us", "speedup_vs_dense", "search_seconds")
+            "n1", "timer", "time_us", "speedup_vs_dense") + tuple(f"{s_}_seconds" for s_ in stages) + ("search_seconds",)
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
                                       f"timer named in each row; 'estimate' rows are model estimates)")
