@@ -46,7 +46,8 @@ def report(run_id: str, stage: str, label: str, done: int, total: int, item: str
             return
         key = (stage, label)
         run.fractions[key] = max(run.fractions.get(key, 0.0), done / total if total else 1.0)
-        run.latest = f"{stage} {label}: {done}/{total}" + (f" ({item})" if item else "")
+        run.latest = (f"{stage} {label}: {done}/{total}" + (f" ({item})" if item else "") if item or done < total
+                      else f"{stage} {label} finished")
 
 
 def snapshot(run_id: str) -> tuple[float, str]:
