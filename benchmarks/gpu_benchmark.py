@@ -13,6 +13,7 @@ Compiles fan out over a process pool (NVRTC is single-threaded per program).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -95,7 +96,8 @@ def main() -> None:
     speedups: dict[str, list[float]] = {"cublas": [], "cusparse": [], "torch_csr": []}
     losses = []
     opts = CudaTimerOptions()
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # spawn: the parent has initialised CUDA, and a forked child must not inherit that state
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for s in shapes:
             for sp_ in args.sparsity:
                 a = pruned_layer(s, sp_).matrix

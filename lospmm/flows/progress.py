@@ -63,25 +63,34 @@ def finished(run_id: str) -> None:
 
 
 class Publisher:
-    """Pushes a run's progress to a Prefect progress artifact and the log, at most every `every_s`
-    seconds (and always at the end). Called from the flow's thread only."""
+    """Pushes a run's progress to a Prefect progress artifact and the log when it has moved, at most
+    every `every_s` seconds, with a "still running" line after `quiet_s` without a change (a large
+    kernel's compile can take many minutes). Called from the flow's thread only."""
 
-    def __init__(self, run_id: str, logger, every_s: float = 10.0):
+    def __init__(self, run_id: str, logger, every_s: float = 10.0, quiet_s: float = 60.0):
         from prefect.artifacts import create_progress_artifact
 
-        self.run_id, self.logger, self.every_s = run_id, logger, every_s
+        self.run_id, self.logger, self.every_s, self.quiet_s = run_id, logger, every_s, quiet_s
         self.artifact = create_progress_artifact(progress=0.0, key="lospmm-progress",
                                                  description=f"lospmm run {run_id}: share of work items done")
         self.last_push, self.last_percent = time.monotonic(), 0.0
+        self.since = time.monotonic()  # when the percentage last changed
 
     def push(self, final: bool = False) -> None:
         from prefect.artifacts import update_progress_artifact
 
         percent, latest = snapshot(self.run_id)
         now = time.monotonic()
-        if not final and (now - self.last_push < self.every_s or percent <= self.last_percent):
-            return
-        update_progress_artifact(self.artifact, min(100.0, percent))
-        if not final:
+        moved = percent > self.last_percent
+        if final:
+            update_progress_artifact(self.artifact, min(100.0, percent))
+        elif moved and now - self.last_push >= self.every_s:
+            update_progress_artifact(self.artifact, min(100.0, percent))
             self.logger.info("progress %.0f%% — %s", percent, latest or "stages starting")
-        self.last_push, self.last_percent = now, percent
+            self.since = now
+        elif not moved and now - self.last_push >= self.quiet_s:
+            self.logger.info("progress %.0f%% — still running, nothing finished for %.0f s (last: %s)", percent,
+                             now - self.since, latest or "stages starting")
+        else:
+            return
+        self.last_push, self.last_percent = now, max(percent, self.last_percent)

@@ -22,3 +22,44 @@ def test_progress_is_the_weighted_share_of_items_done_and_never_goes_back():
         progress.finished(run)
     progress.report(run, "emit", "m-s0.9", 1, 2)  # after the run: ignored, no error
     assert progress.snapshot(run) == (100.0, "")
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, fmt, *args):
+        self.lines.append(fmt % args)
+
+
+def test_publisher_logs_moves_and_a_still_running_line(monkeypatch):
+    import prefect.artifacts as pa
+
+    pushed = []
+    monkeypatch.setattr(pa, "create_progress_artifact", lambda **kw: "artifact-id")
+    monkeypatch.setattr(pa, "update_progress_artifact", lambda artifact_id, progress: pushed.append(progress))
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    run, log = "test-publisher-run", _Log()
+    progress.started(run, [("compile", "m"), ("emit", "m")])
+    try:
+        pub = progress.Publisher(run, log, every_s=10, quiet_s=60)
+        progress.report(run, "compile", "m", 1, 2, "fc M1=8")
+        clock[0] += 5
+        pub.push()  # moved, but too soon after the start
+        assert pushed == [] and log.lines == []
+        clock[0] += 5
+        pub.push()
+        assert len(pushed) == 1 and log.lines[-1].startswith("progress 14% — compile m: 1/2 (fc M1=8)")
+        clock[0] += 30
+        pub.push()  # nothing moved, not yet quiet for long
+        assert len(log.lines) == 1
+        clock[0] += 31
+        pub.push()
+        assert "still running, nothing finished for 61 s" in log.lines[-1] and len(pushed) == 1
+        progress.report(run, "compile", "m", 2, 2)
+        progress.report(run, "emit", "m", 1, 1)
+        pub.push(final=True)
+        assert pushed[-1] == 100.0
+    finally:
+        progress.finished(run)
