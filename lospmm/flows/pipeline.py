@@ -321,19 +321,14 @@ def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, cl
         cl_index = {(cl_table.column("layer")[i].as_py(), cl_table.column("m1")[i].as_py()): i
                     for i in range(cl_table.num_rows) if cl_table.column("status")[i].as_py() == "ok"}
         tiles = _tiles_by_layer(root, reordered) if timer == "cuda" else {}
-        rows = []
-        launches = read_artifact(Path(root) / launch["path"]).to_pylist()
-        report = _reporter(run_id, "time", label)
-        for c in launches:
-            if rows:
-                report(len(rows), len(launches), rows[-1])
+
+        def one(c: dict) -> dict:
             base = {**_layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer}
             where = f"{c['layer']} ({c['m1']},{c['n1']})"
             p = comp.get((c["layer"], c["m1"]))
             if c["status"] != "ok" or p is None or p["status"] != "ok" or (c["layer"], c["m1"]) not in cl_index:
                 why = c["message"] if c["status"] != "ok" else "its proxy did not compile"
-                rows.append({**base, "status": "skipped", "message": f"{where}: {why}", "time_us": float("inf")})
-                continue
+                return {**base, "status": "skipped", "message": f"{where}: {why}", "time_us": float("inf")}
             t0 = time.perf_counter()
             cl = schemas.clusters_from_row(cl_table, cl_index[(c["layer"], c["m1"])])
             spill = int(p["spill_stores"]) + int(p["spill_loads"])
@@ -346,12 +341,15 @@ def time_task(key: str, root: str, label: str, launch: dict, compiled_: dict, cl
             else:
                 work = proxy_work(cl, c["m"], c["k"], c["n"], c["n1"], p["registers"], c["smem_bytes"], spill)
                 t = estimated_timing(work, device)
-            rows.append({**base, "status": t.status, "message": f"{where}: {t.message}" if t.message else "",
-                         "time_us": t.time_us, "compute_us": t.compute_us, "memory_us": t.memory_us,
-                         "latency_us": t.latency_us, "active_blocks": t.active_blocks, "repeats": t.repeats,
-                         "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
-                         "rank": c.get("rank"), "seconds": time.perf_counter() - t0})
-        return rows
+            return {**base, "status": t.status, "message": f"{where}: {t.message}" if t.message else "",
+                    "time_us": t.time_us, "compute_us": t.compute_us, "memory_us": t.memory_us,
+                    "latency_us": t.latency_us, "active_blocks": t.active_blocks, "repeats": t.repeats,
+                    "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
+                    "rank": c.get("rank"), "seconds": time.perf_counter() - t0}
+
+        # one at a time: concurrent launches would disturb each other's measurements
+        return _in_parallel(one, read_artifact(Path(root) / launch["path"]).to_pylist(), 1,
+                            _reporter(run_id, "time", label))
 
     return _run_stage("time", key, root, label, force, compute)
 
@@ -748,7 +746,7 @@ def write_summary(root: Path, record: dict) -> str | None:
     write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
-            "n1", "timer", "time_us", "speedup_vs_dense") + tuple(f"{s_}_seconds" for s_ in stages) + ("search_seconds",)
+            "n1", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
                                       f"timer named in each row; 'estimate' rows are model estimates)")

@@ -98,7 +98,8 @@ TIMED = pa.schema(
 KERNELS = pa.schema(
     _LAYER + [("sparsity", _f64)] + _STATUS
     + [("m1", _i32), ("n1", _i32), ("chosen_by", _str), ("timer", _str), ("proxy_time_us", _f64),
-       ("full_time_us", _f64), ("dense_time_us", _f64), ("speedup_vs_dense", _f64), ("kernel", _str), ("kernel_dir", _str), ("registers", _i32),
+       ("full_time_us", _f64), ("dense_time_us", _f64), ("speedup_vs_dense", _f64), ("kernel", _str),
+       ("kernel_dir", _str), ("registers", _i32),
        ("spill_bytes", _i32), ("compile_seconds", _f64), ("check", _str), ("max_rel_error", _f64),
        ("candidates_timed", _i32), ("seconds", _f64)]
 )
