@@ -1,8 +1,8 @@
 """Compile cost of full kernels vs their proxies (NVRTC, no GPU needed).
 
 For sampled zoo layers at one sparsity and a few M1: compile seconds and peak memory of the full
-Alg. 2 kernel (N1 = 128) and of the M1 proxy (clusters sized for the kept candidates' occupancy),
-each compile in its own process with a time limit. A full kernel that runs past the limit is
+Alg. 2 kernel (N1 = 128) and of the M1 proxy (clusters sized for the busiest N1's occupancy, kept or
+not), each compile in its own process with a time limit. A full kernel that runs past the limit is
 reported as '> limit', not as a number.
 
     python benchmarks/compile_cost.py [--sparsity 0.9] [--m1 8 32] [--limit 300]
@@ -21,22 +21,26 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from lospmm.stages.cluster import proxy_clusters
+from lospmm.stages.cluster import proxy_active_blocks, proxy_clusters
 from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source
-from lospmm.stages.compile import CompileOptions, compiled
-from lospmm.stages.constrain import predicted_registers
+from lospmm.stages.compile import compiled, kernel_options
+from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
-from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import pruned_layer, random_pruned
-from lospmm.stages.reorder import distinct_m1s, reordered_tiles
+from lospmm.stages.rank import RankParams
+from lospmm.stages.reorder import reordered_tiles, tile_stats
+from lospmm.stages.search import SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
+
+# the flow's search without the ranker: every kept candidate chosen, one proxy per kept M1
+UNRANKED = SearchParams(rank=RankParams(use_rank=False))
 
 SAMPLES = [("bert-base", "encoder.layer.0.attention.self.query"), ("resnet50", "layer2.0.conv3"),
            ("resnet50", "layer3.0.conv2"), ("resnet50", "layer1.0.conv2")]
 
 
-def _child(source: str, name: str, maxrreg: int, queue) -> None:
-    out = compiled(source, name, CompileOptions(arch="sm_90", maxrregcount=maxrreg))
+def _child(source: str, name: str, m1: int, queue) -> None:
+    out = compiled(source, name, kernel_options("sm_90", m1))
     queue.put((out.status, out.seconds, out.registers, out.spill_stores,
                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
@@ -56,9 +60,10 @@ def in_child(target, args: tuple, limit: float):
     return queue.get() if not queue.empty() else {"status": "crashed", "seconds": time.perf_counter() - t0}
 
 
-def timed_compile(source: str, name: str, maxrreg: int, limit: float) -> dict:
-    """Compile in a fresh process; seconds, registers, spills and the process's peak RSS (MiB)."""
-    r = in_child(_child, (source, name, maxrreg), limit)
+def timed_compile(source: str, name: str, m1: int, limit: float) -> dict:
+    """Compile in a fresh process with the pipeline's options for M1; seconds, registers, spills and
+    the process's peak RSS (MiB)."""
+    r = in_child(_child, (source, name, m1), limit)
     if isinstance(r, dict):
         return r
     status, seconds, regs, spills, rss = r
@@ -80,22 +85,22 @@ def proxies_vs_full(args) -> None:
         shape = next(s for s in zoo_shapes(model) if s.layer == layer)
         a = pruned_layer(shape, args.sparsity).matrix
         for m1 in args.m1:
+            # one M1 on purpose: its proxy is sized over every N1, kept or not, so an M1 that keeps none has one too
             tiles = reordered_tiles(a, m1)
-            regs = predicted_registers(m1)
-            atb = max(proxy_launch(tiles.num_tiles, shape.n, m1, n1, regs, device).num_atb
-                      for n1 in range(32, 1025, 32))
+            atb = proxy_active_blocks(layer_candidates(shape.n, {m1: tile_stats(tiles)}, device), device)
             cl = proxy_clusters(a, tiles, args.sparsity, atb)
             proxy = proxy_kernel_source(shape.m, shape.k, cl)
             full = full_kernel_source(a, tiles, 128)
-            p = timed_compile(proxy.source, proxy.name, regs, args.limit)
-            f = timed_compile(full.source, full.name, regs, args.limit)
+            p = timed_compile(proxy.source, proxy.name, m1, args.limit)
+            f = timed_compile(full.source, full.name, m1, args.limit)
             ratio = "" if "timeout" in (p["status"], f["status"]) else f"{f['seconds'] / p['seconds']:.1f}×"
             if f["status"] == "timeout" and p["status"] != "timeout":
                 ratio = f"> {args.limit / p['seconds']:.1f}×"
             table.add_row(model, layer, f"{shape.m}×{shape.k}", str(a.nnz), str(m1), str(tiles.num_tiles),
-                          str(cl.num_clusters), str(int(tiles.tile_nnc.sum())), str(int(cl.nnc_p.sum())), _fmt(f, args.limit), f"{f.get('rss_mib', 0):.0f}",
-                          f"{f.get('regs', '')}/{f.get('spills', '')}", _fmt(p, args.limit), f"{p.get('rss_mib', 0):.0f}",
-                          ratio)
+                          str(cl.num_clusters), str(int(tiles.tile_nnc.sum())), str(int(cl.nnc_p.sum())),
+                          _fmt(f, args.limit), f"{f.get('rss_mib', 0):.0f}",
+                          f"{f.get('regs', '')}/{f.get('spills', '')}", _fmt(p, args.limit),
+                          f"{p.get('rss_mib', 0):.0f}", ratio)
             Console(width=200).print(table) if args.verbose else None
     Console(width=200).print(table)
 
@@ -103,10 +108,6 @@ def proxies_vs_full(args) -> None:
 def search_counts(args) -> None:
     """Per layer: full kernels a search without proxies compiles (one per kept (M1, N1)) vs proxies
     (one per kept M1), and the CUDA source each side generates (measured bytes, not compiled)."""
-    from lospmm.flows.config import DEFAULT_M1
-    from lospmm.stages.constrain import constrained_candidates
-    from lospmm.stages.reorder import tile_stats
-
     device = device_named("h100")
     table = Table(title=f"search cost by kernel count and generated source, sparsity {args.sparsity}, h100 "
                         f"(full kernels: N1 only changes a constant, so each (M1, N1) has its M1's source size)")
@@ -117,18 +118,12 @@ def search_counts(args) -> None:
     for model in ("bert-base", "resnet50"):
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, args.sparsity).matrix
-            tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, DEFAULT_M1)}
-            kept = [c for c in constrained_candidates(shape.n, {m: tile_stats(t) for m, t in tiles.items()}, device)
-                    if c.kept]
-            by_m1: dict[int, list] = {}
-            for c in kept:
-                by_m1.setdefault(c.m1, []).append(c)
-            full_b = proxy_b = 0
-            for m1, group in by_m1.items():
-                t = tiles[m1]
-                atb = max(proxy_launch(t.num_tiles, shape.n, m1, c.n1, c.pred_regs, device).num_atb for c in group)
-                proxy_b += len(proxy_kernel_source(shape.m, shape.k, proxy_clusters(a, t, args.sparsity, atb)).source)
-                full_b += len(group) * len(full_kernel_source(a, t, group[0].n1).source)
+            search = layer_search(a, shape.n, args.sparsity, device, params=UNRANKED)
+            kept, by_m1 = search.kept, chosen_by_m1(search.chosen)
+            proxy_b = sum(len(k.source) for k in proxy_sources(search, shape.m, shape.k).values())
+            # N1 only changes a constant: each kept (M1, N1) costs its M1's source at the first kept N1
+            full_b = sum(len(group) * len(full_source(a, search, m1, group[0].n1).source)
+                         for m1, group in by_m1.items())
             ratio = f"{full_b / proxy_b:.1f}×" if proxy_b else "-"
             table.add_row(model, shape.layer, str(a.nnz), str(len(kept)), str(len(by_m1)), f"{full_b / 1e6:.1f}",
                           f"{proxy_b / 1e6:.1f}", ratio)
@@ -141,14 +136,15 @@ def search_counts(args) -> None:
 
 
 def scaling(args) -> None:
-    table = Table(title=f"full kernel compile vs nnz (K=768, M1=16, N1=128, sparsity 0.9, sm_90, limit {args.limit:.0f} s)")
+    table = Table(title=f"full kernel compile vs nnz (K=768, M1=16, N1=128, sparsity 0.9, sm_90, "
+                        f"limit {args.limit:.0f} s)")
     for c in ("M", "nnz", "tiles", "loads", "compile s", "peak MiB", "regs", "spill bytes"):
         table.add_column(c)
     for m in args.rows:
         a = random_pruned(m, 768, 0.9, np.random.default_rng(0))
         tiles = reordered_tiles(a, 16)
         k = full_kernel_source(a, tiles, 128)
-        r = timed_compile(k.source, k.name, predicted_registers(16), args.limit)
+        r = timed_compile(k.source, k.name, 16, args.limit)
         table.add_row(str(m), str(a.nnz), str(tiles.num_tiles), str(int(tiles.tile_nnc.sum())), _fmt(r, args.limit),
                       f"{r.get('rss_mib', 0):.0f}", str(r.get("regs", "")), str(r.get("spills", "")))
         Console(width=160).print(table) if args.verbose else None

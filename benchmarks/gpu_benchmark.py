@@ -3,6 +3,10 @@
 sparsities; geometric-mean speedups; and the loss of the proxy-selected tile against the best full
 kernel among the ranker's top-K (the paper's Table 4).
 
+The search is the flow's (lospmm.stages.search.layer_search: reorder, constrain, rank, cluster,
+pad), compiled with the flow's options and timed with its `cuda` timer, and the proxy-selected tile
+is the emit stage's choice, so this measures the decisions `lospmm run` makes.
+
 Every time is measured here (CUDA events, warm-up, L2 flushed before each repeat, median of 20).
 Compiles fan out over a process pool (NVRTC is single-threaded per program).
 
@@ -16,32 +20,40 @@ import argparse
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from lospmm.flows.ranker_store import load_ranker
-from lospmm.runtime import (CudaTimerOptions, check_full_kernel, device_facts, gpu_present, time_full_kernel_cubin,
-                            time_proxy_cubin, torch_timed)
-from lospmm.stages.cluster import proxy_clusters
-from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source, proxy_tile_rows
-from lospmm.stages.compile import CompileOptions, compiled
-from lospmm.stages.constrain import constrained_candidates, predicted_registers
+from lospmm.runtime import CudaTimer, device_facts, gpu_present, torch_timed
+from lospmm.stages.compile import compiled, kernel_options
 from lospmm.stages.devices import device_named
+from lospmm.stages.emit import EmitParams
 from lospmm.stages.extract import zoo_shapes
-from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import pruned_layer
-from lospmm.stages.rank import ranked
-from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.rank import RankParams
+from lospmm.stages.search import SearchParams, choice, full_source, layer_search, proxy_sources
+from lospmm.stages.status import Status
+from lospmm.stages.timing import LaunchUnderTest
 
-M1S = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+@dataclass(frozen=True)
+class Binary:
+    """What a launch needs from a compile (the PTX stays in the worker)."""
+
+    status: Status
+    cubin: bytes
+    registers: int
+    spill_bytes: int
+    log: str
 
 
-def _compile(job):
-    source, name, arch, regs = job
-    out = compiled(source, name, CompileOptions(arch=arch, maxrregcount=regs))
-    return out.status, out.cubin, out.log[-500:]
+def _compile(job) -> Binary:
+    source, name, arch, m1 = job
+    out = compiled(source, name, kernel_options(arch, m1))
+    return Binary(out.status, out.cubin, out.registers, out.spill_stores + out.spill_loads, out.log[-500:])
 
 
 def library_times(a, n: int) -> dict[str, float]:
@@ -95,58 +107,56 @@ def main() -> None:
         table.add_column(c)
     speedups: dict[str, list[float]] = {"cublas": [], "cusparse": [], "torch_csr": []}
     losses = []
-    opts = CudaTimerOptions()
+    timer = CudaTimer(device, facts["name"])
+    params = SearchParams(rank=RankParams(top_k=args.top_k))
+    check_n = EmitParams().device_check_n  # the emit stage's device check
     # spawn: the parent has initialised CUDA, and a forked child must not inherit that state
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for s in shapes:
             for sp_ in args.sparsity:
+                shape_cells = (s.model, s.layer, f"{s.m}×{s.k}×{s.n}", f"{sp_:g}")
                 a = pruned_layer(s, sp_).matrix
-                tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, M1S)}
-                kept = [vars(c) | {"sparsity": sp_, "k": s.k} for c in
-                        constrained_candidates(s.n, {m: tile_stats(t) for m, t in tiles.items()}, device) if c.kept]
-                if not kept:
-                    table.add_row(s.model, s.layer, f"{s.m}×{s.k}×{s.n}", f"{sp_:g}", "no kept candidate")
+                search = layer_search(a, s.n, sp_, device, booster, params)
+                if not search.chosen:
+                    table.add_row(*shape_cells, "no kept candidate")
                     continue
-                _, ranks = ranked(kept, booster, args.top_k)
-                top = [c for c, r in zip(kept, ranks) if r <= args.top_k]
-                launches = {(c["m1"], c["n1"]): proxy_launch(tiles[c["m1"]].num_tiles, s.n, c["m1"], c["n1"],
-                                                             c["pred_regs"], device) for c in top}
-                proxies = {}
-                for m1 in sorted({c["m1"] for c in top}):
-                    atb = max(launches[(c["m1"], c["n1"])].num_atb for c in top if c["m1"] == m1)
-                    cl = proxy_clusters(a, tiles[m1], sp_, atb)
-                    proxies[m1] = (cl, proxy_kernel_source(s.m, s.k, cl))
-                fulls = {(c["m1"], c["n1"]): full_kernel_source(a, tiles[c["m1"]], c["n1"]) for c in top}
-                jobs = [(k.source, k.name, arch, predicted_registers(m1)) for m1, (_, k) in proxies.items()]
-                jobs += [(k.source, k.name, arch, predicted_registers(m1)) for (m1, _), k in fulls.items()]
+                proxies = proxy_sources(search, s.m, s.k)
+                fulls = {(c.m1, c.n1): full_source(a, search, c.m1, c.n1) for c in search.chosen}
+                jobs = [(k.source, k.name, arch, m1) for m1, k in proxies.items()]
+                jobs += [(k.source, k.name, arch, m1) for (m1, _), k in fulls.items()]
                 results = list(pool.map(_compile, jobs))
                 p_bins = dict(zip(proxies, results[:len(proxies)]))
                 f_bins = dict(zip(fulls, results[len(proxies):]))
-                proxy_t, full_t = {}, {}
-                for key, launch in launches.items():
-                    cl, k = proxies[key[0]]
-                    if p_bins[key[0]][0] == "ok":
-                        proxy_t[key] = time_proxy_cubin(p_bins[key[0]][1], k.name, s.m, s.k, s.n, key[1], cl.cluster_of,
-                                                        proxy_tile_rows(tiles[key[0]]), launch.smem_bytes, opts).time_us
-                    if f_bins[key][0] == "ok":
-                        fk = fulls[key]
-                        full_t[key] = time_full_kernel_cubin(f_bins[key][1], fk.name, fk.grid_x, s.m, s.k, s.n,
-                                                             key[1], opts).time_us
-                if not proxy_t or not full_t:
-                    table.add_row(s.model, s.layer, f"{s.m}×{s.k}×{s.n}", f"{sp_:g}", "compile/launch failed")
+                proxy_t, full_launch, full_t = {}, {}, {}
+                for (m1, n1), launch in search.launches.items():
+                    p, f, fk = p_bins[m1], f_bins[(m1, n1)], fulls[(m1, n1)]
+                    if p.status == Status.OK:
+                        proxy_t[(m1, n1)] = timer.time(LaunchUnderTest(
+                            search.tiles[m1], s.m, s.k, s.n, n1, p.registers, p.spill_bytes, launch.smem_bytes,
+                            clusters=search.clusters[m1], kernel=proxies[m1].name, cubin=p.cubin))
+                    if f.status == Status.OK:
+                        full_launch[(m1, n1)] = LaunchUnderTest(search.tiles[m1], s.m, s.k, s.n, n1, f.registers,
+                                                                f.spill_bytes, kernel=fk.name, grid_x=fk.grid_x,
+                                                                cubin=f.cubin)
+                        full_t[(m1, n1)] = timer.time(full_launch[(m1, n1)]).time_us
+                full_t = {key: t for key, t in full_t.items() if np.isfinite(t)}
+                chosen = choice(proxy_t)
+                if chosen is None or not full_t:
+                    table.add_row(*shape_cells, "compile/launch failed")
                     continue
-                chosen = min(proxy_t, key=proxy_t.get)
-                ours = full_t.get(chosen, float("inf"))
+                if chosen not in full_t:
+                    table.add_row(*shape_cells, f"{chosen[0]}×{chosen[1]}", "full kernel failed")
+                    continue
+                ours = full_t[chosen]
                 best = min(full_t.values())
-                fk = fulls[chosen]
-                err = check_full_kernel(f_bins[chosen][1], fk.name, fk.grid_x, chosen[1], a)
+                err = timer.device_error(full_launch[chosen], a, check_n)
                 lib = library_times(a, s.n)
                 loss = ours / best - 1
                 losses.append(loss)
                 for name in speedups:
                     if np.isfinite(lib[f"{name}_us"]):
                         speedups[name].append(lib[f"{name}_us"] / ours)
-                table.add_row(s.model, s.layer, f"{s.m}×{s.k}×{s.n}", f"{sp_:g}", f"{chosen[0]}×{chosen[1]}",
+                table.add_row(*shape_cells, f"{chosen[0]}×{chosen[1]}",
                               f"{ours:.1f}", f"{lib['cublas_us']:.1f}", f"{lib['cusparse_us']:.1f}",
                               f"{lib['torch_csr_us']:.1f}", f"{lib['cublas_us'] / ours:.2f}×",
                               f"{lib['cusparse_us'] / ours:.2f}×", f"{lib['torch_csr_us'] / ours:.2f}×",
@@ -154,10 +164,11 @@ def main() -> None:
     console.print(table)
     for name, vals in speedups.items():
         if vals:
-            console.print(f"geometric-mean speedup vs {name}: {np.exp(np.mean(np.log(vals))):.2f}× over {len(vals)} kernels")
+            console.print(f"geometric-mean speedup vs {name}: {np.exp(np.mean(np.log(vals))):.2f}× "
+                          f"over {len(vals)} kernels")
     if losses:
-        console.print(f"proxy-selected tile vs best full kernel in the top-{args.top_k}: mean loss {np.mean(losses):.2%}, "
-                      f"max {np.max(losses):.2%} over {len(losses)} kernels")
+        console.print(f"proxy-selected tile vs best full kernel in the top-{args.top_k}: "
+                      f"mean loss {np.mean(losses):.2%}, max {np.max(losses):.2%} over {len(losses)} kernels")
 
 
 if __name__ == "__main__":

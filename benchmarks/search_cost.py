@@ -34,16 +34,13 @@ from rich.console import Console
 from rich.table import Table
 
 from compile_cost import in_child  # benchmarks/ is on sys.path when a script here runs
-from lospmm.flows.config import DEFAULT_M1
-from lospmm.stages.cluster import proxy_clusters
-from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source
-from lospmm.stages.compile import CompileOptions, compiled
-from lospmm.stages.constrain import constrained_candidates, predicted_registers
+from lospmm.stages.compile import CompileOptions, compiled, kernel_options
+from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
-from lospmm.stages.pad import active_blocks_per_sm
 from lospmm.stages.prune import pruned_layer
-from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.rank import RankParams
+from lospmm.stages.search import DEFAULT_M1, SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
 
 
 @dataclass
@@ -63,48 +60,46 @@ class Group:
         return f"{self.model}|{self.layer}|{self.m1}"
 
 
-def _build(model: str, layer: str, m1: int, n1: int, atb: int, sparsity: float, kind: str):
+def unranked_search(a, n: int, sparsity: float, gpu: str, m1s=DEFAULT_M1):
+    """The flow's search without the ranker: every kept candidate is chosen, so `clusters[m1]` is the
+    proxy the flow builds for M1 (sized by proxy_active_blocks over M1's kept candidates)."""
+    return layer_search(a, n, sparsity, device_named(gpu), params=SearchParams(m1s, rank=RankParams(use_rank=False)))
+
+
+def _build(model: str, layer: str, m1: int, n1: int, sparsity: float, gpu: str, kind: str):
     shape = next(s for s in zoo_shapes(model) if s.layer == layer)
     a = pruned_layer(shape, sparsity).matrix
-    tiles = reordered_tiles(a, m1)
+    # M1 alone: constrain and cluster look at one M1 at a time, so this is the full search's proxy
+    search = unranked_search(a, shape.n, sparsity, gpu, (m1,))
     if kind == "full":
-        return full_kernel_source(a, tiles, n1)
-    return proxy_kernel_source(shape.m, shape.k, proxy_clusters(a, tiles, sparsity, atb))
+        return full_source(a, search, m1, n1)
+    return proxy_sources(search, shape.m, shape.k)[m1]
 
 
-def groups_of(models: list[str], sparsity: float, gpu: str) -> tuple[list[Group], dict]:
-    device = device_named(gpu)
-    groups, atbs = [], {}
+def groups_of(models: list[str], sparsity: float, gpu: str) -> list[Group]:
+    groups = []
     for model in models:
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, sparsity).matrix
-            tiles = {m1: reordered_tiles(a, m1) for m1 in distinct_m1s(a, DEFAULT_M1)}
-            kept: dict[int, list] = {}
-            for c in constrained_candidates(shape.n, {m: tile_stats(t) for m, t in tiles.items()}, device):
-                if c.kept:
-                    kept.setdefault(c.m1, []).append(c)
-            for m1, cands in sorted(kept.items()):
-                t = tiles[m1]
-                atb = max(active_blocks_per_sm(c.block_num, c.pred_regs, c.n1, device) for c in cands)
-                cl = proxy_clusters(a, t, sparsity, atb)
-                g = Group(model, shape.layer, m1, [c.n1 for c in cands], predicted_registers(m1),
-                          int(t.tile_nnc.sum()) + a.nnz, int(cl.nnc_p.sum() + (cl.nnc_p * cl.cpl).sum()))
-                groups.append(g)
-                atbs[g.key] = atb
-    return groups, atbs
+            search = unranked_search(a, shape.n, sparsity, gpu)
+            for m1, cands in chosen_by_m1(search.chosen).items():
+                t, cl = search.tiles[m1], search.clusters[m1]
+                groups.append(Group(model, shape.layer, m1, [c.n1 for c in cands], predicted_registers(m1),
+                                    int(t.tile_nnc.sum()) + a.nnz, int(cl.nnc_p.sum() + (cl.nnc_p * cl.cpl).sum())))
+    return groups
 
 
 def _child(args, queue) -> None:
-    model, layer, m1, n1, atb, sparsity, kind, arch = args
-    k = _build(model, layer, m1, n1, atb, sparsity, kind)
-    out = compiled(k.source, k.name, CompileOptions(arch=arch, maxrregcount=predicted_registers(m1)))
+    model, layer, m1, n1, sparsity, gpu, kind, arch = args
+    k = _build(model, layer, m1, n1, sparsity, gpu, kind)
+    out = compiled(k.source, k.name, kernel_options(arch, m1))
     queue.put({"status": out.status, "seconds": out.seconds, "registers": out.registers,
                "spill_stores": out.spill_stores, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                "source_bytes": len(k.source)})
 
 
-def measure(g: Group, kind: str, atb: int, sparsity: float, arch: str, limit: float) -> dict:
-    return in_child(_child, ((g.model, g.layer, g.m1, g.n1s[0], atb, sparsity, kind, arch),), limit)
+def measure(g: Group, kind: str, sparsity: float, gpu: str, arch: str, limit: float) -> dict:
+    return in_child(_child, ((g.model, g.layer, g.m1, g.n1s[0], sparsity, gpu, kind, arch),), limit)
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -215,7 +210,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=200)
 
-    groups, atbs = groups_of(args.models, args.sparsity, args.gpu)
+    groups = groups_of(args.models, args.sparsity, args.gpu)
     console.print(f"{len(groups)} (layer, M1) groups, {sum(len(g.n1s) for g in groups)} kept candidates")
     log: dict = {}
     if args.log.exists():
@@ -233,7 +228,7 @@ def main() -> None:
                     continue
                 if time.monotonic() > t_end:
                     break
-                r = measure(g, kind, atbs[g.key], args.sparsity, args.arch, args.limit)
+                r = measure(g, kind, args.sparsity, args.gpu, args.arch, args.limit)
                 r.update(key=g.key, kind=kind, sparsity=args.sparsity, arch=args.arch, options=_options_tag(),
                          work=getattr(g, f"{kind}_work"), pred_regs=g.pred_regs)
                 log[(g.key, kind)] = r

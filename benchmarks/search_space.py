@@ -12,12 +12,12 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from lospmm.flows.config import DEFAULT_M1
-from lospmm.stages.constrain import constrained_candidates, reduction_counts
+from lospmm.stages.constrain import layer_candidates, reduction_counts
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES, zoo_shapes
 from lospmm.stages.prune import pruned_layer
-from lospmm.stages.reorder import distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.reorder import tile_stats
+from lospmm.stages.search import DEFAULT_M1, layer_tiles
 
 STEPS = ("total", "after_register", "after_utilisation", "after_load_balance")
 
@@ -43,9 +43,9 @@ def main() -> None:
         kept = []
         shapes = [s for s in zoo_shapes(model) if s.ok]
         for s in shapes:
-            layer = pruned_layer(s, args.sparsity)
-            stats = {m1: tile_stats(reordered_tiles(layer.matrix, m1)) for m1 in distinct_m1s(layer.matrix, DEFAULT_M1)}
-            counts = reduction_counts(constrained_candidates(s.n, stats, device))
+            a = pruned_layer(s, args.sparsity).matrix
+            stats = {m1: tile_stats(t) for m1, t in layer_tiles(a, DEFAULT_M1).items()}
+            counts = reduction_counts(layer_candidates(s.n, stats, device, empty=a.nnz == 0))
             for k in STEPS:
                 totals[k] += counts[k]
             kept.append(counts["after_load_balance"])

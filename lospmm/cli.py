@@ -10,10 +10,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from lospmm.flows.config import DEFAULT_M1, ConfigError, RunConfig, validated
-from lospmm.flows.store import STAGES
+from lospmm.flows.config import ConfigError, RunConfig, resolved
+from lospmm.stages import STAGES
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES
+from lospmm.stages.search import DEFAULT_M1
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
 # An explicit setting by the user still wins.
@@ -96,21 +97,18 @@ def train_ranker_cmd(
     """Build the ranker's training set by timing synthetic kernels, fit LambdaMART, write a model."""
     from rich.progress import Progress
 
-    from lospmm.flows.pipeline import resolved_timer
+    from lospmm.flows.config import resolved_timer
     from lospmm.flows.training import train_ranker
 
     try:
-        device_named(gpu)
-        resolved = resolved_timer(timer) if timer in ("auto", "estimate", "cuda") else None
-        if resolved is None:
-            raise ConfigError(f"--timer {timer!r}: choose auto, estimate or cuda")
+        timer_ = resolved_timer(timer, device_named(gpu))
         if samples < 10:
             raise ConfigError(f"--samples must be >= 10, got {samples}")
     except (ConfigError, ValueError) as e:
         _fail(str(e))
     with Progress(console=err, transient=True) as progress:
-        bar = progress.add_task(f"timing synthetic kernels ({resolved})", total=samples)
-        meta = train_ranker(out, samples, gpu, resolved, seed,
+        bar = progress.add_task(f"timing synthetic kernels ({timer_.name})", total=samples)
+        meta = train_ranker(out, samples, timer_, seed,
                             progress=lambda done, total: progress.update(bar, completed=done))
     console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')} (version {meta['version']}): "
                   f"timer {meta['timer']}, device {meta['device']}, {meta['synthetic_kernels']} kernels, "
@@ -214,10 +212,7 @@ def kernel(
 
 def _run(cfg: RunConfig, refresh: list[str]) -> None:
     try:
-        validated(cfg)
-        from lospmm.flows.pipeline import resolved_timer
-
-        resolved_timer(cfg.timer)
+        plan = resolved(cfg)  # the one validation: the flow gets the typed plan
     except ConfigError as e:
         _fail(str(e))
     from lospmm.flows import inspection
@@ -226,7 +221,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
                   + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
-    result = pipeline(config=cfg.as_dict(), refresh=refresh, run_id=run_id)
+    result = pipeline(config=plan, refresh=refresh, run_id=run_id)
     from lospmm.flows.runs import run_record
 
     record = run_record(cfg.artifacts, result["run_id"])

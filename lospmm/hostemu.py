@@ -200,3 +200,16 @@ def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, s
     if err > rtol:
         raise EmulationError(f"{kernel.name}: max relative error {err:.3g} exceeds {rtol}")
     return err
+
+
+def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, tile_rows: np.ndarray, n: int, n1: int) -> str:
+    """Run a proxy on the host under AddressSanitizer with zero B and N = `n` columns in blocks of
+    `n1`: "asan-ok", or "failed: ..." with the reason (a proxy's output is meaningless, its memory
+    accesses are not)."""
+    try:
+        run_on_host(kernel, {"B": np.zeros(kernel.k * n, np.float32), "C": np.empty(kernel.m * n, np.float32),
+                             "N": n, "cluster_of": cluster_of, "tile_rows": tile_rows},
+                    (len(cluster_of), -(-n // n1), 1), n1, sanitize=True)
+        return "asan-ok"
+    except Exception as e:
+        return f"failed: {e}"[:2000]

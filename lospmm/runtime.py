@@ -14,7 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from lospmm.stages.timing import Timing
+from lospmm.stages.devices import Device
+from lospmm.stages.status import Status
+from lospmm.stages.timing import LaunchUnderTest, Timing
 
 
 class CudaError(RuntimeError):
@@ -177,9 +179,9 @@ def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int =
             driver.cuEventDestroy(end)
             if flush:
                 flush.close()
-        return Timing("cuda", float(np.median(times)), "ok", "", repeats=len(times))
+        return Timing("cuda", float(np.median(times)), Status.OK, "", repeats=len(times))
     except Exception as e:
-        return Timing("cuda", float("inf"), "error", f"{type(e).__name__}: {e}")
+        return Timing("cuda", float("inf"), Status.ERROR, f"{type(e).__name__}: {e}")
 
 
 def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
@@ -209,15 +211,15 @@ def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTim
     try:
         import torch
     except ImportError:
-        return Timing("cuda", float("nan"), "unavailable", "no dense baseline: install the torch extra")
+        return Timing("cuda", float("nan"), Status.SKIPPED, "no dense baseline: install the torch extra")
     try:
         torch.backends.cuda.matmul.allow_tf32 = False  # FP32 SGEMM, the precision our kernels compute in
         a = torch.randn(m, k, device="cuda")
         b = torch.randn(k, n, device="cuda")
         us = torch_timed(lambda: torch.matmul(a, b), options)
-        return Timing("cuda", us, "ok", "", repeats=options.repeats)
+        return Timing("cuda", us, Status.OK, "", repeats=options.repeats)
     except Exception as e:
-        return Timing("cuda", float("nan"), "error", f"dense baseline: {type(e).__name__}: {e}")
+        return Timing("cuda", float("nan"), Status.ERROR, f"dense baseline: {type(e).__name__}: {e}")
 
 
 def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: int = 77, seed: int = 0) -> float:
@@ -271,14 +273,33 @@ def time_proxy_cubin(cubin: bytes, name: str, m: int, k: int, n: int, n1: int, c
         kernel.close()
 
 
-def time_full_kernel(matrix, tiles, n: int, n1: int, registers: int, arch: str) -> Timing:
-    """Generate, compile (maxrregcount = `registers`) and time one full kernel (ranker training)."""
-    from lospmm.stages.codegen import full_kernel_source
-    from lospmm.stages.compile import CompileOptions, compiled
+@dataclass(frozen=True)
+class CudaTimer:
+    """The `cuda` timer (lospmm.stages.timing.Timer): launches the cubin on the GPU here.
+    `gpu_name` is the device it measures on, so results from two GPUs never share a cache key."""
 
-    src = full_kernel_source(matrix, tiles, n1)
-    out = compiled(src.source, src.name, CompileOptions(arch=arch, maxrregcount=registers))
-    if out.status != "ok":
-        return Timing("cuda", float("inf"), "compile_error", out.log[-500:])
-    m, k = matrix.shape
-    return time_full_kernel_cubin(out.cubin, src.name, src.grid_x, m, k, n, n1)
+    device: Device
+    gpu_name: str
+    options: CudaTimerOptions = CudaTimerOptions()
+    name: str = "cuda"
+    measures: bool = True
+    runs_binary: bool = True
+
+    def time(self, launch: LaunchUnderTest) -> Timing:
+        if launch.cubin is None:
+            return Timing(self.name, float("inf"), Status.ERROR, "no cubin to launch")
+        if launch.clusters is not None:
+            from lospmm.stages.codegen import proxy_tile_rows
+
+            return time_proxy_cubin(launch.cubin, launch.kernel, launch.m, launch.k, launch.n, launch.n1,
+                                    launch.clusters.cluster_of, proxy_tile_rows(launch.tiles), launch.smem_bytes,
+                                    self.options)
+        return time_full_kernel_cubin(launch.cubin, launch.kernel, launch.grid_x, launch.m, launch.k, launch.n,
+                                      launch.n1, self.options)
+
+    def dense(self, m: int, k: int, n: int) -> Timing:
+        return dense_sgemm_time(m, k, n, self.options)
+
+    def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> float:
+        """Max relative error of the full kernel against scipy, run on this GPU."""
+        return check_full_kernel(launch.cubin, launch.kernel, launch.grid_x, launch.n1, matrix, n)

@@ -1,19 +1,27 @@
-"""What a run is asked to do, validated before any work starts."""
+"""What a run is asked to do (`RunConfig`, plain options as the CLI and deployments give them) and,
+validated once, what it will do (`RunPlan`: typed values — a Device, a Timer, sources, each stage's
+parameters — that the flow hands to its tasks)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lospmm.flows.store import STAGES
-from lospmm.stages.devices import device_named
-from lospmm.stages.extract import ZOO_NAMES, ZooParams, sanitized_name
-from lospmm.stages.prune import METHODS, checked_sparsity
+from lospmm.flows.sources import RankerRef, Source
+from lospmm.stages import STAGES
+from lospmm.stages.cluster import ClusterParams
+from lospmm.stages.compile import ProxyCheck
+from lospmm.stages.constrain import ConstrainParams
+from lospmm.stages.devices import Device, device_named
+from lospmm.stages.emit import EmitParams, emit_params
+from lospmm.stages.extract import ZOO_NAMES, ZooParams, sanitized_name, used_zoo_params
+from lospmm.stages.prune import METHODS, PruneParams, checked_sparsity, default_method
+from lospmm.stages.rank import RankParams
+from lospmm.stages.reorder import ReorderParams
+from lospmm.stages.search import DEFAULT_M1
+from lospmm.stages.timing import EstimateTimer, Timer
 
-# M1 (rows of a thread's output tile): 1 to 256. The register constraint removes the tallest
-# (M1 = 256 needs > 255 registers); Table 3 of the paper trains on 2..128.
-DEFAULT_M1 = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TIMERS = ("auto", "estimate", "cuda")
 
 
@@ -28,8 +36,8 @@ class RunConfig:
     zoo, magnitude for weights), tokens=4096, M1 in DEFAULT_M1, th_row=th_col=0.25,
     verify=False (host-emulate compiled proxies under AddressSanitizer), timer="auto" (cuda
     when a GPU is present, else estimate), top_k=10, rank=True (False: time every kept
-    candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core), and the ZooParams defaults (batch 32 × seq 128
-    for BERT, batch 4 at 224×224 for CNNs)."""
+    candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core),
+    and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
     weights: str | None = None
@@ -66,16 +74,102 @@ class RunConfig:
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
 
-    @property
-    def zoo_params(self) -> ZooParams:
-        return ZooParams(self.batch, self.seq_len, self.cnn_batch, self.image_size)
-
     def stages(self) -> tuple[str, ...]:
         return STAGES[: STAGES.index(self.until) + 1]
 
 
-def validated(cfg: RunConfig) -> RunConfig:
-    """`cfg` if every option is usable, else ConfigError naming the problem. Reads nothing big."""
+@dataclass(frozen=True)
+class RunPlan:
+    """A validated run: every value a task needs, typed."""
+
+    config: RunConfig
+    root: Path
+    stages: tuple[str, ...]
+    sources: tuple[Source, ...]
+    device: Device
+    timer: Timer
+    ranker: RankerRef
+    prune: dict[str, PruneParams]  # per source kind
+    reorder: ReorderParams = field(default_factory=ReorderParams)
+    constrain: ConstrainParams = field(default_factory=ConstrainParams)
+    rank: RankParams = field(default_factory=RankParams)
+    cluster: ClusterParams = field(default_factory=ClusterParams)
+    proxy_check: ProxyCheck = field(default_factory=ProxyCheck)
+    emit: EmitParams = field(default_factory=EmitParams)
+    jobs: int = 1
+
+    @property
+    def m1s(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.config.m1s)))
+
+
+def resolved(cfg: RunConfig) -> RunPlan:
+    """The plan for `cfg`, or ConfigError naming the problem. Reads only headers and metadata."""
+    _check_options(cfg)
+    device = device_named(cfg.gpu)
+    stages = cfg.stages()
+    rank = RankParams(top_k=cfg.top_k, use_rank=cfg.rank)
+    return RunPlan(
+        config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=tuple(_sources(cfg)), device=device,
+        timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
+        prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
+               for kind in ("zoo", "weights")},
+        constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col), rank=rank,
+        emit=emit_params(rank, verify=True), jobs=cfg.jobs or _cores())
+
+
+def resolved_timer(timer: str, device: Device) -> Timer:
+    """"auto" -> cuda when a GPU is present, else estimate; "cuda" without a GPU is a ConfigError."""
+    from lospmm.runtime import gpu_present
+
+    if timer not in TIMERS:
+        raise ConfigError(f"--timer {timer!r}: choose one of {', '.join(TIMERS)}")
+    if timer == "auto":
+        timer = "cuda" if gpu_present() else "estimate"
+    if timer == "estimate":
+        return EstimateTimer(device)
+    if not gpu_present():
+        raise ConfigError("--timer cuda: no CUDA device here (use --timer estimate, or auto)")
+    from lospmm.runtime import CudaTimer, device_facts
+
+    return CudaTimer(device, device_facts()["name"])
+
+
+def weights_label(path: str) -> str:
+    return sanitized_name(Path(path).stem)
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
+    if not (cfg.rank and "rank" in stages):
+        return RankerRef(cfg.ranker, "none")
+    from lospmm.flows.ranker_store import RankerError, ranker_metadata
+
+    try:
+        return RankerRef(cfg.ranker, ranker_metadata(cfg.ranker)["version"])
+    except (RankerError, KeyError) as e:
+        raise ConfigError(f"--ranker: {e}") from None
+
+
+def _sources(cfg: RunConfig) -> list[Source]:
+    out = [Source("zoo", name, name, zoo=used_zoo_params(name, ZooParams(cfg.batch, cfg.seq_len, cfg.cnn_batch,
+                                                                         cfg.image_size)))
+           for name in cfg.zoo]
+    if cfg.weights:
+        from lospmm.flows.store import file_sha256
+
+        path = str(Path(cfg.weights).resolve())
+        out.append(Source("weights", weights_label(path), weights_label(path), path=path,
+                          sha256=file_sha256(Path(path)), tokens=cfg.tokens))
+    return out
+
+
+def _check_options(cfg: RunConfig) -> None:
     if not cfg.zoo and not cfg.weights:
         raise ConfigError("nothing to run: give --zoo NAME or --weights FILE")
     for name in cfg.zoo:
@@ -115,12 +209,9 @@ def validated(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--ranker {cfg.ranker}: needs {Path(cfg.ranker).with_suffix('.txt')} and .json "
                           f"(written by `lospmm train-ranker`)")
     if cfg.weights:
-        from lospmm.flows.weights import tensor_infos  # raises ConfigError naming the file
+        from lospmm.flows.weights import WeightsFileError, tensor_infos
 
-        tensor_infos(cfg.weights)
-    return cfg
-
-
-def weights_label(path: str) -> str:
-    return sanitized_name(Path(path).stem)
-
+        try:
+            tensor_infos(cfg.weights)
+        except WeightsFileError as e:
+            raise ConfigError(str(e)) from None

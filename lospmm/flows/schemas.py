@@ -1,5 +1,7 @@
-"""Arrow schemas of every artifact, defined once (artifacts/README.md documents each column),
-and the conversions between stage records and tables."""
+"""Arrow schemas of every artifact, defined once (artifacts/README.md documents each column), and
+building tables from rows. No stage module is imported here: each stage's records are converted to
+and from rows by the adapter of the stage that writes them (lospmm.flows.tasks.<stage>), so this
+module, shared by every stage, does not tie their code versions together."""
 
 from __future__ import annotations
 
@@ -7,14 +9,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import scipy.sparse as sp
 
-from lospmm.stages.cluster import ProxyClusters
-from lospmm.stages.extract import LayerShape
-from lospmm.stages.reorder import Tiles
 
 _i32, _i64, _f32, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.bool_()
 
+LAYER_COLUMNS = ("model", "layer", "op", "m", "n", "k", "repeat")
 _LAYER = [
     ("model", _str), ("layer", _str), ("op", _str), ("m", _i64), ("n", _i64), ("k", _i64),
     ("repeat", _i32),
@@ -139,42 +138,7 @@ def _list_array(values: list, type_: pa.ListType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=type_.value_type), mask=mask)
 
 
-def shape_row(s: LayerShape, source: str, source_sha256: str) -> dict[str, Any]:
-    row = {f: getattr(s, f) for f in SHAPES.names if hasattr(s, f)}
-    return {**row, "layers": list(s.layers), "source": source, "source_sha256": source_sha256}
-
-
-def shape_from_row(row: dict[str, Any]) -> LayerShape:
-    fields = LayerShape.__dataclass_fields__
-    return LayerShape(**{k: (tuple(v) if k == "layers" else v) for k, v in row.items() if k in fields})
-
-
 def list_values(table: pa.Table, column: str, i: int) -> np.ndarray:
     """Row i of a list column as a numpy array (zero-copy where Arrow allows)."""
     cell = table.column(column)[i]
     return np.asarray(cell.values.to_numpy(zero_copy_only=False)) if cell.is_valid else np.zeros(0)
-
-
-def csr_from_row(table: pa.Table, i: int) -> sp.csr_matrix:
-    m, k = table.column("m")[i].as_py(), table.column("k")[i].as_py()
-    return sp.csr_matrix(
-        (list_values(table, "data", i), list_values(table, "indices", i), list_values(table, "indptr", i)),
-        shape=(m, k),
-    )
-
-
-def tiles_from_row(table: pa.Table, i: int) -> Tiles:
-    """Row i of a 03_reordered table as the reorder stage's Tiles."""
-    lv = lambda c: list_values(table, c, i).astype(np.int32)  # noqa: E731
-    return Tiles(table.column("m1")[i].as_py(), lv("rows"), lv("tile_ptr"), lv("tile_nnz"), lv("tile_nnc"),
-                 lv("empty_rows"))
-
-
-def clusters_from_row(table: pa.Table, i: int) -> ProxyClusters:
-    """Row i of a 06_clusters table as the cluster stage's ProxyClusters (`columns` split by nnc_p)."""
-    lv = lambda c: list_values(table, c, i)  # noqa: E731
-    nnc_p = lv("nnc_p").astype(np.int32)
-    columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
-    return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32),
-                         lv("medoid").astype(np.int32), lv("centroid_nnc"), lv("centroid_nnz"), nnc_p,
-                         lv("cpl").astype(np.int32), columns)

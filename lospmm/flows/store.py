@@ -1,4 +1,5 @@
-"""Artifact store: content keys, stage code versions, atomic Parquet writes with checksums.
+"""Artifact store: content keys, module source hashes (stage code versions), atomic Parquet
+writes with checksums.
 
 An artifact is `<root>/<NN_layer>/<label>-<key16>.parquet` plus a sidecar `.json` holding its
 SHA-256, row count and key. The sidecar is written after the Parquet file, both by temp file +
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import inspect
+import importlib.util
 import json
 import os
 import tempfile
@@ -21,7 +22,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# Numbered as in the design's DAG; 05 (rank) is not implemented yet.
+# Artifact layers, numbered as in the design's DAG (lospmm.stages.STAGES).
 STAGE_LAYERS = {
     "extract": "01_shapes",
     "prune": "02_pruned",
@@ -34,55 +35,68 @@ STAGE_LAYERS = {
     "time": "09_timed",
     "emit": "10_kernels",
 }
-STAGES = tuple(STAGE_LAYERS)
-# The modules whose source is a stage's code version (imports under lospmm.stages follow).
-STAGE_MODULES = {s: (f"lospmm.stages.{s}",) for s in STAGES}
-STAGE_MODULES["compile"] = ("lospmm.stages.compile", "lospmm.stages.codegen", "lospmm.hostemu")
-STAGE_MODULES["time"] = ("lospmm.stages.timing", "lospmm.runtime")
-STAGE_MODULES["emit"] = ("lospmm.stages.codegen", "lospmm.stages.compile", "lospmm.stages.timing", "lospmm.hostemu",
-                         "lospmm.runtime", "lospmm.flows.kernels")
 
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, truncated, or does not match its checksum."""
 
 
-def stage_version(stage: str) -> str:
-    """Hash of the stage module's source and of every lospmm.stages module it imports."""
-    return hashlib.sha256("".join(module_closure_hash(m) for m in STAGE_MODULES[stage]).encode()).hexdigest()[:16]
-
-
-@lru_cache(maxsize=None)
-def module_closure_hash(module_name: str, prefix: str = "lospmm.stages") -> str:
-    """Hash of a module's source and, transitively, of the modules under `prefix` it imports."""
+def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Source of a module and, transitively, of every module under `prefix` it imports (at module
+    level or inside functions), except those in `skip`."""
     seen: dict[str, str] = {}
     todo = [module_name]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in skip:
             continue
-        source = inspect.getsource(importlib.import_module(name))
+        module = importlib.import_module(name)
+        source = _source(module)
         seen[name] = source
-        todo.extend(_imports_under(prefix, source, name))
+        todo.extend(_imports_under(prefix, source, name, getattr(module, "__path__", None) is not None))
+    return seen
+
+
+@lru_cache(maxsize=None)
+def module_closure_hash(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> str:
+    """Hash of `module_closure`: changes when any of those modules' source does."""
+    seen = module_closure(module_name, prefix, skip)
     h = hashlib.sha256()
     for name in sorted(seen):
         h.update(name.encode() + b"\0" + seen[name].encode() + b"\0")
     return h.hexdigest()[:16]
 
 
-def _imports_under(prefix: str, source: str, module_name: str) -> Iterable[str]:
-    package = module_name.rsplit(".", 1)[0]
+def _imports_under(prefix: str, source: str, module_name: str, is_package: bool) -> Iterable[str]:
+    package = module_name if is_package else module_name.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative import
                 base = f"{package}.{base}" if base else package
-            if base.startswith(prefix):
+            if base == prefix or base.startswith(prefix + "."):
                 yield base
+                if _is_package(base):  # `from lospmm.flows import schemas` imports a module too
+                    for alias in node.names:
+                        if importlib.util.find_spec(f"{base}.{alias.name}") is not None:
+                            yield f"{base}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.startswith(prefix):
+                if alias.name == prefix or alias.name.startswith(prefix + "."):
                     yield alias.name
+
+
+def _source(module) -> str:
+    # read the file itself: inspect.getsource goes through linecache, which a test may patch
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    return Path(origin).read_text() if origin and origin.endswith(".py") else ""
+
+
+def _is_package(name: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(name), "__path__")
+    except ImportError:
+        return False
 
 
 def artifact_key(stage: str, version: str, params: dict[str, Any], inputs: Iterable[str] = ()) -> str:

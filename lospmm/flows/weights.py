@@ -6,17 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
-from lospmm.flows.config import ConfigError
 from lospmm.stages.extract import TensorInfo
 
 
+class WeightsFileError(ValueError):
+    """A weights file is missing or unreadable; the message names it."""
+
+
 def tensor_infos(path: str | Path) -> list[TensorInfo]:
-    """Name, shape and dtype of every tensor, from the header only; ConfigError names the file."""
+    """Name, shape and dtype of every tensor, from the header only; WeightsFileError names the file."""
     from safetensors import safe_open
 
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"weights file {p} does not exist or is not a file")
+        raise WeightsFileError(f"weights file {p} does not exist or is not a file")
     try:
         with safe_open(str(p), framework="np") as f:
             out = []
@@ -25,7 +28,7 @@ def tensor_infos(path: str | Path) -> list[TensorInfo]:
                 out.append(TensorInfo(name, tuple(int(d) for d in sl.get_shape()), str(sl.get_dtype())))
             return out
     except Exception as e:  # safetensors raises its own error types for a bad header
-        raise ConfigError(f"weights file {p} is not a readable safetensors file: {e}") from None
+        raise WeightsFileError(f"weights file {p} is not a readable safetensors file: {e}") from None
 
 
 def load_tensor(path: str | Path, name: str) -> np.ndarray:

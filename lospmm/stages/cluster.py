@@ -15,6 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.cluster.hierarchy import fcluster, linkage
 
+from lospmm.stages.devices import Device
+from lospmm.stages.occupancy import active_blocks_per_sm
 from lospmm.stages.reorder import Tiles
 
 
@@ -42,6 +44,15 @@ class ProxyClusters:
     @property
     def num_clusters(self) -> int:
         return len(self.medoid)
+
+
+def proxy_active_blocks(candidates, device: Device) -> int:
+    """Max NUM_ATB (Eq. 5) over the (M1, N1) candidates one M1 proxy stands for: the proxy needs
+    enough block functions to fill the busiest of them. `candidates`: objects or dicts with
+    block_num, pred_regs and n1."""
+    get = (lambda c, f: c[f]) if candidates and isinstance(candidates[0], dict) else getattr
+    return max(active_blocks_per_sm(get(c, "block_num"), get(c, "pred_regs"), get(c, "n1"), device)
+               for c in candidates)
 
 
 def cluster_count(num_tiles: int, max_active_blocks: int, params: ClusterParams = ClusterParams()) -> int:

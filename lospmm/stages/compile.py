@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from lospmm.stages.constrain import predicted_registers
+from lospmm.stages.status import Status
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -21,7 +24,7 @@ class CompileOptions:
     ptxas_level=1: at -O2/-O3 ptxas hoists the generated code's B loads far ahead of their use
     (255 registers uncapped) and, capped at the §3.2 prediction, spills 0.9-2.7 KB per kernel;
     at -O1 it keeps the emitted prefetch schedule, never spilled at the prediction in our
-    measurements, and compiles in about half the time (benchmarks/register_model.py)."""
+    measurements, and compiles in about half the time (benchmarks/ptxas_level.py)."""
 
     arch: str = "sm_90"
     maxrregcount: int | None = None
@@ -44,11 +47,25 @@ class CompileOptions:
         return opts + list(self.extra)
 
 
+def kernel_options(arch: str, m1: int, ptxas_level: int = 1) -> CompileOptions:
+    """Options for a full kernel or proxy of tile height M1: the §3.2 register prediction is the cap."""
+    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1), ptxas_level=ptxas_level)
+
+
+@dataclass(frozen=True)
+class ProxyCheck:
+    """How `--verify` runs each compiled proxy on the host under AddressSanitizer. Defaults: n=37
+    columns with n1=32 threads per block: two column blocks, the second partial."""
+
+    n: int = 37
+    n1: int = 32
+
+
 @dataclass(frozen=True)
 class Compiled:
-    """NVRTC's output for one source. `status` is "ok" or "error" (then `log` says why)."""
+    """NVRTC's output for one source. `status` is Status.OK or Status.ERROR (then `log` says why)."""
 
-    status: str
+    status: Status
     log: str
     ptx: bytes
     cubin: bytes
@@ -88,13 +105,13 @@ def compiled(source: str, name: str, options: CompileOptions = CompileOptions())
         seconds = time.perf_counter() - t0
         log = _log(prog)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return Compiled("error", log or str(result), b"", b"", 0, 0, 0, 0, 0, seconds, version)
+            return Compiled(Status.ERROR, log or str(result), b"", b"", 0, 0, 0, 0, 0, seconds, version)
         ptx = _blob(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0")
         cubin = _blob(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     usage = resource_usage(log)
-    return Compiled("ok", log, ptx, cubin, usage["registers"], usage["spill_stores"], usage["spill_loads"],
+    return Compiled(Status.OK, log, ptx, cubin, usage["registers"], usage["spill_stores"], usage["spill_loads"],
                     usage["stack_bytes"], usage["smem_bytes"], seconds, version)
 
 

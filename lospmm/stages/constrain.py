@@ -32,6 +32,7 @@ from typing import Mapping
 import numpy as np
 
 from lospmm.stages.devices import Device
+from lospmm.stages.occupancy import block_registers
 from lospmm.stages.reorder import TileStats
 
 REMOVED_BY = ("register", "utilisation", "load_balance", "empty")
@@ -87,13 +88,6 @@ def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams()) ->
     return max(params.min_regs, regs)
 
 
-def block_registers(regs_per_thread: int, threads: int, device: Device) -> int:
-    """Registers a block occupies: per-warp allocation rounded up to the allocation unit."""
-    warps = -(-threads // device.warp_size)
-    per_warp = -(-(regs_per_thread * device.warp_size) // device.reg_alloc_unit) * device.reg_alloc_unit
-    return warps * per_warp
-
-
 def constrained_candidates(
     n: int,
     tiles_by_m1: Mapping[int, TileStats],
@@ -126,6 +120,15 @@ def constrained_candidates(
             out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, n1, regs, block_regs,
                                  stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason))
     return out
+
+
+def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Device,
+                     params: ConstrainParams = ConstrainParams(), empty: bool = False) -> list[Candidate]:
+    """`constrained_candidates` for one layer; an all-zero layer (`empty`) has no tiles, so it
+    stands as M1 = 1 with zero tiles and every N1 is removed as `empty`."""
+    if empty:
+        tiles_by_m1 = {1: TileStats(0, 0, 0.0, 0, 0, 0.0)}
+    return constrained_candidates(n, tiles_by_m1, device, params)
 
 
 def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
+from lospmm.stages.status import Status
+
 ZOO_NAMES = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
 
 
@@ -48,12 +50,12 @@ class LayerShape:
     w_in: int = 0
     h_out: int = 0
     w_out: int = 0
-    status: str = "ok"  # "ok" | "skipped" | "error"
+    status: Status = Status.OK  # OK, SKIPPED (not a GEMM) or ERROR
     message: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,15 @@ def zoo_shapes(name: str, params: ZooParams = ZooParams()) -> list[LayerShape]:
     return folded_duplicates(builders[name](params))
 
 
+def used_zoo_params(name: str, params: ZooParams) -> ZooParams:
+    """`params` with the sizes `name` does not use at their defaults: a CNN batch change leaves BERT's
+    shapes, and so its cache key, as they were."""
+    d = ZooParams()
+    if name == "bert-base":
+        return ZooParams(batch=params.batch, seq_len=params.seq_len)
+    return ZooParams(d.batch, d.seq_len, params.cnn_batch, params.image_size)
+
+
 def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int) -> list[LayerShape]:
     """One linear layer per 2-D tensor (M = rows, K = columns, N = tokens).
 
@@ -92,7 +103,7 @@ def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int) -> lis
         base = dict(model=model, layer=t.name, op="tensor", layers=(t.name,))
         if len(t.shape) != 2:
             out.append(
-                LayerShape(**base, m=0, n=tokens, k=0, status="skipped",
+                LayerShape(**base, m=0, n=tokens, k=0, status=Status.SKIPPED,
                            message=f"{t.name}: {len(t.shape)}-D tensor {list(t.shape)} is not a linear weight")
             )
             continue
@@ -110,7 +121,7 @@ def folded_duplicates(shapes: Sequence[LayerShape]) -> list[LayerShape]:
     members: dict[tuple, list[str]] = {}
     repeats: dict[tuple, int] = {}
     for s in shapes:
-        key = (s.op, s.m, s.n, s.k) if s.status != "skipped" else (s.op, s.layer)
+        key = (s.op, s.m, s.n, s.k) if s.status != Status.SKIPPED else (s.op, s.layer)
         if key not in first:
             first[key], members[key], repeats[key] = s, [], 0
         members[key].extend(s.layers or (s.layer,))
@@ -132,7 +143,7 @@ def _replace(s: LayerShape, **changes) -> LayerShape:
 
 
 def _failed(s: LayerShape, message: str) -> LayerShape:
-    return _replace(s, status="error", message=message)
+    return _replace(s, status=Status.ERROR, message=message)
 
 
 def _check_positive(p: ZooParams) -> None:
@@ -164,7 +175,7 @@ class _ConvNet:
                 m=cout, n=self.batch * h_out * h_out, k=(cin // groups) * k * k,
                 cin=cin, cout=cout, kh=k, kw=k, stride=stride, pad=pad, groups=groups,
                 h_in=h, w_in=h, h_out=h_out, w_out=h_out,
-                status="skipped" if depthwise else "ok",
+                status=Status.SKIPPED if depthwise else Status.OK,
                 message="depthwise convolution is not a GEMM" if depthwise else "",
             )
         )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lospmm.stages.constrain import block_registers
 from lospmm.stages.devices import Device
+from lospmm.stages.occupancy import active_blocks_per_sm
 
 
 @dataclass(frozen=True)
@@ -27,15 +27,6 @@ class ProxyLaunch:
     smem_bytes: int  # dynamic shared memory per proxy block (Eq. 6)
 
 
-def active_blocks_per_sm(num_blocks: int, regs_per_thread: int, threads: int, device: Device) -> int:
-    """Eq. 5, min(ceil(NUM_TB / SMs), regCapacity / regUsage), also bounded by the SM's block and
-    thread limits (which Eq. 5 leaves implicit)."""
-    per_block = block_registers(regs_per_thread, threads, device)
-    by_regs = device.regs_per_sm // per_block if per_block else device.max_blocks_per_sm
-    return max(1, min(-(-num_blocks // device.sms), by_regs, device.max_blocks_per_sm,
-                      device.max_threads_per_sm // threads))
-
-
 def proxy_launch(num_tiles: int, n: int, m1: int, n1: int, regs_per_thread: int, device: Device) -> ProxyLaunch:
     """Grid, block and Eq. 6 shared memory for the proxy of candidate (M1, N1) on an N-column layer."""
     if num_tiles < 1 or n < 1 or n1 < 1:
@@ -45,9 +36,3 @@ def proxy_launch(num_tiles: int, n: int, m1: int, n1: int, regs_per_thread: int,
     smem = device.smem_per_sm // atb - device.reserved_smem_per_block
     smem = max(0, min(smem, device.max_smem_per_block))
     return ProxyLaunch(m1, n1, num_tiles, grid_y, n1, atb, smem)
-
-
-def blocks_fitting_smem(smem_bytes: int, device: Device) -> int:
-    """Blocks per SM that `smem_bytes` of dynamic shared memory each allows (for checking Eq. 6)."""
-    per_block = smem_bytes + device.reserved_smem_per_block
-    return device.max_blocks_per_sm if per_block == 0 else min(device.max_blocks_per_sm, device.smem_per_sm // per_block)

@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lospmm.stages.extract import LayerShape
+from lospmm.stages.status import Status
 
 METHODS = ("random", "magnitude")
 
@@ -34,12 +35,17 @@ class PrunedLayer:
     sparsity_requested: float
     sparsity_achieved: float
     matrix: sp.csr_matrix | None
-    status: str = "ok"  # "ok" | "empty" (pruned to all zeros) | "error"
+    status: Status = Status.OK  # OK, EMPTY (pruned to all zeros) or ERROR
     message: str = ""
 
     @property
     def nnz(self) -> int:
         return 0 if self.matrix is None else int(self.matrix.nnz)
+
+
+def default_method(source_kind: str) -> str:
+    """`random` for the zoo (the paper's benchmark: no weights), `magnitude` for real weights."""
+    return "magnitude" if source_kind == "weights" else "random"
 
 
 def checked_sparsity(sparsity: float) -> float:
@@ -61,7 +67,7 @@ def pruned_layer(
     if params.method not in METHODS:
         raise ValueError(f"unknown prune method {params.method!r}; choose from {METHODS}")
     if not shape.ok:
-        return PrunedLayer(shape, s, float("nan"), None, "error", shape.message or shape.status)
+        return PrunedLayer(shape, s, float("nan"), None, Status.ERROR, shape.message or shape.status)
     if shape.m < 1 or shape.k < 1 or shape.n < 1:
         return _error(shape, s, f"{shape.layer}: empty GEMM (M={shape.m}, N={shape.n}, K={shape.k})")
     if params.method == "magnitude":
@@ -80,7 +86,7 @@ def pruned_layer(
             matrix = _with_values(matrix, weight)
     achieved = 1.0 - matrix.nnz / (shape.m * shape.k)
     if matrix.nnz == 0:
-        return PrunedLayer(shape, s, achieved, matrix, "empty",
+        return PrunedLayer(shape, s, achieved, matrix, Status.EMPTY,
                            f"{shape.layer}: pruned to all zeros at sparsity {s} (M={shape.m}, K={shape.k})")
     return PrunedLayer(shape, s, achieved, matrix)
 
@@ -135,4 +141,4 @@ def _weight_problem(shape: LayerShape, weight: np.ndarray) -> str:
 
 
 def _error(shape: LayerShape, s: float, message: str) -> PrunedLayer:
-    return PrunedLayer(shape, s, float("nan"), None, "error", message)
+    return PrunedLayer(shape, s, float("nan"), None, Status.ERROR, message)

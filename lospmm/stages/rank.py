@@ -18,6 +18,15 @@ FEATURES = ("num_a_tiles", "num_b_tiles", "block_num", "sparsity", "nnc_sum", "n
 
 
 @dataclass(frozen=True)
+class RankParams:
+    """Defaults: top_k=10 (candidates passed on to proxy timing), use_rank=True (False: LO-SpMM
+    without the ranker, every kept candidate is chosen)."""
+
+    top_k: int = 10
+    use_rank: bool = True
+
+
+@dataclass(frozen=True)
 class SyntheticParams:
     """Table 3's ranges. Defaults: m_exp=(6, 11), k_exp=(6, 11), n_exp=(10, 11) (powers of two),
     sparsity=(0.5, 0.98) uniform, m1=(2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128) (Table 3: 2..2^7);
@@ -68,6 +77,11 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
 def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
     """Table 1's features of candidate rows (dicts with the FEATURES keys) as float64."""
     return np.array([[float(r[f]) for f in FEATURES] for r in rows], dtype=np.float64).reshape(len(rows), len(FEATURES))
+
+
+def feature_row(candidate, sparsity: float, k: int) -> dict:
+    """Table 1's features of a constrain.Candidate on a layer of this sparsity and K."""
+    return {**{f: getattr(candidate, f) for f in FEATURES if hasattr(candidate, f)}, "sparsity": sparsity, "k": k}
 
 
 def relevance(times_us: np.ndarray, levels: int = 8) -> np.ndarray:
@@ -152,6 +166,22 @@ def ranked(rows: Sequence[dict], booster, top_k: int) -> tuple[np.ndarray, np.nd
     ranks = np.empty(len(rows), dtype=np.int32)
     ranks[np.argsort(-scores, kind="stable")] = np.arange(1, len(rows) + 1)
     return scores, ranks
+
+
+def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankParams()
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores, 1-based ranks and the `chosen` mask of one kernel's kept candidates: the ranker's
+    top-K, or with `use_rank=False` every candidate (scores 0, ranks in the given order)."""
+    if params.use_rank:
+        scores, ranks = ranked(rows, booster, params.top_k)
+        return scores, ranks, ranks <= params.top_k
+    n = len(rows)
+    return np.zeros(n), np.arange(1, n + 1, dtype=np.int32), np.ones(n, dtype=bool)
+
+
+def ranker_tag(version: str | None, params: RankParams = RankParams()) -> str:
+    """What the `ranker` column says: the model's version, or that every kept candidate was timed."""
+    return f"lambdamart:{version}" if params.use_rank else "none (every kept candidate)"
 
 
 def training_rows(kernels: Sequence[SyntheticKernel], candidates_of: Callable[[SyntheticKernel], list[dict]],

@@ -20,11 +20,14 @@ The model, per launch of a full kernel or proxy with tile (M1, N1) over N column
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from lospmm.stages.devices import Device
+from lospmm.stages.occupancy import resident_blocks
+from lospmm.stages.status import Status
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class Timing:
 
     timer: str
     time_us: float
-    status: str = "ok"
+    status: Status = Status.OK
     message: str = ""
     compute_us: float = float("nan")
     memory_us: float = float("nan")
@@ -89,26 +92,15 @@ def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_b
     return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch)
 
 
-def resident_blocks(registers: int, threads: int, smem_bytes: int, device: Device) -> int:
-    """Blocks per SM that registers, threads, the block limit and shared memory allow."""
-    warps = -(-threads // device.warp_size)
-    regs_per_warp = -(-max(registers, 1) * device.warp_size // device.reg_alloc_unit) * device.reg_alloc_unit
-    by_regs = device.regs_per_sm // (regs_per_warp * warps)
-    by_threads = device.max_threads_per_sm // threads
-    per_block_smem = smem_bytes + device.reserved_smem_per_block
-    by_smem = device.smem_per_sm // per_block_smem if per_block_smem else device.max_blocks_per_sm
-    return max(0, min(by_regs, by_threads, by_smem, device.max_blocks_per_sm))
-
-
 def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
     """The analytic estimate of one launch (see the module docstring); status "error" if it cannot run."""
     if work.n < 1 or work.n1 < 1 or work.n1 > device.max_threads_per_block:
-        return Timing("estimate", float("inf"), "error", f"cannot launch N={work.n} with N1={work.n1}")
+        return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n} with N1={work.n1}")
     if work.registers > device.max_regs_per_thread:
-        return Timing("estimate", float("inf"), "error", f"{work.registers} registers > {device.max_regs_per_thread}")
+        return Timing("estimate", float("inf"), Status.ERROR, f"{work.registers} registers > {device.max_regs_per_thread}")
     atb = resident_blocks(work.registers, work.n1, work.smem_bytes, device)
     if atb < 1:
-        return Timing("estimate", float("inf"), "error", "no block fits on an SM")
+        return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
     ws = device.warp_size
     grid_y = -(-work.n // work.n1)
     full_y, rem = divmod(work.n, work.n1)
@@ -140,5 +132,72 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     latency_s = warps_per_row * loads.sum() * wait / resident_warps / clock_hz
     longest_s = (loads.max(initial=0) * wait + instr.max(initial=0)) / clock_hz
     body = max(compute_s, memory_s, latency_s, longest_s)
-    return Timing("estimate", params.launch_us + body * 1e6, "ok", "", compute_s * 1e6, memory_s * 1e6,
+    return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
                   latency_s * 1e6, atb, 0)
+
+
+# --- timers: one interface, chosen once per run ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchUnderTest:
+    """Everything a timer may need to time one launch of a proxy (`clusters` set) or of a full
+    kernel (`clusters` None). `cubin` is only read by timers that run it (`Timer.runs_binary`)."""
+
+    tiles: object  # reorder.Tiles of the candidate's M1
+    m: int
+    k: int
+    n: int
+    n1: int
+    registers: int
+    spill_bytes: int = 0
+    smem_bytes: int = 0
+    clusters: object | None = None  # cluster.ProxyClusters for a proxy
+    kernel: str = ""  # the symbol in the cubin
+    grid_x: int = 0  # full kernel: tiles plus zeroing blocks
+    cubin: bytes | None = None
+
+
+class Timer(Protocol):
+    """Times proxies and full kernels. `name` goes into every row it times ("estimate" or "cuda");
+    `measures` is False for a model: its figures are estimates and never become speedups."""
+
+    name: str
+    device: Device  # the table entry the search sized its candidates for
+    measures: bool
+    runs_binary: bool
+
+    def time(self, launch: LaunchUnderTest) -> Timing: ...
+
+    def dense(self, m: int, k: int, n: int) -> Timing: ...
+
+    def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> float | None:
+        """Max relative error of a full kernel run where this timer runs it; None: it runs nothing."""
+        ...
+
+
+@dataclass(frozen=True)
+class EstimateTimer:
+    """The analytic model above, on the built-in device table: no GPU needed, estimates only."""
+
+    device: Device
+    params: EstimateParams = field(default_factory=EstimateParams)
+    name: str = "estimate"
+    measures: bool = False
+    runs_binary: bool = False
+
+    def time(self, launch: LaunchUnderTest) -> Timing:
+        if launch.clusters is not None:
+            work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
+                              launch.smem_bytes, launch.spill_bytes)
+        else:
+            work = full_kernel_work(launch.tiles, launch.m, launch.k, launch.n, launch.n1, launch.registers,
+                                    launch.spill_bytes)
+        return estimated_timing(work, self.device, self.params)
+
+    def dense(self, m: int, k: int, n: int) -> Timing:
+        # no dense baseline from a model: a speedup is only ever a ratio of two measurements
+        return Timing(self.name, float("nan"), Status.SKIPPED, "the estimate timer has no dense baseline")
+
+    def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> None:
+        return None  # nothing runs: the emitted kernel is checked on the host instead

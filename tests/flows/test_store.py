@@ -8,7 +8,7 @@ import pytest
 
 from lospmm.flows import schemas
 from lospmm.flows.store import (
-    ArtifactError, artifact_key, artifact_path, module_closure_hash, read_artifact, stage_version, valid_sidecar,
+    ArtifactError, artifact_key, artifact_path, module_closure, module_closure_hash, read_artifact, valid_sidecar,
     write_artifact,
 )
 
@@ -27,9 +27,20 @@ def test_key_depends_on_stage_version_params_and_inputs():
         assert other != base
 
 
-def test_every_stage_has_a_version_and_constrain_covers_its_imports():
-    versions = {s: stage_version(s) for s in ("extract", "prune", "reorder", "constrain")}
-    assert len(set(versions.values())) == 4
+def test_the_closure_follows_every_kind_of_import_and_skips_what_it_is_told(tmp_path, monkeypatch):
+    pkg = tmp_path / "tmpdeps"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("a", "b", "c", "d", "noise"):
+        (pkg / f"{name}.py").write_text(f"X = '{name}'\n")
+    (pkg / "top.py").write_text("from tmpdeps import a\nimport tmpdeps.b\nfrom .c import X\n\n"
+                                "def f():\n    from tmpdeps.d import X\n    return X\n")
+    (pkg / "d.py").write_text("from tmpdeps import noise\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = set(module_closure("tmpdeps.top", prefix="tmpdeps"))
+    assert found == {"tmpdeps", "tmpdeps.top", "tmpdeps.a", "tmpdeps.b", "tmpdeps.c", "tmpdeps.d", "tmpdeps.noise"}
+    skipped = set(module_closure("tmpdeps.top", prefix="tmpdeps", skip=("tmpdeps.d",)))
+    assert skipped == found - {"tmpdeps.d", "tmpdeps.noise"}
 
 
 def test_editing_a_helper_module_changes_the_stage_version(tmp_path, monkeypatch):

@@ -8,7 +8,11 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lospmm.hostemu import EmulationError, checked_against_scipy, host_program, run_on_host
-from lospmm.stages.codegen import CodegenParams, float_literal, full_kernel_source
+from lospmm.stages import compile as nv
+from lospmm.stages.cluster import proxy_clusters
+from lospmm.stages.codegen import (CodegenParams, float_literal, full_kernel_source, proxy_kernel_source,
+                                   proxy_tile_rows)
+from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import identity_tiles, reordered_tiles
 
 
@@ -85,3 +89,30 @@ def test_bad_tile_parameters_are_rejected():
         full_kernel_source(a, reordered_tiles(a, 1), 2048)
     with pytest.raises(ValueError, match="prefetch"):
         full_kernel_source(a, reordered_tiles(a, 1), 32, CodegenParams(prefetch=-1))
+
+
+# --- proxies (§5.1) ---
+
+
+def test_proxy_runs_in_bounds_under_host_emulation():
+    a = random_pruned(96, 64, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 8)
+    cl = proxy_clusters(a, tiles, 0.8, 2)
+    kernel = proxy_kernel_source(96, 64, cl)
+    n, n1 = 100, 32
+    out = run_on_host(kernel, {"B": np.ones(64 * n, np.float32), "C": np.empty(96 * n, np.float32), "N": n,
+                               "cluster_of": cl.cluster_of, "tile_rows": proxy_tile_rows(tiles)},
+                      (tiles.num_tiles, -(-n // n1), 1), n1, sanitize=True)["C"].reshape(96, n)
+    written = np.unique(tiles.rows)
+    assert np.isfinite(out[written]).all()  # every tile row stored, nothing out of bounds
+
+
+def test_proxy_is_much_shorter_than_the_full_kernel_and_compiles():
+    a = random_pruned(256, 256, 0.7, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 16)
+    cl = proxy_clusters(a, tiles, 0.7, 1)
+    proxy = proxy_kernel_source(256, 256, cl)
+    full = full_kernel_source(a, tiles, 128)
+    assert len(proxy.source) < len(full.source) / 3
+    out = nv.compiled(proxy.source, proxy.name, nv.CompileOptions(maxrregcount=32))
+    assert out.status == "ok", out.log

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.constrain import (
-    REMOVED_BY, ConstrainParams, block_registers, constrained_candidates, n1_choices, predicted_registers,
+    REMOVED_BY, ConstrainParams, constrained_candidates, layer_candidates, n1_choices, predicted_registers,
     reduction_counts,
 )
 from lospmm.stages.devices import DEVICES, device_named
@@ -36,11 +36,6 @@ def test_register_constraint_removes_tall_tiles_and_big_blocks():
     assert _one(cands, 128, 288).removed_by != "register"
     assert _one(cands, 128, 320).removed_by == "register"
     assert all(c.removed_by != "register" for c in cands if c.m1 == 8)
-
-
-def test_block_registers_round_per_warp_allocation():
-    assert block_registers(33, 32, H100) == 40 * 32  # 33·32 = 1056 -> 1280 per warp
-    assert block_registers(32, 64, H100) == 2 * 1024
 
 
 def test_utilisation_constraint_is_eq1_against_half_the_sms():
@@ -89,3 +84,9 @@ def test_unknown_gpu_lists_the_table():
     with pytest.raises(ValueError, match="h100"):
         device_named("rtx9090")
     assert device_named("RTX 2080Ti").arch == "sm_75"
+
+
+def test_an_all_zero_layer_stands_as_empty_candidates():
+    cands = layer_candidates(4096, {8: _stats()}, H100, empty=True)
+    assert cands and {c.removed_by for c in cands} == {"empty"} and {c.m1 for c in cands} == {1}
+    assert not any(c.removed_by == "empty" for c in layer_candidates(4096, {8: _stats()}, H100))

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.devices import DEVICES, device_named
-from lospmm.stages.pad import active_blocks_per_sm, proxy_launch
+from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
-from lospmm.stages.timing import estimated_timing, full_kernel_work, proxy_work, resident_blocks
+from lospmm.stages.timing import EstimateTimer, LaunchUnderTest, estimated_timing, full_kernel_work, proxy_work
 
 H100 = device_named("h100")
 
@@ -51,18 +49,6 @@ def test_impossible_launch_is_a_row_not_an_exception():
     assert huge_block.status == "error"
 
 
-@settings(max_examples=40, deadline=None)
-@given(regs=st.integers(16, 255), threads=st.sampled_from([32, 64, 128, 256, 512, 1024]),
-       dev=st.sampled_from(sorted(DEVICES)))
-def test_resident_blocks_agree_with_eq5_when_smem_is_free(regs, threads, dev):
-    d = DEVICES[dev]
-    if threads > d.max_threads_per_block:
-        return
-    # Eq. 5 with enough blocks to fill the GPU
-    assert resident_blocks(regs, threads, 0, d) == active_blocks_per_sm(10**6, regs, threads, d) or \
-        resident_blocks(regs, threads, 0, d) == 0
-
-
 def test_proxy_padding_gives_the_full_kernels_occupancy():
     a = random_pruned(512, 256, 0.9, np.random.default_rng(1))
     tiles = reordered_tiles(a, 8)
@@ -77,3 +63,19 @@ def test_proxy_padding_gives_the_full_kernels_occupancy():
 def test_every_device_has_throughput_facts(name):
     d = DEVICES[name]
     assert d.clock_ghz > 0 and d.dram_gbps > 0 and d.l2_gbps >= d.dram_gbps and d.fp32_lanes_per_sm >= 32
+
+
+def test_the_estimate_timer_times_proxies_and_full_kernels_through_one_interface():
+    a = random_pruned(512, 256, 0.9, np.random.default_rng(1))
+    tiles = reordered_tiles(a, 8)
+    cl = proxy_clusters(a, tiles, 0.9, 4)
+    timer = EstimateTimer(H100)
+    full = timer.time(LaunchUnderTest(tiles, 512, 256, 4096, 128, 32))
+    proxy = timer.time(LaunchUnderTest(tiles, 512, 256, 4096, 128, 24, smem_bytes=1024, clusters=cl))
+    assert full.time_us == estimated_timing(full_kernel_work(tiles, 512, 256, 4096, 128, 32), H100).time_us
+    assert proxy.time_us == estimated_timing(proxy_work(cl, 512, 256, 4096, 128, 24, 1024), H100).time_us
+    assert full.time_us != proxy.time_us  # the proxy is timed as a proxy, not as the full kernel
+    assert timer.name == "estimate" and not timer.measures and not timer.runs_binary
+    dense = timer.dense(512, 256, 4096)
+    assert dense.status == "skipped" and dense.time_us != dense.time_us  # NaN: a model has no baseline
+    assert timer.device_error(LaunchUnderTest(tiles, 512, 256, 4096, 128, 32), a, 77) is None

@@ -1,0 +1,108 @@
+"""The pipeline's DAG, declared once: for each stage, its task adapter, the stages whose artifacts
+it reads, and how its parameters follow from the run's plan. The flow submits exactly the
+parameters `Node.params` returns and derives the cache key from that same dict, so the key and
+the call cannot disagree.
+
+A stage's code version is a hash of its adapter module and, transitively, of every `lospmm`
+module the adapter imports (its stage module, codegen, the compile cache, the artifact store…):
+editing anything that computes a stage's output changes that stage's key, and through the input
+keys, every stage downstream of it. Modules in RUNTIME_ONLY report progress and compute nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from lospmm.flows.config import RunPlan, Source
+from lospmm.flows.store import artifact_key, module_closure_hash
+from lospmm.stages import STAGES
+
+
+@dataclass(frozen=True)
+class Node:
+    stage: str
+    inputs: tuple[str, ...]  # stages whose artifacts this one reads (same source and sparsity)
+    params: Callable[[RunPlan, Source, float], dict[str, Any]]
+
+    @property
+    def adapter_module(self) -> str:
+        return f"lospmm.flows.tasks.{self.stage}"
+
+    @property
+    def task(self):
+        return getattr(importlib.import_module(self.adapter_module), ADAPTER_FUNCTIONS[self.stage])
+
+    @property
+    def per_sparsity(self) -> bool:
+        return self.stage != "extract"
+
+
+# the adapter's function name where it is not the stage's own (`compile` and `time` are builtins/modules)
+ADAPTER_FUNCTIONS = {s: s for s in STAGES} | {"compile": "compile_"}
+
+DAG: tuple[Node, ...] = (
+    Node("extract", (), lambda plan, src, s: {"source": src}),
+    Node("prune", ("extract",), lambda plan, src, s: {"source": src, "sparsity": s, "params": plan.prune[src.kind]}),
+    Node("reorder", ("prune",), lambda plan, src, s: {"m1s": plan.m1s, "params": plan.reorder}),
+    Node("constrain", ("reorder",), lambda plan, src, s: {"device": plan.device, "params": plan.constrain}),
+    Node("rank", ("constrain",), lambda plan, src, s: {"params": plan.rank, "ranker": plan.ranker}),
+    Node("cluster", ("prune", "reorder", "rank"),
+         lambda plan, src, s: {"device": plan.device, "sparsity": s, "params": plan.cluster}),
+    Node("pad", ("rank",), lambda plan, src, s: {"device": plan.device}),
+    Node("compile", ("cluster", "reorder"),
+         lambda plan, src, s: {"arch": plan.device.arch, "verify": plan.config.verify, "check": plan.proxy_check}),
+    Node("time", ("pad", "compile", "cluster", "reorder"), lambda plan, src, s: {"timer": plan.timer}),
+    Node("emit", ("time", "prune", "reorder"),
+         lambda plan, src, s: {"timer": plan.timer, "arch": plan.device.arch, "params": plan.emit}),
+)
+NODES = {n.stage: n for n in DAG}
+assert tuple(NODES) == STAGES, "the DAG lists every stage once, in order"
+
+# Modules that only report (progress): they compute no artifact, so they are no stage's version.
+RUNTIME_ONLY = ("lospmm.flows.progress",)
+
+
+@lru_cache(maxsize=None)
+def stage_version(stage: str) -> str:
+    """Hash of the stage's adapter module and every lospmm module it imports, transitively."""
+    return module_closure_hash(NODES[stage].adapter_module, prefix="lospmm", skip=RUNTIME_ONLY)
+
+
+def version_modules(stage: str) -> set[str]:
+    """The modules whose source is part of `stage`'s version."""
+    from lospmm.flows.store import module_closure
+
+    return set(module_closure(NODES[stage].adapter_module, prefix="lospmm", skip=RUNTIME_ONLY))
+
+
+def key_form(value: Any) -> Any:
+    """A parameter as it enters a key: objects with `key_form()` say so themselves (a Source leaves
+    out where its file lies), dataclasses become their fields, tuples lists."""
+    if hasattr(value, "key_form") and not isinstance(value, type):
+        own = value.key_form()
+        module = type(value).__module__
+        return {"__type__": f"{module}.{type(value).__qualname__}",
+                "__code__": module_closure_hash(module, prefix="lospmm", skip=RUNTIME_ONLY), **key_form(own)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # what the object does is part of it: a Timer's code times, a Device's table entry sizes
+        module = type(value).__module__
+        code = module_closure_hash(module, prefix="lospmm", skip=RUNTIME_ONLY) if module.startswith("lospmm") else ""
+        return {"__type__": f"{module}.{type(value).__qualname__}", "__code__": code,
+                **{f.name: key_form(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, dict):
+        return {str(k): key_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [key_form(v) for v in value]
+    if isinstance(value, bytes):
+        return hashlib.sha256(value).hexdigest()
+    return value
+
+
+def node_key(stage: str, params: dict[str, Any], input_keys: list[str]) -> str:
+    """The artifact (and Prefect cache) key of one node: stage, code version, parameters, inputs."""
+    return artifact_key(stage, stage_version(stage), key_form(params), input_keys)

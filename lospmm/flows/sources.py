@@ -1,0 +1,35 @@
+"""What a run searches (`Source`) and which ranker it uses (`RankerRef`): the parameters of the
+extract, prune and rank nodes. Kept apart from the config so those adapters import nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from lospmm.stages.extract import ZooParams
+
+
+@dataclass(frozen=True)
+class Source:
+    """One model to search: a zoo entry, or a weights file identified by its content."""
+
+    kind: str  # "zoo" | "weights"
+    name: str
+    label: str  # the model's name in artifacts and file names
+    zoo: ZooParams | None = None  # zoo: the sizes this model uses (the rest at their defaults)
+    path: str | None = None  # weights: where the file lies (not part of any key)
+    sha256: str = ""  # weights: what the file holds
+    tokens: int = 0  # weights: N of every layer
+
+    def key_form(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "path"}
+
+
+@dataclass(frozen=True)
+class RankerRef:
+    """The ranker model a run uses: its files (None = shipped) and its version (the key's part)."""
+
+    path: str | None
+    version: str
+
+    def key_form(self) -> dict:
+        return {"version": self.version}

@@ -1,0 +1,70 @@
+"""The run summary: one row per layer (candidates after each step, search seconds by stage, the
+chosen tile and its time), written to summary/<run_id>.parquet and published as a Prefect table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from lospmm.flows import schemas
+from lospmm.flows.store import read_artifact, write_artifact
+from lospmm.flows.taskio import layer_fields
+from lospmm.stages.status import Status
+
+def write_summary(root: Path, record: dict) -> str | None:
+    """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
+    to summary/<run_id>.parquet and published as a Prefect table artifact. None if nothing ran."""
+    from prefect.artifacts import create_table_artifact
+
+    by = {}
+    for e in record["entries"]:
+        if e.get("path") and "sparsity" in e:
+            # the scalar columns only: the CSR and tile payloads are not needed here
+            cols = [c for c in schemas.SCHEMAS[e["stage"]].names if c not in schemas.LIST_COLUMNS]
+            by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = \
+                read_artifact(root / e["path"], columns=cols).to_pylist()
+    stages = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
+    rows = []
+    for (model, sparsity), arts in by.items():
+        seconds = {s_: Counter() for s_ in stages}
+        for s_ in stages:
+            col = "compile_seconds" if s_ == "compile" else "seconds"
+            for r in arts.get(s_, []):
+                v = r.get(col)
+                if v is not None and np.isfinite(v):
+                    seconds[s_][r["layer"]] += float(v)
+        # rank rows repeat the layer's ranking time on each candidate: count it once
+        seconds["rank"] = Counter({r["layer"]: r["seconds"] for r in arts.get("rank", [])})
+        total = Counter(r["layer"] for r in arts.get("constrain", []))
+        kept = Counter(r["layer"] for r in arts.get("constrain", []) if r["kept"])
+        chosen = Counter(r["layer"] for r in arts.get("rank", []) if r["chosen"])
+        timed = Counter(r["layer"] for r in arts.get("time", []) if r["status"] == Status.OK)
+        emitted = {r["layer"]: r for r in arts.get("emit", [])}
+        for lay in (r for r in arts.get("prune", []) if r["status"] == Status.OK):
+            name = lay["layer"]
+            em = emitted.get(name, {})
+            status = em.get("status") or ("no kept candidate" if not kept[name] and "constrain" in arts
+                                          else "not emitted")
+            row = {**layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
+                   "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
+                   "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
+                   "timer": em.get("timer"), "time_us": em.get("full_time_us"),
+                   "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir")}
+            row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
+            row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
+            rows.append(row)
+    if not rows:
+        return None
+    path = root / "summary" / f"{record['run_id']}.parquet"
+    write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
+                   {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
+    show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
+            "n1", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
+    create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
+                          description=f"lospmm run {record['run_id']}: per layer (time_us from the "
+                                      f"timer named in each row; 'estimate' rows are model estimates)")
+    return str(path.relative_to(root))
+
+

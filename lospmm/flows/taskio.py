@@ -1,0 +1,135 @@
+"""What every task adapter shares: the Prefect task options (the cache key is the artifact key),
+reading upstream artifacts into stage inputs, one layer's failure kept to that layer, fanning out
+over threads, and writing the artifact with its manifest."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+from prefect import task
+
+from lospmm.flows import progress, schemas
+from lospmm.flows.store import artifact_path, read_artifact, valid_sidecar, write_artifact
+from lospmm.stages.status import Status
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a task needs that is not part of any artifact's identity: where artifacts live, the
+    run (for progress), and how many threads compile and emit may use."""
+
+    root: str
+    run_id: str = ""
+    jobs: int = 1
+
+    def path(self, manifest: dict) -> Path:
+        return Path(self.root) / manifest["path"]
+
+    def read(self, manifest: dict, columns: list[str] | None = None) -> pa.Table:
+        return read_artifact(self.path(manifest), columns=columns)
+
+    def reporter(self, stage: str, label: str) -> Callable[[int, int, dict], None]:
+        """Progress callback for `in_parallel`: the flow's progress artifact counts items as they land."""
+        def report(done: int, total: int, row: dict) -> None:
+            item = row.get("layer", "") + (f" M1={row['m1']}" if row.get("m1") and stage != "emit" else "")
+            progress.report(self.run_id, stage, label, done, total, item)
+        return report
+
+
+def run_logger():
+    """Prefect's logger for the task run, or a plain logger when an adapter is called directly."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_logger, get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return get_logger("lospmm")
+
+
+def _cache_key(_context, parameters: dict[str, Any]) -> str:
+    return parameters["key"]
+
+
+def stage_task(stage: str):
+    """A Prefect task for `stage` whose cache key is the `key` argument (the artifact key the flow
+    derived from the DAG's declaration of this node) and whose result is the small manifest."""
+    return task(name=stage, task_run_name=stage + ":{label}", cache_key_fn=_cache_key, persist_result=True,
+                result_serializer="json")
+
+
+def layer_fields(row: dict, *extra: str) -> dict:
+    """The columns that identify a layer (plus `extra`), copied from an upstream row."""
+    return {f: row[f] for f in schemas.LAYER_COLUMNS + extra}
+
+
+def failed_row(base: dict, where: str, error: BaseException) -> dict:
+    """One layer's (or candidate's) failure as a row: the others carry on."""
+    return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {error}"}
+
+
+def scalar_rows(ctx: RunContext, manifest: dict, stage: str) -> list[dict]:
+    """An artifact's rows without its list payloads (CSR, tiles)."""
+    cols = [c for c in schemas.SCHEMAS[stage].names if c not in schemas.LIST_COLUMNS]
+    return ctx.read(manifest, columns=cols).to_pylist()
+
+
+def chosen_rows(ctx: RunContext, ranked: dict) -> list[dict]:
+    """The candidates rank chose, in (layer, M1, N1) order."""
+    table = ctx.read(ranked)
+    return table.filter(table["chosen"]).to_pylist()
+
+
+def grouped(rows: Iterable[dict], *cols: str) -> dict:
+    """Rows grouped by the values of `cols`, first-seen order."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r[cols[0]] if len(cols) == 1 else tuple(r[c] for c in cols), []).append(r)
+    return out
+
+
+def in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict], None] | None = None) -> list:
+    """fn over items, results in order; threads when jobs > 1 (NVRTC and the host compiler release
+    the GIL). `report(done, total, row)` is called as each item finishes."""
+    items = list(items)
+    report = report or (lambda done, total, row: None)
+    if jobs <= 1 or len(items) <= 1:
+        out = []
+        for x in items:
+            out.append(fn(x))
+            report(len(out), len(items), out[-1])
+        return out
+    with ThreadPoolExecutor(min(jobs, len(items))) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        for done, f in enumerate(as_completed(futures), 1):
+            report(done, len(items), f.result())
+        return [f.result() for f in futures]
+
+
+def run_stage(stage: str, key: str, ctx: RunContext, label: str, force: bool, compute: Callable[[], list]) -> dict:
+    """Reuse a whole artifact for `key` (e.g. left by a killed run without a cache record), else
+    compute its rows, write it atomically with its sidecar, and return the manifest."""
+    path = artifact_path(ctx.root, stage, label, key)
+    meta = None if force else valid_sidecar(path)
+    if meta is not None:
+        return _manifest(meta, ctx.root, path, reused=True)
+    t0 = time.perf_counter()
+    rows = compute()
+    table = schemas.table_from_rows(rows, schemas.SCHEMAS[stage])
+    problems = [{"layer": r["layer"], "status": str(r["status"]), "message": r["message"]}
+                for r in rows if r.get("status") not in (Status.OK, None)]
+    # One problem row per layer (reorder/constrain repeat the layer's status on each of its rows).
+    problems = list({p["layer"]: p for p in problems}.values())
+    meta = {"stage": stage, "key": key, "label": label, "seconds": time.perf_counter() - t0,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "problems": problems}
+    return _manifest(write_artifact(path, table, meta), ctx.root, path, reused=False)
+
+
+def _manifest(meta: dict, root: str, path: Path, reused: bool) -> dict:
+    return {"stage": meta["stage"], "key": meta["key"], "label": meta["label"],
+            "path": str(path.relative_to(root)), "rows": meta["rows"], "seconds": meta["seconds"],
+            "problems": meta.get("problems", []), "reused": reused}

@@ -1,0 +1,62 @@
+"""Adapter of stage 8, compile: 06_clusters (+ 03_reordered for --verify) -> 08_compiled, one proxy
+per layer and chosen M1, through the content-addressed compile cache, on `jobs` threads."""
+
+from __future__ import annotations
+
+from lospmm.flows.schemas import LAYER_COLUMNS
+from lospmm.flows.tasks.cluster import clusters_from_row
+from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.flows.compile_cache import cached_compile
+from lospmm.flows.taskio import (RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage,
+                                 stage_task)
+from lospmm.hostemu import proxy_check
+from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
+from lospmm.stages.compile import ProxyCheck, kernel_options
+from lospmm.stages.status import Status
+
+
+@stage_task("compile")
+def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, arch: str, verify: bool,
+             check: ProxyCheck) -> dict:
+    def compute():
+        table = ctx.read(inputs["cluster"])
+        tiles = tiles_by_layer(ctx, inputs["reorder"]) if verify else {}
+        logger = run_logger()  # fetched here: pool threads do not carry Prefect's run context
+
+        def one(i: int) -> dict:
+            info = {c: table.column(c)[i].as_py() for c in LAYER_COLUMNS + ("sparsity", "m1", "status",
+                                                                                   "message")}
+            base = {**layer_fields(info, "sparsity", "m1"), "kind": "proxy"}
+            where = f"{info['layer']} M1={info['m1']}"
+            if info["status"] != Status.OK:
+                return {**base, "status": info["status"], "message": info["message"]}
+            try:
+                cl = clusters_from_row(table, i)
+                kernel = proxy_kernel_source(info["m"], info["k"], cl)
+                options = kernel_options(arch, info["m1"])
+                result, hit = cached_compile(ctx.root, kernel.source, kernel.name, options)
+                logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", where, i + 1,
+                            table.num_rows, result["status"], result["registers"], result["spill_stores"],
+                            result["seconds"], " (compile cache)" if hit else "")
+                ok = result["status"] == Status.OK
+                verified = (proxy_check(kernel, cl.cluster_of, proxy_tile_rows(tiles[info["layer"]][info["m1"]]),
+                                        check.n, check.n1) if verify and ok else "not run")
+                return {**base, **compile_row(result, hit), "status": result["status"],
+                        "message": "" if ok else f"{where}: NVRTC failed", "kernel": kernel.name,
+                        "source_sha256": kernel.sha256, "arch": arch, "maxrregcount": options.maxrregcount,
+                        "source_bytes": len(kernel.source), "verified": verified}
+            except Exception as e:
+                return failed_row(base, where, e)
+
+        return in_parallel(one, range(table.num_rows), ctx.jobs, ctx.reporter("compile", label))
+
+    return run_stage("compile", key, ctx, label, force, compute)
+
+
+def compile_row(result: dict, from_cache: bool) -> dict:
+    """A compile-cache result as 08_compiled's columns."""
+    return {"compile_key": result["key"], "registers": result["registers"], "spill_stores": result["spill_stores"],
+            "spill_loads": result["spill_loads"], "stack_bytes": result["stack_bytes"],
+            "smem_bytes": result["smem_bytes"], "compile_seconds": result["seconds"], "from_cache": from_cache,
+            "source_path": result["paths"]["source"], "ptx_path": result["paths"]["ptx"],
+            "cubin_path": result["paths"]["cubin"], "log": result["log"][-4000:]}

@@ -1,0 +1,31 @@
+"""Adapter of stage 1, extract: a zoo model or a weights file -> 01_shapes."""
+
+from __future__ import annotations
+
+from lospmm.flows.schemas import SHAPES
+from lospmm.flows.sources import Source
+from lospmm.flows.taskio import RunContext, run_stage, stage_task
+from lospmm.flows.weights import tensor_infos
+from lospmm.stages.extract import LayerShape, weight_shapes, zoo_shapes
+
+
+@stage_task("extract")
+def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, source: Source) -> dict:
+    def compute():
+        if source.kind == "zoo":
+            shapes = zoo_shapes(source.name, source.zoo)
+        else:
+            shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens)
+        return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
+
+    return run_stage("extract", key, ctx, label, force, compute)
+
+
+def shape_row(s: LayerShape, source: str, source_sha256: str) -> dict:
+    row = {f: getattr(s, f) for f in SHAPES.names if hasattr(s, f)}
+    return {**row, "layers": list(s.layers), "source": source, "source_sha256": source_sha256}
+
+
+def shape_from_row(row: dict) -> LayerShape:
+    fields = LayerShape.__dataclass_fields__
+    return LayerShape(**{k: (tuple(v) if k == "layers" else v) for k, v in row.items() if k in fields})

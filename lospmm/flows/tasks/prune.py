@@ -1,0 +1,53 @@
+"""Adapter of stage 2, prune: 01_shapes (+ the weights file) -> 02_pruned."""
+
+from __future__ import annotations
+
+import time
+
+import scipy.sparse as sp
+
+from lospmm.flows.schemas import list_values
+from lospmm.flows.sources import Source
+from lospmm.flows.tasks.extract import shape_from_row
+from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.weights import load_tensor
+from lospmm.stages.prune import PruneParams, pruned_layer
+from lospmm.stages.status import Status
+
+
+@stage_task("prune")
+def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, source: Source, sparsity: float,
+          params: PruneParams) -> dict:
+    def one(row: dict) -> dict:
+        shape = shape_from_row(row)
+        t0 = time.perf_counter()
+        base = {**layer_fields(row), "sparsity_requested": sparsity, "method": params.method, "nnz": 0}
+        try:
+            weight = load_tensor(source.path, shape.layer) if (source.path and shape.ok) else None
+            layer = pruned_layer(shape, sparsity, params, weight)
+        except Exception as e:  # one bad layer never sinks the others
+            return {**failed_row(base, shape.layer, e), "seconds": time.perf_counter() - t0}
+        a = layer.matrix
+        return {**base, "sparsity_achieved": layer.sparsity_achieved, "nnz": layer.nnz, "status": layer.status,
+                "message": layer.message,
+                **({"indptr": a.indptr, "indices": a.indices, "data": a.data} if a is not None else {}),
+                "seconds": time.perf_counter() - t0}
+
+    def compute():
+        return [one(r) for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
+
+    return run_stage("prune", key, ctx, label, force, compute)
+
+
+def csr_from_row(table, i: int) -> sp.csr_matrix:
+    """Row i of a 02_pruned table as the layer's A (CSR)."""
+    m, k = table.column("m")[i].as_py(), table.column("k")[i].as_py()
+    return sp.csr_matrix((list_values(table, "data", i), list_values(table, "indices", i),
+                          list_values(table, "indptr", i)), shape=(m, k))
+
+
+def matrices(ctx: RunContext, pruned: dict) -> dict:
+    """layer -> its pruned A (CSR), for the layers that pruned ok."""
+    table = ctx.read(pruned)
+    return {table.column("layer")[i].as_py(): csr_from_row(table, i)
+            for i in range(table.num_rows) if table.column("status")[i].as_py() == Status.OK}

@@ -1,0 +1,29 @@
+"""Adapter of stage 5, rank: 04_candidates (kept rows) -> 05_ranked with score, rank and chosen."""
+
+from __future__ import annotations
+
+import time
+
+from lospmm.flows.sources import RankerRef
+from lospmm.flows.ranker_store import load_ranker
+from lospmm.flows.taskio import RunContext, grouped, run_stage, stage_task
+from lospmm.stages.rank import RankParams, chosen_candidates, ranker_tag
+
+
+@stage_task("rank")
+def rank(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, params: RankParams,
+         ranker: RankerRef) -> dict:
+    def compute():
+        booster = load_ranker(ranker.path)[0] if params.use_rank else None
+        table = ctx.read(inputs["constrain"])
+        rows = []
+        for group in grouped(table.filter(table["kept"]).to_pylist(), "layer").values():  # (layer, M1, N1) order
+            t0 = time.perf_counter()
+            scores, ranks, chosen = chosen_candidates(group, booster, params)
+            seconds = time.perf_counter() - t0
+            rows += [{**c, "score": float(s), "rank": int(r), "chosen": bool(ch), "seconds": seconds,
+                      "ranker": ranker_tag(ranker.version, params)}
+                     for c, s, r, ch in zip(group, scores, ranks, chosen)]
+        return rows
+
+    return run_stage("rank", key, ctx, label, force, compute)

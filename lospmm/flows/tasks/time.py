@@ -1,0 +1,50 @@
+"""Adapter of stage 9, time: 07_launch, 08_compiled, 06_clusters (+ 03_reordered) -> 09_timed, each
+chosen candidate's proxy timed by the run's Timer, one at a time."""
+
+from __future__ import annotations
+
+import time as clock
+
+from lospmm.flows.tasks.cluster import clusters_from_row
+from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
+from lospmm.stages.status import Status
+from lospmm.stages.timing import LaunchUnderTest, Timer, Timing
+
+
+@stage_task("time")
+def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer: Timer) -> dict:
+    def compute():
+        compiled = {(r["layer"], r["m1"]): r for r in ctx.read(inputs["compile"]).to_pylist()}
+        clusters = ctx.read(inputs["cluster"])
+        cluster_row = {(clusters.column("layer")[i].as_py(), clusters.column("m1")[i].as_py()): i
+                       for i in range(clusters.num_rows) if clusters.column("status")[i].as_py() == Status.OK}
+        tiles = tiles_by_layer(ctx, inputs["reorder"])
+
+        def one(c: dict) -> dict:
+            base = {**layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer.name}
+            where, at = f"{c['layer']} ({c['m1']},{c['n1']})", (c["layer"], c["m1"])
+            p = compiled.get(at)
+            if c["status"] != Status.OK or p is None or p["status"] != Status.OK or at not in cluster_row:
+                why = c["message"] if c["status"] != Status.OK else "its proxy did not compile"
+                return {**base, "status": Status.SKIPPED, "message": f"{where}: {why}", "time_us": float("inf")}
+            t0 = clock.perf_counter()
+            spill = int(p["spill_stores"]) + int(p["spill_loads"])
+            t = timer.time(LaunchUnderTest(
+                tiles[c["layer"]][c["m1"]], c["m"], c["k"], c["n"], c["n1"], p["registers"], spill, c["smem_bytes"],
+                clusters=clusters_from_row(clusters, cluster_row[at]), kernel=p["kernel"],
+                cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None))
+            return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
+                    "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
+                    "rank": c.get("rank"), "seconds": clock.perf_counter() - t0}
+
+        # one at a time: concurrent launches would disturb each other's measurements
+        return in_parallel(one, ctx.read(inputs["pad"]).to_pylist(), 1, ctx.reporter("time", label))
+
+    return run_stage("time", key, ctx, label, force, compute)
+
+
+def timing_row(t: Timing) -> dict:
+    """A timing.Timing as 09_timed's columns."""
+    return {"status": t.status, "time_us": t.time_us, "compute_us": t.compute_us, "memory_us": t.memory_us,
+            "latency_us": t.latency_us, "active_blocks": t.active_blocks, "repeats": t.repeats}

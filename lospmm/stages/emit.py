@@ -1,0 +1,77 @@
+"""Stage 10, emit: the timed proxies of one layer -> the chosen tile, and what its full kernel's
+directory says about it (§6.1). Pure: the flow compiles, checks and writes what these decide.
+
+The choice: the fastest proxy that timed ok (ties: smaller M1, then smaller N1). The full kernel of
+that tile is compiled and checked: on the device when the run's timer runs binaries (`cuda`), else
+on the host from the same source under AddressSanitizer, with N = 2·N1 + 3 columns (two full column
+blocks and a partial one). A speedup over dense is only ever a ratio of two measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from lospmm.stages.codegen import KernelSource
+from lospmm.stages.rank import RankParams
+from lospmm.stages.status import Status
+
+
+@dataclass(frozen=True)
+class EmitParams:
+    """Defaults: verify=True (check every emitted kernel), rtol=1e-4 (largest relative error a
+    check accepts), device_check_n=77 (columns of B in the device check), chosen_by="" (filled
+    from the rank parameters by `emit_params`)."""
+
+    verify: bool = True
+    rtol: float = 1e-4
+    device_check_n: int = 77
+    chosen_by: str = ""
+
+
+def chosen_by(rank: RankParams) -> str:
+    """How the emitted tile was chosen, for the `chosen_by` column and kernel.json."""
+    return (f"top-1 proxy of the ranker's top-{rank.top_k}" if rank.use_rank
+            else "top-1 proxy of every kept candidate")
+
+
+def emit_params(rank: RankParams, verify: bool = True) -> EmitParams:
+    return EmitParams(verify=verify, chosen_by=chosen_by(rank))
+
+
+def fastest_proxy(timed: Sequence[dict]) -> dict | None:
+    """The timed row (with m1, n1, time_us, status) whose proxy ran fastest; None if none timed ok."""
+    ok = [r for r in timed if r["status"] == Status.OK and np.isfinite(r["time_us"])]
+    return min(ok, key=lambda r: (r["time_us"], r["m1"], r["n1"])) if ok else None
+
+
+def host_check_columns(n1: int) -> int:
+    """N of the host check: two full column blocks and a partial third."""
+    return 2 * n1 + 3
+
+
+def speedup(dense_us: float, full_us: float, measured: bool) -> float:
+    """dense / full when both are measurements, else NaN (an estimate is never a speedup)."""
+    if not measured or not (math.isfinite(dense_us) and math.isfinite(full_us)) or full_us <= 0:
+        return float("nan")
+    return dense_us / full_us
+
+
+def check_verdict(where: str, max_rel_error: float, params: EmitParams = EmitParams()) -> str:
+    """The `check` column: `host-asan` / `device` when the error is within rtol, else `… FAILED`."""
+    ok = math.isfinite(max_rel_error) and max_rel_error <= params.rtol
+    label = "host-asan" if where == "host" else "device"
+    return label if ok else f"{where}: FAILED"
+
+
+def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:
+    """The launch facts of a full kernel, as kernel.json records them (for C++ and the loader)."""
+    return {"kernel": kernel.name, "layer": layer, "sparsity": sparsity, "m": kernel.m, "k": kernel.k,
+            "nnz": int(matrix.nnz), "m1": tiles.m1, "n1": kernel.n1, "params": list(kernel.params),
+            "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument",
+            "grid": {"x": kernel.grid_x, "y": "ceil(N / n1)", "z": 1}, "block": {"x": kernel.n1, "y": 1, "z": 1},
+            "dynamic_smem_bytes": 0, "arch": arch, "row_order": tiles.rows.tolist(),
+            "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist()}

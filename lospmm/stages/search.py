@@ -1,0 +1,112 @@
+"""The search of one layer, composed from the stages in DAG order: tiles (reorder) -> candidates
+(constrain) -> ranked and chosen (rank) -> proxy clusters (cluster) -> proxy launches (pad), and,
+given a timer's results, the choice (emit). The flow runs the same functions stage by stage with an
+artifact after each; `train-ranker` and every benchmark call these directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import scipy.sparse as sp
+
+from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
+from lospmm.stages.codegen import KernelSource, full_kernel_source, proxy_kernel_source
+from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates
+from lospmm.stages.devices import Device
+from lospmm.stages.emit import fastest_proxy
+from lospmm.stages.pad import ProxyLaunch, proxy_launch
+from lospmm.stages.rank import RankParams, chosen_candidates, feature_row
+from lospmm.stages.reorder import ReorderParams, Tiles, distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.timing import Timing
+
+# M1 (rows of a thread's output tile): 1 to 256. The register constraint removes the tallest
+# (M1 = 256 needs > 255 registers); Table 3 of the paper trains on 2..128.
+DEFAULT_M1 = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Every parameter of a layer's search. Defaults: M1 in DEFAULT_M1 and each stage's defaults."""
+
+    m1s: tuple[int, ...] = DEFAULT_M1
+    reorder: ReorderParams = field(default_factory=ReorderParams)
+    constrain: ConstrainParams = field(default_factory=ConstrainParams)
+    rank: RankParams = field(default_factory=RankParams)
+    cluster: ClusterParams = field(default_factory=ClusterParams)
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    candidate: Candidate
+    score: float
+    rank: int
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class LayerSearch:
+    """What the search decides for one layer before anything is compiled."""
+
+    tiles: dict[int, Tiles]  # per M1 (reorder)
+    candidates: list[Candidate]  # every (M1, N1), each with removed_by (constrain)
+    ranked: list[RankedCandidate]  # the kept ones, scored (rank)
+    clusters: dict[int, ProxyClusters]  # per M1 of a chosen candidate (cluster)
+    launches: dict[tuple[int, int], ProxyLaunch]  # per chosen (M1, N1) (pad)
+
+    @property
+    def kept(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.kept]
+
+    @property
+    def chosen(self) -> list[Candidate]:
+        return [r.candidate for r in self.ranked if r.chosen]
+
+
+def layer_tiles(matrix: sp.csr_matrix, m1s=DEFAULT_M1, params: ReorderParams = ReorderParams()) -> dict[int, Tiles]:
+    """Algorithm 1 for every distinct M1 worth tiling."""
+    return {m1: reordered_tiles(matrix, m1, params) for m1 in distinct_m1s(matrix, m1s)}
+
+
+def chosen_by_m1(chosen: list) -> dict[int, list]:
+    """Chosen candidates (objects or rows) grouped by M1: one proxy per group."""
+    get = (lambda c: c["m1"]) if chosen and isinstance(chosen[0], dict) else (lambda c: c.m1)
+    out: dict[int, list] = {}
+    for c in chosen:
+        out.setdefault(get(c), []).append(c)
+    return dict(sorted(out.items()))
+
+
+def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device, booster=None,
+                 params: SearchParams = SearchParams()) -> LayerSearch:
+    """Stages 3–7 for one pruned layer (`booster`: the ranker; None only with rank.use_rank=False)."""
+    tiles = layer_tiles(matrix, params.m1s, params.reorder)
+    candidates = layer_candidates(n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, params.constrain,
+                                  empty=matrix.nnz == 0)
+    kept = [c for c in candidates if c.kept]
+    scores, ranks, chosen = chosen_candidates([feature_row(c, sparsity, matrix.shape[1]) for c in kept], booster,
+                                              params.rank)
+    ranked = [RankedCandidate(c, float(s), int(r), bool(ch)) for c, s, r, ch in zip(kept, scores, ranks, chosen)]
+    picked = [r.candidate for r in ranked if r.chosen]
+    clusters = {m1: proxy_clusters(matrix, tiles[m1], sparsity, proxy_active_blocks(group, device), params.cluster)
+                for m1, group in chosen_by_m1(picked).items()}
+    launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device) for c in picked}
+    return LayerSearch(tiles, candidates, ranked, clusters, launches)
+
+
+def proxy_sources(search: LayerSearch, m: int, k: int) -> dict[int, KernelSource]:
+    """The proxy kernel of each chosen M1 (stage 8's input)."""
+    return {m1: proxy_kernel_source(m, k, cl) for m1, cl in search.clusters.items()}
+
+
+def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) -> KernelSource:
+    """The full Alg. 2 kernel of one tile (stage 10's output, or compile-all's every candidate)."""
+    return full_kernel_source(matrix, search.tiles[m1], n1)
+
+
+def choice(timings: Mapping[tuple[int, int], Timing]) -> tuple[int, int] | None:
+    """The tile emit takes from a layer's proxy timings (the same rule as the flow's emit stage)."""
+    rows = [{"m1": m1, "n1": n1, "time_us": t.time_us, "status": t.status} for (m1, n1), t in timings.items()]
+    best = fastest_proxy(rows)
+    return None if best is None else (best["m1"], best["n1"])

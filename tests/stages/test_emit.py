@@ -1,0 +1,68 @@
+"""Stage 10, emit: the choice among timed proxies, the check verdict, the speedup rule, kernel facts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lospmm.stages.codegen import full_kernel_source
+from lospmm.stages.emit import (EmitParams, check_verdict, chosen_by, emit_params, fastest_proxy, host_check_columns,
+                                kernel_facts, speedup)
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.rank import RankParams
+from lospmm.stages.reorder import reordered_tiles
+
+
+def _row(m1, n1, t, status="ok"):
+    return {"m1": m1, "n1": n1, "time_us": t, "status": status}
+
+
+def test_fastest_proxy_skips_failures_and_breaks_ties_by_smaller_tile():
+    rows = [_row(8, 128, 5.0), _row(4, 256, 5.0), _row(2, 64, 1.0, "error"), _row(1, 32, math.inf),
+            _row(16, 32, 7.0)]
+    assert (fastest_proxy(rows)["m1"], fastest_proxy(rows)["n1"]) == (4, 256)
+    assert fastest_proxy([_row(8, 32, 2.0), _row(8, 64, 1.5)])["n1"] == 64
+    assert fastest_proxy([_row(2, 64, 1.0, "error"), _row(1, 32, math.nan)]) is None
+    assert fastest_proxy([]) is None
+
+
+def test_a_speedup_is_only_a_ratio_of_two_measurements():
+    assert speedup(10.0, 4.0, measured=True) == 2.5
+    assert math.isnan(speedup(10.0, 4.0, measured=False))
+    assert math.isnan(speedup(math.nan, 4.0, measured=True))
+    assert math.isnan(speedup(10.0, 0.0, measured=True))
+
+
+def test_check_verdict():
+    p = EmitParams(rtol=1e-4)
+    assert check_verdict("host", 3e-7, p) == "host-asan"
+    assert check_verdict("device", 3e-7, p) == "device"
+    assert check_verdict("host", 2e-4, p) == "host: FAILED"
+    assert check_verdict("device", math.inf, p) == "device: FAILED"
+    assert check_verdict("device", math.nan, p) == "device: FAILED"
+
+
+def test_chosen_by_follows_the_rank_parameters():
+    assert chosen_by(RankParams(top_k=7)) == "top-1 proxy of the ranker's top-7"
+    assert chosen_by(RankParams(use_rank=False)) == "top-1 proxy of every kept candidate"
+    assert emit_params(RankParams(top_k=3)).chosen_by == chosen_by(RankParams(top_k=3))
+
+
+def test_host_check_covers_a_partial_column_block():
+    for n1 in (32, 128, 1024):
+        n = host_check_columns(n1)
+        assert n > 2 * n1 and n % n1 != 0
+
+
+def test_kernel_facts_describe_the_launch():
+    a = random_pruned(40, 24, 0.7, np.random.default_rng(0))
+    a[3] = 0  # an empty row: its zeroing block is part of the grid
+    a.eliminate_zeros()
+    tiles = reordered_tiles(a, 4)
+    kernel = full_kernel_source(a, tiles, 64)
+    facts = kernel_facts(kernel, a, tiles, "enc.0", 0.7, "sm_90")
+    assert facts["kernel"] == kernel.name and facts["grid"]["x"] == kernel.grid_x > tiles.num_tiles
+    assert (facts["m"], facts["k"], facts["nnz"], facts["m1"], facts["n1"]) == (40, 24, a.nnz, 4, 64)
+    assert facts["empty_rows"] == [3] and sorted(facts["row_order"] + facts["empty_rows"]) == list(range(40))
+    assert facts["params"] == list(kernel.params) and facts["arch"] == "sm_90"
