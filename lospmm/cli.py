@@ -15,6 +15,7 @@ from lospmm.stages import STAGES
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES
 from lospmm.stages.search import DEFAULT_M1
+from lospmm.stages.status import Status
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
 # An explicit setting by the user still wins.
@@ -203,7 +204,7 @@ def kernel(
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")
     hc = facts.get("host_check")
-    if hc and hc["status"] == "ok":
+    if hc and hc["status"] == Status.OK:
         console.print(f"host check vs scipy: max relative error {hc['max_rel_error']:.2e}")
     elif hc:
         err.print(f"[red]host check vs scipy FAILED:[/] {hc['message']}")

@@ -12,6 +12,7 @@ from rich.table import Table
 from lospmm.flows.schemas import LIST_COLUMNS
 from lospmm.flows.store import read_artifact
 from lospmm.stages.constrain import REMOVED_BY
+from lospmm.stages.status import Status
 
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
@@ -106,7 +107,7 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
         first = sub[0]
         t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(sub)),
                   *(str(removed.count(r)) for r in REMOVED_BY), str(len(kept)),
-                  sample if first["status"] != "error" else first["message"])
+                  sample if first["status"] != Status.ERROR else first["message"])
     return t
 
 

@@ -74,9 +74,9 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         n = host_check_columns(n1)
         try:
             facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True),
-                                   "n": n, "sanitizer": "address", "status": "ok"}
+                                   "n": n, "sanitizer": "address", "status": Status.OK}
         except Exception as e:
-            facts["host_check"] = {"status": "failed", "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
+            facts["host_check"] = {"status": Status.ERROR, "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
     if measured is not None and cubin is not None:
         facts.update(measured(facts, cubin))
     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))

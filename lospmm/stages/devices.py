@@ -1,4 +1,4 @@
-"""Built-in GPU descriptions used by the constrain (and later pad/time) stages.
+"""Built-in GPU descriptions used by the constrain, cluster, pad and time stages.
 
 Facts come from NVIDIA's CUDA occupancy tables for each compute capability; the SM count is the
 named product's. The arch is always explicit: nothing here asks a device.
@@ -6,7 +6,7 @@ named product's. The arch is always explicit: nothing here asks a device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,6 @@ class Device:
     l2_gbps: float = 2500.0
     l2_bytes: int = 6 * 2**20
     mem_latency_cycles: int = 400  # between an L2 hit and DRAM: B slices are shared by many blocks
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 DEVICES: dict[str, Device] = {

@@ -93,7 +93,7 @@ def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_b
 
 
 def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
-    """The analytic estimate of one launch (see the module docstring); status "error" if it cannot run."""
+    """The analytic estimate of one launch (see the module docstring); Status.ERROR if it cannot run."""
     if work.n < 1 or work.n1 < 1 or work.n1 > device.max_threads_per_block:
         return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n} with N1={work.n1}")
     if work.registers > device.max_regs_per_thread:

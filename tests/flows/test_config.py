@@ -1,0 +1,77 @@
+"""A run's options, validated once into a plan of typed values (Device, Timer, sources, stage params)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from lospmm.flows.config import ConfigError, RunConfig, resolved, resolved_timer
+from lospmm.flows.ranker_store import ranker_metadata
+from lospmm.runtime import gpu_present
+from lospmm.stages.devices import device_named
+from lospmm.stages.timing import EstimateTimer
+
+
+def test_a_plan_holds_typed_values():
+    plan = resolved(RunConfig(zoo=("bert-base", "resnet50"), gpu="A100", th_row=0.3, top_k=4, seed=7, m1s=(8, 2, 8)))
+    assert plan.device is device_named("a100")
+    assert plan.constrain.th_row == 0.3 and plan.rank.top_k == 4 and plan.emit.chosen_by.endswith("top-4")
+    assert plan.prune["zoo"].method == "random" and plan.prune["weights"].method == "magnitude"
+    assert plan.prune["zoo"].seed == 7 and plan.m1s == (2, 8)
+    assert [s.name for s in plan.sources] == ["bert-base", "resnet50"] and plan.sources[0].kind == "zoo"
+    assert plan.ranker.version == ranker_metadata()["version"]
+    assert plan.jobs >= 1 and plan.root.is_absolute()
+    if not gpu_present():
+        assert isinstance(plan.timer, EstimateTimer) and plan.timer.device is plan.device
+
+
+def test_zoo_sources_keep_only_the_sizes_their_model_uses():
+    plan = resolved(RunConfig(zoo=("bert-base", "mobilenetv2"), batch=2, seq_len=64, cnn_batch=8, image_size=96))
+    bert, cnn = plan.sources
+    assert (bert.zoo.batch, bert.zoo.seq_len) == (2, 64) and bert.zoo.cnn_batch == 4  # CNN sizes at defaults
+    assert (cnn.zoo.cnn_batch, cnn.zoo.image_size) == (8, 96) and cnn.zoo.batch == 32
+
+
+def test_a_weights_source_is_its_content(tmp_path):
+    path = tmp_path / "My Model.v2.safetensors"
+    save_file({"w": np.ones((4, 4), np.float32)}, str(path))
+    plan = resolved(RunConfig(zoo=(), weights=str(path), prune="random"))
+    (src,) = plan.sources
+    assert src.kind == "weights" and src.label == "My_Model_v2" and src.path == str(path.resolve())
+    assert src.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert plan.prune["weights"].method == "random"  # an explicit --prune wins over the default
+    assert "path" not in src.key_form()
+
+
+def test_without_the_ranker_the_rank_key_names_no_model():
+    plan = resolved(RunConfig(zoo=("shufflenetv2",), rank=False))
+    assert plan.ranker.version == "none" and plan.emit.chosen_by == "top-1 proxy of every kept candidate"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"zoo": ("bert-large",)}, "unknown zoo model"), ({"sparsities": (1.5,)}, "--sparsity 1.5"),
+    ({"until": "deploy"}, "--until"), ({"gpu": "x9"}, "unknown GPU"), ({"prune": "l1"}, "--prune 'l1'"),
+    ({"m1s": (0,)}, "--m1"), ({"th_col": -1.0}, "--th-col"), ({"timer": "fast"}, "--timer 'fast'"),
+    ({"jobs": -1}, "--jobs"), ({"top_k": 0}, "--top-k"), ({"zoo": (), "weights": None}, "nothing to run"),
+    ({"weights": "/no/such.safetensors"}, "/no/such.safetensors"),
+])
+def test_bad_options_are_named(change, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        resolved(RunConfig(**{"zoo": ("bert-base",), **change}))
+
+
+def test_unknown_options_in_a_deployment_dict_are_named():
+    with pytest.raises(ConfigError, match="unknown run option.*colour"):
+        RunConfig.from_dict({"zoo": ["bert-base"], "colour": "red"})
+    assert RunConfig.from_dict(RunConfig(zoo=("resnet50",)).as_dict()) == RunConfig(zoo=("resnet50",))
+
+
+def test_the_cuda_timer_needs_a_gpu():
+    if gpu_present():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        resolved_timer("cuda", device_named("h100"))
+    assert resolved_timer("auto", device_named("h100")).name == "estimate"

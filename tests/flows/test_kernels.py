@@ -1,0 +1,45 @@
+"""Kernel directories: the full kernel's text, compiled cubin and kernel.json, written once with the
+compile result, the host check and what the caller measured."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from lospmm.flows.kernels import emitted_kernel
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.reorder import reordered_tiles
+
+
+def test_a_kernel_directory_holds_a_checked_compiled_kernel(tmp_path):
+    a = random_pruned(48, 40, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 4)
+    calls = []
+
+    def measured(facts, cubin):
+        calls.append((facts["compile"]["status"], cubin[:4]))
+        return {"full_time_us": 1.5, "check": "host-asan"}
+
+    out = tmp_path / "k"
+    facts = emitted_kernel(str(tmp_path), a, tiles, "enc.0", 0.8, 64, "sm_80", out, extra={"timer": "estimate"},
+                           measured=measured)
+    assert calls == [("ok", b"\x7fELF")]  # measured once, after the compile, with the cubin
+    on_disk = json.loads((out / "kernel.json").read_text())
+    assert on_disk == json.loads(json.dumps(facts))
+    assert on_disk["full_time_us"] == 1.5 and on_disk["timer"] == "estimate" and on_disk["arch"] == "sm_80"
+    assert on_disk["compile"]["status"] == "ok" and "--gpu-architecture=sm_80" in on_disk["compile"]["options"]
+    assert on_disk["host_check"]["status"] == "ok" and on_disk["host_check"]["max_rel_error"] < 1e-5
+    assert (out / "kernel.cubin").read_bytes()[:4] == b"\x7fELF" and (out / "kernel.ptx").exists()
+    assert on_disk["kernel"] in (out / "kernel.cu").read_text()
+    # the same kernel again comes from the compile cache
+    again = emitted_kernel(str(tmp_path), a, tiles, "enc.0", 0.8, 64, "sm_80", tmp_path / "k2")
+    assert again["compile"]["from_cache"] and again["compile"]["key"] == facts["compile"]["key"]
+
+
+def test_without_a_compile_nothing_is_measured(tmp_path):
+    a = random_pruned(16, 16, 0.5, np.random.default_rng(1))
+    out = tmp_path / "k"
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 2), "x", 0.5, 32, "sm_90", out, compile_=False,
+                           verify=False, measured=lambda facts, cubin: {"full_time_us": 1.0})
+    assert "compile" not in facts and "full_time_us" not in facts and not (out / "kernel.cubin").exists()

@@ -1,0 +1,74 @@
+"""Run records: written and read back, the latest by default, a run picked by a unique prefix, and the errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lospmm.flows.runs import run_record, run_records, runs_dir, write_run_record
+
+# run ids sort by time (pipeline.new_run_id: date-time then random hex)
+_IDS = ["20250101-090000-aaaaaa", "20250101-100000-bbbbbb", "20250102-080000-bbcccc"]
+
+
+def _write_all(root):
+    for i, run_id in enumerate(_IDS):
+        write_run_record(root, {"run_id": run_id, "status": "ok", "n": i, "config": {"sparsity": [0.9]}})
+
+
+def test_records_round_trip_oldest_first_and_the_latest_is_the_default(tmp_path):
+    _write_all(tmp_path)
+    records = run_records(tmp_path)
+    assert [r["run_id"] for r in records] == _IDS
+    assert records[1] == {"run_id": _IDS[1], "status": "ok", "n": 1, "config": {"sparsity": [0.9]}}
+    assert run_record(tmp_path)["run_id"] == _IDS[-1]
+    assert sorted(p.name for p in runs_dir(tmp_path).iterdir()) == [f"{i}.json" for i in _IDS]  # no temp files
+
+
+def test_rewriting_a_record_replaces_it(tmp_path):
+    # a run writes its record when it starts and again when it ends
+    write_run_record(tmp_path, {"run_id": _IDS[0], "status": "running"})
+    path = write_run_record(tmp_path, {"run_id": _IDS[0], "status": "completed", "wall_seconds": 1.5})
+    assert path == runs_dir(tmp_path) / f"{_IDS[0]}.json"
+    assert run_records(tmp_path) == [{"run_id": _IDS[0], "status": "completed", "wall_seconds": 1.5}]
+
+
+def test_a_unique_prefix_selects_a_run(tmp_path):
+    _write_all(tmp_path)
+    assert run_record(tmp_path, "20250101-09")["n"] == 0
+    assert run_record(tmp_path, "20250102")["run_id"] == _IDS[2]
+    assert run_record(tmp_path, _IDS[1])["n"] == 1  # a whole id is a prefix too
+
+
+@pytest.mark.parametrize("prefix, matches", [("20250101", 2), ("2024", 0)])
+def test_an_ambiguous_or_unknown_prefix_lists_recent_runs(tmp_path, prefix, matches):
+    _write_all(tmp_path)
+    with pytest.raises(LookupError, match=f"matches {matches} runs") as info:
+        run_record(tmp_path, prefix)
+    assert all(run_id in str(info.value) for run_id in _IDS)
+
+
+def test_only_the_five_most_recent_runs_are_listed(tmp_path):
+    ids = [f"20250101-0{i}0000-abcdef" for i in range(8)]
+    for run_id in ids:
+        write_run_record(tmp_path, {"run_id": run_id})
+    with pytest.raises(LookupError) as info:
+        run_record(tmp_path, "nope")
+    assert [i for i in ids if i in str(info.value)] == ids[-5:]
+
+
+def test_no_runs_names_the_runs_dir(tmp_path):
+    with pytest.raises(LookupError, match=re.escape(str(tmp_path / "runs"))):
+        run_record(tmp_path)
+    runs_dir(tmp_path).mkdir()
+    with pytest.raises(LookupError, match="no runs"):
+        run_record(tmp_path, "2025")  # an empty dir says the same, even with a prefix
+
+
+def test_an_unreadable_record_is_skipped(tmp_path):
+    _write_all(tmp_path)
+    (runs_dir(tmp_path) / "20250103-000000-ffffff.json").write_text('{"run_id": "20250103-')  # cut off mid-write
+    (runs_dir(tmp_path) / "notes.txt").write_text("not a record")  # not *.json: never read
+    assert [r["run_id"] for r in run_records(tmp_path)] == _IDS
+    assert run_record(tmp_path)["run_id"] == _IDS[-1]

@@ -1,0 +1,69 @@
+"""Reading weights files: the header's tensor names, shapes and dtypes, one tensor's values, and the errors."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import save_file
+
+from lospmm.flows.weights import WeightsFileError, load_tensor, tensor_infos
+
+# numpy dtype -> the safetensors header's name for it
+_DTYPES = {np.float32: "F32", np.float64: "F64", np.float16: "F16", np.int8: "I8", np.int32: "I32",
+           np.int64: "I64", np.uint8: "U8", np.bool_: "BOOL"}
+
+
+def test_infos_come_from_the_header_and_tensors_load_with_their_values(tmp_path):
+    path = tmp_path / "model.safetensors"
+    tensors = {"layer1.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+               "layer1.bias": np.array([1, -2, 3], dtype=np.int64),
+               "scale": np.array(0.5, dtype=np.float16)}
+    save_file(tensors, str(path))
+    infos = {i.name: (i.shape, i.dtype) for i in tensor_infos(path)}
+    assert infos == {"layer1.weight": ((3, 4), "F32"), "layer1.bias": ((3,), "I64"), "scale": ((), "F16")}
+    assert all(isinstance(d, int) for i in tensor_infos(str(path)) for d in i.shape)  # str paths too
+    for name, want in tensors.items():
+        got = load_tensor(path, name)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[a-z][a-z0-9_.]{0,12}", fullmatch=True),
+                       st.tuples(st.sampled_from(sorted(_DTYPES, key=str)),
+                                 st.lists(st.integers(0, 4), max_size=3)),
+                       min_size=1, max_size=5))
+def test_any_header_reads_back(tmp_path_factory, spec):
+    # tmp_path_factory, not tmp_path: a function-scoped fixture would be shared by every example
+    path = tmp_path_factory.mktemp("w") / "w.safetensors"
+    save_file({n: np.zeros(shape, dtype) for n, (dtype, shape) in spec.items()}, str(path))
+    got = {i.name: (i.shape, i.dtype) for i in tensor_infos(path)}
+    assert got == {n: (tuple(shape), _DTYPES[dtype]) for n, (dtype, shape) in spec.items()}
+
+
+def test_a_missing_file_or_a_directory_is_named(tmp_path):
+    missing = tmp_path / "nope.safetensors"
+    with pytest.raises(WeightsFileError, match="nope.safetensors"):
+        tensor_infos(missing)
+    with pytest.raises(WeightsFileError, match=re.escape(str(tmp_path))):
+        tensor_infos(tmp_path)  # a directory is not a weights file
+
+
+@pytest.mark.parametrize("junk", [b"", b"not a safetensors file at all", (10**6).to_bytes(8, "little") + b"{}"])
+def test_a_junk_file_is_named(tmp_path, junk):
+    path = tmp_path / "junk.safetensors"
+    path.write_bytes(junk)
+    with pytest.raises(WeightsFileError, match="junk.safetensors"):
+        tensor_infos(path)
+    assert issubclass(WeightsFileError, ValueError)  # callers that catch ValueError still catch it
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"w": np.ones((2, 2), np.float32)}, str(path))
+    with pytest.raises(ValueError, match=r"^encoder\.missing: .*model\.safetensors"):
+        load_tensor(path, "encoder.missing")
