@@ -34,11 +34,18 @@ def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
 
 
 def test_cuda_timer_measures(tmp_path):
-    from lospmm.runtime import time_full_kernel_cubin
+    from lospmm.runtime import CudaTimer, device_facts
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.reorder import reordered_tiles
+    from lospmm.stages.timing import LaunchUnderTest
 
     a, facts, d = _kernel(tmp_path)
-    t = time_full_kernel_cubin((d / "kernel.cubin").read_bytes(), facts["kernel"], facts["grid"]["x"], 96, 64, 4096, 64)
+    timer = CudaTimer(device_named("h100"), device_facts()["name"])
+    launch = LaunchUnderTest(reordered_tiles(a, 8), 96, 64, 4096, 64, facts["compile"]["registers"],
+                             kernel=facts["kernel"], grid_x=facts["grid"]["x"], cubin=(d / "kernel.cubin").read_bytes())
+    t = timer.time(launch)
     assert t.timer == "cuda" and t.status == "ok" and 0 < t.time_us < 1e4 and t.repeats == 20
+    assert timer.device_error(launch, a, 77) < 1e-5 and timer.measures and timer.runs_binary
 
 
 def test_loader_on_torch_or_cupy(tmp_path):

@@ -1,16 +1,18 @@
 """Kernel directories: the full Alg. 2 kernel of one layer and tile written to a directory
 (kernel.cu, and when compiled kernel.ptx, kernel.cubin; kernel.json with the launch facts),
-compiled through the compile cache and checked on the host against scipy. Used by the emit stage
-and by `lospmm kernel` for any layer and tile of a run."""
+compiled through the compile cache and checked on the host against scipy. The emit stage writes
+one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer and tile of a run."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
 from lospmm.flows.compile_cache import cached_compile
+from lospmm.flows.schemas import LAYER_COLUMNS
 from lospmm.flows.store import atomic_write, read_artifact
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
@@ -18,8 +20,9 @@ from lospmm.hostemu import checked_against_scipy
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
-from lospmm.stages.emit import host_check_columns, kernel_facts
+from lospmm.stages.emit import EmitParams, check_verdict, fastest_proxy, host_check_columns, kernel_facts, speedup
 from lospmm.stages.status import Status
+from lospmm.stages.timing import LaunchUnderTest, Timer
 
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
@@ -81,3 +84,61 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         facts.update(measured(facts, cubin))
     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
     return facts
+
+
+def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
+                  params: EmitParams, logger) -> dict:
+    """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
+    directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
+    host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised."""
+    layer = timed[0]["layer"]
+    best = fastest_proxy(timed)
+    ok = sum(1 for r in timed if r["status"] == Status.OK and r["time_us"] < float("inf"))
+    base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
+            "chosen_by": params.chosen_by, "candidates_timed": ok}
+    if best is None:
+        return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
+                + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
+    m1, n1, t0 = best["m1"], best["n1"], time.perf_counter()
+    try:
+        def measured(facts: dict, cubin: bytes) -> dict:
+            comp = facts["compile"]
+            full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
+                                   comp["spill_stores"] + comp["spill_loads"], kernel=facts["kernel"],
+                                   grid_x=facts["grid"]["x"], cubin=cubin)
+            device_error = timer.device_error(full, matrix, params.device_check_n)
+            hc = facts.get("host_check")
+            if device_error is not None:
+                error, check = device_error, check_verdict("device", device_error, params)
+            elif hc:
+                error = hc.get("max_rel_error", float("inf"))
+                check = check_verdict("host", error, params)
+            else:
+                error, check = float("nan"), "not run"
+            full_us = timer.time(full).time_us
+            dense_us = timer.dense(full.m, full.k, full.n).time_us
+            return {"full_time_us": full_us, "dense_time_us": dense_us,
+                    "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
+                    "max_rel_error": error}
+
+        facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
+                               verify=params.verify and not timer.runs_binary,
+                               extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
+                                      "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured)
+        comp, check = facts["compile"], facts.get("check", "not run")
+        failed = comp["status"] != Status.OK or "FAILED" in check
+        logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,
+                    n1, comp["status"], comp.get("seconds") or 0.0, check, timer.name,
+                    facts.get("full_time_us", float("nan")), time.perf_counter() - t0)
+        return {**base, "status": Status.ERROR if failed else Status.OK,
+                "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
+                "m1": m1, "n1": n1, "proxy_time_us": best["time_us"],
+                "full_time_us": facts.get("full_time_us", float("nan")),
+                "dense_time_us": facts.get("dense_time_us", float("nan")),
+                "speedup_vs_dense": facts.get("speedup_vs_dense"), "kernel": facts["kernel"],
+                "kernel_dir": str(out.relative_to(root)), "registers": comp.get("registers"),
+                "spill_bytes": comp.get("spill_stores", 0) + comp.get("spill_loads", 0),
+                "compile_seconds": comp.get("seconds"), "check": check,
+                "max_rel_error": facts.get("max_rel_error", float("nan")), "seconds": time.perf_counter() - t0}
+    except Exception as e:  # one layer's failure is its row; the others carry on
+        return {**base, "status": Status.ERROR, "message": f"{layer}: {type(e).__name__}: {e}"}

@@ -31,4 +31,6 @@ def active_blocks_per_sm(num_blocks: int, regs_per_thread: int, threads: int, de
 def blocks_fitting_smem(smem_bytes: int, device: Device) -> int:
     """Blocks per SM that `smem_bytes` of dynamic shared memory each allows (for checking Eq. 6)."""
     per_block = smem_bytes + device.reserved_smem_per_block
-    return device.max_blocks_per_sm if per_block == 0 else min(device.max_blocks_per_sm, device.smem_per_sm // per_block)
+    if per_block == 0:
+        return device.max_blocks_per_sm
+    return min(device.max_blocks_per_sm, device.smem_per_sm // per_block)

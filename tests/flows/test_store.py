@@ -1,12 +1,10 @@
 import importlib
 import sys
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lospmm.flows import schemas
 from lospmm.flows.store import (
     ArtifactError, artifact_key, artifact_path, module_closure, module_closure_hash, read_artifact, valid_sidecar,
     write_artifact,
@@ -90,13 +88,3 @@ def test_failed_write_keeps_the_previous_artifact(tmp_path):
         write_artifact(path, "not a table", {"stage": "extract"})  # type: ignore[arg-type]
     assert valid_sidecar(path) is not None
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
-
-
-def test_list_columns_round_trip_including_nulls():
-    rows = [{"model": "m", "layer": "a", "indptr": np.array([0, 1, 3]), "indices": np.array([0, 2, 4]),
-             "data": np.array([1.0, 2.0, 3.0], np.float32)},
-            {"model": "m", "layer": "b", "indptr": None, "indices": None, "data": None, "status": "error"}]
-    t = schemas.table_from_rows(rows, schemas.PRUNED)
-    assert t.schema == schemas.PRUNED
-    assert schemas.list_values(t, "indices", 0).tolist() == [0, 2, 4]
-    assert t.column("indptr")[1].as_py() is None

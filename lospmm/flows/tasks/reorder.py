@@ -9,7 +9,8 @@ import numpy as np
 from lospmm.flows.schemas import LAYER_COLUMNS, list_values
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
-from lospmm.stages.reorder import ReorderParams, Tiles, TileStats, distinct_m1s, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import (ReorderParams, Tiles, TileStats, distinct_m1s, identity_tiles, reordered_tiles,
+                                   tile_stats)
 from lospmm.stages.status import Status
 
 

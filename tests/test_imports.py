@@ -1,0 +1,49 @@
+"""The package's module-level imports form no cycle (config and weights used to import each other),
+and stages never import Prefect or the flows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "lospmm"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        deps = set()
+        for node in ast.parse(path.read_text()).body:  # module level: what importing the module runs
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lospmm"):
+                deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("lospmm")}
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_cycles():
+    graph = _module_imports()
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in graph.get(m, ()):
+            assert state.get(d) != 1, " -> ".join(path + [d])
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_stages_are_pure():
+    for path in (PACKAGE / "stages").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {n for n in names if n.startswith(("prefect", "lospmm.flows"))}, path.name
