@@ -24,6 +24,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from lospmm.flows.runs import RunStatus
+
 STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
 
 
@@ -48,7 +50,7 @@ def main() -> None:
         files = []
         for rec in sorted((root / "runs").glob("*.json")):
             r = json.loads(rec.read_text())
-            if r.get("status") == "completed" and r.get("summary"):
+            if r.get("status") == RunStatus.COMPLETED and r.get("summary"):
                 files.append(root / r["summary"])
                 walls[str(root / r["summary"])] = r["wall_seconds"]
     if not files:

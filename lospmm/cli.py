@@ -217,13 +217,13 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     except ConfigError as e:
         _fail(str(e))
     from lospmm.flows import inspection
-    from lospmm.flows.pipeline import new_run_id, pipeline
+    from lospmm.flows.pipeline import new_run_id, run_plan
 
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
                   + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
-    result = pipeline(config=plan, refresh=refresh, run_id=run_id)
-    from lospmm.flows.runs import run_record
+    result = run_plan(plan, refresh=refresh, run_id=run_id)
+    from lospmm.flows.runs import RunStatus, run_record
 
     record = run_record(cfg.artifacts, result["run_id"])
     console.print(inspection.run_table(record))
@@ -233,7 +233,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     summary = inspection.summary_table(cfg.artifacts, record)
     if summary is not None:
         console.print(summary)
-    if record["status"] != "completed":
+    if record["status"] != RunStatus.COMPLETED:
         raise typer.Exit(1)
 
 

@@ -207,7 +207,7 @@ def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
 
 def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
     """cuBLAS SGEMM with TF32 off (through torch) on the layer's M×K·K×N: the dense baseline a
-    kernel's speedup is quoted against. Status "unavailable" when torch is not installed."""
+    kernel's speedup is quoted against. Status SKIPPED when torch is not installed."""
     try:
         import torch
     except ImportError:

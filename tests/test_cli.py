@@ -103,9 +103,9 @@ def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
 
 
 def test_every_stage_has_an_inspect_view():
+    from lospmm.flows.dag import artifact_schemas
     from lospmm.flows.inspection import VIEW_COLUMNS
-    from lospmm.flows.schemas import SCHEMAS
     from lospmm.stages import STAGES
 
     for stage in STAGES:
-        assert set(VIEW_COLUMNS[stage]) <= set(SCHEMAS[stage].names), stage
+        assert set(VIEW_COLUMNS[stage]) <= set(artifact_schemas()[stage].names), stage

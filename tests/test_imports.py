@@ -18,6 +18,9 @@ def _module_imports() -> dict[str, set[str]]:
         for node in ast.parse(path.read_text()).body:  # module level: what importing the module runs
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lospmm"):
                 deps.add(node.module)
+                # `from lospmm.flows import schemas` imports the module lospmm.flows.schemas
+                deps |= {f"{node.module}.{a.name}" for a in node.names
+                         if (PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py").exists()}
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name.startswith("lospmm")}
         graph[name] = deps

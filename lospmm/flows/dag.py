@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
 
+import pyarrow as pa
+
 from lospmm.flows.config import RunPlan, Source
 from lospmm.flows.store import artifact_key, module_closure_hash
 from lospmm.stages import STAGES
@@ -65,6 +67,18 @@ assert tuple(NODES) == STAGES, "the DAG lists every stage once, in order"
 
 # Modules that only report (progress): they compute no artifact, so they are no stage's version.
 RUNTIME_ONLY = ("lospmm.flows.progress",)
+
+
+def artifact_schemas() -> dict[str, pa.Schema]:
+    """Each stage's artifact schema (defined beside its adapter), in DAG order."""
+    return {n.stage: importlib.import_module(n.adapter_module).SCHEMA for n in DAG}
+
+
+def list_columns() -> set[str]:
+    """Every list-typed (payload) column name of any stage's artifact."""
+    from lospmm.flows.schemas import list_columns as of
+
+    return set().union(*(of(s) for s in artifact_schemas().values()))
 
 
 @lru_cache(maxsize=None)

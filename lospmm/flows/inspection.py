@@ -9,11 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from lospmm.flows.schemas import LIST_COLUMNS
+from lospmm.flows.dag import list_columns
 from lospmm.flows.store import read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.stages.status import Status
-
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {
@@ -112,7 +111,7 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
 
 
 def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table:
-    cols = columns or [c for c in table.column_names if c not in LIST_COLUMNS]
+    cols = columns or [c for c in table.column_names if c not in list_columns()]
     t = Table(title=f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})")
     for c in cols:
         t.add_column(c, overflow="fold", no_wrap=c == "layer")

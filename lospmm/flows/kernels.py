@@ -20,7 +20,8 @@ from lospmm.hostemu import checked_against_scipy
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
-from lospmm.stages.emit import EmitParams, check_verdict, fastest_proxy, host_check_columns, kernel_facts, speedup
+from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
+                                speedup, timed_ok)
 from lospmm.stages.status import Status
 from lospmm.stages.timing import LaunchUnderTest, Timer
 
@@ -54,7 +55,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
 
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
-                   measured: Callable[[dict, bytes], dict] | None = None) -> dict:
+                   measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol) -> dict:
     """Write one full kernel directory: kernel.cu, kernel.ptx/.cubin (compiled through the compile
     cache), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
@@ -76,7 +77,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     if verify:
         n = host_check_columns(n1)
         try:
-            facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True),
+            facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol),
                                    "n": n, "sanitizer": "address", "status": Status.OK}
         except Exception as e:
             facts["host_check"] = {"status": Status.ERROR, "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
@@ -93,7 +94,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised."""
     layer = timed[0]["layer"]
     best = fastest_proxy(timed)
-    ok = sum(1 for r in timed if r["status"] == Status.OK and r["time_us"] < float("inf"))
+    ok = timed_ok(timed)
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok}
     if best is None:
@@ -106,15 +107,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
                                    comp["spill_stores"] + comp["spill_loads"], kernel=facts["kernel"],
                                    grid_x=facts["grid"]["x"], cubin=cubin)
-            device_error = timer.device_error(full, matrix, params.device_check_n)
-            hc = facts.get("host_check")
-            if device_error is not None:
-                error, check = device_error, check_verdict("device", device_error, params)
-            elif hc:
-                error = hc.get("max_rel_error", float("inf"))
-                check = check_verdict("host", error, params)
-            else:
-                error, check = float("nan"), "not run"
+            error, check = checked(timer.device_error(full, matrix, params.device_check_n),
+                                   facts.get("host_check"), params)
             full_us = timer.time(full).time_us
             dense_us = timer.dense(full.m, full.k, full.n).time_us
             return {"full_time_us": full_us, "dense_time_us": dense_us,
@@ -124,9 +118,10 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
                                verify=params.verify and not timer.runs_binary,
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
-                                      "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured)
+                                      "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
+                               rtol=params.rtol)
         comp, check = facts["compile"], facts.get("check", "not run")
-        failed = comp["status"] != Status.OK or "FAILED" in check
+        failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,
                     n1, comp["status"], comp.get("seconds") or 0.0, check, timer.name,
                     facts.get("full_time_us", float("nan")), time.perf_counter() - t0)

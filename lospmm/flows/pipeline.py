@@ -20,7 +20,7 @@ from prefect.futures import wait
 from lospmm.flows import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, node_key
-from lospmm.flows.runs import write_run_record
+from lospmm.flows.runs import RunStatus, write_run_record
 from lospmm.flows.store import artifact_path, valid_sidecar
 from lospmm.flows.summary import write_summary
 from lospmm.flows.taskio import RunContext
@@ -30,20 +30,35 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-@flow(name="lospmm-pipeline", validate_parameters=False)
-def pipeline(config: Any, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
-    """Stages 1–10 (until the plan's last stage) for every zoo model / weights file × sparsity.
+# Plans the CLI validated, handed to the flow run of the same id (its Prefect parameters stay the
+# user's options, as a deployment would pass them).
+_PLANS: dict[str, RunPlan] = {}
 
-    `config`: a RunConfig as a dict (a deployment; validated here) or a RunPlan the CLI already validated
-    here. `refresh` names stages to recompute even when cached (their dependants follow by key only
-    if their inputs' keys change, so callers pass the downstream stages too)."""
-    plan = config if isinstance(config, RunPlan) else resolved(RunConfig.from_dict(config))
+
+def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
+    """The flow on a plan already validated (the CLI's entry)."""
     run_id = run_id or new_run_id()
+    _PLANS[run_id] = plan
+    try:
+        return pipeline(config=plan.config.as_dict(), refresh=refresh, run_id=run_id)
+    finally:
+        _PLANS.pop(run_id, None)
+
+
+@flow(name="lospmm-pipeline")
+def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
+    """Stages 1–10 (until the config's last stage) for every zoo model / weights file × sparsity.
+
+    `config`: a RunConfig as a dict (a deployment's parameters), validated here unless `run_plan`
+    handed over its plan. `refresh` names stages to recompute even when cached (their dependants
+    follow by key only if their inputs' keys change, so callers pass the downstream stages too)."""
+    run_id = run_id or new_run_id()
+    plan = _PLANS.get(run_id) or resolved(RunConfig.from_dict(config))
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
     ctx = RunContext(str(root), run_id, plan.jobs)
-    record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh), "status": "running",
+    record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh), "status": RunStatus.RUNNING,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
     write_run_record(root, record)
     t_start = time.perf_counter()
@@ -80,8 +95,8 @@ def pipeline(config: Any, refresh: list[str] | None = None, run_id: str | None =
         else:
             entry["error"] = _state_message(state)
         record["entries"].append(entry)
-    record.update(status="completed" if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
-                  else "failed", wall_seconds=time.perf_counter() - t_start,
+    record.update(status=RunStatus.COMPLETED if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
+                  else RunStatus.FAILED, wall_seconds=time.perf_counter() - t_start,
                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     try:
         record["summary"] = write_summary(root, record)

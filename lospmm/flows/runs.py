@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 from typing import Any
 
 from lospmm.flows.store import atomic_write
+
+
+class RunStatus(enum.StrEnum):
+    """A run's state in its record (a layer's outcome is a lospmm.stages.status.Status)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
 
 
 def runs_dir(root: str | Path) -> Path:

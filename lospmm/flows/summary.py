@@ -7,11 +7,24 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from lospmm.flows import schemas
+from lospmm.flows.dag import artifact_schemas
+from lospmm.flows.schemas import F64, I32, LAYER, STR
 from lospmm.flows.store import read_artifact, write_artifact
 from lospmm.flows.taskio import layer_fields
 from lospmm.stages.status import Status
+
+SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
+SUMMARY = pa.schema(
+    LAYER + [("sparsity", F64), ("status", STR), ("candidates", I32), ("after_constrain", I32),
+             ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("timer", STR),
+             ("time_us", F64), ("speedup_vs_dense", F64)]
+    + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
+    + [("search_seconds", F64), ("kernel_dir", STR)]
+)
+SCHEMAS = artifact_schemas()
 
 def write_summary(root: Path, record: dict) -> str | None:
     """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
@@ -22,10 +35,10 @@ def write_summary(root: Path, record: dict) -> str | None:
     for e in record["entries"]:
         if e.get("path") and "sparsity" in e:
             # the scalar columns only: the CSR and tile payloads are not needed here
-            cols = [c for c in schemas.SCHEMAS[e["stage"]].names if c not in schemas.LIST_COLUMNS]
+            cols = schemas.scalar_columns(SCHEMAS[e["stage"]])
             by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = \
                 read_artifact(root / e["path"], columns=cols).to_pylist()
-    stages = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
+    stages = SEARCH_STAGES
     rows = []
     for (model, sparsity), arts in by.items():
         seconds = {s_: Counter() for s_ in stages}
@@ -45,8 +58,8 @@ def write_summary(root: Path, record: dict) -> str | None:
         for lay in (r for r in arts.get("prune", []) if r["status"] == Status.OK):
             name = lay["layer"]
             em = emitted.get(name, {})
-            status = em.get("status") or ("no kept candidate" if not kept[name] and "constrain" in arts
-                                          else "not emitted")
+            status = em.get("status") or (Status.NO_CANDIDATE if not kept[name] and "constrain" in arts
+                                          else Status.NOT_EMITTED)
             row = {**layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
@@ -58,7 +71,7 @@ def write_summary(root: Path, record: dict) -> str | None:
     if not rows:
         return None
     path = root / "summary" / f"{record['run_id']}.parquet"
-    write_artifact(path, schemas.table_from_rows(rows, schemas.SUMMARY),
+    write_artifact(path, schemas.table_from_rows(rows, SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
             "n1", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")

@@ -14,8 +14,14 @@ import pyarrow as pa
 from prefect import task
 
 from lospmm.flows import progress, schemas
-from lospmm.flows.store import artifact_path, read_artifact, valid_sidecar, write_artifact
+from lospmm.flows.store import (
+    artifact_path,
+    read_artifact,
+    valid_sidecar,
+    write_artifact,
+)
 from lospmm.stages.status import Status
+
 
 @dataclass(frozen=True)
 class RunContext:
@@ -72,10 +78,9 @@ def failed_row(base: dict, where: str, error: BaseException) -> dict:
     return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {error}"}
 
 
-def scalar_rows(ctx: RunContext, manifest: dict, stage: str) -> list[dict]:
+def scalar_rows(ctx: RunContext, manifest: dict, schema) -> list[dict]:
     """An artifact's rows without its list payloads (CSR, tiles)."""
-    cols = [c for c in schemas.SCHEMAS[stage].names if c not in schemas.LIST_COLUMNS]
-    return ctx.read(manifest, columns=cols).to_pylist()
+    return ctx.read(manifest, columns=schemas.scalar_columns(schema)).to_pylist()
 
 
 def chosen_rows(ctx: RunContext, ranked: dict) -> list[dict]:
@@ -110,7 +115,8 @@ def in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict
         return [f.result() for f in futures]
 
 
-def run_stage(stage: str, key: str, ctx: RunContext, label: str, force: bool, compute: Callable[[], list]) -> dict:
+def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, force: bool,
+              compute: Callable[[], list]) -> dict:
     """Reuse a whole artifact for `key` (e.g. left by a killed run without a cache record), else
     compute its rows, write it atomically with its sidecar, and return the manifest."""
     path = artifact_path(ctx.root, stage, label, key)
@@ -119,7 +125,7 @@ def run_stage(stage: str, key: str, ctx: RunContext, label: str, force: bool, co
         return _manifest(meta, ctx.root, path, reused=True)
     t0 = time.perf_counter()
     rows = compute()
-    table = schemas.table_from_rows(rows, schemas.SCHEMAS[stage])
+    table = schemas.table_from_rows(rows, schema)
     problems = [{"layer": r["layer"], "status": str(r["status"]), "message": r["message"]}
                 for r in rows if r.get("status") not in (Status.OK, None)]
     # One problem row per layer (reorder/constrain repeat the layer's status on each of its rows).

@@ -15,7 +15,7 @@ the DAG itself, each node's inputs and parameters, is declared once in `lospmm.f
     9 time       lospmm.stages.timing     proxy -> time from the run's Timer (estimate | cuda)
    10 emit       lospmm.stages.emit       timed proxies -> chosen tile -> full kernel, checked
 
-Shared by several: `search` (one layer's whole search, for train-ranker and the benchmarks),
+Shared by several: `search` (one layer's whole search, for the benchmarks; train-ranker uses its first steps),
 `occupancy` (registers per block, resident and active blocks), `devices` (the GPU table),
 `status` (the one Status enum).
 """

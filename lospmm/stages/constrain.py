@@ -35,7 +35,8 @@ from lospmm.stages.devices import Device
 from lospmm.stages.occupancy import block_registers
 from lospmm.stages.reorder import TileStats
 
-REMOVED_BY = ("register", "utilisation", "load_balance", "empty")
+UPSTREAM_ERROR = "error"  # the layer failed before constrain: one row, no candidates
+REMOVED_BY = ("register", "utilisation", "load_balance", "empty", UPSTREAM_ERROR)
 
 
 @dataclass(frozen=True)

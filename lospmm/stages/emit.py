@@ -42,9 +42,18 @@ def emit_params(rank: RankParams, verify: bool = True) -> EmitParams:
     return EmitParams(verify=verify, chosen_by=chosen_by(rank))
 
 
+def _timed_ok(timed: Sequence[dict]) -> list[dict]:
+    return [r for r in timed if r["status"] == Status.OK and np.isfinite(r["time_us"])]
+
+
+def timed_ok(timed: Sequence[dict]) -> int:
+    """How many proxies timed ok: the candidates behind the choice."""
+    return len(_timed_ok(timed))
+
+
 def fastest_proxy(timed: Sequence[dict]) -> dict | None:
     """The timed row (with m1, n1, time_us, status) whose proxy ran fastest; None if none timed ok."""
-    ok = [r for r in timed if r["status"] == Status.OK and np.isfinite(r["time_us"])]
+    ok = _timed_ok(timed)
     return min(ok, key=lambda r: (r["time_us"], r["m1"], r["n1"])) if ok else None
 
 
@@ -65,6 +74,23 @@ def check_verdict(where: str, max_rel_error: float, params: EmitParams = EmitPar
     ok = math.isfinite(max_rel_error) and max_rel_error <= params.rtol
     label = "host-asan" if where == "host" else "device"
     return label if ok else f"{where}: FAILED"
+
+
+def checked(device_error: float | None, host_check: dict | None,
+            params: EmitParams = EmitParams()) -> tuple[float, str]:
+    """(max relative error, `check` column) of an emitted kernel: the device check where the timer
+    ran one, else the host check, else NaN and "not run"."""
+    if device_error is not None:
+        return device_error, check_verdict("device", device_error, params)
+    if host_check:
+        error = host_check.get("max_rel_error", float("inf"))
+        return error, check_verdict("host", error, params)
+    return float("nan"), "not run"
+
+
+def emit_failed(compile_status: str, check: str) -> bool:
+    """A layer's emit failed when its full kernel did not compile or its check failed."""
+    return compile_status != Status.OK or "FAILED" in check
 
 
 def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:

@@ -1,5 +1,6 @@
 """Occupancy, in one place: registers a block occupies, blocks resident per SM, and Eq. 5's active
-blocks of a kernel. The constrain, pad and time stages (and the estimate timer) all use these."""
+blocks of a kernel. Constrain (register limits), cluster (how many proxy block functions), pad
+(Eq. 6's shared memory) and the estimate timer all read it from here."""
 
 from __future__ import annotations
 
@@ -26,11 +27,3 @@ def active_blocks_per_sm(num_blocks: int, regs_per_thread: int, threads: int, de
     """Eq. 5, min(ceil(NUM_TB / SMs), regCapacity / regUsage), also bounded by the SM's block and
     thread limits (which Eq. 5 leaves implicit); at least 1."""
     return max(1, min(-(-num_blocks // device.sms), resident_blocks(regs_per_thread, threads, 0, device)))
-
-
-def blocks_fitting_smem(smem_bytes: int, device: Device) -> int:
-    """Blocks per SM that `smem_bytes` of dynamic shared memory each allows (for checking Eq. 6)."""
-    per_block = smem_bytes + device.reserved_smem_per_block
-    if per_block == 0:
-        return device.max_blocks_per_sm
-    return min(device.max_blocks_per_sm, device.smem_per_sm // per_block)

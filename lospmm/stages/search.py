@@ -1,7 +1,7 @@
 """The search of one layer, composed from the stages in DAG order: tiles (reorder) -> candidates
 (constrain) -> ranked and chosen (rank) -> proxy clusters (cluster) -> proxy launches (pad), and,
 given a timer's results, the choice (emit). The flow runs the same functions stage by stage with an
-artifact after each; `train-ranker` and every benchmark call these directly.
+artifact after each; the benchmarks call `layer_search`, `train-ranker` its reorder and constrain steps.
 """
 
 from __future__ import annotations

@@ -136,6 +136,16 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
                   latency_s * 1e6, atb, 0)
 
 
+def untimed_reason(launch: dict, compiled: dict | None, has_clusters: bool) -> str:
+    """Why a chosen candidate's proxy cannot be timed ("" if it can): its launch failed upstream,
+    or its proxy did not compile (or has no clusters)."""
+    if launch["status"] != Status.OK:
+        return launch["message"]
+    if compiled is None or compiled["status"] != Status.OK or not has_clusters:
+        return "its proxy did not compile"
+    return ""
+
+
 # --- timers: one interface, chosen once per run ------------------------------------------------
 
 

@@ -12,15 +12,24 @@ from hypothesis import strategies as st
 
 from lospmm.flows import progress, schemas
 from lospmm.flows.store import artifact_path
-from lospmm.flows.taskio import RunContext, failed_row, grouped, in_parallel, layer_fields, run_logger, run_stage
+from lospmm.flows.tasks.pad import SCHEMA as LAUNCH
+from lospmm.flows.taskio import (
+    RunContext,
+    failed_row,
+    grouped,
+    in_parallel,
+    layer_fields,
+    run_logger,
+    run_stage,
+)
 from lospmm.stages.status import Status
 
 _KEY = "ab" * 32
 
 
 def _launch_row(layer, status=Status.OK, message=None, m1=8):
-    """A row of the pad stage's artifact (schemas.LAUNCH), every column set."""
-    row = {c: None for c in schemas.LAUNCH.names}
+    """A row of the pad stage's artifact (LAUNCH), every column set."""
+    row = {c: None for c in LAUNCH.names}
     return {**row, "model": "m", "layer": layer, "op": "conv", "m": 64, "n": 49, "k": 27, "repeat": 1,
             "sparsity": 0.9, "m1": m1, "n1": 32, "status": status, "message": message, "gpu": "h100",
             "grid_x": 8, "grid_y": 2, "block": 128, "pred_regs": 40, "num_atb": 3, "smem_bytes": 0}
@@ -109,13 +118,13 @@ def test_run_stage_writes_the_artifact_and_one_problem_per_layer(tmp_path):
     rows = [_launch_row("a", m1=4), _launch_row("b", Status.ERROR, "pad: ValueError: x", m1=4),
             _launch_row("b", Status.ERROR, "pad: ValueError: x", m1=8), _launch_row("c", Status.SKIPPED, "depthwise"),
             _launch_row("d", None)]
-    manifest = run_stage("pad", _KEY, ctx, "m-s0.9", False, lambda: rows)
+    manifest = run_stage("pad", LAUNCH, _KEY, ctx, "m-s0.9", False, lambda: rows)
     assert manifest["path"] == str(artifact_path(tmp_path, "pad", "m-s0.9", _KEY).relative_to(tmp_path))
     assert (manifest["stage"], manifest["key"], manifest["label"], manifest["rows"], manifest["reused"]) == \
         ("pad", _KEY, "m-s0.9", 5, False)
     back = ctx.read(manifest)
-    assert back.schema.names == schemas.LAUNCH.names
-    assert back.to_pylist() == schemas.table_from_rows(rows, schemas.LAUNCH).to_pylist()
+    assert back.schema.names == LAUNCH.names
+    assert back.to_pylist() == schemas.table_from_rows(rows, LAUNCH).to_pylist()
     assert back.column("status").to_pylist() == ["ok", "error", "error", "skipped", None]
     # OK and no status are not problems; b's repeated error counts once
     assert manifest["problems"] == [{"layer": "b", "status": "error", "message": "pad: ValueError: x"},
@@ -130,22 +139,22 @@ def test_run_stage_reuses_a_whole_artifact_unless_forced(tmp_path):
         calls.append(1)
         return [_launch_row("a"), _launch_row("b", Status.ERROR, "boom")]
 
-    first = run_stage("pad", _KEY, ctx, "m", False, compute)
-    again = run_stage("pad", _KEY, ctx, "m", False, compute)
+    first = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, compute)
+    again = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, compute)
     assert len(calls) == 1 and again["reused"] is True
     assert {**again, "reused": False} == first  # the same manifest, problems included, from the sidecar
-    forced = run_stage("pad", _KEY, ctx, "m", True, compute)
+    forced = run_stage("pad", LAUNCH, _KEY, ctx, "m", True, compute)
     assert len(calls) == 2 and forced["reused"] is False
-    run_stage("pad", "cd" * 32, ctx, "m", False, compute)  # another key is another artifact
+    run_stage("pad", LAUNCH, "cd" * 32, ctx, "m", False, compute)  # another key is another artifact
     assert len(calls) == 3
 
 
 def test_run_stage_recomputes_a_corrupt_artifact(tmp_path):
     ctx = RunContext(root=str(tmp_path))
-    first = run_stage("pad", _KEY, ctx, "m", False, lambda: [_launch_row("a")])
+    first = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, lambda: [_launch_row("a")])
     path = ctx.path(first)
     path.write_bytes(path.read_bytes()[:-10])  # e.g. a killed run's half-written file
-    again = run_stage("pad", _KEY, ctx, "m", False, lambda: [_launch_row("a"), _launch_row("b")])
+    again = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, lambda: [_launch_row("a"), _launch_row("b")])
     assert again["reused"] is False and ctx.read(again).num_rows == 2
 
 

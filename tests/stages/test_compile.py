@@ -8,7 +8,6 @@ from lospmm.stages import compile as nv
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.reorder import reordered_tiles
 
-pytestmark = pytest.mark.skipif(not nv.available(), reason="NVRTC (cuda-python) is not installed")
 
 
 def _kernel(m1=4):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.devices import DEVICES, device_named
-from lospmm.stages.occupancy import active_blocks_per_sm, block_registers, blocks_fitting_smem, resident_blocks
+from lospmm.stages.occupancy import active_blocks_per_sm, block_registers, resident_blocks
 
 H100 = device_named("h100")
 
@@ -47,8 +47,3 @@ def test_eq5_examples():
 def test_block_registers_round_per_warp_allocation():
     assert block_registers(33, 32, H100) == 40 * 32  # 33·32 = 1056 -> 1280 per warp
     assert block_registers(32, 64, H100) == 2 * 1024
-
-
-def test_blocks_fitting_smem():
-    assert blocks_fitting_smem(0, H100) == H100.max_blocks_per_sm
-    assert blocks_fitting_smem(100 * 1024, H100) == H100.smem_per_sm // (100 * 1024 + 1024)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lospmm.stages.devices import device_named
-from lospmm.stages.occupancy import active_blocks_per_sm, blocks_fitting_smem
+from lospmm.stages.occupancy import active_blocks_per_sm, resident_blocks
 from lospmm.stages.pad import proxy_launch
 
 H100, V100 = device_named("h100"), device_named("v100")
@@ -20,7 +20,9 @@ def test_eq6_shared_memory_gives_the_full_kernels_occupancy(dev, m1, n1, tiles, 
     assert launch.grid_x == tiles and launch.grid_y == -(-n // n1) and launch.block == n1
     assert launch.num_atb == active_blocks_per_sm(tiles * launch.grid_y, regs, n1, dev)
     assert launch.smem_bytes <= dev.max_smem_per_block
-    assert blocks_fitting_smem(launch.smem_bytes, dev) == launch.num_atb
+    # with that much shared memory per block, exactly NUM_ATB proxy blocks fit (registers permitting)
+    assert dev.smem_per_sm // (launch.smem_bytes + dev.reserved_smem_per_block) == launch.num_atb
+    assert resident_blocks(16, n1, launch.smem_bytes, dev) == launch.num_atb
 
 
 def test_a_launch_needs_tiles_columns_and_threads():

@@ -1,4 +1,6 @@
-"""One thin adapter per stage (read inputs -> call the stage -> write the artifact -> manifest).
+"""One thin adapter per stage (read inputs -> call the stage -> write the artifact -> manifest),
+with the stage's artifact SCHEMA and the converters between its rows and stage records.
 
-Each module's source, and every project module it imports, is that stage's code version
-(`lospmm.flows.dag.stage_version`), so editing an adapter changes its stage's key and no other."""
+A stage's code version (`lospmm.flows.dag.stage_version`) is its adapter module and every lospmm
+module that imports, transitively. Editing an adapter changes its own stage's key and the keys of
+the stages downstream that read its artifact through its converters; never a stage upstream."""

@@ -6,14 +6,37 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pyarrow as pa
 
-from lospmm.flows.schemas import list_values
+from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, list_values
+from lospmm.flows.taskio import (
+    RunContext,
+    chosen_rows,
+    failed_row,
+    grouped,
+    layer_fields,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
-from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
+from lospmm.stages.cluster import (
+    ClusterParams,
+    ProxyClusters,
+    proxy_active_blocks,
+    proxy_clusters,
+)
 from lospmm.stages.devices import Device
 from lospmm.stages.status import Status
+
+# 06_clusters (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER_AT + STATUS
+    + [("num_tiles", I32), ("max_active_blocks", I32), ("num_clusters", I32),
+       ("cluster_of", pa.list_(I32)), ("medoid", pa.list_(I32)), ("centroid_nnc", pa.list_(F64)),
+       ("centroid_nnz", pa.list_(F64)), ("nnc_p", pa.list_(I32)), ("cpl", pa.list_(I32)),
+       ("columns", pa.list_(I32)), ("seconds", F64)]
+)
 
 
 @stage_task("cluster")
@@ -36,7 +59,7 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
                 rows.append(failed_row(base, f"{layer} M1={m1}", e))
         return rows
 
-    return run_stage("cluster", key, ctx, label, force, compute)
+    return run_stage("cluster", SCHEMA, key, ctx, label, force, compute)
 
 
 def clusters_row(cl: ProxyClusters) -> dict:

@@ -3,16 +3,44 @@ per layer and chosen M1, through the content-addressed compile cache, on `jobs` 
 
 from __future__ import annotations
 
-from lospmm.flows.schemas import LAYER_COLUMNS
+import pyarrow as pa
+
+from lospmm.flows.compile_cache import cached_compile
+from lospmm.flows.schemas import (
+    BOOL,
+    F64,
+    I32,
+    I64,
+    LAYER_AT,
+    LAYER_COLUMNS,
+    STATUS,
+    STR,
+)
+from lospmm.flows.taskio import (
+    RunContext,
+    failed_row,
+    in_parallel,
+    layer_fields,
+    run_logger,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.flows.compile_cache import cached_compile
-from lospmm.flows.taskio import (RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage,
-                                 stage_task)
 from lospmm.hostemu import proxy_check
 from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import ProxyCheck, kernel_options
 from lospmm.stages.status import Status
+
+# 08_compiled (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER_AT + STATUS
+    + [("kind", STR), ("kernel", STR), ("source_sha256", STR), ("compile_key", STR), ("arch", STR),
+       ("maxrregcount", I32), ("registers", I32), ("spill_stores", I32), ("spill_loads", I32),
+       ("stack_bytes", I32), ("smem_bytes", I32), ("compile_seconds", F64), ("from_cache", BOOL),
+       ("source_bytes", I64), ("source_path", STR), ("ptx_path", STR), ("cubin_path", STR),
+       ("verified", STR), ("log", STR)]
+)
 
 
 @stage_task("compile")
@@ -50,7 +78,7 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
 
         return in_parallel(one, range(table.num_rows), ctx.jobs, ctx.reporter("compile", label))
 
-    return run_stage("compile", key, ctx, label, force, compute)
+    return run_stage("compile", SCHEMA, key, ctx, label, force, compute)
 
 
 def compile_row(result: dict, from_cache: bool) -> dict:

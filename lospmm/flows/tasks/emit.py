@@ -3,14 +3,33 @@ tile as a full kernel directory beside the artifact, compiled, checked and timed
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from lospmm.flows.kernels import emitted_layer
+from lospmm.flows.schemas import F64, I32, LAYER, STATUS, STR
 from lospmm.flows.store import artifact_path
+from lospmm.flows.taskio import (
+    RunContext,
+    grouped,
+    in_parallel,
+    run_logger,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
 from lospmm.stages.emit import EmitParams
 from lospmm.stages.extract import sanitized_name
 from lospmm.stages.timing import Timer
+
+# 10_kernels (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER + [("sparsity", F64)] + STATUS
+    + [("m1", I32), ("n1", I32), ("chosen_by", STR), ("timer", STR), ("proxy_time_us", F64),
+       ("full_time_us", F64), ("dense_time_us", F64), ("speedup_vs_dense", F64), ("kernel", STR),
+       ("kernel_dir", STR), ("registers", I32), ("spill_bytes", I32), ("compile_seconds", F64), ("check", STR),
+       ("max_rel_error", F64), ("candidates_timed", I32), ("seconds", F64)]
+)
 
 
 @stage_task("emit")
@@ -30,4 +49,4 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
         return in_parallel(one, layers, 1 if timer.runs_binary else ctx.jobs, ctx.reporter("emit", label))
 
-    return run_stage("emit", key, ctx, label, force, compute)
+    return run_stage("emit", SCHEMA, key, ctx, label, force, compute)

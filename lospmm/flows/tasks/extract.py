@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from lospmm.flows.schemas import SHAPES
+import pyarrow as pa
+
+from lospmm.flows.schemas import I32, LAYER, STATUS, STR
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, run_stage, stage_task
 from lospmm.flows.weights import tensor_infos
 from lospmm.stages.extract import LayerShape, weight_shapes, zoo_shapes
+
+# 01_shapes (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER + [("layers", pa.list_(STR))]
+    + [(f, I32) for f in ("cin", "cout", "kh", "kw", "stride", "pad", "groups", "h_in", "w_in", "h_out", "w_out")]
+    + [("source", STR), ("source_sha256", STR)] + STATUS
+)
 
 
 @stage_task("extract")
@@ -18,11 +27,11 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
             shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens)
         return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
 
-    return run_stage("extract", key, ctx, label, force, compute)
+    return run_stage("extract", SCHEMA, key, ctx, label, force, compute)
 
 
 def shape_row(s: LayerShape, source: str, source_sha256: str) -> dict:
-    row = {f: getattr(s, f) for f in SHAPES.names if hasattr(s, f)}
+    row = {f: getattr(s, f) for f in SCHEMA.names if hasattr(s, f)}
     return {**row, "layers": list(s.layers), "source": source, "source_sha256": source_sha256}
 
 

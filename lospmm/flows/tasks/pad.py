@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
+import pyarrow as pa
+
+from lospmm.flows.schemas import I32, LAYER_AT, STATUS, STR
+from lospmm.flows.taskio import (
+    RunContext,
+    chosen_rows,
+    failed_row,
+    layer_fields,
+    run_stage,
+    stage_task,
+)
 from lospmm.stages.devices import Device
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.status import Status
+
+# 07_launch (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER_AT + [("n1", I32)] + STATUS
+    + [("gpu", STR), ("grid_x", I32), ("grid_y", I32), ("block", I32), ("pred_regs", I32),
+       ("num_atb", I32), ("smem_bytes", I32), ("rank", I32)]
+)
 
 
 @stage_task("pad")
 def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device: Device) -> dict:
     def one(c: dict) -> dict:
-        base = {**layer_fields(c, "sparsity", "m1", "n1"), "gpu": device.name}
+        base = {**layer_fields(c, "sparsity", "m1", "n1"), "gpu": device.name, "rank": c["rank"]}
         try:
             launch = proxy_launch(c["num_a_tiles"], c["n"], c["m1"], c["n1"], c["pred_regs"], device)
         except Exception as e:
@@ -20,4 +37,5 @@ def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device
                 "block": launch.block, "pred_regs": c["pred_regs"], "num_atb": launch.num_atb,
                 "smem_bytes": launch.smem_bytes}
 
-    return run_stage("pad", key, ctx, label, force, lambda: [one(c) for c in chosen_rows(ctx, inputs["rank"])])
+    return run_stage("pad", SCHEMA, key, ctx, label, force, 
+                     lambda: [one(c) for c in chosen_rows(ctx, inputs["rank"])])

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import scipy.sparse as sp
 
-from lospmm.flows.schemas import list_values
+from lospmm.flows.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
 from lospmm.flows.sources import Source
+from lospmm.flows.taskio import (
+    RunContext,
+    failed_row,
+    layer_fields,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.extract import shape_from_row
-from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.flows.weights import load_tensor
 from lospmm.stages.prune import PruneParams, pruned_layer
 from lospmm.stages.status import Status
+
+# 02_pruned (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER + [("sparsity_requested", F64), ("sparsity_achieved", F64), ("method", STR), ("nnz", I64)] + STATUS
+    + [("indptr", pa.list_(I32)), ("indices", pa.list_(I32)), ("data", pa.list_(F32)), ("seconds", F64)]
+)
 
 
 @stage_task("prune")
@@ -36,7 +49,7 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
     def compute():
         return [one(r) for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
 
-    return run_stage("prune", key, ctx, label, force, compute)
+    return run_stage("prune", SCHEMA, key, ctx, label, force, compute)
 
 
 def csr_from_row(table, i: int) -> sp.csr_matrix:

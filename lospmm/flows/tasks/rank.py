@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import time
 
-from lospmm.flows.sources import RankerRef
+import pyarrow as pa
+
 from lospmm.flows.ranker_store import load_ranker
+from lospmm.flows.schemas import BOOL, F64, I32, STR
+from lospmm.flows.sources import RankerRef
 from lospmm.flows.taskio import RunContext, grouped, run_stage, stage_task
+from lospmm.flows.tasks.constrain import SCHEMA as CANDIDATES
 from lospmm.stages.rank import RankParams, chosen_candidates, ranker_tag
+
+# 05_ranked (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    list(zip(CANDIDATES.names, CANDIDATES.types))
+    + [("score", F64), ("rank", I32), ("chosen", BOOL), ("ranker", STR), ("seconds", F64)]
+)
 
 
 @stage_task("rank")
@@ -26,4 +36,4 @@ def rank(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, param
                      for c, s, r, ch in zip(group, scores, ranks, chosen)]
         return rows
 
-    return run_stage("rank", key, ctx, label, force, compute)
+    return run_stage("rank", SCHEMA, key, ctx, label, force, compute)

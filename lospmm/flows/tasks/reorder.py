@@ -5,13 +5,46 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pyarrow as pa
 
-from lospmm.flows.schemas import LAYER_COLUMNS, list_values
+from lospmm.flows.schemas import (
+    F64,
+    I32,
+    I64,
+    LAYER,
+    LAYER_COLUMNS,
+    STATUS,
+    list_values,
+)
+from lospmm.flows.taskio import (
+    RunContext,
+    failed_row,
+    layer_fields,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.prune import csr_from_row
-from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
-from lospmm.stages.reorder import (ReorderParams, Tiles, TileStats, distinct_m1s, identity_tiles, reordered_tiles,
-                                   tile_stats)
+from lospmm.stages.reorder import (
+    ReorderParams,
+    Tiles,
+    TileStats,
+    distinct_m1s,
+    identity_tiles,
+    reordered_tiles,
+    tile_stats,
+)
 from lospmm.stages.status import Status
+
+# 03_reordered (artifacts/README.md documents every column)
+_GROUPING_STATS = ["max_nnc", "mean_nnc", "nnc_sum", "max_nnz", "cov_nnz"]
+SCHEMA = pa.schema(
+    LAYER + [("sparsity", F64), ("nnz", I64), ("m1", I32)] + STATUS
+    + [("num_tiles", I32), ("num_empty_rows", I32), ("empty_rows", pa.list_(I32)), ("rows", pa.list_(I32)),
+       ("tile_ptr", pa.list_(I32)), ("tile_nnz", pa.list_(I32)), ("tile_nnc", pa.list_(I32))]
+    + [(f"{g}_{s}", F64 if s in ("mean_nnc", "cov_nnz") else I64)
+       for g in ("identity", "reordered") for s in _GROUPING_STATS]
+    + [("seconds", F64)]
+)
 
 
 @stage_task("reorder")
@@ -39,7 +72,7 @@ def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1
                 rows.append(failed_row(base, info["layer"], e))
         return rows
 
-    return run_stage("reorder", key, ctx, label, force, compute)
+    return run_stage("reorder", SCHEMA, key, ctx, label, force, compute)
 
 
 def tiles_row(tiles: Tiles) -> dict:

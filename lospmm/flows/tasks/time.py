@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import time as clock
 
+import pyarrow as pa
+
+from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, STR
+from lospmm.flows.taskio import (
+    RunContext,
+    in_parallel,
+    layer_fields,
+    run_stage,
+    stage_task,
+)
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
 from lospmm.stages.status import Status
-from lospmm.stages.timing import LaunchUnderTest, Timer, Timing
+from lospmm.stages.timing import LaunchUnderTest, Timer, Timing, untimed_reason
+
+# 09_timed (artifacts/README.md documents every column)
+SCHEMA = pa.schema(
+    LAYER_AT + [("n1", I32)] + STATUS
+    + [("kind", STR), ("timer", STR), ("time_us", F64), ("compute_us", F64), ("memory_us", F64),
+       ("latency_us", F64), ("active_blocks", I32), ("repeats", I32), ("registers", I32),
+       ("spill_bytes", I32), ("smem_bytes", I32), ("rank", I32), ("seconds", F64)]
+)
 
 
 @stage_task("time")
@@ -19,19 +36,19 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         clusters = ctx.read(inputs["cluster"])
         cluster_row = {(clusters.column("layer")[i].as_py(), clusters.column("m1")[i].as_py()): i
                        for i in range(clusters.num_rows) if clusters.column("status")[i].as_py() == Status.OK}
-        tiles = tiles_by_layer(ctx, inputs["reorder"])
+        tiles = tiles_by_layer(ctx, inputs["reorder"]) if timer.runs_binary else {}  # a model needs none
 
         def one(c: dict) -> dict:
             base = {**layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer.name}
             where, at = f"{c['layer']} ({c['m1']},{c['n1']})", (c["layer"], c["m1"])
             p = compiled.get(at)
-            if c["status"] != Status.OK or p is None or p["status"] != Status.OK or at not in cluster_row:
-                why = c["message"] if c["status"] != Status.OK else "its proxy did not compile"
+            why = untimed_reason(c, p, at in cluster_row)
+            if why:
                 return {**base, "status": Status.SKIPPED, "message": f"{where}: {why}", "time_us": float("inf")}
             t0 = clock.perf_counter()
             spill = int(p["spill_stores"]) + int(p["spill_loads"])
             t = timer.time(LaunchUnderTest(
-                tiles[c["layer"]][c["m1"]], c["m"], c["k"], c["n"], c["n1"], p["registers"], spill, c["smem_bytes"],
+                tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill, c["smem_bytes"],
                 clusters=clusters_from_row(clusters, cluster_row[at]), kernel=p["kernel"],
                 cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None))
             return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
@@ -41,7 +58,7 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         # one at a time: concurrent launches would disturb each other's measurements
         return in_parallel(one, ctx.read(inputs["pad"]).to_pylist(), 1, ctx.reporter("time", label))
 
-    return run_stage("time", key, ctx, label, force, compute)
+    return run_stage("time", SCHEMA, key, ctx, label, force, compute)
 
 
 def timing_row(t: Timing) -> dict:
