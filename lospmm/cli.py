@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +15,7 @@ import typer
 from rich.console import Console
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved
+from lospmm.flows.runs import RunStatus
 from lospmm.stages import STAGES
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES
@@ -24,7 +29,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (LO-SpMM).",
                   no_args_is_help=True, add_completion=False)
 console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long: never wrapped
+
+# Exit codes of `lospmm run` and `rerun` (README: "Exit codes").
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_LAYERS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 # Options that take several values after one flag: `--sparsity 0.5 0.7 0.9`.
 _MULTI = ("--sparsity", "--zoo", "--m1")
@@ -151,29 +159,34 @@ def inspect(
 ) -> None:
     """List runs; a run's artifacts; or one stage's artifact contents."""
     from lospmm.flows import inspection
-    from lospmm.flows.runs import run_record, run_records
+    from lospmm.flows.runs import damaged_records, run_record, run_records
+
+    from lospmm.flows.store import ArtifactError
 
     if run_id is None and stage is None:
-        records = run_records(artifacts)
-        if not records:
+        records, damaged = run_records(artifacts), damaged_records(artifacts)
+        if not records and not damaged:
             _fail(f"no runs under {Path(artifacts) / 'runs'}; start one with `lospmm run`")
-        console.print(inspection.runs_table(records))
+        console.print(inspection.runs_table(records, damaged))
         return
     try:
         record = run_record(artifacts, run_id)
     except LookupError as e:
         _fail(str(e))
-    if stage is None:
-        console.print(inspection.run_table(record))
-        summary = inspection.summary_table(artifacts, record)
-        if summary is not None:
-            console.print(summary)
-        return
-    if stage not in STAGES:
+    if stage is not None and stage not in STAGES:
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
-    for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):
-        console.print(table)
-        console.print(title, style="dim")
+    try:
+        if stage is None:
+            console.print(inspection.run_table(record))
+            summary = inspection.summary_table(artifacts, record)
+            if summary is not None:
+                console.print(summary)
+            return
+        for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):
+            console.print(table)
+            console.print(title, style="dim")
+    except ArtifactError as e:  # deleted or damaged since the run: say which, `lospmm rerun` recomputes it
+        _fail(f"{e}; `lospmm rerun --stage {stage or 'extract'} {record['run_id']}` recomputes it", code=1)
 
 
 @app.command()
@@ -219,11 +232,21 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     from lospmm.flows import inspection
     from lospmm.flows.pipeline import new_run_id, run_plan
 
+    from lospmm.flows.server import detach_embedded_api
+
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
                   + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
-    result = run_plan(plan, refresh=refresh, run_id=run_id)
-    from lospmm.flows.runs import RunStatus, run_record
+    try:
+        with _stops_cleanly():
+            detach_embedded_api()
+            result = run_plan(plan, refresh=refresh, run_id=run_id)
+    except KeyboardInterrupt:
+        _record_interrupted(plan.root, run_id)
+        err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
+                  f"same command again resumes from them")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    from lospmm.flows.runs import run_record
 
     record = run_record(cfg.artifacts, result["run_id"])
     console.print(inspection.run_table(record))
@@ -233,13 +256,68 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     summary = inspection.summary_table(cfg.artifacts, record)
     if summary is not None:
         console.print(summary)
+    raise typer.Exit(_exit_code(record))
+
+
+@contextmanager
+def _stops_cleanly():
+    """SIGINT (Ctrl-C) and SIGTERM stop the run: tasks stop at their next item, a stage that did not
+    finish writes nothing, the embedded API is stopped, the record says `interrupted`. A second
+    signal exits at once."""
+    from lospmm.flows.taskio import STOP
+
+    STOP.clear()
+    if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
+        yield
+        return
+
+    def handler(signum, frame):
+        if STOP.is_set():
+            os._exit(EXIT_INTERRUPTED)
+        STOP.set()
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _record_interrupted(root: Path, run_id: str) -> None:
+    from lospmm.flows.runs import run_record, write_run_record
+
+    try:
+        record = run_record(root, run_id)
+    except LookupError:
+        return
+    record.update(status=RunStatus.INTERRUPTED, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_run_record(root, record)
+
+
+def _exit_code(record: dict) -> int:
+    """0: every requested layer produced what was asked; 3: some (or all) did not, the rest are
+    kept; 1: the run itself failed (a task crashed)."""
     if record["status"] != RunStatus.COMPLETED:
-        raise typer.Exit(1)
+        err.print(f"[red]run {record['run_id']} failed[/]: a task did not complete (see the table above)")
+        return EXIT_RUN_FAILED
+    layers = record.get("layers") or {"total": 0, "failed": []}
+    if not layers["total"]:
+        err.print(f"[red]run {record['run_id']}: no layer to search[/] (every tensor was skipped)")
+        return EXIT_LAYERS_FAILED
+    if layers["failed"]:
+        names = ", ".join(f"{f['layer']} ({f['status']})" for f in layers["failed"][:8])
+        more = f" and {len(layers['failed']) - 8} more" if len(layers["failed"]) > 8 else ""
+        err.print(f"[yellow]{len(layers['failed'])} of {layers['total']} layers did not produce what was asked:[/] "
+                  f"{names}{more}")
+        return EXIT_LAYERS_FAILED
+    return EXIT_OK
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     err.print(f"[red]error:[/] {message}")
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,12 @@ int main(int argc, char** argv) {
 
 
 class EmulationError(RuntimeError):
-    """The host build failed, or the kernel crashed or touched memory out of bounds."""
+    """The host build failed, or the kernel crashed or touched memory out of bounds. `transient`:
+    the compiler or the program was killed by a signal (out of memory, say), not failed."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,8 @@ def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid
         env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=23"}
         proc = subprocess.run([str(exe), str(inp), str(outp)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            raise EmulationError(f"{kernel.name}: host run failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+            raise EmulationError(f"{kernel.name}: host run failed (exit {proc.returncode}): {proc.stderr[-3000:]}",
+                                 transient=proc.returncode < 0)
         data = outp.read_bytes()
     out, offset = {}, 0
     for p in params:
@@ -178,7 +184,8 @@ def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str
     tmp_exe = root / f".{key}.{os.getpid()}.tmp"
     proc = subprocess.run([cxx, *flags, "-o", str(tmp_exe), str(src)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise EmulationError(f"{kernel.name}: host build failed: {proc.stderr[-3000:]}")
+        raise EmulationError(f"{kernel.name}: host build failed (exit {proc.returncode}): {proc.stderr[-3000:]}",
+                             transient=proc.returncode < 0)
     os.replace(tmp_exe, exe)
     return exe
 

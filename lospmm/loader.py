@@ -17,6 +17,11 @@ class SpMM:
 
     def __init__(self, kernel_dir: str | Path):
         d = Path(kernel_dir)
+        from lospmm.flows.store import manifest_problem
+
+        problem = manifest_problem(d)  # every file as emit wrote it, or nothing is loaded
+        if problem:
+            raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
         try:
             self.facts = json.loads((d / "kernel.json").read_text())
             cubin = (d / "kernel.cubin").read_bytes()

@@ -38,3 +38,25 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=90):
         yield home
+
+
+def run_directly(plan, sparsity: float, wrap=None, force: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Every node of the DAG for the plan's first source at one sparsity, each adapter called in
+    this process without Prefect (keys derived as the flow derives them); stage -> manifest.
+    `wrap(stage, call)` runs `call()` (e.g. under a profiler); `force` recomputes those stages."""
+    from lospmm.flows.dag import DAG, node_key
+    from lospmm.flows.taskio import RunContext
+
+    ctx = RunContext(str(plan.root), "", 1)
+    src, done = plan.sources[0], {}
+    for node in (n for n in DAG if n.stage in plan.stages):
+        params = node.params(plan, src, sparsity)
+        key = node_key(node.stage, params, [done[i]["key"] for i in node.inputs])
+        fn, inputs = node.task.fn, {i: done[i] for i in node.inputs}
+        label = f"{src.label}-s{sparsity:g}" if node.per_sparsity else src.label
+
+        def call(fn=fn, key=key, inputs=inputs, params=params, label=label, stage=node.stage):
+            return fn(key=key, ctx=ctx, label=label, inputs=inputs, force=stage in force, **params)
+
+        done[node.stage] = wrap(node.stage, call) if wrap else call()
+    return done

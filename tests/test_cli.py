@@ -109,3 +109,46 @@ def test_every_stage_has_an_inspect_view():
 
     for stage in STAGES:
         assert set(VIEW_COLUMNS[stage]) <= set(artifact_schemas()[stage].names), stage
+
+
+def test_a_bad_artifact_root_fails_before_anything_starts(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = runner.invoke(app, ["run", "--zoo", "shufflenetv2", "--artifacts", str(tmp_path / "file" / "art")])
+    assert result.exit_code == 2 and "which is a file" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    bad = rng.standard_normal((16, 16)).astype(np.float32)
+    bad[0, 0] = np.nan
+    weights = tmp_path / "w.safetensors"
+    save_file({"good": rng.standard_normal((32, 16)).astype(np.float32), "bad": bad,
+               "bias": rng.standard_normal(16).astype(np.float32)}, str(weights))
+    common = ["run", "--weights", str(weights), "--artifacts", str(tmp_path / "art"), "--m1", "2"]
+    result = runner.invoke(app, [*common, "--until", "constrain", "--tokens", "256"])
+    assert result.exit_code == 3, result.output  # `bad` has a NaN: the others complete, the run says so
+    assert "1 of 2 layers did not produce what was asked" in result.output and "bad (error)" in result.output
+    ones = tmp_path / "ones.safetensors"
+    save_file({"good": rng.standard_normal((32, 16)).astype(np.float32)}, str(ones))
+    fine = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
+                               "--until", "constrain", "--tokens", "256"])
+    assert fine.exit_code == 0, fine.output
+    # N = 1 token: every tile is removed, so nothing is emitted, and that is not a success
+    nothing = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
+                                  "--tokens", "1"])
+    assert nothing.exit_code == 3 and "good (no kept candidate)" in nothing.output
+
+    # an artifact deleted after the run: inspect names it and how to rebuild it, no traceback
+    from lospmm.flows.runs import run_record
+
+    record = run_record(tmp_path / "art")
+    (tmp_path / "art" / next(e["path"] for e in record["entries"] if e["stage"] == "constrain")).unlink()
+    shown = runner.invoke(app, ["inspect", record["run_id"], "--stage", "constrain", "--artifacts",
+                                str(tmp_path / "art")])
+    assert shown.exit_code == 1 and "missing" in shown.output and "lospmm rerun --stage constrain" in shown.output
+    assert "Traceback" not in shown.output

@@ -1,6 +1,7 @@
 """Content-addressed compile cache: (source, options, NVRTC version, arch) -> PTX, cubin, log,
 resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. No kernel is compiled twice,
-within a run or across runs; failures are cached too (the same input fails the same way)."""
+within a run or across runs (a lock per key); NVRTC's failures are cached too (the same input fails
+the same way); an entry whose files fail their checksums is compiled again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from lospmm.flows.store import atomic_write, file_sha256
+from lospmm.flows.store import atomic_write, file_sha256, locked
 from lospmm.stages.compile import CompileOptions, compile_key, compiled
 
 FILES = {"source": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin", "log": "ptxas.log"}
@@ -22,9 +23,14 @@ def cached_compile(root: str | Path, source: str, name: str, options: CompileOpt
     """The compile result for this source and options, and whether it came from the cache."""
     key = compile_key(source, options)
     d = cache_dir(root, key)
-    hit = _valid(d)
-    if hit is not None:
-        return hit, True
+    with locked(d):  # two tasks or runs compiling the same source: one compiles, the other reuses
+        hit = _valid(d)
+        if hit is not None:
+            return hit, True
+        return _compiled_into(d, root, key, source, name, options), False
+
+
+def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions) -> dict:
     out = compiled(source, name, options)
     d.mkdir(parents=True, exist_ok=True)
     blobs = {"source": source.encode(), "ptx": out.ptx, "cubin": out.cubin, "log": out.log.encode()}
@@ -35,7 +41,7 @@ def cached_compile(root: str | Path, source: str, name: str, options: CompileOpt
                   paths={w: str((d / f).relative_to(root)) for w, f in FILES.items()},
                   sha256={w: file_sha256(d / f) for w, f in FILES.items()})
     atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1)))
-    return result, False
+    return result
 
 
 def _valid(d: Path) -> dict | None:

@@ -4,6 +4,9 @@ parameters — that the flow hands to its tasks)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -102,10 +105,20 @@ class RunPlan:
     def m1s(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.config.m1s)))
 
+    @property
+    def sparsities(self) -> tuple[float, ...]:
+        """Each requested sparsity once, in the order given (`--sparsity 0.9 0.9` is one run of 0.9)."""
+        return tuple(dict.fromkeys(float(s) for s in self.config.sparsities))
+
+
+MIN_FREE_BYTES = 256 * 2**20  # below this a run would fail writing artifacts or compile-cache entries
+
 
 def resolved(cfg: RunConfig) -> RunPlan:
-    """The plan for `cfg`, or ConfigError naming the problem. Reads only headers and metadata."""
+    """The plan for `cfg`, or ConfigError naming the problem, before any work. Reads only headers
+    and metadata (and writes one probe file to the artifact root)."""
     _check_options(cfg)
+    checked_root(Path(cfg.artifacts))
     device = device_named(cfg.gpu)
     stages = cfg.stages()
     rank = RankParams(top_k=cfg.top_k, use_rank=cfg.rank)
@@ -135,23 +148,46 @@ def resolved_timer(timer: str, device: Device) -> Timer:
     return CudaTimer(device, device_facts()["name"])
 
 
+def checked_root(root: Path, min_free: int = MIN_FREE_BYTES) -> Path:
+    """`root`, created if need be, or ConfigError with one line saying why no run can write there:
+    a file in its place or above it, no permission, a read-only file system, a full disk."""
+    root = root.resolve()
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == root else f"lies under {existing}, which is a file"
+        raise ConfigError(f"--artifacts {root}: {where}; give a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".lospmm-probe-") as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        raise ConfigError(f"--artifacts {root}: cannot write there ({e.strerror or e}); "
+                          f"`lospmm inspect --artifacts {root}` can still read it") from None
+    free = shutil.disk_usage(root).free
+    if free < min_free:
+        raise ConfigError(f"--artifacts {root}: only {free // 2**20} MiB free on its disk; a run needs at least "
+                          f"{min_free // 2**20} MiB")
+    return root
+
+
 def weights_label(path: str) -> str:
     return sanitized_name(Path(path).stem)
 
 
 def _cores() -> int:
-    import os
-
     return os.cpu_count() or 1
 
 
 def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
-    from lospmm.flows.ranker_store import RankerError, ranker_metadata
+    from lospmm.flows.ranker_store import RankerError, load_ranker
 
     try:
-        return RankerRef(cfg.ranker, ranker_metadata(cfg.ranker)["version"])
+        _, meta = load_ranker(cfg.ranker)  # the model itself, not only its metadata: a bad file fails here
+        return RankerRef(cfg.ranker, meta["version"])
     except (RankerError, KeyError) as e:
         raise ConfigError(f"--ranker: {e}") from None
 
@@ -159,7 +195,7 @@ def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
 def _sources(cfg: RunConfig) -> list[Source]:
     out = [Source("zoo", name, name, zoo=used_zoo_params(name, ZooParams(cfg.batch, cfg.seq_len, cfg.cnn_batch,
                                                                          cfg.image_size)))
-           for name in cfg.zoo]
+           for name in dict.fromkeys(cfg.zoo)]
     if cfg.weights:
         from lospmm.flows.store import file_sha256
 
@@ -190,6 +226,9 @@ def _check_options(cfg: RunConfig) -> None:
         raise ConfigError(f"--gpu: {e}") from None
     if cfg.prune is not None and cfg.prune not in METHODS:
         raise ConfigError(f"--prune {cfg.prune!r}: choose one of {', '.join(METHODS)}")
+    if cfg.prune == "magnitude" and cfg.zoo:
+        raise ConfigError(f"--prune magnitude needs real weights and the zoo models ({', '.join(cfg.zoo)}) have none: "
+                          f"give --weights FILE, or --prune random")
     for name in ("tokens", "batch", "seq_len", "cnn_batch", "image_size"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")

@@ -36,10 +36,12 @@ VIEW_COLUMNS = {
 }
 
 
-def runs_table(records: list[dict]) -> Table:
+def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Table:
     t = Table(title="runs")
     for c in ("run", "status", "started", "wall s", "models", "sparsities", "until", "tasks", "cached"):
         t.add_column(c)
+    for path, why in damaged:  # a truncated record is listed, not taken for "no runs"
+        t.add_row(path.stem, f"damaged record: {why}", "", "", "", "", "", "", "")
     for r in records:
         cfg, entries = r["config"], r.get("entries", [])
         models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])

@@ -6,6 +6,7 @@ one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer and ti
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import Callable
 
 from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.schemas import LAYER_COLUMNS
-from lospmm.flows.store import atomic_write, read_artifact
+from lospmm.flows.store import atomic_write, read_artifact, write_manifest
+from lospmm.flows.taskio import failed_row, is_transient
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
 from lospmm.hostemu import checked_against_scipy
@@ -80,11 +82,29 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
             facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol),
                                    "n": n, "sanitizer": "address", "status": Status.OK}
         except Exception as e:
+            if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
+                raise
             facts["host_check"] = {"status": Status.ERROR, "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
     if measured is not None and cubin is not None:
         facts.update(measured(facts, cubin))
-    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1)))
+    # strict JSON (C++ parsers reject NaN): a missing figure is null
+    text = json.dumps(_json_safe(facts), indent=1, allow_nan=False)
+    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text))
+    write_manifest(out, KERNEL_FILES)
     return facts
+
+
+KERNEL_FILES = ("kernel.cu", "kernel.ptx", "kernel.cubin", "kernel.json")
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
@@ -136,4 +156,4 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 "compile_seconds": comp.get("seconds"), "check": check,
                 "max_rel_error": facts.get("max_rel_error", float("nan")), "seconds": time.perf_counter() - t0}
     except Exception as e:  # one layer's failure is its row; the others carry on
-        return {**base, "status": Status.ERROR, "message": f"{layer}: {type(e).__name__}: {e}"}
+        return failed_row(base, layer, e)

@@ -22,7 +22,7 @@ from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, node_key
 from lospmm.flows.runs import RunStatus, write_run_record
 from lospmm.flows.store import artifact_path, valid_sidecar
-from lospmm.flows.summary import write_summary
+from lospmm.flows.summary import layer_outcomes, write_summary
 from lospmm.flows.taskio import RunContext
 
 
@@ -67,7 +67,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     nodes = [n for n in DAG if n.stage in plan.stages]
     for source in plan.sources:
         done: dict[str, tuple[str, Any]] = {}  # stage -> (key, future) for this source and sparsity
-        for s in plan.config.sparsities:
+        for s in plan.sparsities:
             for node in nodes:
                 if not node.per_sparsity and node.stage in done:
                     continue  # extract: once per source
@@ -100,6 +100,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     try:
         record["summary"] = write_summary(root, record)
+        record["layers"] = layer_outcomes(root, record)
     except Exception as e:  # the stages' artifacts stand on their own; say why the summary is missing
         record["summary_error"] = f"{type(e).__name__}: {e}"
     write_run_record(root, record)

@@ -16,6 +16,7 @@ class RunStatus(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; its finished artifacts are kept
 
 
 def runs_dir(root: str | Path) -> Path:
@@ -29,26 +30,52 @@ def write_run_record(root: str | Path, record: dict[str, Any]) -> Path:
     return path
 
 
+def _read(path: Path) -> dict[str, Any]:
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        raise ValueError("no run_id")
+    return record
+
+
 def run_records(root: str | Path) -> list[dict[str, Any]]:
-    """All readable run records, oldest first."""
+    """All readable run records, oldest first (`damaged_records` lists the others)."""
     out = []
     for p in sorted(runs_dir(root).glob("*.json")):
         try:
-            out.append(json.loads(p.read_text()))
+            out.append(_read(p))
         except (OSError, ValueError):
             continue
     return out
 
 
+def damaged_records(root: str | Path) -> list[tuple[Path, str]]:
+    """Run record files that cannot be read (truncated, not JSON, no run id), with the reason."""
+    out = []
+    for p in sorted(runs_dir(root).glob("*.json")):
+        try:
+            _read(p)
+        except (OSError, ValueError) as e:
+            out.append((p, f"{type(e).__name__}: {e}"[:200]))
+    return out
+
+
 def run_record(root: str | Path, run_id: str | None = None) -> dict[str, Any]:
-    """The named run (a unique prefix will do), or the latest; LookupError if none matches."""
-    records = run_records(root)
+    """The named run (its id, or a unique prefix of it), or the latest; LookupError says why not,
+    naming a damaged record file rather than reporting no runs."""
+    records, damaged = run_records(root), damaged_records(root)
+    exact = [r for r in records if r["run_id"] == run_id]
+    matches = exact or [r for r in records if run_id is not None and r["run_id"].startswith(run_id)]
+    bad = [(p, why) for p, why in damaged if run_id is not None and p.stem.startswith(run_id)]
+    if bad and not matches:
+        raise LookupError(f"run {run_id!r}: its record {bad[0][0]} is damaged ({bad[0][1]})")
     if not records:
-        raise LookupError(f"no runs under {Path(root) / 'runs'}")
+        if damaged:
+            raise LookupError(f"no readable run record under {runs_dir(root)}; damaged: "
+                              + "; ".join(f"{p.name} ({why})" for p, why in damaged[:5]))
+        raise LookupError(f"no runs under {runs_dir(root)}")
     if run_id is None:
         return records[-1]
-    matches = [r for r in records if r["run_id"].startswith(run_id)]
-    if len(matches) != 1:
-        known = ", ".join(r["run_id"] for r in records[-5:])
-        raise LookupError(f"run {run_id!r} matches {len(matches)} runs; recent: {known}")
-    return matches[0]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(r["run_id"] for r in records[-5:])
+    raise LookupError(f"run {run_id!r} matches {len(matches)} runs; recent: {known}")

@@ -9,12 +9,14 @@ rename, so a present sidecar whose checksum matches means a whole, trusted artif
 from __future__ import annotations
 
 import ast
+import fcntl
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
@@ -136,14 +138,56 @@ def write_artifact(path: Path, table: pa.Table, meta: dict[str, Any]) -> dict[st
 
 
 def valid_sidecar(path: Path) -> dict[str, Any] | None:
-    """The sidecar of a whole, uncorrupted artifact at `path`, else None."""
+    """The sidecar of a whole, uncorrupted artifact at `path`, else None: the file matches its
+    checksum, every directory it lists as attached (emit's kernel directories, relative to the
+    artifact's folder) matches its manifest, and it was not written incomplete (a layer failed in a
+    way that may pass on a retry)."""
     side = sidecar_path(path)
     try:
         meta = json.loads(side.read_text())
-        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"]:
+        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"] or meta.get("incomplete"):
+            return None
+        if any(manifest_problem(path.parent / d, h) for d, h in meta.get("attachments", {}).items()):
             return None
         return meta
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+MANIFEST = "SHA256SUMS"
+
+
+def write_manifest(directory: Path, files: Iterable[str]) -> str:
+    """`SHA256SUMS` (the format `sha256sum -c` reads) over `files` of `directory`, written last and
+    atomically: a directory whose files match it is whole. Returns the manifest's own hash."""
+    lines = "".join(f"{file_sha256(directory / f)}  {f}\n" for f in files if (directory / f).exists())
+    atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(lines))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def manifest_problem(directory: Path, expected: str | None = None) -> str | None:
+    """Why `directory` cannot be trusted (its manifest or a listed file missing or altered, or the
+    manifest not the one recorded as `expected`), or None if it is whole."""
+    try:
+        text = (directory / MANIFEST).read_text()
+    except OSError:
+        return f"{directory / MANIFEST} is missing"
+    if expected is not None and hashlib.sha256(text.encode()).hexdigest() != expected:
+        return f"{directory / MANIFEST} is not the one its artifact recorded"
+    for line in text.splitlines():
+        digest, _, name = line.partition("  ")
+        try:
+            if file_sha256(directory / name) != digest:
+                return f"{directory / name} does not match its checksum in {MANIFEST}"
+        except OSError:
+            return f"{directory / name} is missing"
+    return None
+
+
+def manifest_hash(directory: Path) -> str | None:
+    try:
+        return hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
+    except OSError:
         return None
 
 
@@ -153,6 +197,20 @@ def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
     if valid_sidecar(path) is None:
         raise ArtifactError(f"artifact {path} is missing, truncated or fails its checksum")
     return pq.read_table(path, columns=columns)
+
+
+@contextmanager
+def locked(path: Path):
+    """An exclusive lock on `path` (a `.lock` file beside it) across threads and processes: two runs,
+    or two tasks of one run, that reach the same artifact or compile key compute it once."""
+    lock = path.with_name(f".{path.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def atomic_write(path: Path, write) -> None:

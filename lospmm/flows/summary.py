@@ -26,6 +26,7 @@ SUMMARY = pa.schema(
 )
 SCHEMAS = artifact_schemas()
 
+
 def write_summary(root: Path, record: dict) -> str | None:
     """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
     to summary/<run_id>.parquet and published as a Prefect table artifact. None if nothing ran."""
@@ -81,3 +82,25 @@ def write_summary(root: Path, record: dict) -> str | None:
     return str(path.relative_to(root))
 
 
+
+
+def layer_outcomes(root: Path, record: dict) -> dict:
+    """How many layers the run was asked for and which did not produce what was asked: every layer
+    with an error or empty status at any stage, and, when the run went to emit, every layer left
+    without an emitted kernel (no kept candidate, say). The exit code follows from this."""
+    failed: dict[tuple, dict] = {}
+    for e in record["entries"]:
+        for p in e.get("problems", []):
+            if p["status"] in (Status.ERROR, Status.EMPTY):
+                failed.setdefault((e.get("model"), e.get("sparsity"), p["layer"]),
+                                  {"model": e.get("model"), "sparsity": e.get("sparsity"), "layer": p["layer"],
+                                   "status": p["status"], "message": p["message"]})
+    rows = read_artifact(root / record["summary"]).to_pylist() if record.get("summary") else []
+    total = {(r["model"], r["sparsity"], r["layer"]) for r in rows} | set(failed)
+    if record["config"].get("until") == "emit":
+        for r in rows:
+            if r["status"] != Status.OK:
+                failed.setdefault((r["model"], r["sparsity"], r["layer"]),
+                                  {"model": r["model"], "sparsity": r["sparsity"], "layer": r["layer"],
+                                   "status": r["status"], "message": ""})
+    return {"total": len(total), "failed": sorted(failed.values(), key=lambda f: (f["model"] or "", f["layer"]))}

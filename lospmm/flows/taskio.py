@@ -4,6 +4,7 @@ over threads, and writing the artifact with its manifest."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -14,13 +15,23 @@ import pyarrow as pa
 from prefect import task
 
 from lospmm.flows import progress, schemas
-from lospmm.flows.store import (
-    artifact_path,
-    read_artifact,
-    valid_sidecar,
-    write_artifact,
-)
+from lospmm.flows.store import (artifact_path, locked, manifest_hash, read_artifact, valid_sidecar,
+                                 write_artifact)
 from lospmm.stages.status import Status
+
+
+# Set when the run is asked to stop (SIGINT, SIGTERM): tasks stop at their next item, and a stage
+# that did not finish writes nothing, so a re-run resumes from the finished artifacts.
+STOP = threading.Event()
+
+
+class Interrupted(BaseException):
+    """The run was asked to stop. A BaseException: no per-layer `except Exception` turns it into a row."""
+
+
+def stop_requested() -> None:
+    if STOP.is_set():
+        raise Interrupted("the run was asked to stop")
 
 
 @dataclass(frozen=True)
@@ -73,9 +84,17 @@ def layer_fields(row: dict, *extra: str) -> dict:
     return {f: row[f] for f in schemas.LAYER_COLUMNS + extra}
 
 
+def is_transient(error: BaseException) -> bool:
+    """A failure that may pass on a retry — I/O (a full disk), memory, a time-out, a killed compiler —
+    as against the layer's own bad data, which fails the same way every time."""
+    return isinstance(error, (OSError, MemoryError, TimeoutError)) or bool(getattr(error, "transient", False))
+
+
 def failed_row(base: dict, where: str, error: BaseException) -> dict:
-    """One layer's (or candidate's) failure as a row: the others carry on."""
-    return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {error}"}
+    """One layer's (or candidate's) failure as a row: the others carry on. A transient failure is
+    marked so: it is retried once, and an artifact holding one is never reused."""
+    return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {error}",
+            **({"transient": True} if is_transient(error) else {})}
 
 
 def scalar_rows(ctx: RunContext, manifest: dict, schema) -> list[dict]:
@@ -102,6 +121,7 @@ def in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict
     the GIL). `report(done, total, row)` is called as each item finishes."""
     items = list(items)
     report = report or (lambda done, total, row: None)
+    fn = _retried_once(fn)
     if jobs <= 1 or len(items) <= 1:
         out = []
         for x in items:
@@ -115,14 +135,33 @@ def in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict
         return [f.result() for f in futures]
 
 
+def _retried_once(fn: Callable) -> Callable:
+    """fn, called again (after a second) when its row says the failure was transient."""
+    def again(x):
+        stop_requested()
+        row = fn(x)
+        if isinstance(row, dict) and row.get("transient"):
+            time.sleep(1.0)
+            row = fn(x)
+        return row
+    return again
+
+
 def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, force: bool,
               compute: Callable[[], list]) -> dict:
     """Reuse a whole artifact for `key` (e.g. left by a killed run without a cache record), else
     compute its rows, write it atomically with its sidecar, and return the manifest."""
+    stop_requested()
     path = artifact_path(ctx.root, stage, label, key)
-    meta = None if force else valid_sidecar(path)
-    if meta is not None:
-        return _manifest(meta, ctx.root, path, reused=True)
+    with locked(path):  # another task or run on this key waits, then reuses what it wrote
+        meta = None if force else valid_sidecar(path)
+        if meta is not None:
+            return _manifest(meta, ctx.root, path, reused=True)
+        return _computed(stage, schema, key, ctx, label, path, compute)
+
+
+def _computed(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, path: Path,
+              compute: Callable[[], list]) -> dict:
     t0 = time.perf_counter()
     rows = compute()
     table = schemas.table_from_rows(rows, schema)
@@ -130,8 +169,16 @@ def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: s
                 for r in rows if r.get("status") not in (Status.OK, None)]
     # One problem row per layer (reorder/constrain repeat the layer's status on each of its rows).
     problems = list({p["layer"]: p for p in problems}.values())
+    # Directories beside the artifact (emit's kernels) are part of it: checked with it before reuse.
+    attachments = {}
+    for r in rows:
+        if r.get("kernel_dir") and r.get("status") == Status.OK:
+            rel = str(Path(ctx.root, r["kernel_dir"]).relative_to(path.parent))
+            attachments[rel] = manifest_hash(path.parent / rel)
     meta = {"stage": stage, "key": key, "label": label, "seconds": time.perf_counter() - t0,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "problems": problems}
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "problems": problems, "attachments": attachments,
+            # a failure that may pass on a retry (I/O, memory, a killed compiler) is never served as a result
+            "incomplete": any(r.get("transient") for r in rows)}
     return _manifest(write_artifact(path, table, meta), ctx.root, path, reused=False)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +34,34 @@ def tensor_infos(path: str | Path) -> list[TensorInfo]:
 
 
 def load_tensor(path: str | Path, name: str) -> np.ndarray:
-    """One tensor as numpy; an unsupported dtype (e.g. bf16) raises ValueError naming it."""
+    """One tensor as numpy (bfloat16, which numpy lacks, widened exactly to float32); a tensor that
+    cannot be read raises ValueError naming it."""
     from safetensors import safe_open
 
     try:
+        if _header(Path(path)).get(name, {}).get("dtype") == "BF16":
+            return _bfloat16_as_float32(Path(path), name)
         with safe_open(str(path), framework="np") as f:
             return f.get_tensor(name)
     except Exception as e:
         raise ValueError(f"{name}: cannot load tensor from {path}: {e}") from None
+
+
+def _header(path: Path) -> dict:
+    """The safetensors header: 8 bytes of little-endian length, then that much JSON."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(size))
+
+
+def _bfloat16_as_float32(path: Path, name: str) -> np.ndarray:
+    # bfloat16 is the top half of a float32: shifting its bits up gives the same value exactly
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(size))[name]
+        begin, end = entry["data_offsets"]
+        f.seek(8 + size + begin)
+        raw = np.frombuffer(f.read(end - begin), dtype="<u2")
+    if raw.size != int(np.prod(entry["shape"], dtype=np.int64)):
+        raise ValueError(f"{name}: {raw.size} bfloat16 values for shape {entry['shape']}")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])

@@ -7,6 +7,7 @@ N = batch·Hout·Wout. Depthwise convolutions are not GEMMs; they are listed wit
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
@@ -133,6 +134,13 @@ def sanitized_name(text: str) -> str:
     """A name safe for files and C identifiers: [A-Za-z0-9_], not starting with a digit."""
     name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_") or "model"
     return name if not name[0].isdigit() else f"m_{name}"
+
+
+def layer_id(raw: str, max_chars: int = 64) -> str:
+    """A layer's identity in file names: its sanitised name (at most `max_chars`) and a short hash
+    of the raw name, so `enc.0`, `enc_0` and `enc 0` never share a kernel directory, names made only
+    of non-ASCII characters stay apart, and any name fits a path (at most max_chars + 9 characters)."""
+    return f"{sanitized_name(raw)[:max_chars]}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -34,3 +34,30 @@ def test_failures_are_cached_with_their_log(tmp_path):
     bad, hit = cc.cached_compile(tmp_path, "this is not CUDA", "bad", nv.CompileOptions())
     assert bad["status"] == "error" and bad["log"] and not hit
     assert cc.cached_compile(tmp_path, "this is not CUDA", "bad", nv.CompileOptions())[1]
+
+
+def _compile_in_child(root: str, queue) -> None:
+    from lospmm.flows import compile_cache
+    from lospmm.stages.compile import CompileOptions
+
+    result, hit = compile_cache.cached_compile(root, _SLOW_SOURCE, "slow", CompileOptions(arch="sm_90"))
+    queue.put((hit, result["key"]))
+
+
+_SLOW_SOURCE = "extern \"C\" __global__ void slow(float* c) {\n" + "".join(
+    f"  c[{i}] = c[{i}] * 1.5f + {i}.0f;\n" for i in range(3000)) + "}\n"
+
+
+def test_two_processes_compile_one_source_once(tmp_path):
+    import multiprocessing
+
+    mp = multiprocessing.get_context("spawn")
+    queue = mp.Queue()
+    procs = [mp.Process(target=_compile_in_child, args=(str(tmp_path), queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert sorted(hit for hit, _ in results) == [False, True]  # one compiled, the other waited and reused
+    assert len({key for _, key in results}) == 1

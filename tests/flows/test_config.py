@@ -75,3 +75,49 @@ def test_the_cuda_timer_needs_a_gpu():
     with pytest.raises(ConfigError, match="no CUDA device"):
         resolved_timer("cuda", device_named("h100"))
     assert resolved_timer("auto", device_named("h100")).name == "estimate"
+
+
+def test_a_repeated_sparsity_or_model_is_searched_once():
+    plan = resolved(RunConfig(zoo=("shufflenetv2", "shufflenetv2"), sparsities=(0.9, 0.5, 0.9)))
+    assert plan.sparsities == (0.9, 0.5) and [s.name for s in plan.sources] == ["shufflenetv2"]
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "is a file; give a directory"), ("under a file", "which is a file"),
+])
+def test_an_artifact_root_that_cannot_be_a_directory_is_named(tmp_path, where, message):
+    (tmp_path / "f").write_text("x")
+    root = tmp_path / "f" if where == "file" else tmp_path / "f" / "art"
+    with pytest.raises(ConfigError, match=message):
+        resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(root)))
+
+
+def test_an_unwritable_root_and_a_full_disk_are_found_before_any_work(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from lospmm.flows import config
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "NamedTemporaryFile", read_only)
+        with pytest.raises(ConfigError, match="cannot write there \\(Read-only file system\\).*lospmm inspect"):
+            resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(tmp_path / "ro")))
+    with pytest.raises(ConfigError, match="MiB free"):
+        config.checked_root(tmp_path / "full", min_free=2**62)
+    assert config.checked_root(tmp_path / "fine") == (tmp_path / "fine").resolve()
+    assert [p.name for p in (tmp_path / "fine").iterdir()] == []  # the probe leaves nothing behind
+
+
+def test_a_garbage_ranker_file_is_named_before_any_work(tmp_path):
+    (tmp_path / "r.txt").write_text("not a lightgbm model")
+    (tmp_path / "r.json").write_text('{"version": "x"}')
+    with pytest.raises(ConfigError, match="--ranker.*r.txt"):
+        resolved(RunConfig(zoo=("shufflenetv2",), ranker=str(tmp_path / "r")))
+
+
+def test_magnitude_pruning_of_a_zoo_model_is_refused():
+    with pytest.raises(ConfigError, match="--prune magnitude needs real weights"):
+        resolved(RunConfig(zoo=("resnet50",), prune="magnitude"))

@@ -20,8 +20,8 @@ from lospmm.flows.dag import (
     stage_version,
     version_modules,
 )
-from lospmm.flows.taskio import RunContext
 from lospmm.stages import STAGE_MODULES, STAGES
+from tests.conftest import run_directly
 
 
 @pytest.fixture()
@@ -150,18 +150,14 @@ def test_every_module_a_stage_runs_is_in_its_version(tmp_path):
                "b.weight": rng.standard_normal((96, 64)).astype(np.float32)}, str(weights))
     plan = resolved(RunConfig(zoo=(), weights=str(weights), tokens=512, m1s=(2, 8), top_k=2,
                               artifacts=str(tmp_path / "art"), verify=True))
-    ctx = RunContext(str(plan.root), "", 1)
-    src, done = plan.sources[0], {}
-    for node in DAG:
-        params = node.params(plan, src, 0.8)
-        key = node_key(node.stage, params, [done[i]["key"] for i in node.inputs])
-        fn, inputs = node.task.fn, {i: done[i] for i in node.inputs}
-        call = lambda: fn(key=key, ctx=ctx, label="w-s0.8", inputs=inputs, force=False, **params)  # noqa: E731
+    def profiled(stage, call):
         result = {}
         ran = _executed_modules(lambda: result.update(call()))
-        done[node.stage] = result
-        allowed = version_modules(node.stage) | {"lospmm.flows.progress"}  # progress reports, computes nothing
+        allowed = version_modules(stage) | {"lospmm.flows.progress"}  # progress reports, computes nothing
         # the parameter objects' own code (a Timer's model) enters the key through key_form
-        allowed |= {type(v).__module__ for v in params.values()}
-        assert ran - allowed == set(), node.stage
+        allowed |= {type(v).__module__ for v in NODES[stage].params(plan, plan.sources[0], 0.8).values()}
+        assert ran - allowed == set(), stage
+        return result
+
+    done = run_directly(plan, 0.8, profiled)
     assert done["emit"]["rows"] == 2

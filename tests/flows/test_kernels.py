@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from lospmm.flows.kernels import emitted_kernel
 from lospmm.stages.prune import random_pruned
@@ -43,3 +44,31 @@ def test_without_a_compile_nothing_is_measured(tmp_path):
     facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 2), "x", 0.5, 32, "sm_90", out, compile_=False,
                            verify=False, measured=lambda facts, cubin: {"full_time_us": 1.0})
     assert "compile" not in facts and "full_time_us" not in facts and not (out / "kernel.cubin").exists()
+
+
+def test_kernel_json_is_strict_json_and_the_directory_carries_its_checksums(tmp_path):
+    import hashlib
+
+    from lospmm.flows.store import MANIFEST, manifest_problem
+    from lospmm.loader import KernelDirError, SpMM
+
+    a = random_pruned(32, 32, 0.8, np.random.default_rng(2))
+    out = tmp_path / "k"
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "x", 0.8, 32, "sm_90", out,
+                   measured=lambda facts, cubin: {"full_time_us": float("nan"), "speedup_vs_dense": float("nan")})
+
+    def no_constants(name):
+        raise ValueError(f"bare {name} in kernel.json")
+
+    facts = json.loads((out / "kernel.json").read_text(), parse_constant=no_constants)  # as strict parsers read it
+    assert facts["full_time_us"] is None and facts["speedup_vs_dense"] is None
+    listed = dict(line.split("  ")[::-1] for line in (out / MANIFEST).read_text().splitlines())
+    assert set(listed) == {"kernel.cu", "kernel.ptx", "kernel.cubin", "kernel.json"}
+    assert all(hashlib.sha256((out / f).read_bytes()).hexdigest() == h for f, h in listed.items())
+    assert manifest_problem(out) is None
+    data = bytearray((out / "kernel.cubin").read_bytes())
+    data[100] ^= 1
+    (out / "kernel.cubin").write_bytes(bytes(data))
+    assert "kernel.cubin does not match" in manifest_problem(out)
+    with pytest.raises(KernelDirError, match="kernel.cubin does not match"):  # the loader checks before it loads
+        SpMM(out)

@@ -49,3 +49,59 @@ def test_sigkill_then_resume(tmp_path):
         assert parquet.stat().st_mtime_ns == mtime, f"{parquet} was recomputed"
     for e in record["entries"]:
         assert valid_sidecar(root / e["path"]) is not None
+
+
+def _servers_of(prefect_home: Path) -> list[int]:
+    """PIDs of processes (the embedded API) started with this PREFECT_HOME."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"PREFECT_HOME={prefect_home}".encode() in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _started(root: Path, proc, stage_dir: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not list((root / stage_dir).glob("*.json")):
+        assert proc.poll() is None, "the run ended before the signal"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_stops_the_run_cleanly_and_it_resumes(tmp_path):
+    root, home = tmp_path / "artifacts", tmp_path / "prefect-home"
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-m", "lospmm.cli", "run", "--zoo", "resnet50", "--sparsity", "0.9", "--until", "compile",
+           "--artifacts", str(root)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    _started(root, proc, "06_clusters")  # compiling ResNet-50's proxies takes minutes: stop it in the middle
+    t0 = time.time()
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground process group
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert time.time() - t0 < 60 and "interrupted: run" in out and "Traceback" not in out
+    record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
+    assert record["status"] == "interrupted"
+    assert not list((root / "08_compiled").glob("*.parquet"))  # the stage that did not finish wrote nothing
+    time.sleep(1)
+    assert _servers_of(home) == []  # the embedded API was stopped, not orphaned
+
+
+def test_sigkill_leaves_no_server_behind(tmp_path):
+    root, home = tmp_path / "artifacts", tmp_path / "prefect-home"
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(_cmd(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    _started(root, proc, "01_shapes")
+    assert _servers_of(home)  # the API is up, in a session of its own
+    proc.kill()  # SIGKILL to lospmm alone: no handler runs
+    proc.wait()
+    deadline = time.time() + 20
+    while _servers_of(home) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _servers_of(home) == []  # told to exit when its parent died

@@ -72,3 +72,22 @@ def test_an_unreadable_record_is_skipped(tmp_path):
     (runs_dir(tmp_path) / "notes.txt").write_text("not a record")  # not *.json: never read
     assert [r["run_id"] for r in run_records(tmp_path)] == _IDS
     assert run_record(tmp_path)["run_id"] == _IDS[-1]
+
+
+def test_a_truncated_record_is_named_not_taken_for_no_runs(tmp_path):
+    from lospmm.flows.runs import damaged_records
+
+    write_run_record(tmp_path, {"run_id": "20260101-000000-aaaaaa", "status": "completed"})
+    good = (runs_dir(tmp_path) / "20260101-000000-aaaaaa.json").read_text()
+    (runs_dir(tmp_path) / "20260101-000000-aaaaaa.json").write_text(good[: len(good) // 2])
+    with pytest.raises(LookupError, match="no readable run record.*20260101-000000-aaaaaa.json"):
+        run_record(tmp_path)
+    with pytest.raises(LookupError, match="its record .* is damaged"):
+        run_record(tmp_path, "20260101-000000-aa")
+    assert [p.name for p, _ in damaged_records(tmp_path)] == ["20260101-000000-aaaaaa.json"]
+
+
+def test_an_exact_id_wins_over_a_longer_one_it_prefixes(tmp_path):
+    write_run_record(tmp_path, {"run_id": "abc"})
+    write_run_record(tmp_path, {"run_id": "abcd"})
+    assert run_record(tmp_path, "abc")["run_id"] == "abc"

@@ -175,3 +175,26 @@ def test_run_logger_works_outside_a_prefect_run():
     logger = run_logger()
     assert isinstance(logger, logging.Logger) and logger.name.endswith("lospmm")
     logger.info("run_logger outside a flow")  # must not raise
+
+
+def test_two_writers_of_one_key_compute_it_once(tmp_path):
+    """`--sparsity 0.9 0.9`, or two runs on one root: the second waits for the first and reuses it."""
+    ctx = RunContext(root=str(tmp_path))
+    calls, out = [], []
+    started = threading.Event()
+
+    def compute():
+        calls.append(1)
+        started.set()
+        time.sleep(0.5)  # long enough for the other writer to arrive while this one computes
+        return [_launch_row("a")]
+
+    threads = [threading.Thread(target=lambda: out.append(run_stage("pad", LAUNCH, _KEY, ctx, "m", False, compute)))
+               for _ in range(2)]
+    threads[0].start()
+    started.wait(5)
+    threads[1].start()
+    for t in threads:
+        t.join(10)
+    assert len(calls) == 1
+    assert sorted(m["reused"] for m in out) == [False, True] and out[0]["path"] == out[1]["path"]

@@ -67,3 +67,21 @@ def test_a_missing_tensor_is_named(tmp_path):
     save_file({"w": np.ones((2, 2), np.float32)}, str(path))
     with pytest.raises(ValueError, match=r"^encoder\.missing: .*model\.safetensors"):
         load_tensor(path, "encoder.missing")
+
+
+def test_bfloat16_weights_load_as_the_same_float32_values(tmp_path):
+    import json as json_
+    import struct
+
+    values = np.array([[1.0, -2.5, 3.140625], [0.0, 1e-3, -65280.0]], np.float32)
+    bf16 = (values.view(np.uint32) >> 16).astype("<u2")  # these values are exact in bfloat16
+    header = json_.dumps({"w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, bf16.nbytes]}}).encode()
+    path = tmp_path / "bf16.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bf16.tobytes())
+    from lospmm.flows.weights import load_tensor, tensor_infos
+
+    assert [(t.name, t.shape) for t in tensor_infos(path)] == [("w", (2, 3))]
+    out = load_tensor(path, "w")
+    assert out.dtype == np.float32 and out.shape == (2, 3)
+    np.testing.assert_array_equal(out, (bf16.astype(np.uint32) << 16).view(np.float32).reshape(2, 3))
+    assert out[0, 1] == -2.5 and out[1, 2] == -65280.0

@@ -19,7 +19,7 @@ from lospmm.flows.taskio import (
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.stages.emit import EmitParams
-from lospmm.stages.extract import sanitized_name
+from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
 
 # 10_kernels (artifacts/README.md documents every column)
@@ -42,7 +42,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
 
         def one(item) -> dict:
             layer, group = item
-            return emitted_layer(ctx.root, kernels_root / sanitized_name(layer), group, a.get(layer),
+            return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
                                  tiles.get(layer, {}), timer, arch, params, logger)
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
