@@ -180,7 +180,7 @@ def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str
         return exe
     root.mkdir(parents=True, exist_ok=True)
     src = root / f"{key}.cpp"
-    src.write_text(program)
+    src.write_text(program, encoding="utf-8")
     tmp_exe = root / f".{key}.{os.getpid()}.tmp"
     proc = subprocess.run([cxx, *flags, "-o", str(tmp_exe), str(src)], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -23,7 +23,7 @@ class SpMM:
         if problem:
             raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
         try:
-            self.facts = json.loads((d / "kernel.json").read_text())
+            self.facts = json.loads((d / "kernel.json").read_text(encoding="utf-8"))
             cubin = (d / "kernel.cubin").read_bytes()
         except FileNotFoundError as e:
             raise KernelDirError(f"{d}: {Path(e.filename).name} is missing (was the kernel compiled?)") from None

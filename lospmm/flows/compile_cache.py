@@ -40,13 +40,13 @@ def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, 
     result.update(key=key, name=name, options=options.as_list(), arch=options.arch,
                   paths={w: str((d / f).relative_to(root)) for w, f in FILES.items()},
                   sha256={w: file_sha256(d / f) for w, f in FILES.items()})
-    atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1)))
+    atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1), encoding="utf-8"))
     return result
 
 
 def _valid(d: Path) -> dict | None:
     try:
-        result = json.loads((d / "result.json").read_text())
+        result = json.loads((d / "result.json").read_text(encoding="utf-8"))
         if any(file_sha256(d / FILES[w]) != sha for w, sha in result["sha256"].items()):
             return None
         return result

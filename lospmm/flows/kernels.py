@@ -63,7 +63,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
     kernel = full_kernel_source(matrix, tiles, n1)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source))
+    atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch), **(extra or {})}
     cubin = None
     if compile_:
@@ -79,7 +79,8 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     if verify:
         n = host_check_columns(n1)
         try:
-            facts["host_check"] = {"max_rel_error": checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol),
+            error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol)
+            facts["host_check"] = {"max_rel_error": error,
                                    "n": n, "sanitizer": "address", "status": Status.OK}
         except Exception as e:
             if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
@@ -89,7 +90,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         facts.update(measured(facts, cubin))
     # strict JSON (C++ parsers reject NaN): a missing figure is null
     text = json.dumps(_json_safe(facts), indent=1, allow_nan=False)
-    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     write_manifest(out, KERNEL_FILES)
     return facts
 

@@ -58,7 +58,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
     ctx = RunContext(str(root), run_id, plan.jobs)
-    record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh), "status": RunStatus.RUNNING,
+    record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh),
+              "status": RunStatus.RUNNING,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
     write_run_record(root, record)
     t_start = time.perf_counter()

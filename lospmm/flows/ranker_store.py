@@ -31,7 +31,7 @@ def save_ranker(base: Path, booster, metadata: dict) -> dict:
     meta = {**metadata, "version": hashlib.sha256(text.encode()).hexdigest()[:12]}
     for path, content in ((model_path, text), (meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
@@ -42,7 +42,7 @@ def ranker_metadata(base: Path | None = None) -> dict:
     """The JSON metadata of a model (default: the shipped one) without loading the model itself."""
     _, meta_path = _files(Path(base) if base else SHIPPED)
     try:
-        return json.loads(meta_path.read_text())
+        return json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RankerError(f"ranker model {meta_path} not found (train one with `lospmm train-ranker`)") from None
     except ValueError as e:
@@ -55,8 +55,8 @@ def load_ranker(base: Path | None = None):
 
     model_path, meta_path = _files(Path(base) if base else SHIPPED)
     try:
-        meta = json.loads(meta_path.read_text())
-        booster = lightgbm.Booster(model_str=model_path.read_text())
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        booster = lightgbm.Booster(model_str=model_path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise RankerError(f"ranker model {e.filename} not found (train one with `lospmm train-ranker`)") from None
     except Exception as e:

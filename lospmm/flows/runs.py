@@ -26,12 +26,13 @@ def runs_dir(root: str | Path) -> Path:
 def write_run_record(root: str | Path, record: dict[str, Any]) -> Path:
     path = runs_dir(root) / f"{record['run_id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1, default=str)))
+    text = json.dumps(record, indent=1, default=str)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
 
 
 def _read(path: Path) -> dict[str, Any]:
-    record = json.loads(path.read_text())
+    record = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
         raise ValueError("no run_id")
     return record

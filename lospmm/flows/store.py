@@ -89,9 +89,10 @@ def _imports_under(prefix: str, source: str, module_name: str, is_package: bool)
 
 
 def _source(module) -> str:
-    # read the file itself: inspect.getsource goes through linecache, which a test may patch
+    # the file itself, as UTF-8 whatever the process's locale (a run once saw ASCII here mid-flow
+    # and failed on the `§` of a docstring)
     origin = getattr(getattr(module, "__spec__", None), "origin", None)
-    return Path(origin).read_text() if origin and origin.endswith(".py") else ""
+    return Path(origin).read_text(encoding="utf-8") if origin and origin.endswith(".py") else ""
 
 
 def _is_package(name: str) -> bool:
@@ -133,7 +134,8 @@ def write_artifact(path: Path, table: pa.Table, meta: dict[str, Any]) -> dict[st
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **schema_meta})
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
     side = {**meta, "rows": table.num_rows, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(json.dumps(side, indent=1, default=str)))
+    text = json.dumps(side, indent=1, default=str)
+    atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return side
 
 
@@ -144,7 +146,7 @@ def valid_sidecar(path: Path) -> dict[str, Any] | None:
     way that may pass on a retry)."""
     side = sidecar_path(path)
     try:
-        meta = json.loads(side.read_text())
+        meta = json.loads(side.read_text(encoding="utf-8"))
         if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"] or meta.get("incomplete"):
             return None
         if any(manifest_problem(path.parent / d, h) for d, h in meta.get("attachments", {}).items()):
@@ -161,7 +163,7 @@ def write_manifest(directory: Path, files: Iterable[str]) -> str:
     """`SHA256SUMS` (the format `sha256sum -c` reads) over `files` of `directory`, written last and
     atomically: a directory whose files match it is whole. Returns the manifest's own hash."""
     lines = "".join(f"{file_sha256(directory / f)}  {f}\n" for f in files if (directory / f).exists())
-    atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(lines))
+    atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(lines, encoding="utf-8"))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -169,7 +171,7 @@ def manifest_problem(directory: Path, expected: str | None = None) -> str | None
     """Why `directory` cannot be trusted (its manifest or a listed file missing or altered, or the
     manifest not the one recorded as `expected`), or None if it is whole."""
     try:
-        text = (directory / MANIFEST).read_text()
+        text = (directory / MANIFEST).read_text(encoding="utf-8")
     except OSError:
         return f"{directory / MANIFEST} is missing"
     if expected is not None and hashlib.sha256(text.encode()).hexdigest() != expected:

@@ -88,3 +88,20 @@ def test_failed_write_keeps_the_previous_artifact(tmp_path):
         write_artifact(path, "not a table", {"stage": "extract"})  # type: ignore[arg-type]
     assert valid_sidecar(path) is not None
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_code_versions_do_not_depend_on_the_locale():
+    """Module sources are read as UTF-8 even where the locale says ASCII (docstrings hold `§`, `·`)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    code = ("import locale; from lospmm.flows.dag import stage_version; "
+            "print(locale.getpreferredencoding(False), stage_version('reorder'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    encoding, version = out.stdout.split()
+    from lospmm.flows.dag import stage_version
+
+    assert encoding.upper() in ("ANSI_X3.4-1968", "ASCII", "US-ASCII") and version == stage_version("reorder")

@@ -48,7 +48,8 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             t0 = clock.perf_counter()
             spill = int(p["spill_stores"]) + int(p["spill_loads"])
             t = timer.time(LaunchUnderTest(
-                tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill, c["smem_bytes"],
+                tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
+                c["smem_bytes"],
                 clusters=clusters_from_row(clusters, cluster_row[at]), kernel=p["kernel"],
                 cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None))
             return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
