@@ -138,10 +138,16 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     fine = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
                                "--until", "constrain", "--tokens", "256"])
     assert fine.exit_code == 0, fine.output
-    # N = 1 token: every tile is removed, so nothing is emitted, and that is not a success
-    nothing = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
-                                  "--tokens", "1"])
-    assert nothing.exit_code == 3 and "good (no kept candidate)" in nothing.output
+    # N = 1 token: no candidate passes, so the least-bad are kept as a fallback and a kernel is emitted
+    small = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
+                                "--tokens", "1"])
+    assert small.exit_code == 0 and "fallback" in small.output, small.output
+    # only M1 = 256 on a 256-row layer: the register limit removes every tile, nothing can be emitted
+    tall = tmp_path / "tall.safetensors"
+    save_file({"tall": rng.standard_normal((256, 16)).astype(np.float32)}, str(tall))
+    nothing = runner.invoke(app, ["run", "--weights", str(tall), "--artifacts", str(tmp_path / "art"), "--m1", "256",
+                                  "--tokens", "4096"])
+    assert nothing.exit_code == 3 and "tall (no kept candidate)" in nothing.output, nothing.output
 
     # an artifact deleted after the run: inspect names it and how to rebuild it, no traceback
     from lospmm.flows.runs import run_record

@@ -56,11 +56,14 @@ def write_summary(root: Path, record: dict) -> str | None:
         chosen = Counter(r["layer"] for r in arts.get("rank", []) if r["chosen"])
         timed = Counter(r["layer"] for r in arts.get("time", []) if r["status"] == Status.OK)
         emitted = {r["layer"]: r for r in arts.get("emit", [])}
+        fell_back = {r["layer"] for r in arts.get("constrain", []) if r.get("fallback")}
         for lay in (r for r in arts.get("prune", []) if r["status"] == Status.OK):
             name = lay["layer"]
             em = emitted.get(name, {})
             status = em.get("status") or (Status.NO_CANDIDATE if not kept[name] and "constrain" in arts
                                           else Status.NOT_EMITTED)
+            if status == Status.OK and name in fell_back:
+                status = Status.FALLBACK
             row = {**layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
@@ -99,7 +102,7 @@ def layer_outcomes(root: Path, record: dict) -> dict:
     total = {(r["model"], r["sparsity"], r["layer"]) for r in rows} | set(failed)
     if record["config"].get("until") == "emit":
         for r in rows:
-            if r["status"] != Status.OK:
+            if r["status"] not in (Status.OK, Status.FALLBACK):
                 failed.setdefault((r["model"], r["sparsity"], r["layer"]),
                                   {"model": r["model"], "sparsity": r["sparsity"], "layer": r["layer"],
                                    "status": r["status"], "message": ""})

@@ -12,6 +12,13 @@ records the first one it fails:
   WASTE_col (padded share of the ceil(N/N1)·N1 columns) > TH_col;
 - empty: the layer has no nonzero, so there is no kernel to tile.
 
+When no candidate of a layer with tiles passes (e.g. N = 4, below every N1 — each CNN's classifier
+at batch 4), the least-bad are kept as a fallback so every GEMM layer gets a kernel: of the
+candidates removed only by utilisation or load balance (register and empty ones cannot run), the
+`fallback_keep` with the smallest total overshoot of the constraints (column waste over TH_col,
+COV_row over TH_row, and the shortfall of blocks under SMs/2, each as a fraction), flagged
+`fallback` and kept; `removed_by` still names the constraint each one fails.
+
 Register prediction follows Alg. 2's thread: M1 accumulators, `prefetch_regs` registers holding
 B values (the current column and the prefetched next one), `overhead_regs` for pointers, indices
 and the column bound, plus `extra_regs_per_row` · M1 for the loads ptxas keeps in flight, and never
@@ -26,7 +33,7 @@ Kernels compile at ptxas -O1 (see compile.CompileOptions), where this cap held w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -43,7 +50,7 @@ REMOVED_BY = ("register", "utilisation", "load_balance", "empty", UPSTREAM_ERROR
 class ConstrainParams:
     """Defaults: th_row=0.25, th_col=0.25 (the paper's §3.4 thresholds), min_blocks_per_sm=0.5
     (Eq. 1 relaxed to SMs/2), prefetch_regs=2, overhead_regs=14, extra_regs_per_row=0.5,
-    min_regs=32."""
+    min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none)."""
 
     th_row: float = 0.25
     th_col: float = 0.25
@@ -52,6 +59,7 @@ class ConstrainParams:
     overhead_regs: int = 14
     extra_regs_per_row: float = 0.5
     min_regs: int = 32
+    fallback_keep: int = 10
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,11 @@ class Candidate:
     nnz_max: int
     max_nnc: int
     removed_by: str | None
+    fallback: bool = False  # kept although it fails `removed_by`: nothing passed every constraint
 
     @property
     def kept(self) -> bool:
-        return self.removed_by is None
+        return self.removed_by is None or self.fallback
 
 
 def n1_choices(device: Device) -> list[int]:
@@ -120,7 +129,27 @@ def constrained_candidates(
                 reason = None
             out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, n1, regs, block_regs,
                                  stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason))
+    if params.fallback_keep > 0 and not any(c.kept for c in out):
+        out = with_fallback(out, device, params)
     return out
+
+
+def overshoot(c: Candidate, device: Device, params: ConstrainParams = ConstrainParams()) -> float:
+    """How far a candidate misses the utilisation and load-balance constraints, summed as fractions
+    (0 for one that passes them)."""
+    min_blocks = device.sms * params.min_blocks_per_sm
+    return (max(0.0, c.waste_col - params.th_col) + max(0.0, c.cov_row - params.th_row)
+            + max(0.0, 1.0 - c.block_num / min_blocks))
+
+
+def with_fallback(candidates: list[Candidate], device: Device, params: ConstrainParams = ConstrainParams()
+                  ) -> list[Candidate]:
+    """`candidates` with the `fallback_keep` least-bad ones (removed only by utilisation or load
+    balance) flagged `fallback`, so kept; unchanged if none is eligible."""
+    eligible = [c for c in candidates if c.removed_by in ("utilisation", "load_balance")]
+    picked = {(c.m1, c.n1) for c in sorted(eligible, key=lambda c: (overshoot(c, device, params), c.m1, c.n1))
+              [:params.fallback_keep]}
+    return [replace(c, fallback=True) if (c.m1, c.n1) in picked else c for c in candidates]
 
 
 def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Device,
@@ -137,6 +166,7 @@ def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:
     left = len(candidates)
     counts = {"total": left}
     reasons = np.array([c.removed_by or "" for c in candidates])
+    counts["fallback"] = sum(c.fallback for c in candidates)
     for step in ("empty", "register", "utilisation", "load_balance"):
         left -= int(np.sum(reasons == step))
         counts[f"after_{step}"] = left

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.constrain import (
-    REMOVED_BY, ConstrainParams, constrained_candidates, layer_candidates, n1_choices, predicted_registers,
+    REMOVED_BY, ConstrainParams, constrained_candidates, layer_candidates, overshoot, n1_choices, predicted_registers,
     reduction_counts,
 )
 from lospmm.stages.devices import DEVICES, device_named
@@ -77,7 +77,12 @@ def test_every_candidate_is_kept_or_names_its_first_failing_constraint(n, tiles,
         assert c.removed_by == expected
     counts = reduction_counts(cands)
     steps = [counts[k] for k in ("total", "after_empty", "after_register", "after_utilisation", "after_load_balance")]
-    assert steps == sorted(steps, reverse=True) and steps[-1] == sum(c.kept for c in cands)
+    assert steps == sorted(steps, reverse=True) and steps[-1] == sum(c.removed_by is None for c in cands)
+    # a fallback only where nothing passed, only from utilisation / load-balance failures, at most 10
+    fallback = [c for c in cands if c.fallback]
+    assert counts["fallback"] == len(fallback) <= 10
+    assert not fallback or (steps[-1] == 0 and {c.removed_by for c in fallback} <= {"utilisation", "load_balance"})
+    assert sum(c.kept for c in cands) == steps[-1] + len(fallback)
 
 
 def test_unknown_gpu_lists_the_table():
@@ -90,3 +95,21 @@ def test_an_all_zero_layer_stands_as_empty_candidates():
     cands = layer_candidates(4096, {8: _stats()}, H100, empty=True)
     assert cands and {c.removed_by for c in cands} == {"empty"} and {c.m1 for c in cands} == {1}
     assert not any(c.removed_by == "empty" for c in layer_candidates(4096, {8: _stats()}, H100))
+
+
+def test_a_layer_below_every_n1_keeps_its_least_bad_candidates_as_a_fallback():
+    # a CNN classifier at batch 4: N = 4 leaves 28 of 32 threads idle at the smallest N1
+    stats = {m1: _stats(num_tiles=1000 // m1, cov=0.1) for m1 in (1, 4, 16, 64)}
+    cands = constrained_candidates(4, stats, H100)
+    fallback = [c for c in cands if c.fallback]
+    assert not any(c.removed_by is None for c in cands) and len(fallback) == 10
+    assert all(c.kept and c.removed_by in ("utilisation", "load_balance") for c in fallback)
+    assert {c.n1 for c in fallback} >= {32}  # the least column waste
+    worst_kept = max(overshoot(c, H100) for c in fallback)
+    assert all(overshoot(c, H100) >= worst_kept for c in cands
+               if not c.fallback and c.removed_by in ("utilisation", "load_balance"))
+    assert not any(c.fallback for c in constrained_candidates(4, stats, H100, ConstrainParams(fallback_keep=0)))
+    # a layer that passes keeps no fallback; an empty one (or one only registers remove) gets none
+    assert not any(c.fallback for c in constrained_candidates(4096, {8: _stats()}, H100))
+    assert not any(c.fallback for c in layer_candidates(4, {8: _stats()}, H100, empty=True))
+    assert not any(c.kept for c in constrained_candidates(4, {256: _stats(num_tiles=4)}, H100))

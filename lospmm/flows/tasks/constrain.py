@@ -25,7 +25,8 @@ SCHEMA = pa.schema(
     LAYER + [("sparsity", F64), ("gpu", STR), ("arch", STR)]
     + [("m1", I32), ("n1", I32), ("num_a_tiles", I32), ("num_b_tiles", I32), ("block_num", I64),
        ("threads", I32), ("pred_regs", I32), ("block_regs", I64), ("cov_row", F64), ("waste_col", F64),
-       ("nnc_sum", I64), ("nnz_max", I64), ("max_nnc", I64), ("kept", BOOL), ("removed_by", STR)]
+       ("nnc_sum", I64), ("nnz_max", I64), ("max_nnc", I64), ("kept", BOOL), ("removed_by", STR),
+       ("fallback", BOOL)]
     + STATUS
 )
 
