@@ -232,6 +232,8 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     from lospmm.flows import inspection
     from lospmm.flows.pipeline import new_run_id, run_plan
 
+    from prefect.exceptions import TerminationSignal
+
     from lospmm.flows.server import detach_embedded_api
 
     run_id = new_run_id()
@@ -241,7 +243,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
         with _stops_cleanly():
             detach_embedded_api()
             result = run_plan(plan, refresh=refresh, run_id=run_id)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or SIGTERM as Prefect re-raises it in a flow run
         _record_interrupted(plan.root, run_id)
         err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
                   f"same command again resumes from them")
@@ -268,11 +270,17 @@ def _stops_cleanly():
 
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
-        yield
+        try:
+            yield
+        finally:
+            STOP.clear()
         return
 
+    received = []
+
     def handler(signum, frame):
-        if STOP.is_set():
+        received.append(signum)
+        if len(received) > 1:
             os._exit(EXIT_INTERRUPTED)
         STOP.set()
         raise KeyboardInterrupt
@@ -283,6 +291,7 @@ def _stops_cleanly():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        STOP.clear()  # a later run in this process (a notebook, a test session) starts afresh
 
 
 def _record_interrupted(root: Path, run_id: str) -> None:
@@ -291,6 +300,8 @@ def _record_interrupted(root: Path, run_id: str) -> None:
     try:
         record = run_record(root, run_id)
     except LookupError:
+        return
+    if record.get("status") != RunStatus.RUNNING:  # it finished before the signal took effect
         return
     record.update(status=RunStatus.INTERRUPTED, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     write_run_record(root, record)
@@ -302,7 +313,10 @@ def _exit_code(record: dict) -> int:
     if record["status"] != RunStatus.COMPLETED:
         err.print(f"[red]run {record['run_id']} failed[/]: a task did not complete (see the table above)")
         return EXIT_RUN_FAILED
-    layers = record.get("layers") or {"total": 0, "failed": []}
+    if record.get("summary_error") or "layers" not in record:
+        err.print(f"[red]run {record['run_id']}: its summary could not be written[/]: {record.get('summary_error')}")
+        return EXIT_RUN_FAILED
+    layers = record["layers"]
     if not layers["total"]:
         err.print(f"[red]run {record['run_id']}: no layer to search[/] (every tensor was skipped)")
         return EXIT_LAYERS_FAILED

@@ -19,7 +19,7 @@ class SpMM:
         d = Path(kernel_dir)
         from lospmm.flows.store import manifest_problem
 
-        problem = manifest_problem(d)  # every file as emit wrote it, or nothing is loaded
+        problem = manifest_problem(d, required=("kernel.cubin", "kernel.json"))  # as emit wrote them, or nothing
         if problem:
             raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
         try:

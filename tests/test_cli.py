@@ -138,6 +138,9 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     fine = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
                                "--until", "constrain", "--tokens", "256"])
     assert fine.exit_code == 0, fine.output
+    extracted = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"),
+                                    "--until", "extract"])
+    assert extracted.exit_code == 0, extracted.output  # asked for shapes only, and got them
     # N = 1 token: no candidate passes, so the least-bad are kept as a fallback and a kernel is emitted
     small = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
                                 "--tokens", "1"])

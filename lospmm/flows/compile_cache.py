@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lospmm.flows.store import atomic_write, file_sha256, locked
+from lospmm.flows.taskio import stop_requested
 from lospmm.stages.compile import CompileOptions, compile_key, compiled
 
 FILES = {"source": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin", "log": "ptxas.log"}
@@ -23,7 +24,7 @@ def cached_compile(root: str | Path, source: str, name: str, options: CompileOpt
     """The compile result for this source and options, and whether it came from the cache."""
     key = compile_key(source, options)
     d = cache_dir(root, key)
-    with locked(d):  # two tasks or runs compiling the same source: one compiles, the other reuses
+    with locked(d, check=stop_requested):  # two tasks or runs on one source: one compiles, the other reuses
         hit = _valid(d)
         if hit is not None:
             return hit, True

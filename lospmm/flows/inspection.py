@@ -23,7 +23,7 @@ VIEW_COLUMNS = {
                 "identity_mean_nnc", "reordered_mean_nnc", "identity_cov_nnz", "reordered_cov_nnz", "status",
                 "seconds"],
     "constrain": ["layer", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
-                  "removed_by"],
+                  "removed_by", "fallback"],
     "cluster": ["layer", "m1", "num_tiles", "max_active_blocks", "num_clusters", "status", "message", "seconds"],
     "pad": ["layer", "m1", "n1", "grid_x", "grid_y", "block", "pred_regs", "num_atb", "smem_bytes", "status"],
     "compile": ["layer", "m1", "kind", "status", "registers", "maxrregcount", "spill_stores", "compile_seconds",
@@ -107,7 +107,8 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
         sample = ", ".join(f"({r['m1']},{r['n1']})" for r in kept[:6]) + (" …" if len(kept) > 6 else "")
         first = sub[0]
         t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(sub)),
-                  *(str(removed.count(r)) for r in REMOVED_BY), str(len(kept)),
+                  *(str(removed.count(r)) for r in REMOVED_BY),
+                  str(len(kept)) + (" (fallback)" if any(r.get("fallback") for r in kept) else ""),
                   sample if first["status"] != Status.ERROR else first["message"])
     return t
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from lospmm.flows.compile_cache import cached_compile
 from lospmm.flows.schemas import LAYER_COLUMNS
-from lospmm.flows.store import atomic_write, read_artifact, write_manifest
+from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_manifest
 from lospmm.flows.taskio import failed_row, is_transient
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
@@ -63,6 +63,8 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
     kernel = full_kernel_source(matrix, tiles, n1)
     out.mkdir(parents=True, exist_ok=True)
+    for f in (*KERNEL_FILES, MANIFEST):  # a file left from an earlier kernel here must not be vouched for
+        (out / f).unlink(missing_ok=True)
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch), **(extra or {})}
     cubin = None

@@ -8,6 +8,8 @@ recomputed; a task reuses a whole artifact that a killed run left without a Pref
 from __future__ import annotations
 
 import secrets
+import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -23,7 +25,7 @@ from lospmm.flows.dag import DAG, node_key
 from lospmm.flows.runs import RunStatus, write_run_record
 from lospmm.flows.store import artifact_path, valid_sidecar
 from lospmm.flows.summary import layer_outcomes, write_summary
-from lospmm.flows.taskio import RunContext
+from lospmm.flows.taskio import STOP, RunContext
 
 
 def new_run_id() -> str:
@@ -54,6 +56,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     follow by key only if their inputs' keys change, so callers pass the downstream stages too)."""
     run_id = run_id or new_run_id()
     plan = _PLANS.get(run_id) or resolved(RunConfig.from_dict(config))
+    _stop_on_sigterm()
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
@@ -107,6 +110,25 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     write_run_record(root, record)
     _publish_summary(root, record)
     return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+
+
+def _stop_on_sigterm() -> None:
+    """Prefect replaces the SIGTERM handler for the length of a flow run (it raises its own
+    TerminationSignal, and leaving the flow then waits for the running tasks to finish their whole
+    stage). Chain a handler in front of Prefect's that first asks the tasks to stop at their next
+    item; Prefect restores the previous handler when the flow run ends."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        STOP.set()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> None:

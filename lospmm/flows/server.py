@@ -16,13 +16,15 @@ import signal
 import subprocess
 
 _PR_SET_PDEATHSIG = 1
+try:  # resolved here, not in the forked child (where only async-signal-safe work belongs)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the API is still stopped on every exit but a SIGKILL
+    _PRCTL = None
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except Exception:  # not Linux: the API is still stopped on every exit but a SIGKILL
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 class _DetachedSubprocess:

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -167,15 +168,19 @@ def write_manifest(directory: Path, files: Iterable[str]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def manifest_problem(directory: Path, expected: str | None = None) -> str | None:
-    """Why `directory` cannot be trusted (its manifest or a listed file missing or altered, or the
-    manifest not the one recorded as `expected`), or None if it is whole."""
+def manifest_problem(directory: Path, expected: str | None = None, required: tuple[str, ...] = ()) -> str | None:
+    """Why `directory` cannot be trusted (its manifest or a listed file missing or altered, a
+    `required` file not listed, or the manifest not the one recorded as `expected`), or None."""
     try:
         text = (directory / MANIFEST).read_text(encoding="utf-8")
     except OSError:
         return f"{directory / MANIFEST} is missing"
     if expected is not None and hashlib.sha256(text.encode()).hexdigest() != expected:
         return f"{directory / MANIFEST} is not the one its artifact recorded"
+    listed = {line.partition("  ")[2] for line in text.splitlines()}
+    missing = [f for f in required if f not in listed]
+    if missing:
+        return f"{directory / MANIFEST} does not list {', '.join(missing)} (not compiled?)"
     for line in text.splitlines():
         digest, _, name = line.partition("  ")
         try:
@@ -202,13 +207,21 @@ def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
 
 
 @contextmanager
-def locked(path: Path):
+def locked(path: Path, check=None, poll_s: float = 0.2):
     """An exclusive lock on `path` (a `.lock` file beside it) across threads and processes: two runs,
-    or two tasks of one run, that reach the same artifact or compile key compute it once."""
+    or two tasks of one run, that reach the same artifact or compile key compute it once. While
+    waiting, `check()` is called every `poll_s` (it raises to give up, e.g. when the run is stopped)."""
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if check is not None:
+                    check()
+                time.sleep(poll_s)
         try:
             yield
         finally:

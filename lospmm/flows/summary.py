@@ -87,23 +87,36 @@ def write_summary(root: Path, record: dict) -> str | None:
 
 
 
+LAYER_STAGES = ("prune", "reorder", "constrain")  # whose problems are a layer's, not one candidate's
+
+
 def layer_outcomes(root: Path, record: dict) -> dict:
-    """How many layers the run was asked for and which did not produce what was asked: every layer
-    with an error or empty status at any stage, and, when the run went to emit, every layer left
-    without an emitted kernel (no kept candidate, say). The exit code follows from this."""
+    """How many layers the run was asked for and which did not produce what was asked: a layer with
+    an error or empty status at a layer-level stage, and, when the run went to emit, every layer
+    left without an emitted kernel. One candidate failing (a proxy that did not compile) is not a
+    layer failing: emit says whether the layer got its kernel. The exit code follows from this."""
+    until = record["config"].get("until")
+    stages = ("extract",) if until == "extract" else LAYER_STAGES  # past extract, prune repeats its errors
     failed: dict[tuple, dict] = {}
     for e in record["entries"]:
+        if e["stage"] not in stages:
+            continue
         for p in e.get("problems", []):
             if p["status"] in (Status.ERROR, Status.EMPTY):
                 failed.setdefault((e.get("model"), e.get("sparsity"), p["layer"]),
                                   {"model": e.get("model"), "sparsity": e.get("sparsity"), "layer": p["layer"],
                                    "status": p["status"], "message": p["message"]})
-    rows = read_artifact(root / record["summary"]).to_pylist() if record.get("summary") else []
-    total = {(r["model"], r["sparsity"], r["layer"]) for r in rows} | set(failed)
-    if record["config"].get("until") == "emit":
-        for r in rows:
-            if r["status"] not in (Status.OK, Status.FALLBACK):
-                failed.setdefault((r["model"], r["sparsity"], r["layer"]),
-                                  {"model": r["model"], "sparsity": r["sparsity"], "layer": r["layer"],
-                                   "status": r["status"], "message": ""})
+    if until == "extract":
+        total = {(e["model"], None, r["layer"]) for e in record["entries"] if e["stage"] == "extract" and e.get("path")
+                 for r in read_artifact(root / e["path"], columns=["layer", "status"]).to_pylist()
+                 if r["status"] != Status.SKIPPED}
+    else:
+        rows = read_artifact(root / record["summary"]).to_pylist() if record.get("summary") else []
+        total = {(r["model"], r["sparsity"], r["layer"]) for r in rows} | set(failed)
+        if until == "emit":
+            for r in rows:
+                if r["status"] not in (Status.OK, Status.FALLBACK):
+                    failed.setdefault((r["model"], r["sparsity"], r["layer"]),
+                                      {"model": r["model"], "sparsity": r["sparsity"], "layer": r["layer"],
+                                       "status": r["status"], "message": ""})
     return {"total": len(total), "failed": sorted(failed.values(), key=lambda f: (f["model"] or "", f["layer"]))}

@@ -141,27 +141,31 @@ def _retried_once(fn: Callable) -> Callable:
         stop_requested()
         row = fn(x)
         if isinstance(row, dict) and row.get("transient"):
+            stop_requested()  # a compiler killed by the terminal's Ctrl-C is no reason to retry
             time.sleep(1.0)
+            stop_requested()
             row = fn(x)
         return row
     return again
 
 
 def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, force: bool,
-              compute: Callable[[], list]) -> dict:
+              compute: Callable[[], list], upstream: dict | None = None) -> dict:
     """Reuse a whole artifact for `key` (e.g. left by a killed run without a cache record), else
     compute its rows, write it atomically with its sidecar, and return the manifest."""
     stop_requested()
     path = artifact_path(ctx.root, stage, label, key)
-    with locked(path):  # another task or run on this key waits, then reuses what it wrote
+    with locked(path, check=stop_requested):  # another task or run on this key waits, then reuses it
         meta = None if force else valid_sidecar(path)
         if meta is not None:
             return _manifest(meta, ctx.root, path, reused=True)
-        return _computed(stage, schema, key, ctx, label, path, compute)
+        # built on an input that is to be recomputed (a transient failure upstream): so is this
+        inherited = any(m.get("incomplete") for m in (upstream or {}).values())
+        return _computed(stage, schema, key, ctx, label, path, compute, inherited)
 
 
 def _computed(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, path: Path,
-              compute: Callable[[], list]) -> dict:
+              compute: Callable[[], list], inherited: bool = False) -> dict:
     t0 = time.perf_counter()
     rows = compute()
     table = schemas.table_from_rows(rows, schema)
@@ -178,11 +182,11 @@ def _computed(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: s
     meta = {"stage": stage, "key": key, "label": label, "seconds": time.perf_counter() - t0,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "problems": problems, "attachments": attachments,
             # a failure that may pass on a retry (I/O, memory, a killed compiler) is never served as a result
-            "incomplete": any(r.get("transient") for r in rows)}
+            "incomplete": inherited or any(r.get("transient") for r in rows)}
     return _manifest(write_artifact(path, table, meta), ctx.root, path, reused=False)
 
 
 def _manifest(meta: dict, root: str, path: Path, reused: bool) -> dict:
     return {"stage": meta["stage"], "key": meta["key"], "label": meta["label"],
             "path": str(path.relative_to(root)), "rows": meta["rows"], "seconds": meta["seconds"],
-            "problems": meta.get("problems", []), "reused": reused}
+            "problems": meta.get("problems", []), "reused": reused, "incomplete": bool(meta.get("incomplete"))}

@@ -29,7 +29,8 @@ def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = Synthe
     tiles = layer_tiles(a, params.m1)
     return [{**vars(c), **feature_row(c, sk.sparsity, sk.k), "m": sk.m, "n": sk.n, "_tiles": tiles[c.m1],
              "_matrix": a}
-            for c in layer_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device) if c.kept]
+            for c in layer_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device)
+            if c.removed_by is None]  # fallbacks are not examples of good tiles
 
 
 def candidate_time(timer: Timer) -> Callable[[SyntheticKernel, dict], float]:

@@ -43,6 +43,8 @@ def load_tensor(path: str | Path, name: str) -> np.ndarray:
             return _bfloat16_as_float32(Path(path), name)
         with safe_open(str(path), framework="np") as f:
             return f.get_tensor(name)
+    except (OSError, MemoryError):  # may pass on a retry: not the tensor's fault
+        raise
     except Exception as e:
         raise ValueError(f"{name}: cannot load tensor from {path}: {e}") from None
 

@@ -166,7 +166,7 @@ def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:
     left = len(candidates)
     counts = {"total": left}
     reasons = np.array([c.removed_by or "" for c in candidates])
-    counts["fallback"] = sum(c.fallback for c in candidates)
+    counts["fallback"] = sum(c.fallback for c in candidates)  # kept although they fail a constraint
     for step in ("empty", "register", "utilisation", "load_balance"):
         left -= int(np.sum(reasons == step))
         counts[f"after_{step}"] = left

@@ -140,7 +140,8 @@ def layer_id(raw: str, max_chars: int = 64) -> str:
     """A layer's identity in file names: its sanitised name (at most `max_chars`) and a short hash
     of the raw name, so `enc.0`, `enc_0` and `enc 0` never share a kernel directory, names made only
     of non-ASCII characters stay apart, and any name fits a path (at most max_chars + 9 characters)."""
-    return f"{sanitized_name(raw)[:max_chars]}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{sanitized_name(raw)[:max_chars]}-{digest}"
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -72,3 +72,16 @@ def test_kernel_json_is_strict_json_and_the_directory_carries_its_checksums(tmp_
     assert "kernel.cubin does not match" in manifest_problem(out)
     with pytest.raises(KernelDirError, match="kernel.cubin does not match"):  # the loader checks before it loads
         SpMM(out)
+
+
+def test_a_kernel_written_over_another_never_vouches_for_the_old_files(tmp_path):
+    from lospmm.loader import KernelDirError, SpMM
+
+    out = tmp_path / "k"
+    a = random_pruned(32, 32, 0.8, np.random.default_rng(3))
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "a", 0.8, 32, "sm_90", out, verify=False)
+    b = random_pruned(48, 32, 0.8, np.random.default_rng(4))
+    emitted_kernel(str(tmp_path), b, reordered_tiles(b, 4), "b", 0.8, 32, "sm_90", out, compile_=False, verify=False)
+    assert not (out / "kernel.cubin").exists()  # A's cubin is gone, not left beside B's kernel.json
+    with pytest.raises(KernelDirError, match="does not list kernel.cubin"):
+        SpMM(out)

@@ -198,3 +198,17 @@ def test_two_writers_of_one_key_compute_it_once(tmp_path):
         t.join(10)
     assert len(calls) == 1
     assert sorted(m["reused"] for m in out) == [False, True] and out[0]["path"] == out[1]["path"]
+
+
+def test_an_artifact_built_on_an_incomplete_one_is_incomplete_too(tmp_path):
+    """A transient failure upstream (a proxy that failed to compile for lack of disk) must not leave
+    a downstream artifact (its candidate skipped) that the next run would reuse."""
+    from lospmm.flows.store import valid_sidecar
+
+    ctx = RunContext(root=str(tmp_path))
+    built = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, lambda: [_launch_row("a")],
+                      {"compile": {"incomplete": True}})
+    assert built["incomplete"] and valid_sidecar(tmp_path / built["path"]) is None
+    clean = run_stage("pad", LAUNCH, "cd" * 32, ctx, "m", False, lambda: [_launch_row("a")],
+                      {"compile": {"incomplete": False}})
+    assert not clean["incomplete"] and valid_sidecar(tmp_path / clean["path"]) is not None

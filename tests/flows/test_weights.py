@@ -85,3 +85,20 @@ def test_bfloat16_weights_load_as_the_same_float32_values(tmp_path):
     assert out.dtype == np.float32 and out.shape == (2, 3)
     np.testing.assert_array_equal(out, (bf16.astype(np.uint32) << 16).view(np.float32).reshape(2, 3))
     assert out[0, 1] == -2.5 and out[1, 2] == -65280.0
+
+
+def test_an_io_error_while_loading_stays_an_io_error(tmp_path, monkeypatch):
+    """So the layer's failure counts as transient (retried, never cached), not as bad data."""
+    import errno
+
+    import safetensors
+
+    path = tmp_path / "w.safetensors"
+    save_file({"w": np.ones((4, 4), np.float32)}, str(path))
+
+    def failing(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(safetensors, "safe_open", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        load_tensor(path, "w")

@@ -59,7 +59,7 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
                 rows.append(failed_row(base, f"{layer} M1={m1}", e))
         return rows
 
-    return run_stage("cluster", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("cluster", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def clusters_row(cl: ProxyClusters) -> dict:

@@ -78,7 +78,7 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
 
         return in_parallel(one, range(table.num_rows), ctx.jobs, ctx.reporter("compile", label))
 
-    return run_stage("compile", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("compile", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def compile_row(result: dict, from_cache: bool) -> dict:

@@ -54,4 +54,4 @@ def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, 
         return [row for layer, group in grouped(scalar_rows(ctx, inputs["reorder"], REORDERED), "layer").items()
                 for row in one(layer, group)]
 
-    return run_stage("constrain", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("constrain", SCHEMA, key, ctx, label, force, compute, inputs)

@@ -49,4 +49,4 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
         return in_parallel(one, layers, 1 if timer.runs_binary else ctx.jobs, ctx.reporter("emit", label))
 
-    return run_stage("emit", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("emit", SCHEMA, key, ctx, label, force, compute, inputs)

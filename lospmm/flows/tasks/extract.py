@@ -27,7 +27,7 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
             shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens)
         return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
 
-    return run_stage("extract", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("extract", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def shape_row(s: LayerShape, source: str, source_sha256: str) -> dict:

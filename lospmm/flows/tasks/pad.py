@@ -37,5 +37,5 @@ def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device
                 "block": launch.block, "pred_regs": c["pred_regs"], "num_atb": launch.num_atb,
                 "smem_bytes": launch.smem_bytes}
 
-    return run_stage("pad", SCHEMA, key, ctx, label, force, 
-                     lambda: [one(c) for c in chosen_rows(ctx, inputs["rank"])])
+    return run_stage("pad", SCHEMA, key, ctx, label, force,
+                     lambda: [one(c) for c in chosen_rows(ctx, inputs["rank"])], inputs)

@@ -49,7 +49,7 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
     def compute():
         return [one(r) for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
 
-    return run_stage("prune", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("prune", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def csr_from_row(table, i: int) -> sp.csr_matrix:

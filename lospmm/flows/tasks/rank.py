@@ -36,4 +36,4 @@ def rank(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, param
                      for c, s, r, ch in zip(group, scores, ranks, chosen)]
         return rows
 
-    return run_stage("rank", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("rank", SCHEMA, key, ctx, label, force, compute, inputs)

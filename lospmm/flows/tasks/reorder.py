@@ -72,7 +72,7 @@ def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1
                 rows.append(failed_row(base, info["layer"], e))
         return rows
 
-    return run_stage("reorder", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("reorder", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def tiles_row(tiles: Tiles) -> dict:

@@ -59,7 +59,7 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         # one at a time: concurrent launches would disturb each other's measurements
         return in_parallel(one, ctx.read(inputs["pad"]).to_pylist(), 1, ctx.reporter("time", label))
 
-    return run_stage("time", SCHEMA, key, ctx, label, force, compute)
+    return run_stage("time", SCHEMA, key, ctx, label, force, compute, inputs)
 
 
 def timing_row(t: Timing) -> dict:
