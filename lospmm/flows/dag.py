@@ -21,7 +21,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from lospmm.flows.config import RunPlan, Source
-from lospmm.flows.store import artifact_key, module_closure_hash
+from lospmm.flows.store import artifact_key, module_closure, module_closure_hash
 from lospmm.stages import STAGES
 
 
@@ -81,33 +81,33 @@ def list_columns() -> set[str]:
     return set().union(*(of(s) for s in artifact_schemas().values()))
 
 
+def code_version(module: str) -> str:
+    """Hash of a lospmm module and every lospmm module it imports, transitively ("" outside lospmm)."""
+    if not module.startswith("lospmm"):
+        return ""
+    return module_closure_hash(module, prefix="lospmm", skip=RUNTIME_ONLY)
+
+
 @lru_cache(maxsize=None)
 def stage_version(stage: str) -> str:
-    """Hash of the stage's adapter module and every lospmm module it imports, transitively."""
-    return module_closure_hash(NODES[stage].adapter_module, prefix="lospmm", skip=RUNTIME_ONLY)
+    """The code version of the stage's adapter module: the adapter and everything it imports."""
+    return code_version(NODES[stage].adapter_module)
 
 
 def version_modules(stage: str) -> set[str]:
     """The modules whose source is part of `stage`'s version."""
-    from lospmm.flows.store import module_closure
-
     return set(module_closure(NODES[stage].adapter_module, prefix="lospmm", skip=RUNTIME_ONLY))
 
 
 def key_form(value: Any) -> Any:
     """A parameter as it enters a key: objects with `key_form()` say so themselves (a Source leaves
-    out where its file lies), dataclasses become their fields, tuples lists."""
-    if hasattr(value, "key_form") and not isinstance(value, type):
-        own = value.key_form()
-        module = type(value).__module__
-        return {"__type__": f"{module}.{type(value).__qualname__}",
-                "__code__": module_closure_hash(module, prefix="lospmm", skip=RUNTIME_ONLY), **key_form(own)}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # what the object does is part of it: a Timer's code times, a Device's table entry sizes
-        module = type(value).__module__
-        code = module_closure_hash(module, prefix="lospmm", skip=RUNTIME_ONLY) if module.startswith("lospmm") else ""
-        return {"__type__": f"{module}.{type(value).__qualname__}", "__code__": code,
-                **{f.name: key_form(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    out where its file lies), dataclasses become their fields, tuples lists. What an object does is
+    part of it too: its class's code version (a Timer's code times, a Device's table entry sizes)."""
+    typed = not isinstance(value, type)
+    if typed and hasattr(value, "key_form"):
+        return {**_type_form(value), **key_form(value.key_form())}
+    if typed and dataclasses.is_dataclass(value):
+        return {**_type_form(value), **{f.name: key_form(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     if isinstance(value, dict):
         return {str(k): key_form(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -115,6 +115,11 @@ def key_form(value: Any) -> Any:
     if isinstance(value, bytes):
         return hashlib.sha256(value).hexdigest()
     return value
+
+
+def _type_form(value: Any) -> dict[str, str]:
+    module = type(value).__module__
+    return {"__type__": f"{module}.{type(value).__qualname__}", "__code__": code_version(module)}
 
 
 def node_key(stage: str, params: dict[str, Any], input_keys: list[str]) -> str:

@@ -103,8 +103,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                   else RunStatus.FAILED, wall_seconds=time.perf_counter() - t_start,
                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     try:
-        record["summary"] = write_summary(root, record)
-        record["layers"] = layer_outcomes(root, record)
+        record["summary"], rows = write_summary(root, record)
+        record["layers"] = layer_outcomes(root, record, rows)
     except Exception as e:  # the stages' artifacts stand on their own; say why the summary is missing
         record["summary_error"] = f"{type(e).__name__}: {e}"
     write_run_record(root, record)

@@ -27,9 +27,10 @@ SUMMARY = pa.schema(
 SCHEMAS = artifact_schemas()
 
 
-def write_summary(root: Path, record: dict) -> str | None:
+def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
-    to summary/<run_id>.parquet and published as a Prefect table artifact. None if nothing ran."""
+    to summary/<run_id>.parquet and published as a Prefect table artifact. Returns the file's path
+    (None if nothing ran) and the rows."""
     from prefect.artifacts import create_table_artifact
 
     by = {}
@@ -73,7 +74,7 @@ def write_summary(root: Path, record: dict) -> str | None:
             row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
             rows.append(row)
     if not rows:
-        return None
+        return None, []
     path = root / "summary" / f"{record['run_id']}.parquet"
     write_artifact(path, schemas.table_from_rows(rows, SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
@@ -82,19 +83,18 @@ def write_summary(root: Path, record: dict) -> str | None:
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
                                       f"timer named in each row; 'estimate' rows are model estimates)")
-    return str(path.relative_to(root))
-
-
+    return str(path.relative_to(root)), rows
 
 
 LAYER_STAGES = ("prune", "reorder", "constrain")  # whose problems are a layer's, not one candidate's
 
 
-def layer_outcomes(root: Path, record: dict) -> dict:
+def layer_outcomes(root: Path, record: dict, rows: list[dict]) -> dict:
     """How many layers the run was asked for and which did not produce what was asked: a layer with
     an error or empty status at a layer-level stage, and, when the run went to emit, every layer
-    left without an emitted kernel. One candidate failing (a proxy that did not compile) is not a
-    layer failing: emit says whether the layer got its kernel. The exit code follows from this."""
+    left without an emitted kernel (`rows`: the run's summary). One candidate failing (a proxy that
+    did not compile) is not a layer failing: emit says whether the layer got its kernel. The exit
+    code follows from this."""
     until = record["config"].get("until")
     stages = ("extract",) if until == "extract" else LAYER_STAGES  # past extract, prune repeats its errors
     failed: dict[tuple, dict] = {}
@@ -111,7 +111,6 @@ def layer_outcomes(root: Path, record: dict) -> dict:
                  for r in read_artifact(root / e["path"], columns=["layer", "status"]).to_pylist()
                  if r["status"] != Status.SKIPPED}
     else:
-        rows = read_artifact(root / record["summary"]).to_pylist() if record.get("summary") else []
         total = {(r["model"], r["sparsity"], r["layer"]) for r in rows} | set(failed)
         if until == "emit":
             for r in rows:
