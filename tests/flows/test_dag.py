@@ -12,14 +12,7 @@ from safetensors.numpy import save_file
 
 from lospmm.flows import store
 from lospmm.flows.config import RunConfig, resolved
-from lospmm.flows.dag import (
-    DAG,
-    NODES,
-    key_form,
-    node_key,
-    stage_version,
-    version_modules,
-)
+from lospmm.flows.dag import DAG, NODES, key_form, node_key, stage_version, version_modules
 from lospmm.stages import STAGE_MODULES, STAGES
 from tests.conftest import run_directly
 

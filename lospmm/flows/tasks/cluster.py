@@ -9,23 +9,10 @@ import numpy as np
 import pyarrow as pa
 
 from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, list_values
-from lospmm.flows.taskio import (
-    RunContext,
-    chosen_rows,
-    failed_row,
-    grouped,
-    layer_fields,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.stages.cluster import (
-    ClusterParams,
-    ProxyClusters,
-    proxy_active_blocks,
-    proxy_clusters,
-)
+from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
 from lospmm.stages.devices import Device
 from lospmm.stages.status import Status
 

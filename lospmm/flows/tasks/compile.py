@@ -6,25 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lospmm.flows.compile_cache import cached_compile
-from lospmm.flows.schemas import (
-    BOOL,
-    F64,
-    I32,
-    I64,
-    LAYER_AT,
-    LAYER_COLUMNS,
-    STATUS,
-    STR,
-)
-from lospmm.flows.taskio import (
-    RunContext,
-    failed_row,
-    in_parallel,
-    layer_fields,
-    run_logger,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER_AT, LAYER_COLUMNS, STATUS, STR
+from lospmm.flows.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.hostemu import proxy_check

@@ -5,15 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER, STATUS, STR
-from lospmm.flows.taskio import (
-    RunContext,
-    failed_row,
-    grouped,
-    layer_fields,
-    run_stage,
-    scalar_rows,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows, stage_task
 from lospmm.flows.tasks.reorder import SCHEMA as REORDERED
 from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
 from lospmm.stages.devices import Device

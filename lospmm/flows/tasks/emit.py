@@ -8,14 +8,7 @@ import pyarrow as pa
 from lospmm.flows.kernels import emitted_layer
 from lospmm.flows.schemas import F64, I32, LAYER, STATUS, STR
 from lospmm.flows.store import artifact_path
-from lospmm.flows.taskio import (
-    RunContext,
-    grouped,
-    in_parallel,
-    run_logger,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.stages.emit import EmitParams

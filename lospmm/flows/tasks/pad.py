@@ -5,14 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lospmm.flows.schemas import I32, LAYER_AT, STATUS, STR
-from lospmm.flows.taskio import (
-    RunContext,
-    chosen_rows,
-    failed_row,
-    layer_fields,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
 from lospmm.stages.devices import Device
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.status import Status

@@ -9,13 +9,7 @@ import scipy.sparse as sp
 
 from lospmm.flows.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
 from lospmm.flows.sources import Source
-from lospmm.flows.taskio import (
-    RunContext,
-    failed_row,
-    layer_fields,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.extract import shape_from_row
 from lospmm.flows.weights import load_tensor
 from lospmm.stages.prune import PruneParams, pruned_layer

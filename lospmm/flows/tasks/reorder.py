@@ -7,32 +7,11 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from lospmm.flows.schemas import (
-    F64,
-    I32,
-    I64,
-    LAYER,
-    LAYER_COLUMNS,
-    STATUS,
-    list_values,
-)
-from lospmm.flows.taskio import (
-    RunContext,
-    failed_row,
-    layer_fields,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.schemas import F64, I32, I64, LAYER, LAYER_COLUMNS, STATUS, list_values
+from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.prune import csr_from_row
-from lospmm.stages.reorder import (
-    ReorderParams,
-    Tiles,
-    TileStats,
-    distinct_m1s,
-    identity_tiles,
-    reordered_tiles,
-    tile_stats,
-)
+from lospmm.stages.reorder import (ReorderParams, Tiles, TileStats, distinct_m1s, identity_tiles, reordered_tiles,
+                                   tile_stats)
 from lospmm.stages.status import Status
 
 # 03_reordered (artifacts/README.md documents every column)

@@ -8,13 +8,7 @@ import time as clock
 import pyarrow as pa
 
 from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, STR
-from lospmm.flows.taskio import (
-    RunContext,
-    in_parallel,
-    layer_fields,
-    run_stage,
-    stage_task,
-)
+from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.stages.status import Status
