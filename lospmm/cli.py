@@ -235,6 +235,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     from prefect.exceptions import TerminationSignal
 
     from lospmm.flows.server import detach_embedded_api
+    from lospmm.flows.taskio import Interrupted
 
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
@@ -243,7 +244,8 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
         with _stops_cleanly():
             detach_embedded_api()
             result = run_plan(plan, refresh=refresh, run_id=run_id)
-    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or SIGTERM as Prefect re-raises it in a flow run
+    # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
+    except (KeyboardInterrupt, TerminationSignal, Interrupted):
         _record_interrupted(plan.root, run_id)
         err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
                   f"same command again resumes from them")
@@ -266,7 +268,7 @@ def _stops_cleanly():
     """SIGINT (Ctrl-C) and SIGTERM stop the run: tasks stop at their next item, a stage that did not
     finish writes nothing, the embedded API is stopped, the record says `interrupted`. A second
     signal exits at once."""
-    from lospmm.flows.taskio import STOP
+    from lospmm.flows.taskio import POLLING_STOP, STOP
 
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
@@ -283,7 +285,8 @@ def _stops_cleanly():
         if len(received) > 1:
             os._exit(EXIT_INTERRUPTED)
         STOP.set()
-        raise KeyboardInterrupt
+        if not POLLING_STOP.is_set():  # else the flow's wait sees STOP and stops from a safe place
+            raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -25,7 +25,7 @@ from lospmm.flows.dag import DAG, node_key
 from lospmm.flows.runs import RunStatus, write_run_record
 from lospmm.flows.store import artifact_path, valid_sidecar
 from lospmm.flows.summary import layer_outcomes, write_summary
-from lospmm.flows.taskio import STOP, RunContext
+from lospmm.flows.taskio import POLLING_STOP, STOP, RunContext
 
 
 def new_run_id() -> str:
@@ -123,6 +123,8 @@ def _stop_on_sigterm() -> None:
 
     def handler(signum, frame):
         STOP.set()
+        if POLLING_STOP.is_set():  # the flow's wait sees STOP and stops from a safe place
+            return
         if callable(previous):
             previous(signum, frame)
         else:
@@ -136,9 +138,12 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> None:
     progress.started(run_id, [(e["stage"], e["label"]) for e, _ in submitted])
     publisher = progress.Publisher(run_id, get_run_logger())
     pending = list(submitted)
+    POLLING_STOP.set()
     try:
         while pending:
-            done = wait([f for _, f in pending], timeout=publisher.every_s).done
+            if STOP.is_set():  # a signal asked to stop: the tasks stop at their next item
+                raise KeyboardInterrupt
+            done = wait([f for _, f in pending], timeout=0.25).done
             for entry, f in [p for p in pending if p[1] in done]:
                 progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
             pending = [p for p in pending if p[1] not in done]
@@ -146,6 +151,7 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> None:
         wait([f for _, f in submitted])  # a timed wait may return a future before its final state is set
         publisher.push(final=True)
     finally:
+        POLLING_STOP.clear()
         progress.finished(run_id)
 
 

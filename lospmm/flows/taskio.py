@@ -24,6 +24,11 @@ from lospmm.stages.status import Status
 # that did not finish writes nothing, so a re-run resumes from the finished artifacts.
 STOP = threading.Event()
 
+# Set while the flow's thread waits on its tasks: it polls STOP there itself, so a signal handler
+# must only set STOP. An exception raised by a handler inside a threading wait can release that
+# wait's lock twice ("release unlocked lock") and turn a clean stop into a failed run.
+POLLING_STOP = threading.Event()
+
 
 class Interrupted(BaseException):
     """The run was asked to stop. A BaseException: no per-layer `except Exception` turns it into a row."""
