@@ -23,7 +23,7 @@ from rich.table import Table
 
 from lospmm.stages.cluster import proxy_active_blocks, proxy_clusters
 from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source
-from lospmm.stages.compile import compiled, kernel_options
+from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
@@ -39,8 +39,8 @@ SAMPLES = [("bert-base", "encoder.layer.0.attention.self.query"), ("resnet50", "
            ("resnet50", "layer3.0.conv2"), ("resnet50", "layer1.0.conv2")]
 
 
-def _child(source: str, name: str, m1: int, queue) -> None:
-    out = compiled(source, name, kernel_options("sm_90", m1))
+def _child(kernel, m1: int, queue) -> None:
+    out = compiled_kernel(kernel, kernel_options("sm_90", m1))
     queue.put((out.status, out.seconds, out.registers, out.spill_stores,
                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
@@ -60,10 +60,10 @@ def in_child(target, args: tuple, limit: float):
     return queue.get() if not queue.empty() else {"status": "crashed", "seconds": time.perf_counter() - t0}
 
 
-def timed_compile(source: str, name: str, m1: int, limit: float) -> dict:
+def timed_compile(kernel, m1: int, limit: float) -> dict:
     """Compile in a fresh process with the pipeline's options for M1; seconds, registers, spills and
     the process's peak RSS (MiB)."""
-    r = in_child(_child, (source, name, m1), limit)
+    r = in_child(_child, (kernel, m1), limit)
     if isinstance(r, dict):
         return r
     status, seconds, regs, spills, rss = r
@@ -91,8 +91,8 @@ def proxies_vs_full(args) -> None:
             cl = proxy_clusters(a, tiles, args.sparsity, atb)
             proxy = proxy_kernel_source(shape.m, shape.k, cl)
             full = full_kernel_source(a, tiles, 128)
-            p = timed_compile(proxy.source, proxy.name, m1, args.limit)
-            f = timed_compile(full.source, full.name, m1, args.limit)
+            p = timed_compile(proxy, m1, args.limit)
+            f = timed_compile(full, m1, args.limit)
             ratio = "" if "timeout" in (p["status"], f["status"]) else f"{f['seconds'] / p['seconds']:.1f}×"
             if f["status"] == "timeout" and p["status"] != "timeout":
                 ratio = f"> {args.limit / p['seconds']:.1f}×"
@@ -144,7 +144,7 @@ def scaling(args) -> None:
         a = random_pruned(m, 768, 0.9, np.random.default_rng(0))
         tiles = reordered_tiles(a, 16)
         k = full_kernel_source(a, tiles, 128)
-        r = timed_compile(k.source, k.name, 16, args.limit)
+        r = timed_compile(k, 16, args.limit)
         table.add_row(str(m), str(a.nnz), str(tiles.num_tiles), str(int(tiles.tile_nnc.sum())), _fmt(r, args.limit),
                       f"{r.get('rss_mib', 0):.0f}", str(r.get("regs", "")), str(r.get("spills", "")))
         Console(width=160).print(table) if args.verbose else None

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from lospmm.flows.ranker_store import load_ranker
 from lospmm.runtime import CudaTimer, device_facts, gpu_present, torch_timed
-from lospmm.stages.compile import compiled, kernel_options
+from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import EmitParams
 from lospmm.stages.extract import zoo_shapes
@@ -51,8 +51,8 @@ class Binary:
 
 
 def _compile(job) -> Binary:
-    source, name, arch, m1 = job
-    out = compiled(source, name, kernel_options(arch, m1))
+    kernel, arch, m1 = job
+    out = compiled_kernel(kernel, kernel_options(arch, m1))
     return Binary(out.status, out.cubin, out.registers, out.spill_stores + out.spill_loads, out.log[-500:])
 
 
@@ -122,8 +122,8 @@ def main() -> None:
                     continue
                 proxies = proxy_sources(search, s.m, s.k)
                 fulls = {(c.m1, c.n1): full_source(a, search, c.m1, c.n1) for c in search.chosen}
-                jobs = [(k.source, k.name, arch, m1) for m1, k in proxies.items()]
-                jobs += [(k.source, k.name, arch, m1) for (m1, _), k in fulls.items()]
+                jobs = [(k, arch, m1) for m1, k in proxies.items()]
+                jobs += [(k, arch, m1) for (m1, _), k in fulls.items()]
                 results = list(pool.map(_compile, jobs))
                 p_bins = dict(zip(proxies, results[:len(proxies)]))
                 f_bins = dict(zip(fulls, results[len(proxies):]))

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.compile import CompileOptions, compiled
+from lospmm.stages.compile import CompileOptions, compiled_kernel
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
@@ -41,7 +41,7 @@ def main() -> None:
         cells = []
         for lvl in args.levels:
             for cap in (None, pred):
-                r = compiled(k.source, k.name, CompileOptions(maxrregcount=cap, ptxas_level=lvl))
+                r = compiled_kernel(k, CompileOptions(maxrregcount=cap, ptxas_level=lvl, relocatable=True))
                 cells.append(f"{r.registers} / {r.spill_stores} / {r.seconds:.1f}" if r.status == "ok" else r.status)
         table.add_row(str(m1), str(pred), *cells)
     Console(width=200).print(table)

@@ -1,6 +1,8 @@
-"""Instruction efficiency of emitted full kernels, read from the cubin's SASS (nvdisasm):
+"""Instruction efficiency of emitted full kernels, read from the linked cubin's SASS (nvdisasm):
 FFMA per nonzero (per output column a thread computes), global loads per non-empty tile column,
-and spills. The ideal is 1, 1, 0.
+spills, and the call overhead per tile: the entry's instructions (dispatch and call) per tile plus
+each tile function's instructions that are neither FFMA, LDG, STG, spill nor address arithmetic.
+The ideal is 1, 1, 0.
 
     python benchmarks/sass_efficiency.py [--sparsity 0.9] [--m1 8 16 32]
 """
@@ -19,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.compile import CompileOptions, compiled
+from lospmm.stages.compile import CompileOptions, compiled_kernel
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
@@ -37,15 +39,24 @@ def nvdisasm() -> str:
     raise SystemExit("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
 
 
-def sass_counts(cubin: bytes) -> dict[str, int]:
+OPCODE = r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
+BODY = {"FFMA", "FMUL", "LDG", "STG", "LDL", "STL", "IMAD", "IADD3", "LEA", "NOP", "BRA"}
+
+
+def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
-    ops = re.findall(r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, flags=re.M)
-    base = [o.split(".")[0] for o in ops]
-    return {"FFMA": base.count("FFMA"), "LDG": base.count("LDG"), "STG": base.count("STG"),
-            "LDL": base.count("LDL"), "STL": base.count("STL"), "total": len(base)}
+    by_function = {}
+    for chunk in re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)[1:]:
+        name = chunk.split(",", 1)[0].strip()
+        by_function[name] = [o.split(".")[0] for o in re.findall(OPCODE, chunk, flags=re.M)]
+    base = [o for ops in by_function.values() for o in ops]
+    tile_other = sum(1 for name, ops in by_function.items() if name != entry for o in ops if o not in BODY)
+    return {"FFMA": base.count("FFMA") + base.count("FMUL"), "LDG": base.count("LDG"), "STG": base.count("STG"),
+            "LDL": base.count("LDL"), "STL": base.count("STL"), "total": len(base),
+            "entry": len(by_function.get(entry, [])), "tile_other": tile_other}
 
 
 def main() -> None:
@@ -59,19 +70,20 @@ def main() -> None:
     table = Table(title=f"SASS of full kernels, {args.rows}×{args.k} at sparsity {args.sparsity}, sm_90, "
                         f"--maxrregcount={args.cap}")
     for c in ("M1", "nnz", "non-empty tile cols", "FFMA", "FFMA/nnz", "LDG", "LDG/col", "STG", "LDL+STL (spill)",
-              "regs", "spill bytes", "instructions"):
+              "regs", "spill bytes", "call overhead/tile", "instructions"):
         table.add_column(c)
     a = random_pruned(args.rows, args.k, args.sparsity, np.random.default_rng(0))
     for m1 in args.m1:
         tiles = reordered_tiles(a, m1)
         k = full_kernel_source(a, tiles, 128)
         cap = predicted_registers(m1) if args.cap == "prediction" else None
-        out = compiled(k.source, k.name, CompileOptions(arch="sm_90", maxrregcount=cap))
-        c = sass_counts(out.cubin)
+        out = compiled_kernel(k, CompileOptions(arch="sm_90", maxrregcount=cap, relocatable=True))
+        c = sass_counts(out.cubin, k.name)
         cols = int(tiles.tile_nnc.sum())
         table.add_row(str(m1), str(a.nnz), str(cols), str(c["FFMA"]), f"{c['FFMA'] / a.nnz:.3f}", str(c["LDG"]),
                       f"{c['LDG'] / cols:.3f}", str(c["STG"]), str(c["LDL"] + c["STL"]), str(out.registers),
-                      str(out.spill_stores), str(c["total"]))
+                      str(out.spill_stores + out.spill_loads),
+                      f"{(c['entry'] + c['tile_other']) / tiles.num_tiles:.1f}", str(c["total"]))
     Console(width=160).print(table)
 
 

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from compile_cost import in_child  # benchmarks/ is on sys.path when a script here runs
-from lospmm.stages.compile import CompileOptions, compiled, kernel_options
+from lospmm.stages.compile import CompileOptions, compiled_kernel, kernel_options
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import zoo_shapes
@@ -92,7 +92,7 @@ def groups_of(models: list[str], sparsity: float, gpu: str) -> list[Group]:
 def _child(args, queue) -> None:
     model, layer, m1, n1, sparsity, gpu, kind, arch = args
     k = _build(model, layer, m1, n1, sparsity, gpu, kind)
-    out = compiled(k.source, k.name, kernel_options(arch, m1))
+    out = compiled_kernel(k, kernel_options(arch, m1))
     queue.put({"status": out.status, "seconds": out.seconds, "registers": out.registers,
                "spill_stores": out.spill_stores, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                "source_bytes": len(k.source)})

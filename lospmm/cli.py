@@ -81,6 +81,8 @@ def run(
     no_rank: bool = typer.Option(False, "--no-rank", help="Time every kept candidate (LO-SpMM without the ranker)."),
     ranker: Optional[Path] = typer.Option(None, "--ranker", help="Ranker model (from train-ranker); default: shipped."),
     jobs: int = typer.Option(0, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
+    dask: str = typer.Option("", "--dask", help="Dask scheduler address (tcp://host:8786): run the tasks and "
+                             "kernel compiles on that cluster; workers must see --artifacts at the same path."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -91,7 +93,7 @@ def run(
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
-                    rank=not no_rank, ranker=str(ranker) if ranker else None, jobs=jobs)
+                    rank=not no_rank, ranker=str(ranker) if ranker else None, jobs=jobs, dask=dask)
     _run(cfg, refresh=[])
 
 
@@ -201,7 +203,7 @@ def kernel(
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Check on the host against scipy (ASan build)."),
     artifacts: str = _ARTIFACTS,
 ) -> None:
-    """Write the full Alg. 2 kernel of one layer and tile: kernel.cu/.ptx/.cubin and kernel.json."""
+    """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.runs import run_record
 

@@ -32,6 +32,8 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __device__ static
 #define __forceinline__ inline
 #define __noinline__
+#define LOSPMM_TILE static
+#define LOSPMM_TILE_END
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
 static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }

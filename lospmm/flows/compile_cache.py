@@ -1,19 +1,27 @@
 """Content-addressed compile cache: (source, options, NVRTC version, arch) -> PTX, cubin, log,
-resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. No kernel is compiled twice,
+resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. No unit is compiled twice,
 within a run or across runs (a lock per key); NVRTC's failures are cached too (the same input fails
-the same way); an entry whose files fail their checksums is compiled again."""
+the same way); an entry whose files fail their checksums is compiled again.
+
+A kernel is its units (codegen's shards of tile functions, then the entry): each unit is an entry
+of its own, so a kernel in which only some tiles changed recompiles only their units, and a killed
+compile resumes unit by unit. The link of the units' cubins is an entry keyed by their keys."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import time
 from pathlib import Path
 
 from lospmm.flows.store import atomic_write, file_sha256, locked
 from lospmm.flows.taskio import stop_requested
-from lospmm.stages.compile import CompileOptions, compile_key, compiled
+from lospmm.stages.codegen import KernelSource
+from lospmm.flows.units import UnitCompiler, compiled_unit, threads
+from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
+from lospmm.stages.status import Status
 
 FILES = {"source": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin", "log": "ptxas.log"}
+LINKED_FILES = {"source": "kernel.cu", "cubin": "kernel.cubin", "log": "ptxas.log"}
 
 
 def cache_dir(root: str | Path, key: str) -> Path:
@@ -25,19 +33,88 @@ def cached_compile(root: str | Path, source: str, name: str, options: CompileOpt
     key = compile_key(source, options)
     d = cache_dir(root, key)
     with locked(d, check=stop_requested):  # two tasks or runs on one source: one compiles, the other reuses
-        hit = _valid(d)
+        hit = _valid(d, FILES)
         if hit is not None:
             return hit, True
         return _compiled_into(d, root, key, source, name, options), False
 
 
-def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions) -> dict:
-    out = compiled(source, name, options)
+def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOptions,
+                  compile_units: UnitCompiler | None = None) -> tuple[dict, bool]:
+    """One cubin for `kernel`: the units the cache lacks compiled by `compile_units` (default: one
+    thread here; the flow passes its run's, see flows/units.py), stored, and all linked. The result
+    has cached_compile's fields, with `registers` the linked entry's, spills summed over the units,
+    `seconds` NVRTC's over the units compiled now plus the link (0 when nothing was), `units` and
+    `units_compiled`."""
+    if not options.relocatable:
+        raise ValueError("a kernel's units are compiled with CompileOptions(relocatable=True)")
+    compile_units = compile_units or threads(1)
+    t0 = time.perf_counter()
+    keys = [compile_key(u, options) for u in kernel.units]
+    units = [_valid(cache_dir(root, k), FILES) for k in keys]
+    missing = [i for i, u in enumerate(units) if u is None]
+    if missing:
+        stop_requested()
+        outs = compile_units([(kernel.units[i], f"{kernel.name}_unit{i}", options) for i in missing])
+        for i, out in zip(missing, outs):
+            stop_requested()
+            d = cache_dir(root, keys[i])
+            with locked(d, check=stop_requested):  # another run may have stored it meanwhile: keep theirs
+                units[i] = _valid(d, FILES) or _stored(d, root, keys[i], kernel.units[i], f"{kernel.name}_unit{i}",
+                                                       options, out)
+    compile_wall = time.perf_counter() - t0
+    key = link_key(keys, options.arch)
+    d = cache_dir(root, key)
+    with locked(d, check=stop_requested):
+        hit = _valid(d, LINKED_FILES)
+        from_cache = hit is not None and not missing
+        if hit is None:
+            hit = _linked_into(d, root, key, kernel, options, units)
+    fresh = [units[i] for i in missing]
+    link = 0.0 if from_cache else hit["link_seconds"]
+    return {**hit, "seconds": sum(u["seconds"] for u in fresh) + link, "wall_seconds": compile_wall + link,
+            "units_compiled": len(fresh), "compiled_on": sorted({u.get("compiled_on", "") for u in fresh})}, from_cache
+
+
+def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: CompileOptions, units: list[dict]) -> dict:
+    failed = [(i, u) for i, u in enumerate(units) if u["status"] != Status.OK]
+    logs = "\n".join(f"// unit {i}: {u['key']}\n{Path(root, u['paths']['log']).read_text(encoding='utf-8')}"
+                     for i, u in enumerate(units))
+    if failed:
+        status, cubin, registers, seconds = Status.ERROR, b"", 0, 0.0
+        logs = "\n".join(f"unit {i} of {len(units)} failed:\n{u['log']}" for i, u in failed) + "\n" + logs
+    else:
+        out = linked([Path(root, u["paths"]["cubin"]).read_bytes() for u in units], options.arch)
+        status, cubin, registers, seconds = out.status, out.cubin, out.registers, out.seconds
+        logs += f"\n// nvJitLink ({out.status}):\n{out.log}"
     d.mkdir(parents=True, exist_ok=True)
-    blobs = {"source": source.encode(), "ptx": out.ptx, "cubin": out.cubin, "log": out.log.encode()}
+    blobs = {"source": kernel.source.encode(), "cubin": cubin, "log": logs.encode()}
+    for what, data in blobs.items():
+        atomic_write(d / LINKED_FILES[what], lambda tmp, data=data: Path(tmp).write_bytes(data))
+    result = {"status": status, "log": logs[-20000:], "registers": registers,
+              "spill_stores": sum(u["spill_stores"] for u in units), "spill_loads": sum(u["spill_loads"] for u in units),
+              "stack_bytes": max(u["stack_bytes"] for u in units), "smem_bytes": max(u["smem_bytes"] for u in units),
+              "link_seconds": seconds, "nvrtc_version": units[0]["nvrtc_version"], "key": key, "name": kernel.name,
+              "options": options.as_list(), "arch": options.arch, "units": len(units),
+              "unit_keys": [u["key"] for u in units],
+              "unit_seconds": [u["seconds"] for u in units],  # as first compiled
+              "paths": {w: str((d / f).relative_to(root)) for w, f in LINKED_FILES.items()},
+              "sha256": {w: file_sha256(d / f) for w, f in LINKED_FILES.items()}}
+    atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1), encoding="utf-8"))
+    return result
+
+
+def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions) -> dict:
+    return _stored(d, root, key, source, name, options, compiled_unit(source, name, options))
+
+
+def _stored(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions, out: dict) -> dict:
+    """One compile's output (compiled_unit's dict) written into its cache entry; the entry's result."""
+    d.mkdir(parents=True, exist_ok=True)
+    blobs = {"source": source.encode(), "ptx": out["ptx"], "cubin": out["cubin"], "log": out["log"].encode()}
     for what, data in blobs.items():
         atomic_write(d / FILES[what], lambda tmp, data=data: Path(tmp).write_bytes(data))
-    result = {k: v for k, v in asdict(out).items() if k not in ("ptx", "cubin")}
+    result = {k: v for k, v in out.items() if k not in ("ptx", "cubin")}
     result.update(key=key, name=name, options=options.as_list(), arch=options.arch,
                   paths={w: str((d / f).relative_to(root)) for w, f in FILES.items()},
                   sha256={w: file_sha256(d / f) for w, f in FILES.items()})
@@ -45,10 +122,11 @@ def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, 
     return result
 
 
-def _valid(d: Path) -> dict | None:
+def _valid(d: Path, files: dict[str, str]) -> dict | None:
     try:
         result = json.loads((d / "result.json").read_text(encoding="utf-8"))
-        if any(file_sha256(d / FILES[w]) != sha for w, sha in result["sha256"].items()):
+        if set(result["sha256"]) != set(files) or any(file_sha256(d / files[w]) != sha
+                                                     for w, sha in result["sha256"].items()):
             return None
         return result
     except (OSError, ValueError, KeyError):

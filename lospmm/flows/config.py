@@ -5,6 +5,7 @@ parameters — that the flow hands to its tasks)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
@@ -40,6 +41,8 @@ class RunConfig:
     verify=False (host-emulate compiled proxies under AddressSanitizer), timer="auto" (cuda
     when a GPU is present, else estimate), top_k=10, rank=True (False: time every kept
     candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core),
+    dask="" (a Dask scheduler address: the flow's tasks and every kernel unit's compile run on that
+    cluster through prefect-dask; its workers must see the artifact root at the same path),
     and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
@@ -64,6 +67,7 @@ class RunConfig:
     rank: bool = True
     ranker: str | None = None
     jobs: int = 0
+    dask: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -239,6 +243,13 @@ def _check_options(cfg: RunConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if cfg.jobs < 0:
         raise ConfigError(f"--jobs must be >= 0 (0 = every core), got {cfg.jobs}")
+    if cfg.dask:
+        if not re.fullmatch(r"(tcp|tls|inproc|ws|wss|ucx)://\S+", cfg.dask):
+            raise ConfigError(f"--dask must be a scheduler address such as tcp://host:8786, got {cfg.dask!r}")
+        try:
+            import prefect_dask  # noqa: F401
+        except ImportError:
+            raise ConfigError("--dask needs prefect-dask: pip install 'lospmm[dask]'") from None
     if cfg.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
     if cfg.ranker and not (Path(cfg.ranker).with_suffix(".txt").is_file()

@@ -1,5 +1,5 @@
 """Kernel directories: the full Alg. 2 kernel of one layer and tile written to a directory
-(kernel.cu, and when compiled kernel.ptx, kernel.cubin; kernel.json with the launch facts),
+(kernel.cu, and when compiled kernel.cubin; kernel.json with the launch facts),
 compiled through the compile cache and checked on the host against scipy. The emit stage writes
 one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer and tile of a run."""
 
@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lospmm.flows.compile_cache import cached_compile
+from lospmm.flows.compile_cache import cached_kernel
+from lospmm.flows.units import UnitCompiler
 from lospmm.flows.schemas import LAYER_COLUMNS
 from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_manifest
 from lospmm.flows.taskio import failed_row, is_transient
@@ -57,9 +58,10 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
 
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
-                   measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol) -> dict:
-    """Write one full kernel directory: kernel.cu, kernel.ptx/.cubin (compiled through the compile
-    cache), and kernel.json with the launch facts, `extra`, the compile result, the host check and
+                   measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
+                   compile_units: UnitCompiler | None = None) -> dict:
+    """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
+    compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
     kernel = full_kernel_source(matrix, tiles, n1)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,12 +71,13 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch), **(extra or {})}
     cubin = None
     if compile_:
-        result, hit = cached_compile(root, kernel.source, kernel.name, kernel_options(arch, tiles.m1))
+        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1), compile_units)
         facts["compile"] = {k: result[k] for k in ("status", "registers", "spill_stores", "spill_loads",
-                                                    "stack_bytes", "seconds", "key", "options")} | {"from_cache": hit}
+                                                    "stack_bytes", "seconds", "wall_seconds", "link_seconds", "units",
+                                                    "units_compiled", "key", "options")} | {"from_cache": hit,
+                                                                               "unit_keys": result["unit_keys"]}
         if result["status"] == Status.OK:
-            for what in ("ptx", "cubin"):
-                shutil.copyfile(Path(root) / result["paths"][what], out / f"kernel.{what}")
+            shutil.copyfile(Path(root) / result["paths"]["cubin"], out / "kernel.cubin")
             cubin = (out / "kernel.cubin").read_bytes()
         else:
             facts["compile"]["log"] = result["log"][-4000:]
@@ -97,7 +100,9 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     return facts
 
 
-KERNEL_FILES = ("kernel.cu", "kernel.ptx", "kernel.cubin", "kernel.json")
+# No kernel.ptx: the kernel is linked from relocatable units, whose PTX are separate modules (each
+# unit's kernel.ptx stays in the compile cache, at the unit keys kernel.json lists).
+KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json")
 
 
 def _json_safe(value):
@@ -111,7 +116,7 @@ def _json_safe(value):
 
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
-                  params: EmitParams, logger) -> dict:
+                  params: EmitParams, logger, compile_units: UnitCompiler | None = None) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised."""
@@ -142,7 +147,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                verify=params.verify and not timer.runs_binary,
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
-                               rtol=params.rtol)
+                               rtol=params.rtol, compile_units=compile_units)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,

@@ -41,8 +41,13 @@ def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None
     """The flow on a plan already validated (the CLI's entry)."""
     run_id = run_id or new_run_id()
     _PLANS[run_id] = plan
+    flow_ = pipeline
+    if plan.config.dask:  # the same flow, its tasks on the user's Dask cluster
+        from prefect_dask import DaskTaskRunner
+
+        flow_ = pipeline.with_options(task_runner=DaskTaskRunner(address=plan.config.dask))
     try:
-        return pipeline(config=plan.config.as_dict(), refresh=refresh, run_id=run_id)
+        return flow_(config=plan.config.as_dict(), refresh=refresh, run_id=run_id)
     finally:
         _PLANS.pop(run_id, None)
 
@@ -60,7 +65,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
-    ctx = RunContext(str(root), run_id, plan.jobs)
+    ctx = RunContext(str(root), run_id, plan.jobs, plan.config.dask)
     record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh),
               "status": RunStatus.RUNNING,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}

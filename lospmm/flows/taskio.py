@@ -42,11 +42,13 @@ def stop_requested() -> None:
 @dataclass(frozen=True)
 class RunContext:
     """What a task needs that is not part of any artifact's identity: where artifacts live, the
-    run (for progress), and how many threads compile and emit may use."""
+    run (for progress), how many threads compile and emit may use, and the Dask scheduler the
+    flow runs on ("" when local)."""
 
     root: str
     run_id: str = ""
     jobs: int = 1
+    dask: str = ""
 
     def path(self, manifest: dict) -> Path:
         return Path(self.root) / manifest["path"]

@@ -11,7 +11,7 @@ import numpy as np
 
 from lospmm.flows.ranker_store import save_ranker
 from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.compile import compiled, kernel_options
+from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import (RankerParams, SyntheticKernel, SyntheticParams, feature_row, synthetic_kernels,
@@ -40,7 +40,7 @@ def candidate_time(timer: Timer) -> Callable[[SyntheticKernel, dict], float]:
         launch = LaunchUnderTest(c["_tiles"], sk.m, sk.k, sk.n, c["n1"], c["pred_regs"])
         if timer.runs_binary:
             src = full_kernel_source(c["_matrix"], c["_tiles"], c["n1"])
-            out = compiled(src.source, src.name, kernel_options(timer.device.arch, c["m1"]))
+            out = compiled_kernel(src, kernel_options(timer.device.arch, c["m1"]))
             if out.status != Status.OK:
                 return float("inf")
             launch = LaunchUnderTest(c["_tiles"], sk.m, sk.k, sk.n, c["n1"], out.registers,

@@ -10,7 +10,15 @@ visited in order: the B value of column j + P is loaded before the multiply-adds
 loads and stores go through `lospmm_ld`/`lospmm_st` (inline PTX, see PREAMBLE). Rows of A
 with no nonzero are zeroed by extra blocks after the last tile.
 
-The same text compiles with NVRTC and, under `hostemu.SHIM`, with the host C++ compiler.
+Sharding: ptxas's time and memory grow superlinearly with the size of one function, so each tile
+(of a proxy: each cluster) is a `__noinline__` device function, and the functions are grouped into
+units of at most `shard_nnz` multiply-adds, compiled separately as relocatable code and linked by
+nvJitLink into one cubin with one entry point (`KernelSource.units`; the entry unit is last). The
+tile functions are `noreturn` (they end the thread with `exit`): a function that never returns
+saves no callee-saved registers, which otherwise cost ~30 spill stores and loads around every call.
+
+The same text compiles with NVRTC and, under `hostemu.SHIM`, with the host C++ compiler: the host
+check compiles `source`, the units' concatenation, so it runs exactly the text compiled unit by unit.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from lospmm.stages.reorder import Tiles
 # Address arithmetic lives inside inline PTX: with thousands of `B + c * N + n` in straight-line
 # code, LLVM's straight-line strength reduction goes superlinear (4000 loads: 184 s in NVVM, 5.9 s
 # this way). Byte offsets are `row * 4`, so one mad.wide forms each address.
-PREAMBLE = r"""#ifndef LOSPMM_HOST_EMULATION
+PREAMBLE = r"""#if !defined(LOSPMM_HOST_EMULATION) && !defined(LOSPMM_PREAMBLE)
+#define LOSPMM_PREAMBLE
 #define LOSPMM_KERNEL extern "C" __global__
 __device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
   float v;
@@ -36,24 +45,36 @@ __device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
 __device__ __forceinline__ void lospmm_st(float* base, int off4, int n, float v) {
   asm volatile("{ .reg .u64 a; mad.wide.s32 a, %0, %1, %2; st.global.f32 [a], %3; }" :: "r"(off4), "r"(n), "l"(base), "f"(v) : "memory");
 }
+#define LOSPMM_TILE extern "C" __device__ __noinline__ __attribute__((noreturn))
+#define LOSPMM_TILE_END asm volatile("exit;"); __builtin_unreachable();
 #endif
 """
 
 
 @dataclass(frozen=True)
 class CodegenParams:
-    """Defaults: prefetch=1 (B values loaded one column ahead, Alg. 2's b)."""
+    """Defaults: prefetch=1 (B values loaded one column ahead, Alg. 2's b); shard_nnz=SHARD_NNZ
+    (multiply-adds per compiled unit at most; a bigger tile is a unit of its own), chosen from
+    benchmarks/shard_compile.py."""
 
     prefetch: int = 1
+    shard_nnz: int = 4096
+
+    def __post_init__(self):
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
+        if self.shard_nnz < 1:
+            raise ValueError(f"shard_nnz must be >= 1, got {self.shard_nnz}")
 
 
 @dataclass(frozen=True)
 class KernelSource:
-    """Generated source plus what a launcher needs; `params` lists the C parameters in order."""
+    """Generated source plus what a launcher needs; `params` lists the C parameters in order.
+    `units` are compiled separately and linked; the entry unit is last."""
 
     name: str
     kind: str  # "full" | "proxy"
-    source: str
+    units: tuple[str, ...]
     params: tuple[str, ...]
     m: int
     k: int
@@ -61,6 +82,11 @@ class KernelSource:
     n1: int  # 0 for a proxy: its block size is a launch argument
     grid_x: int  # blocks along A (tiles, plus zeroing blocks for a full kernel)
     num_tiles: int
+
+    @property
+    def source(self) -> str:
+        """The whole kernel as one text: its units in order (what the host check compiles)."""
+        return "".join(self.units)
 
     @property
     def sha256(self) -> str:
@@ -91,23 +117,25 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     a.sort_indices()
     if n1 < 1 or n1 > 1024:
         raise ValueError(f"N1 must be in 1..1024, got {n1}")
-    if params.prefetch < 0:
-        raise ValueError(f"prefetch must be >= 0, got {params.prefetch}")
     m, k = a.shape
     name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch)
-    parts = [PREAMBLE, f"// lospmm full kernel: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
-                       f"tiles={tiles.num_tiles} prefetch={params.prefetch}\n"]
-    for t in range(tiles.num_tiles):
-        parts.append(_tile_function(a, t, tiles.tile(t), params.prefetch))
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz)
+    header = (f"// lospmm full kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
+              f"tiles={tiles.num_tiles} prefetch={params.prefetch}")
+    functions = [_tile_function(a, t, tiles.tile(t), params.prefetch) for t in range(tiles.num_tiles)]
+    nnz = np.diff(a.indptr)
+    costs = [int(nnz[tiles.tile(t)].sum()) for t in range(tiles.num_tiles)]
+    signature = "(const float* __restrict__ Bn, float* __restrict__ Cn, const int N)"
+    entry = [PREAMBLE, header, " (entry unit)\n"]
+    entry += [f"LOSPMM_TILE void tile_{t}{signature};\n" for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     for z, rows in enumerate(zero_blocks):
         stores = "".join(f"  lospmm_st(Cn, {4 * r}, N, 0.0f);\n" for r in rows)
-        parts.append(f"__device__ __forceinline__ void zero_{z}(float* __restrict__ Cn, const int N) {{\n"
+        entry.append(f"__device__ __forceinline__ void zero_{z}(float* __restrict__ Cn, const int N) {{\n"
                      f"{stores}}}\n")
     cases = [f"    case {t}: tile_{t}(Bn, Cn, N); break;\n" for t in range(tiles.num_tiles)]
     cases += [f"    case {tiles.num_tiles + z}: zero_{z}(Cn, N); break;\n" for z in range(len(zero_blocks))]
-    parts.append(
+    entry.append(
         # No __launch_bounds__: with it NVRTC ignores --maxrregcount, which §3.2 relies on.
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, "
         f"const int N) {{\n"
@@ -117,8 +145,30 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
         f"  float* Cn = C + n;\n"
         f"  switch (blockIdx.x) {{\n{''.join(cases)}    default: break;\n  }}\n}}\n"
     )
-    return KernelSource(name, "full", "".join(parts), ("const float* B", "float* C", "int N"), m, k,
+    units = _units("tile", functions, costs, params.shard_nnz) + ["".join(entry)]
+    return KernelSource(name, "full", tuple(units), ("const float* B", "float* C", "int N"), m, k,
                         tiles.m1, n1, tiles.num_tiles + len(zero_blocks), tiles.num_tiles)
+
+
+def shard_groups(costs: list[int], shard_nnz: int) -> list[list[int]]:
+    """Consecutive functions grouped into units of at most `shard_nnz` multiply-adds (a function
+    costing more is a unit of its own). Every function is in exactly one group, in order."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, cost in enumerate(costs):
+        if not groups or total + cost > shard_nnz:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += cost
+    return groups
+
+
+def _units(prefix: str, functions: list[str], costs: list[int], shard_nnz: int) -> list[str]:
+    # A unit's text depends on its own functions only, so a kernel in which one tile changed shares
+    # every other unit (and its compile-cache entry) with the kernel before the change.
+    return [PREAMBLE + f"// lospmm unit: {prefix}_{g[0]}..{prefix}_{g[-1]}\n" + "".join(functions[i] for i in g)
+            for g in shard_groups(costs, shard_nnz)]
 
 
 def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) -> str:
@@ -126,8 +176,7 @@ def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) ->
     sub.sort_indices()
     cols = np.flatnonzero(np.diff(sub.indptr))
     lits = float_literal(sub.data)
-    out = [f"__device__ __forceinline__ void tile_{t}(const float* __restrict__ Bn, float* __restrict__ Cn, "
-           f"const int N) {{\n"]
+    out = [f"LOSPMM_TILE void tile_{t}(const float* __restrict__ Bn, float* __restrict__ Cn, const int N) {{\n"]
     out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(len(rows))) + ";\n")
     loads = [f"  const float b{j} = lospmm_ld(Bn, {4 * c}, N);\n" for j, c in enumerate(cols)]
     out.extend(loads[:prefetch])
@@ -137,7 +186,7 @@ def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) ->
         lo, hi = sub.indptr[c], sub.indptr[c + 1]
         out.append("  " + " ".join(f"acc{sub.indices[p]} += b{j} * {lits[p]};" for p in range(lo, hi)) + "\n")
     out.extend(f"  lospmm_st(Cn, {4 * r}, N, acc{i});\n" for i, r in enumerate(rows))
-    out.append("}\n")
+    out.append("  LOSPMM_TILE_END\n}\n")
     return "".join(out)
 
 
@@ -151,13 +200,14 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     multiply-adds each, results stored to the block's own rows (`tile_rows`, −1 padded)."""
     m1 = clusters.m1
     name = kernel_name("lospmm_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
-                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch)
-    parts = [PREAMBLE, f"// lospmm proxy: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
-                       f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}\n"]
+                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch, params.shard_nnz)
+    header = (f"// lospmm proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
+              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}")
+    signature = "(const float* __restrict__ Bn, float* __restrict__ Cn, const int N, const int* __restrict__ rows)"
+    functions = []
     for c in range(clusters.num_clusters):
         cols, cpl = clusters.columns[c], int(clusters.cpl[c])
-        out = [f"__device__ __forceinline__ void proxy_{c}(const float* __restrict__ Bn, float* __restrict__ Cn, "
-               f"const int N, const int* __restrict__ rows) {{\n"]
+        out = [f"LOSPMM_TILE void proxy_{c}{signature} {{\n"]
         out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
         loads = [f"  const float b{j} = lospmm_ld(Bn, {4 * int(col)}, N);\n" for j, col in enumerate(cols)]
         out.extend(loads[:params.prefetch])
@@ -169,20 +219,22 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
                                        for q in range(cpl)) + "\n")
         out.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) lospmm_st(Cn, 4 * r, N, acc{i}); }}\n"
                    for i in range(m1))
-        out.append("}\n")
-        parts.append("".join(out))
+        out.append("  LOSPMM_TILE_END\n}\n")
+        functions.append("".join(out))
+    costs = [len(clusters.columns[c]) * int(clusters.cpl[c]) for c in range(clusters.num_clusters)]
     cases = "".join(f"    case {c}: proxy_{c}(Bn, Cn, N, rows); break;\n" for c in range(clusters.num_clusters))
-    parts.append(
-        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
-        f"const int* __restrict__ cluster_of, const int* __restrict__ tile_rows) {{\n"
-        f"  const int n = blockIdx.y * blockDim.x + threadIdx.x;\n"
-        f"  if (n >= N) return;\n"
-        f"  const float* Bn = B + n;\n"
-        f"  float* Cn = C + n;\n"
-        f"  const int* rows = tile_rows + blockIdx.x * {m1};\n"
-        f"  switch (cluster_of[blockIdx.x]) {{\n{cases}    default: break;\n  }}\n}}\n"
-    )
-    return KernelSource(name, "proxy", "".join(parts),
+    entry = (PREAMBLE + header + " (entry unit)\n"
+             + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
+             + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
+             f"const int* __restrict__ cluster_of, const int* __restrict__ tile_rows) {{\n"
+             f"  const int n = blockIdx.y * blockDim.x + threadIdx.x;\n"
+             f"  if (n >= N) return;\n"
+             f"  const float* Bn = B + n;\n"
+             f"  float* Cn = C + n;\n"
+             f"  const int* rows = tile_rows + blockIdx.x * {m1};\n"
+             f"  switch (cluster_of[blockIdx.x]) {{\n{cases}    default: break;\n  }}\n}}\n")
+    units = _units("proxy", functions, costs, params.shard_nnz) + [entry]
+    return KernelSource(name, "proxy", tuple(units),
                         ("const float* B", "float* C", "int N", "const int* cluster_of", "const int* tile_rows"),
                         m, k, m1, 0, len(clusters.cluster_of), len(clusters.cluster_of))
 

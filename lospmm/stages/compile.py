@@ -1,6 +1,10 @@
 """Stage 8, compile: CUDA source -> PTX and cubin via NVRTC (cuda-python), with ptxas's resource
 report (registers, spills, stack, shared memory). Works without a GPU. A compile failure is a
 result with its log, never an exception.
+
+A kernel's units (see codegen: tile functions in shards, then the entry) compile separately as
+relocatable code and nvJitLink links their cubins into one (`linked`); each unit's compile is
+small, so the whole costs time linear in the kernel's size and bounded memory.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from lospmm.stages.status import Status
 class CompileOptions:
     """NVRTC options. Defaults: arch="sm_90" (always explicit; nothing asks a device),
     maxrregcount=None (the caller passes the register prediction), ptxas_level=1, std="c++17",
-    extra=(). --Ofast-compile is never passed.
+    relocatable=False (True for a kernel's units, which are linked), extra=(). --Ofast-compile is
+    never passed.
 
     ptxas_level=1: at -O2/-O3 ptxas hoists the generated code's B loads far ahead of their use
     (255 registers uncapped) and, capped at the §3.2 prediction, spills 0.9-2.7 KB per kernel;
@@ -30,6 +35,7 @@ class CompileOptions:
     maxrregcount: int | None = None
     ptxas_level: int = 1
     std: str = "c++17"
+    relocatable: bool = False
     extra: tuple[str, ...] = field(default=())
 
     def as_list(self) -> list[str]:
@@ -41,6 +47,8 @@ class CompileOptions:
                 f"-Xptxas=-O{self.ptxas_level}"]
         if self.maxrregcount:
             opts.append(f"--maxrregcount={int(self.maxrregcount)}")
+        if self.relocatable:
+            opts.append("--relocatable-device-code=true")
         bad = [o for o in self.extra if "Ofast-compile" in o]
         if bad:
             raise ValueError(f"--Ofast-compile is not allowed: {bad}")
@@ -48,8 +56,10 @@ class CompileOptions:
 
 
 def kernel_options(arch: str, m1: int, ptxas_level: int = 1) -> CompileOptions:
-    """Options for a full kernel or proxy of tile height M1: the §3.2 register prediction is the cap."""
-    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1), ptxas_level=ptxas_level)
+    """Options for the units of a full kernel or proxy of tile height M1: the §3.2 register
+    prediction caps every tile function, and so the linked kernel."""
+    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1), ptxas_level=ptxas_level,
+                          relocatable=True)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,118 @@ def compiled(source: str, name: str, options: CompileOptions = CompileOptions())
     usage = resource_usage(log)
     return Compiled(Status.OK, log, ptx, cubin, usage["registers"], usage["spill_stores"], usage["spill_loads"],
                     usage["stack_bytes"], usage["smem_bytes"], seconds, version)
+
+
+def compiled_kernel(kernel, options: CompileOptions) -> Compiled:
+    """A generated kernel (codegen.KernelSource) as one cubin: its units compiled one after another
+    and linked, without a cache (the flow's is flows.compile_cache.cached_kernel). `ptx` is empty:
+    the units' PTX are separate relocatable modules. Spills are summed over the units."""
+    units = [compiled(u, f"{kernel.name}_unit{i}", options) for i, u in enumerate(kernel.units)]
+    seconds = sum(u.seconds for u in units)
+    failed = [u for u in units if u.status != Status.OK]
+    if failed:
+        return Compiled(Status.ERROR, failed[0].log, b"", b"", 0, 0, 0, 0, 0, seconds, units[0].nvrtc_version)
+    out = linked([u.cubin for u in units], options.arch)
+    return Compiled(out.status, "\n".join([*(u.log for u in units), out.log]), b"", out.cubin, out.registers,
+                    sum(u.spill_stores for u in units), sum(u.spill_loads for u in units),
+                    max(u.stack_bytes for u in units), max(u.smem_bytes for u in units), seconds + out.seconds,
+                    units[0].nvrtc_version)
+
+
+@dataclass(frozen=True)
+class Linked:
+    """nvJitLink's output for a kernel's unit cubins. `registers` is the entry's, read from the
+    linked cubin (the most any function it calls uses)."""
+
+    status: Status
+    log: str
+    cubin: bytes
+    registers: int
+    seconds: float
+
+
+def link_key(unit_keys: list[str], arch: str, version: str | None = None) -> str:
+    """Content address of a link: its units' compile keys, in order, the arch and nvJitLink's version."""
+    blob = "\0".join(["nvjitlink", *unit_keys, arch, version or nvjitlink_version()])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def nvjitlink_version() -> str:
+    from cuda.bindings import nvjitlink
+
+    major, minor = nvjitlink.version()
+    return f"{major}.{minor}"
+
+
+def linked(cubins: list[bytes], arch: str) -> Linked:
+    """Link relocatable unit cubins into one cubin for `arch` (nvJitLink; no GPU needed)."""
+    from cuda.bindings import nvjitlink
+
+    t0 = time.perf_counter()
+    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    try:
+        try:
+            for i, cubin in enumerate(cubins):
+                nvjitlink.add_data(handle, nvjitlink.InputType.CUBIN, cubin, len(cubin), f"unit{i}.cubin")
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as e:
+            return Linked(Status.ERROR, f"{e}\n{_link_log(handle, error=True)}".strip(), b"", 0,
+                          time.perf_counter() - t0)
+        out = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, out)
+        log = _link_log(handle, error=False)
+    finally:
+        nvjitlink.destroy(handle)
+    cubin = bytes(out)
+    return Linked(Status.OK, log, cubin, max(entry_registers(cubin).values(), default=0), time.perf_counter() - t0)
+
+
+def _link_log(handle, error: bool) -> str:
+    from cuda.bindings import nvjitlink
+
+    size = (nvjitlink.get_error_log_size if error else nvjitlink.get_info_log_size)(handle)
+    if size <= 1:
+        return ""
+    buf = bytearray(size)
+    (nvjitlink.get_error_log if error else nvjitlink.get_info_log)(handle, buf)
+    return bytes(buf).rstrip(b"\0").decode(errors="replace").strip()
+
+
+def entry_registers(cubin: bytes) -> dict[str, int]:
+    """Registers per thread of each function with a register count in a cubin's `.nv.info`
+    (EIATTR_REGCOUNT), by symbol name: what the driver allocates for a launch."""
+    import struct
+
+    def section_headers():
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+        strtab = headers[names][4]
+        return [(_c_string(cubin, strtab + h[0]), h) for h in headers]
+
+    sections = section_headers()
+    symbols = []
+    for name, h in sections:
+        if name == ".symtab":
+            strtab = sections[h[6]][1][4]  # sh_link: the symbols' string table
+            symbols = [_c_string(cubin, strtab + struct.unpack_from("<I", cubin, h[4] + i * 24)[0])
+                       for i in range(h[5] // 24)]
+    out = {}
+    for name, h in sections:
+        if name != ".nv.info":
+            continue
+        pos, end = h[4], h[4] + h[5]
+        while pos + 4 <= end:
+            fmt, attr, size = cubin[pos], cubin[pos + 1], struct.unpack_from("<H", cubin, pos + 2)[0]
+            if fmt == 0x04 and attr == 0x2F and size == 8:  # EIATTR_REGCOUNT: (symbol index, registers)
+                index, regs = struct.unpack_from("<II", cubin, pos + 4)
+                out[symbols[index] if index < len(symbols) else str(index)] = regs
+            pos += 4 + (size if fmt == 0x04 else 0)
+    return out
+
+
+def _c_string(blob: bytes, at: int) -> str:
+    return blob[at:blob.index(b"\0", at)].decode(errors="replace")
 
 
 def resource_usage(ptxas_log: str) -> dict[str, int]:

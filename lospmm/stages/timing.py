@@ -32,12 +32,14 @@ from lospmm.stages.status import Status
 
 @dataclass(frozen=True)
 class EstimateParams:
-    """Defaults: launch_us=3.0, addr_instr_per_load=2, block_overhead_instr=24, store_instr=2,
-    sass_bytes_per_instr=16, issue_per_sm_cycle=4."""
+    """Defaults: launch_us=3.0, addr_instr_per_load=2, block_overhead_instr=24, call_instr=6
+    (a tile is a function: the call, its argument moves and the EXIT that ends it, measured in
+    SASS by benchmarks/sass_efficiency.py), store_instr=2, sass_bytes_per_instr=16, issue_per_sm_cycle=4."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 2
     block_overhead_instr: int = 24
+    call_instr: int = 6
     store_instr: int = 2
     sass_bytes_per_instr: int = 16
     issue_per_sm_cycle: int = 4
@@ -109,7 +111,8 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     threads_per_row = work.n
     loads = work.tile_loads.astype(np.float64)
     fmas = work.tile_fmas.astype(np.float64)
-    instr = fmas + (1 + params.addr_instr_per_load) * loads + params.store_instr * work.m1 + params.block_overhead_instr
+    instr = (fmas + (1 + params.addr_instr_per_load) * loads + params.store_instr * work.m1
+             + params.block_overhead_instr + params.call_instr)
     spill_instr = work.spill_bytes / 4.0
     instr = instr + spill_instr
     zero_instr = params.store_instr * work.m1 + params.block_overhead_instr

@@ -1,6 +1,8 @@
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
-from lospmm.flows import compile_cache as cc
+from lospmm.flows import compile_cache as cc, units
 from lospmm.stages import compile as nv
 
 
@@ -11,7 +13,7 @@ def test_a_kernel_is_never_compiled_twice(tmp_path, monkeypatch):
     first, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
     assert not hit and first["status"] == "ok" and first["registers"] > 0
     assert (tmp_path / first["paths"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
-    monkeypatch.setattr(cc, "compiled", lambda *a, **k: pytest.fail("compiled twice"))
+    monkeypatch.setattr(units, "compiled", lambda *a, **k: pytest.fail("compiled twice"))
     again, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
     assert hit and again == first
 
@@ -61,3 +63,49 @@ def test_two_processes_compile_one_source_once(tmp_path):
         p.join(30)
     assert sorted(hit for hit, _ in results) == [False, True]  # one compiled, the other waited and reused
     assert len({key for _, key in results}) == 1
+
+
+def _sharded(values: np.ndarray, m1: int = 4):
+    from lospmm.stages.codegen import CodegenParams, full_kernel_source
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = sp.csr_matrix(values)
+    return full_kernel_source(a, reordered_tiles(a, m1), 32, CodegenParams(shard_nnz=8))
+
+
+def test_a_kernel_whose_tiles_changed_recompiles_only_their_units(tmp_path, monkeypatch):
+    values = sp.random(32, 24, density=0.2, format="csr", random_state=np.random.default_rng(1),
+                       dtype=np.float32).toarray()
+    kernel = _sharded(values)
+    assert len(kernel.units) >= 4
+    options = nv.kernel_options("sm_90", 4)
+    first, hit = cc.cached_kernel(tmp_path, kernel, options, units.threads(2))
+    assert not hit and first["status"] == "ok" and first["units_compiled"] == first["units"] == len(kernel.units)
+    assert (tmp_path / first["paths"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
+    assert first["registers"] == max(nv.entry_registers((tmp_path / first["paths"]["cubin"]).read_bytes()).values())
+    again, hit = cc.cached_kernel(tmp_path, kernel, options)
+    assert hit and again["key"] == first["key"] and again["units_compiled"] == 0
+
+    changed = values.copy()
+    row = int(np.flatnonzero(changed.any(axis=1))[-1])  # one value of one row: one tile's unit
+    changed[row, np.flatnonzero(changed[row])[0]] += 1.0
+    other = _sharded(changed)
+    differ = [i for i, (u, v) in enumerate(zip(kernel.units, other.units)) if u != v]
+    assert len(differ) == 2  # that tile's unit, and the entry (whose name is the kernel's content hash)
+    compiled_now = []
+    real = units.compiled
+    monkeypatch.setattr(units, "compiled", lambda src, name, opts: compiled_now.append(name) or real(src, name, opts))
+    result, hit = cc.cached_kernel(tmp_path, other, options)
+    assert not hit and result["status"] == "ok" and result["units_compiled"] == 2 and len(compiled_now) == 2
+    assert result["key"] != first["key"]
+
+
+def test_a_unit_that_fails_fails_the_kernel_with_its_log(tmp_path):
+    import dataclasses
+
+    kernel = _sharded(np.eye(8, dtype=np.float32))
+    broken = dataclasses.replace(kernel, units=(kernel.units[0] + "\nthis is not CUDA\n", *kernel.units[1:]))
+    result, hit = cc.cached_kernel(tmp_path, broken, nv.kernel_options("sm_90", 4))
+    assert result["status"] == "error" and "unit 0 of" in result["log"] and "this is not CUDA" in result["log"]
+    with pytest.raises(ValueError, match="relocatable"):
+        cc.cached_kernel(tmp_path, kernel, nv.CompileOptions())

@@ -11,7 +11,7 @@ from lospmm.hostemu import EmulationError, checked_against_scipy, host_program, 
 from lospmm.stages import compile as nv
 from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.codegen import (CodegenParams, float_literal, full_kernel_source, proxy_kernel_source,
-                                   proxy_tile_rows)
+                                   proxy_tile_rows, shard_groups)
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import identity_tiles, reordered_tiles
 
@@ -28,10 +28,10 @@ def layers(draw):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=layers(), m1=st.integers(1, 9), n1=st.sampled_from([1, 3, 32]), n=st.integers(1, 70),
-       prefetch=st.integers(0, 3), reorder=st.booleans())
-def test_emitted_kernel_equals_scipy(a, m1, n1, n, prefetch, reorder):
+       prefetch=st.integers(0, 3), reorder=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]))
+def test_emitted_kernel_equals_scipy(a, m1, n1, n, prefetch, reorder, shard_nnz):
     tiles = reordered_tiles(a, m1) if reorder else identity_tiles(a, m1)
-    kernel = full_kernel_source(a, tiles, n1, CodegenParams(prefetch=prefetch))
+    kernel = full_kernel_source(a, tiles, n1, CodegenParams(prefetch=prefetch, shard_nnz=shard_nnz))
     assert checked_against_scipy(kernel, a, n, seed=n) <= 1e-4
 
 
@@ -116,3 +116,21 @@ def test_proxy_is_much_shorter_than_the_full_kernel_and_compiles():
     assert len(proxy.source) < len(full.source) / 3
     out = nv.compiled(proxy.source, proxy.name, nv.CompileOptions(maxrregcount=32))
     assert out.status == "ok", out.log
+
+
+@given(st.lists(st.integers(0, 50), max_size=40), st.integers(1, 60))
+def test_shard_groups_cover_every_function_once_in_order_within_the_budget(costs, budget):
+    groups = shard_groups(costs, budget)
+    assert [i for g in groups for i in g] == list(range(len(costs)))
+    for g in groups:
+        assert len(g) == 1 or sum(costs[i] for i in g) <= budget
+    for g, nxt in zip(groups, groups[1:]):  # a group closes only when the next function would not fit
+        assert sum(costs[i] for i in g) + costs[nxt[0]] > budget
+
+
+def test_the_host_checked_text_is_the_units_compiled():
+    a = random_pruned(64, 64, 0.8, np.random.default_rng(3))
+    kernel = full_kernel_source(a, reordered_tiles(a, 8), 32, CodegenParams(shard_nnz=40))
+    assert len(kernel.units) > 3 and kernel.source == "".join(kernel.units)
+    assert kernel.name in kernel.units[-1] and all(kernel.name not in u for u in kernel.units[:-1])
+    assert all(u.count("LOSPMM_TILE void tile_") >= 1 for u in kernel.units[:-1])

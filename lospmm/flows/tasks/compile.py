@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.compile_cache import cached_compile
+from lospmm.flows.compile_cache import cached_kernel
 from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER_AT, LAYER_COLUMNS, STATUS, STR
 from lospmm.flows.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.flows.units import run_compiler
 from lospmm.hostemu import proxy_check
 from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import ProxyCheck, kernel_options
@@ -21,7 +22,8 @@ SCHEMA = pa.schema(
     + [("kind", STR), ("kernel", STR), ("source_sha256", STR), ("compile_key", STR), ("arch", STR),
        ("maxrregcount", I32), ("registers", I32), ("spill_stores", I32), ("spill_loads", I32),
        ("stack_bytes", I32), ("smem_bytes", I32), ("compile_seconds", F64), ("from_cache", BOOL),
-       ("source_bytes", I64), ("source_path", STR), ("ptx_path", STR), ("cubin_path", STR),
+       ("units", I32), ("units_compiled", I32), ("link_seconds", F64),
+       ("source_bytes", I64), ("source_path", STR), ("cubin_path", STR),
        ("verified", STR), ("log", STR)]
 )
 
@@ -45,7 +47,7 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
                 cl = clusters_from_row(table, i)
                 kernel = proxy_kernel_source(info["m"], info["k"], cl)
                 options = kernel_options(arch, info["m1"])
-                result, hit = cached_compile(ctx.root, kernel.source, kernel.name, options)
+                result, hit = cached_kernel(ctx.root, kernel, options, run_compiler(ctx))
                 logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", where, i + 1,
                             table.num_rows, result["status"], result["registers"], result["spill_stores"],
                             result["seconds"], " (compile cache)" if hit else "")
@@ -69,5 +71,6 @@ def compile_row(result: dict, from_cache: bool) -> dict:
     return {"compile_key": result["key"], "registers": result["registers"], "spill_stores": result["spill_stores"],
             "spill_loads": result["spill_loads"], "stack_bytes": result["stack_bytes"],
             "smem_bytes": result["smem_bytes"], "compile_seconds": result["seconds"], "from_cache": from_cache,
-            "source_path": result["paths"]["source"], "ptx_path": result["paths"]["ptx"],
+            "units": result["units"], "units_compiled": result["units_compiled"],
+            "link_seconds": result["link_seconds"], "source_path": result["paths"]["source"],
             "cubin_path": result["paths"]["cubin"], "log": result["log"][-4000:]}

@@ -11,6 +11,7 @@ from lospmm.flows.store import artifact_path
 from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.flows.units import run_compiler
 from lospmm.stages.emit import EmitParams
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
@@ -36,7 +37,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         def one(item) -> dict:
             layer, group = item
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
-                                 tiles.get(layer, {}), timer, arch, params, logger)
+                                 tiles.get(layer, {}), timer, arch, params, logger, run_compiler(ctx))
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
