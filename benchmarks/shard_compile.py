@@ -6,6 +6,7 @@ ru_maxrss), units one after another, so the seconds are the CPU cost of the whol
     python benchmarks/shard_compile.py              # the split table
     python benchmarks/shard_compile.py --sweep      # seconds against nnz at the default split
     python benchmarks/shard_compile.py --mono       # add the one-function kernel (slow: minutes)
+    python benchmarks/shard_compile.py --proxy bert-base encoder.layer.0.output.dense 12   # one zoo proxy
 """
 
 from __future__ import annotations
@@ -63,6 +64,40 @@ def _child(rows, k, sparsity, m1, shard_nnz, mono, queue) -> None:
                "spill": out.spill_stores, "pred": kernel_options("sm_90", m1).maxrregcount})
 
 
+def _proxy_child(model, layer, sparsity, m1, queue) -> None:
+    from lospmm.stages.cluster import proxy_active_blocks, proxy_clusters
+    from lospmm.stages.codegen import proxy_kernel_source
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.constrain import layer_candidates
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.extract import zoo_shapes
+    from lospmm.stages.prune import pruned_layer
+    from lospmm.stages.reorder import reordered_tiles, tile_stats
+
+    device = device_named("h100")
+    shape = next(s for s in zoo_shapes(model) if s.layer == layer)
+    a = pruned_layer(shape, sparsity).matrix
+    tiles = reordered_tiles(a, m1)
+    atb = proxy_active_blocks(layer_candidates(shape.n, {m1: tile_stats(tiles)}, device), device)
+    kernel = proxy_kernel_source(shape.m, shape.k, proxy_clusters(a, tiles, sparsity, atb))
+    t0 = time.perf_counter()
+    out = compiled_kernel(kernel, kernel_options("sm_90", m1))
+    queue.put({"nnz": a.nnz, "units": len(kernel.units), "seconds": time.perf_counter() - t0,
+               "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "status": str(out.status),
+               "registers": out.registers, "spill": out.spill_stores, "clusters": len(kernel.units) - 1})
+
+
+def proxy(model: str, layer: str, m1: int, sparsity: float) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_proxy_child, args=(model, layer, sparsity, m1, queue))
+    p.start()
+    r = queue.get()
+    p.join()
+    print(f"{model} {layer} proxy M1={m1} at sparsity {sparsity}: {r['units']} units, {r['seconds']:.1f} s, "
+          f"peak RSS {r['rss_mb']:.0f} MB, {r['registers']} registers, {r['spill']} B spilled, {r['status']}")
+
+
 def measured(rows, k, sparsity, m1, shard_nnz, mono=False) -> dict:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -111,8 +146,12 @@ def main() -> None:
     ap.add_argument("--splits", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--mono", action="store_true")
+    ap.add_argument("--proxy", nargs=3, metavar=("MODEL", "LAYER", "M1"))
+    ap.add_argument("--sparsity", type=float, default=0.9, help="for --proxy")
     args = ap.parse_args()
-    if args.sweep:
+    if args.proxy:
+        proxy(args.proxy[0], args.proxy[1], int(args.proxy[2]), args.sparsity)
+    elif args.sweep:
         sweep(CodegenParams().shard_nnz)
     else:
         split_table(args.splits, args.mono)

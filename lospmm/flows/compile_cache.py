@@ -55,13 +55,16 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
     missing = [i for i, u in enumerate(units) if u is None]
     if missing:
         stop_requested()
-        outs = compile_units([(kernel.units[i], f"{kernel.name}_unit{i}", options) for i in missing])
-        for i, out in zip(missing, outs):
-            stop_requested()
+
+        def landed(j: int, out: dict) -> None:
+            i = missing[j]
             d = cache_dir(root, keys[i])
             with locked(d, check=stop_requested):  # another run may have stored it meanwhile: keep theirs
                 units[i] = _valid(d, FILES) or _stored(d, root, keys[i], kernel.units[i], f"{kernel.name}_unit{i}",
                                                        options, out)
+            stop_requested()
+
+        compile_units([(kernel.units[i], f"{kernel.name}_unit{i}", options) for i in missing], landed)
     compile_wall = time.perf_counter() - t0
     key = link_key(keys, options.arch)
     d = cache_dir(root, key)

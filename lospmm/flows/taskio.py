@@ -4,6 +4,7 @@ over threads, and writing the artifact with its manifest."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -136,7 +137,9 @@ def in_parallel(fn: Callable, items, jobs: int, report: Callable[[int, int, dict
             report(len(out), len(items), out[-1])
         return out
     with ThreadPoolExecutor(min(jobs, len(items))) as pool:
-        futures = [pool.submit(fn, x) for x in items]
+        # each item in a copy of this thread's context: Prefect's run context (settings, the task
+        # run) holds in the pool's threads too
+        futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
         for done, f in enumerate(as_completed(futures), 1):
             report(done, len(items), f.result())
         return [f.result() for f in futures]

@@ -1,25 +1,31 @@
-"""Compiling a kernel's units as Prefect tasks: on threads of this process (`--jobs`), or on the
-workers of the Dask cluster the flow runs on (`--dask ADDRESS`, prefect-dask's DaskTaskRunner),
-through the same task. A unit task is pure (source in, NVRTC's output out, no files), so a worker
-needs no access to the artifact root for it; the caller stores results in the compile cache."""
+"""Compiling a kernel's units: on threads of this process (`--jobs`), or as Prefect tasks on the
+workers of the Dask cluster the flow runs on (`--dask ADDRESS`, prefect-dask's DaskTaskRunner).
+A unit compile is pure (source in, NVRTC's output out, no files), so a worker needs no access to
+the artifact root for it; the caller stores results in the compile cache.
+
+Locally a unit is a plain call, not a task run of its own: a zoo run compiles ~2,500 units of a few
+hundred ms each, and as task runs each would add a "Finished in state Completed()" line to the
+run's log for no gain (the compile cache already resumes a killed compile unit by unit)."""
 
 from __future__ import annotations
 
-import contextvars
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from typing import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from lospmm.flows.taskio import stop_requested
 from lospmm.stages.compile import CompileOptions, compiled
 
 UnitJob = tuple[str, str, CompileOptions]  # source, name, options
-UnitCompiler = Callable[[list[UnitJob]], list[dict]]
+# compile_units(batch, landed): compiles every job, calling landed(index, result) as each one lands,
+# so the caller stores it at once and a killed compile resumes unit by unit.
+UnitCompiler = Callable[[list[UnitJob], Callable[[int, dict], None]], None]
 
 
 def compiled_unit(source: str, name: str, options: CompileOptions) -> dict:
@@ -51,39 +57,72 @@ def _slots(jobs: int) -> threading.BoundedSemaphore:
 
 
 def threads(jobs: int) -> UnitCompiler:
-    """Units on `jobs` threads here; each a Prefect task run when called inside a flow run, else a
-    plain call (benchmarks, `lospmm kernel`)."""
+    """Units on `jobs` threads here (NVRTC releases the GIL)."""
     jobs = max(1, jobs)
 
-    def run(batch: list[UnitJob]) -> list[dict]:
-        from prefect.context import FlowRunContext, TaskRunContext
-
-        fn = compile_unit if (FlowRunContext.get() or TaskRunContext.get()) else compiled_unit
+    def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
         slots = _slots(jobs)
 
         def one(job: UnitJob) -> dict:
+            stop_requested()  # a stopped run compiles none of the units still queued
             with slots:
-                return fn(*job)
+                return compiled_unit(*job)
 
         if jobs == 1 or len(batch) == 1:
-            return [one(job) for job in batch]
+            for i, job in enumerate(batch):
+                landed(i, one(job))
+            return
         with ThreadPoolExecutor(min(jobs, len(batch))) as pool:
-            # each call in a copy of this context: the unit's task run belongs to the calling task's
-            futures = [pool.submit(contextvars.copy_context().run, one, job) for job in batch]
-            return [f.result() for f in futures]
+            futures = {pool.submit(one, job): i for i, job in enumerate(batch)}
+            for future in as_completed(futures):
+                landed(futures[future], future.result())
     return run
 
 
-def on_dask(batch: list[UnitJob]) -> list[dict]:
-    """Units as Prefect task runs on the Dask cluster this task runs on (prefect-dask's client
-    from inside a task running on a DaskTaskRunner)."""
-    from prefect_dask import get_dask_client
+_CLIENTS: dict[str, object] = {}
+_CLIENTS_LOCK = threading.Lock()
 
-    with get_dask_client() as client:
-        futures = [client.submit(compile_unit, *job, pure=False) for job in batch]
-        return client.gather(futures)
+
+def on_dask(address: str) -> UnitCompiler:
+    """Units as Prefect task runs (prefect-dask's client) on the Dask cluster at `address`, the one
+    the flow's DaskTaskRunner runs on."""
+    def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
+        from distributed import as_completed as landing
+
+        try:
+            client = _client(address)
+            futures = {client.submit(compile_unit, *job, pure=False): i for i, job in enumerate(batch)}
+            arrivals = landing(list(futures), loop=client.loop)
+        except Exception as e:
+            raise ClusterError(f"Dask scheduler {address}: {type(e).__name__}: {e}") from e
+        for future in arrivals:
+            try:
+                out = future.result()
+            except Exception as e:  # a lost worker, a broken connection: not the unit's own result
+                raise ClusterError(f"Dask scheduler {address}: {type(e).__name__}: {e}") from e
+            landed(futures[future], out)
+    return run
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not compile a unit (NVRTC's own failures are results, not this): transient,
+    so the layer is retried and never cached as failed."""
+
+    transient = True
+
+
+def _client(address: str):
+    """One client per scheduler and process (a task may run on any thread of a worker, where
+    prefect-dask's get_dask_client finds no client of its own)."""
+    from prefect_dask import PrefectDaskClient
+
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(address)
+        if client is None or client.status not in ("running", "connecting", "newly-created"):
+            client = _CLIENTS[address] = PrefectDaskClient(address, set_as_default=False)
+        return client
 
 
 def run_compiler(ctx) -> UnitCompiler:
     """How a run (taskio.RunContext) compiles units: on its Dask cluster, or on its `jobs` threads."""
-    return on_dask if ctx.dask else threads(ctx.jobs)
+    return on_dask(ctx.dask) if ctx.dask else threads(ctx.jobs)

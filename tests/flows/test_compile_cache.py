@@ -109,3 +109,23 @@ def test_a_unit_that_fails_fails_the_kernel_with_its_log(tmp_path):
     assert result["status"] == "error" and "unit 0 of" in result["log"] and "this is not CUDA" in result["log"]
     with pytest.raises(ValueError, match="relocatable"):
         cc.cached_kernel(tmp_path, kernel, nv.CompileOptions())
+
+
+def test_a_compile_killed_midway_resumes_unit_by_unit(tmp_path):
+    kernel = _sharded(sp.random(32, 24, density=0.3, format="csr", random_state=np.random.default_rng(2),
+                                dtype=np.float32).toarray())
+    options = nv.kernel_options("sm_90", 4)
+
+    class Killed(BaseException):
+        pass
+
+    def dies_after_two(batch, landed):
+        for i, job in enumerate(batch[:2]):
+            landed(i, units.compiled_unit(*job))
+        raise Killed
+
+    with pytest.raises(Killed):
+        cc.cached_kernel(tmp_path, kernel, options, dies_after_two)
+    result, hit = cc.cached_kernel(tmp_path, kernel, options)
+    assert not hit and result["status"] == "ok"
+    assert result["units_compiled"] == len(kernel.units) - 2  # the two that landed were kept
