@@ -53,7 +53,7 @@ class Binary:
 def _compile(job) -> Binary:
     kernel, arch, m1 = job
     out = compiled_kernel(kernel, kernel_options(arch, m1))
-    return Binary(out.status, out.cubin, out.registers, out.spill_stores + out.spill_loads, out.log[-500:])
+    return Binary(out.status, out.cubin, out.registers, out.thread_spill_bytes, out.log[-500:])
 
 
 def library_times(a, n: int) -> dict[str, float]:

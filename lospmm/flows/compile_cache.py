@@ -1,7 +1,8 @@
 """Content-addressed compile cache: (source, options, NVRTC version, arch) -> PTX, cubin, log,
-resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. No unit is compiled twice,
-within a run or across runs (a lock per key); NVRTC's failures are cached too (the same input fails
-the same way); an entry whose files fail their checksums is compiled again.
+resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. A unit found in the cache is never
+compiled again; two runs that miss the same unit at once may both compile it, and the first to store
+it wins (a lock per key). NVRTC's failures are cached too (the same input fails the same way); an
+entry whose files fail their checksums, or written in an older format, is compiled again.
 
 A kernel is its units (codegen's shards of tile functions, then the entry): each unit is an entry
 of its own, so a kernel in which only some tiles changed recompiles only their units, and a killed
@@ -9,6 +10,7 @@ compile resumes unit by unit. The link of the units' cubins is an entry keyed by
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -21,6 +23,9 @@ from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
 from lospmm.stages.status import Status
 
 FILES = {"source": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin", "log": "ptxas.log"}
+# result.json's format: an entry of another format (missing fields, other meanings) is rebuilt,
+# never read with defaults
+FORMAT = 2
 LINKED_FILES = {"source": "kernel.cu", "cubin": "kernel.cubin", "log": "ptxas.log"}
 
 
@@ -44,8 +49,8 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
     """One cubin for `kernel`: the units the cache lacks compiled by `compile_units` (default: one
     thread here; the flow passes its run's, see flows/units.py), stored, and all linked. The result
     has cached_compile's fields, with `registers` the linked entry's, spills summed over the units,
-    `seconds` NVRTC's over the units compiled now plus the link (0 when nothing was), `units` and
-    `units_compiled`."""
+    `seconds` NVRTC's over the units compiled now plus the link (0 when nothing was), `cost_seconds`
+    what the whole kernel cost when its units and link were first built, `units` and `units_compiled`."""
     if not options.relocatable:
         raise ValueError("a kernel's units are compiled with CompileOptions(relocatable=True)")
     compile_units = compile_units or threads(1)
@@ -76,6 +81,7 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
     fresh = [units[i] for i in missing]
     link = 0.0 if from_cache else hit["link_seconds"]
     return {**hit, "seconds": sum(u["seconds"] for u in fresh) + link, "wall_seconds": compile_wall + link,
+            "cost_seconds": sum(u["seconds"] for u in units) + hit["link_seconds"],
             "units_compiled": len(fresh), "compiled_on": sorted({u.get("compiled_on", "") for u in fresh})}, from_cache
 
 
@@ -83,11 +89,11 @@ def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: Compile
     failed = [(i, u) for i, u in enumerate(units) if u["status"] != Status.OK]
     logs = "\n".join(f"// unit {i}: {u['key']}\n{Path(root, u['paths']['log']).read_text(encoding='utf-8')}"
                      for i, u in enumerate(units))
-    if failed:
+    if failed:  # last: the log kept is its tail
         status, cubin, registers, seconds = Status.ERROR, b"", 0, 0.0
-        logs = "\n".join(f"unit {i} of {len(units)} failed:\n{u['log']}" for i, u in failed) + "\n" + logs
+        logs += "\n" + "\n".join(f"unit {i} of {len(units)} failed:\n{u['log']}" for i, u in failed)
     else:
-        out = linked([Path(root, u["paths"]["cubin"]).read_bytes() for u in units], options.arch)
+        out = linked([_unit_cubin(root, u) for u in units], options.arch, kernel.name)
         status, cubin, registers, seconds = out.status, out.cubin, out.registers, out.seconds
         logs += f"\n// nvJitLink ({out.status}):\n{out.log}"
     d.mkdir(parents=True, exist_ok=True)
@@ -96,6 +102,7 @@ def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: Compile
         atomic_write(d / LINKED_FILES[what], lambda tmp, data=data: Path(tmp).write_bytes(data))
     result = {"status": status, "log": logs[-20000:], "registers": registers,
               "spill_stores": sum(u["spill_stores"] for u in units), "spill_loads": sum(u["spill_loads"] for u in units),
+              "thread_spill_bytes": max(u["thread_spill_bytes"] for u in units), "format": FORMAT,
               "stack_bytes": max(u["stack_bytes"] for u in units), "smem_bytes": max(u["smem_bytes"] for u in units),
               "link_seconds": seconds, "nvrtc_version": units[0]["nvrtc_version"], "key": key, "name": kernel.name,
               "options": options.as_list(), "arch": options.arch, "units": len(units),
@@ -105,6 +112,15 @@ def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: Compile
               "sha256": {w: file_sha256(d / f) for w, f in LINKED_FILES.items()}}
     atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1), encoding="utf-8"))
     return result
+
+
+def _unit_cubin(root, unit: dict) -> bytes:
+    """A unit's cubin as checked when it was found: a file changed since is not linked."""
+    path = Path(root, unit["paths"]["cubin"])
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != unit["sha256"]["cubin"]:
+        raise OSError(f"{path} changed since it was checked; compile again")  # transient: the retry rebuilds it
+    return data
 
 
 def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions) -> dict:
@@ -118,7 +134,7 @@ def _stored(d: Path, root: str | Path, key: str, source: str, name: str, options
     for what, data in blobs.items():
         atomic_write(d / FILES[what], lambda tmp, data=data: Path(tmp).write_bytes(data))
     result = {k: v for k, v in out.items() if k not in ("ptx", "cubin")}
-    result.update(key=key, name=name, options=options.as_list(), arch=options.arch,
+    result.update(key=key, name=name, options=options.as_list(), arch=options.arch, format=FORMAT,
                   paths={w: str((d / f).relative_to(root)) for w, f in FILES.items()},
                   sha256={w: file_sha256(d / f) for w, f in FILES.items()})
     atomic_write(d / "result.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1), encoding="utf-8"))
@@ -128,8 +144,9 @@ def _stored(d: Path, root: str | Path, key: str, source: str, name: str, options
 def _valid(d: Path, files: dict[str, str]) -> dict | None:
     try:
         result = json.loads((d / "result.json").read_text(encoding="utf-8"))
-        if set(result["sha256"]) != set(files) or any(file_sha256(d / files[w]) != sha
-                                                     for w, sha in result["sha256"].items()):
+        if result.get("format") != FORMAT or set(result["sha256"]) != set(files):
+            return None
+        if any(file_sha256(d / files[w]) != sha for w, sha in result["sha256"].items()):
             return None
         return result
     except (OSError, ValueError, KeyError):

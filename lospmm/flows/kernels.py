@@ -65,17 +65,17 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
     kernel = full_kernel_source(matrix, tiles, n1)
     out.mkdir(parents=True, exist_ok=True)
-    for f in (*KERNEL_FILES, MANIFEST):  # a file left from an earlier kernel here must not be vouched for
+    # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
+    for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
         (out / f).unlink(missing_ok=True)
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch), **(extra or {})}
     cubin = None
     if compile_:
         result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1), compile_units)
-        facts["compile"] = {k: result[k] for k in ("status", "registers", "spill_stores", "spill_loads",
-                                                    "stack_bytes", "seconds", "wall_seconds", "link_seconds", "units",
-                                                    "units_compiled", "key", "options")} | {"from_cache": hit,
-                                                                               "unit_keys": result["unit_keys"]}
+        kept = ("status", "registers", "spill_stores", "spill_loads", "thread_spill_bytes", "stack_bytes", "seconds",
+                "cost_seconds", "wall_seconds", "link_seconds", "units", "units_compiled", "key", "options", "unit_keys")
+        facts["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
         if result["status"] == Status.OK:
             shutil.copyfile(Path(root) / result["paths"]["cubin"], out / "kernel.cubin")
             cubin = (out / "kernel.cubin").read_bytes()
@@ -133,7 +133,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         def measured(facts: dict, cubin: bytes) -> dict:
             comp = facts["compile"]
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
-                                   comp["spill_stores"] + comp["spill_loads"], kernel=facts["kernel"],
+                                   comp["thread_spill_bytes"], kernel=facts["kernel"],
                                    grid_x=facts["grid"]["x"], cubin=cubin)
             error, check = checked(timer.device_error(full, matrix, params.device_check_n),
                                    facts.get("host_check"), params)

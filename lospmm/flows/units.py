@@ -9,9 +9,11 @@ run's log for no gain (the compile cache already resumes a killed compile unit b
 
 from __future__ import annotations
 
+import contextvars
 import os
 import socket
 import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from typing import Callable
@@ -66,16 +68,20 @@ def threads(jobs: int) -> UnitCompiler:
         def one(job: UnitJob) -> dict:
             stop_requested()  # a stopped run compiles none of the units still queued
             with slots:
+                stop_requested()  # nor one that waited for a slot while the stop came
                 return compiled_unit(*job)
 
         if jobs == 1 or len(batch) == 1:
             for i, job in enumerate(batch):
                 landed(i, one(job))
             return
-        with ThreadPoolExecutor(min(jobs, len(batch))) as pool:
+        pool = ThreadPoolExecutor(min(jobs, len(batch)))
+        try:
             futures = {pool.submit(one, job): i for i, job in enumerate(batch)}
             for future in as_completed(futures):
                 landed(futures[future], future.result())
+        finally:  # on a failure or a stop, the units not started are dropped, not compiled for nothing
+            pool.shutdown(wait=True, cancel_futures=True)
     return run
 
 
@@ -85,13 +91,18 @@ _CLIENTS_LOCK = threading.Lock()
 
 def on_dask(address: str) -> UnitCompiler:
     """Units as Prefect task runs (prefect-dask's client) on the Dask cluster at `address`, the one
-    the flow's DaskTaskRunner runs on."""
+    the flow's DaskTaskRunner runs on. Call it in the stage task's Prefect context: the units' task
+    runs carry that context (the API to report to), whichever thread submits them."""
+    captured = contextvars.copy_context()
+
     def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
         from distributed import as_completed as landing
 
         try:
             client = _client(address)
-            futures = {client.submit(compile_unit, *job, pure=False): i for i, job in enumerate(batch)}
+            # a copy per submission: one Context cannot be entered by two threads at once
+            futures = {captured.copy().run(client.submit, compile_unit, *job, pure=False): i
+                       for i, job in enumerate(batch)}
             arrivals = landing(list(futures), loop=client.loop)
         except Exception as e:
             raise ClusterError(f"Dask scheduler {address}: {type(e).__name__}: {e}") from e
@@ -121,6 +132,28 @@ def _client(address: str):
         if client is None or client.status not in ("running", "connecting", "newly-created"):
             client = _CLIENTS[address] = PrefectDaskClient(address, set_as_default=False)
         return client
+
+
+@contextmanager
+def waiting_on_units(ctx):
+    """Around a stage task's wait for its units: on a Dask worker the task gives its thread back to
+    the worker (distributed.secede) while it waits, so units can run there; else nothing. Without
+    it, stage tasks waiting on every worker thread leave no thread for their units: a deadlock."""
+    if not ctx.dask:
+        yield
+        return
+    try:
+        from distributed import get_worker, rejoin, secede
+
+        get_worker()
+    except (ImportError, ValueError):  # not in a task on a worker (a test, a local call)
+        yield
+        return
+    secede()
+    try:
+        yield
+    finally:
+        rejoin()
 
 
 def run_compiler(ctx) -> UnitCompiler:

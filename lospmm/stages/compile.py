@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -86,6 +87,9 @@ class Compiled:
     smem_bytes: int
     seconds: float
     nvrtc_version: str
+    # spill bytes (stores + loads) of the function that spills most: what one thread of a linked
+    # kernel executes at most (it runs one tile function), as against the totals above
+    thread_spill_bytes: int = 0
 
 
 def nvrtc_version() -> str:
@@ -122,23 +126,25 @@ def compiled(source: str, name: str, options: CompileOptions = CompileOptions())
         nvrtc.nvrtcDestroyProgram(prog)
     usage = resource_usage(log)
     return Compiled(Status.OK, log, ptx, cubin, usage["registers"], usage["spill_stores"], usage["spill_loads"],
-                    usage["stack_bytes"], usage["smem_bytes"], seconds, version)
+                    usage["stack_bytes"], usage["smem_bytes"], seconds, version, usage["thread_spill_bytes"])
 
 
 def compiled_kernel(kernel, options: CompileOptions) -> Compiled:
     """A generated kernel (codegen.KernelSource) as one cubin: its units compiled one after another
     and linked, without a cache (the flow's is flows.compile_cache.cached_kernel). `ptx` is empty:
     the units' PTX are separate relocatable modules. Spills are summed over the units."""
+    if not options.relocatable:
+        raise ValueError("a kernel's units are compiled with CompileOptions(relocatable=True)")
     units = [compiled(u, f"{kernel.name}_unit{i}", options) for i, u in enumerate(kernel.units)]
     seconds = sum(u.seconds for u in units)
     failed = [u for u in units if u.status != Status.OK]
     if failed:
         return Compiled(Status.ERROR, failed[0].log, b"", b"", 0, 0, 0, 0, 0, seconds, units[0].nvrtc_version)
-    out = linked([u.cubin for u in units], options.arch)
+    out = linked([u.cubin for u in units], options.arch, kernel.name)
     return Compiled(out.status, "\n".join([*(u.log for u in units), out.log]), b"", out.cubin, out.registers,
                     sum(u.spill_stores for u in units), sum(u.spill_loads for u in units),
                     max(u.stack_bytes for u in units), max(u.smem_bytes for u in units), seconds + out.seconds,
-                    units[0].nvrtc_version)
+                    units[0].nvrtc_version, max(u.thread_spill_bytes for u in units))
 
 
 @dataclass(frozen=True)
@@ -166,27 +172,46 @@ def nvjitlink_version() -> str:
     return f"{major}.{minor}"
 
 
-def linked(cubins: list[bytes], arch: str) -> Linked:
-    """Link relocatable unit cubins into one cubin for `arch` (nvJitLink; no GPU needed)."""
+# nvJitLink results that say nothing about the input: retried, never cached as the link's result.
+# (Not ERROR_INTERNAL: nvJitLink 13.5 reports an undefined function that way.)
+TRANSIENT_LINK_RESULTS = ("ERROR_THREADPOOL",)
+
+
+class TransientLinkError(RuntimeError):
+    transient = True
+
+
+def linked(cubins: list[bytes], arch: str, entry: str) -> Linked:
+    """Link relocatable unit cubins into one cubin for `arch` (nvJitLink; no GPU needed), with the
+    registers of `entry`, the kernel. A bad input or a missing function is an error result; nvJitLink
+    failing on its own (its thread pool) raises TransientLinkError."""
     from cuda.bindings import nvjitlink
 
     t0 = time.perf_counter()
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    handle = None
     try:
-        try:
-            for i, cubin in enumerate(cubins):
-                nvjitlink.add_data(handle, nvjitlink.InputType.CUBIN, cubin, len(cubin), f"unit{i}.cubin")
-            nvjitlink.complete(handle)
-        except nvjitlink.nvJitLinkError as e:
-            return Linked(Status.ERROR, f"{e}\n{_link_log(handle, error=True)}".strip(), b"", 0,
-                          time.perf_counter() - t0)
+        handle = nvjitlink.create(1, [f"-arch={arch}"])
+        for i, cubin in enumerate(cubins):
+            nvjitlink.add_data(handle, nvjitlink.InputType.CUBIN, cubin, len(cubin), f"unit{i}.cubin")
+        nvjitlink.complete(handle)
         out = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, out)
         log = _link_log(handle, error=False)
+    except nvjitlink.nvJitLinkError as e:
+        if any(name in str(e) for name in TRANSIENT_LINK_RESULTS):
+            raise TransientLinkError(f"nvJitLink: {e}") from e
+        log = _link_log(handle, error=True) if handle is not None else ""
+        return Linked(Status.ERROR, f"{e}\n{log}".strip(), b"", 0, time.perf_counter() - t0)
     finally:
-        nvjitlink.destroy(handle)
+        if handle is not None:
+            nvjitlink.destroy(handle)
     cubin = bytes(out)
-    return Linked(Status.OK, log, cubin, max(entry_registers(cubin).values(), default=0), time.perf_counter() - t0)
+    try:
+        registers = entry_registers(cubin)[entry]
+    except (KeyError, ValueError, IndexError, struct.error) as e:  # a cubin we cannot read: not served
+        return Linked(Status.ERROR, f"{log}\nno register count for {entry} in the linked cubin: "
+                                    f"{type(e).__name__}: {e}".strip(), b"", 0, time.perf_counter() - t0)
+    return Linked(Status.OK, log, cubin, registers, time.perf_counter() - t0)
 
 
 def _link_log(handle, error: bool) -> str:
@@ -202,12 +227,16 @@ def _link_log(handle, error: bool) -> str:
 
 def entry_registers(cubin: bytes) -> dict[str, int]:
     """Registers per thread of each function with a register count in a cubin's `.nv.info`
-    (EIATTR_REGCOUNT), by symbol name: what the driver allocates for a launch."""
-    import struct
+    (EIATTR_REGCOUNT), by symbol name: what the driver allocates for a launch. ValueError for bytes
+    that are not a 64-bit little-endian ELF with a section table."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
 
     def section_headers():
         shoff, = struct.unpack_from("<Q", cubin, 0x28)
         entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+        if count == 0 or names >= count:
+            raise ValueError("no section table (or extended numbering)")
         headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
         strtab = headers[names][4]
         return [(_c_string(cubin, strtab + h[0]), h) for h in headers]
@@ -238,7 +267,8 @@ def _c_string(blob: bytes, at: int) -> str:
 
 
 def resource_usage(ptxas_log: str) -> dict[str, int]:
-    """Registers, spills, stack and static shared memory from ptxas's -v report (summed over entries)."""
+    """Registers, spills, stack and static shared memory from ptxas's -v report: spills summed over
+    the functions, and the most one function spills (`thread_spill_bytes`, stores + loads)."""
     def total(pattern: str) -> int:
         return sum(int(x) for x in re.findall(pattern, ptxas_log))
 
@@ -249,6 +279,9 @@ def resource_usage(ptxas_log: str) -> dict[str, int]:
         "spill_loads": total(r"(\d+) bytes spill loads"),
         "stack_bytes": max([int(x) for x in re.findall(r"(\d+) bytes stack frame", ptxas_log)], default=0),
         "smem_bytes": max([int(x) for x in re.findall(r"(\d+) bytes smem", ptxas_log)], default=0),
+        "thread_spill_bytes": max([int(a) + int(b) for a, b in
+                                   re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_log)],
+                                  default=0),
     }
 
 

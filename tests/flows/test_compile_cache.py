@@ -82,7 +82,8 @@ def test_a_kernel_whose_tiles_changed_recompiles_only_their_units(tmp_path, monk
     first, hit = cc.cached_kernel(tmp_path, kernel, options, units.threads(2))
     assert not hit and first["status"] == "ok" and first["units_compiled"] == first["units"] == len(kernel.units)
     assert (tmp_path / first["paths"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
-    assert first["registers"] == max(nv.entry_registers((tmp_path / first["paths"]["cubin"]).read_bytes()).values())
+    regs = nv.entry_registers((tmp_path / first["paths"]["cubin"]).read_bytes())
+    assert first["registers"] == regs[kernel.name] == max(regs.values())  # the entry's: the most any tile uses
     again, hit = cc.cached_kernel(tmp_path, kernel, options)
     assert hit and again["key"] == first["key"] and again["units_compiled"] == 0
 
@@ -129,3 +130,41 @@ def test_a_compile_killed_midway_resumes_unit_by_unit(tmp_path):
     result, hit = cc.cached_kernel(tmp_path, kernel, options)
     assert not hit and result["status"] == "ok"
     assert result["units_compiled"] == len(kernel.units) - 2  # the two that landed were kept
+
+
+def test_an_entry_of_an_older_format_is_rebuilt_not_read_with_defaults(tmp_path):
+    import json
+
+    kernel = _sharded(np.eye(8, dtype=np.float32))
+    options = nv.kernel_options("sm_90", 4)
+    first, _ = cc.cached_kernel(tmp_path, kernel, options)
+    for result in (tmp_path / "compile-cache").glob("*/*/result.json"):  # as the format before thread_spill_bytes
+        old = json.loads(result.read_text())
+        old.pop("format")
+        old.pop("thread_spill_bytes")
+        result.write_text(json.dumps(old))
+    again, hit = cc.cached_kernel(tmp_path, kernel, options)
+    assert not hit and again["units_compiled"] == len(kernel.units) and "thread_spill_bytes" in again
+
+
+def test_a_unit_cubin_changed_after_its_check_is_not_linked(tmp_path, monkeypatch):
+    kernel = _sharded(np.eye(8, dtype=np.float32))
+    options = nv.kernel_options("sm_90", 4)
+    real = cc._valid
+
+    def then_damaged(d, files):  # the unit is found whole, then its cubin changes before the link reads it
+        result = real(d, files)
+        if result is not None and files is cc.FILES:
+            cubin = d / "kernel.cubin"
+            data = bytearray(cubin.read_bytes())
+            data[100] ^= 0xFF
+            cubin.write_bytes(bytes(data))
+        return result
+
+    cc.cached_kernel(tmp_path, kernel, options)
+    for link in (tmp_path / "compile-cache").glob("*/*/result.json"):
+        if "unit_keys" in link.read_text():
+            link.unlink()  # the link must be built again, from the units
+    monkeypatch.setattr(cc, "_valid", then_damaged)
+    with pytest.raises(OSError, match="changed since it was checked"):
+        cc.cached_kernel(tmp_path, kernel, options)

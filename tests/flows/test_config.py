@@ -55,7 +55,7 @@ def test_without_the_ranker_the_rank_key_names_no_model():
     ({"zoo": ("bert-large",)}, "unknown zoo model"), ({"sparsities": (1.5,)}, "--sparsity 1.5"),
     ({"until": "deploy"}, "--until"), ({"gpu": "x9"}, "unknown GPU"), ({"prune": "l1"}, "--prune 'l1'"),
     ({"m1s": (0,)}, "--m1"), ({"th_col": -1.0}, "--th-col"), ({"timer": "fast"}, "--timer 'fast'"),
-    ({"jobs": -1}, "--jobs"), ({"top_k": 0}, "--top-k"), ({"zoo": (), "weights": None}, "nothing to run"),
+    ({"jobs": -1}, "--jobs"), ({"top_k": 0}, "--top-k"), ({"dask": "host:8786"}, "--dask must be a scheduler address"), ({"zoo": (), "weights": None}, "nothing to run"),
     ({"weights": "/no/such.safetensors"}, "/no/such.safetensors"),
 ])
 def test_bad_options_are_named(change, message):

@@ -49,3 +49,28 @@ def test_units_compile_on_every_dask_worker_into_the_same_cubin(tmp_path, prefec
     assert result["key"] == local["key"]
     cubin = (tmp_path / "dask" / result["paths"]["cubin"]).read_bytes()
     assert cubin == (tmp_path / "local" / local["paths"]["cubin"]).read_bytes()
+
+
+def _stage_like(root: str, address: str, seed: int) -> dict:
+    """What the compile and emit tasks do on a worker: wait for their units, which run on the same cluster."""
+    from lospmm.flows.taskio import RunContext
+
+    a = sp.random(64, 128, density=0.2, format="csr", random_state=np.random.default_rng(seed), dtype=np.float32)
+    kernel = full_kernel_source(a, reordered_tiles(a, 4), 64, CodegenParams(shard_nnz=100))
+    ctx = RunContext(root, dask=address)
+    with units.waiting_on_units(ctx):
+        return cached_kernel(root, kernel, kernel_options("sm_90", 4), units.run_compiler(ctx))[0]
+
+
+def test_stage_tasks_waiting_on_units_leave_their_threads_to_the_units(tmp_path, prefect_server):
+    # one worker thread and two stage tasks waiting on it: without giving the thread back, a deadlock
+    from distributed import Client, LocalCluster
+    from prefect.settings import PREFECT_API_URL
+
+    env = {"PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": prefect_server}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", env=env) as cluster:
+        with Client(cluster) as client:
+            futures = [client.submit(_stage_like, str(tmp_path), cluster.scheduler_address, seed, pure=False)
+                       for seed in (1, 2)]
+            results = [f.result(timeout=120) for f in futures]
+    assert all(r["status"] == "ok" and r["units_compiled"] == r["units"] for r in results)

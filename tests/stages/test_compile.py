@@ -55,9 +55,11 @@ def test_compile_key_covers_source_options_and_arch():
 
 def test_resource_usage_parses_ptxas_verbose_output():
     log = ("ptxas info    : Function properties for k\nptxas         .     8 bytes stack frame, 12 bytes spill "
-           "stores, 16 bytes spill loads\nptxas info    : Used 40 registers, used 0 barriers, 1024 bytes smem")
-    assert nv.resource_usage(log) == {"registers": 40, "spill_stores": 12, "spill_loads": 16, "stack_bytes": 8,
-                                      "smem_bytes": 1024}
+           "stores, 16 bytes spill loads\nptxas info    : Used 40 registers, used 0 barriers, 1024 bytes smem\n"
+           "ptxas info    : Function properties for tile_1\nptxas         .     8 bytes stack frame, 20 bytes spill "
+           "stores, 4 bytes spill loads\n")
+    assert nv.resource_usage(log) == {"registers": 40, "spill_stores": 32, "spill_loads": 20, "stack_bytes": 8,
+                                      "smem_bytes": 1024, "thread_spill_bytes": 28}
 
 
 def test_ptxas_level_is_an_explicit_option():
@@ -102,5 +104,15 @@ def test_a_link_failure_is_a_result_with_its_log():
                            32, CodegenParams())
     entry = nv.compiled(k.units[-1], k.name, nv.kernel_options("sm_90", 4))
     assert entry.status == "ok"
-    out = nv.linked([entry.cubin], "sm_90")  # the tile units left out: tile_0 is undefined
+    out = nv.linked([entry.cubin], "sm_90", k.name)  # the tile units left out: tile_0 is undefined
     assert out.status == "error" and "tile_0" in out.log and out.cubin == b""
+
+
+def test_a_cubin_without_the_entry_or_not_elf_is_refused():
+    with pytest.raises(ValueError, match="ELF"):
+        nv.entry_registers(b"not a cubin at all")
+    k = _kernel()
+    units = [nv.compiled(u, k.name, nv.kernel_options("sm_90", 4)) for u in k.units]
+    out = nv.linked([u.cubin for u in units], "sm_90", "no_such_kernel")
+    assert out.status == "error" and "no_such_kernel" in out.log and out.cubin == b""
+    assert nv.linked([u.cubin for u in units], "sm_90", k.name).status == "ok"

@@ -11,7 +11,7 @@ from lospmm.flows.store import artifact_path
 from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.flows.units import run_compiler
+from lospmm.flows.units import run_compiler, waiting_on_units
 from lospmm.stages.emit import EmitParams
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
@@ -41,6 +41,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
-        return in_parallel(one, layers, 1 if timer.runs_binary else ctx.jobs, ctx.reporter("emit", label))
+        with waiting_on_units(ctx):
+            return in_parallel(one, layers, 1 if timer.runs_binary else ctx.jobs, ctx.reporter("emit", label))
 
     return run_stage("emit", SCHEMA, key, ctx, label, force, compute, inputs)

@@ -40,7 +40,7 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             if why:
                 return {**base, "status": Status.SKIPPED, "message": f"{where}: {why}", "time_us": float("inf")}
             t0 = clock.perf_counter()
-            spill = int(p["spill_stores"]) + int(p["spill_loads"])
+            spill = int(p["thread_spill_bytes"])  # what one thread executes, not the units' total
             t = timer.time(LaunchUnderTest(
                 tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
                 c["smem_bytes"],
