@@ -5,6 +5,7 @@ each tile function's instructions that are neither FFMA, LDG, STG, spill nor add
 The ideal is 1, 1, 0.
 
     python benchmarks/sass_efficiency.py [--sparsity 0.9] [--m1 8 16 32]
+    python benchmarks/sass_efficiency.py --calibrate   # spills at the prediction over 30 layer × M1 cases
 """
 
 from __future__ import annotations
@@ -66,7 +67,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--k", type=int, default=768)
     ap.add_argument("--cap", choices=["prediction", "none"], default="prediction")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="spill bytes of every tile function at the prediction, over sparsities "
+                         "0.5/0.7/0.9, two layers each")
     args = ap.parse_args()
+    if args.calibrate:
+        return calibrate(args.rows, args.k, args.m1 if args.m1 != [8, 16, 32] else [8, 12, 16, 24, 32])
     table = Table(title=f"SASS of full kernels, {args.rows}×{args.k} at sparsity {args.sparsity}, sm_90, "
                         f"--maxrregcount={args.cap}")
     for c in ("M1", "nnz", "non-empty tile cols", "FFMA", "FFMA/nnz", "LDG", "LDG/col", "STG", "LDL+STL (spill)",
@@ -84,6 +90,24 @@ def main() -> None:
                       f"{c['LDG'] / cols:.3f}", str(c["STG"]), str(c["LDL"] + c["STL"]), str(out.registers),
                       str(out.spill_stores + out.spill_loads),
                       f"{(c['entry'] + c['tile_other']) / tiles.num_tiles:.1f}", str(c["total"]))
+    Console(width=160).print(table)
+
+
+def calibrate(rows: int, k: int, m1s: list[int]) -> None:
+    """Largest spill (stores + loads, bytes) of any tile function at the register prediction, per
+    layer and M1 (the call into a tile function must cost no register the prediction lacks)."""
+    table = Table(title=f"Spill bytes per tile function at the §3.2 prediction, {rows}×{k}, sm_90, ptxas -O1")
+    for c in ("sparsity", "layer seed", "M1", "cap (prediction)", "linked registers", "spill bytes (worst function)"):
+        table.add_column(c)
+    for sparsity in (0.5, 0.7, 0.9):
+        for seed in (0, 1):
+            a = random_pruned(rows, k, sparsity, np.random.default_rng(seed))
+            for m1 in m1s:
+                k_src = full_kernel_source(a, reordered_tiles(a, m1), 128)
+                cap = predicted_registers(m1)
+                out = compiled_kernel(k_src, CompileOptions(arch="sm_90", maxrregcount=cap, relocatable=True))
+                table.add_row(str(sparsity), str(seed), str(m1), str(cap), str(out.registers),
+                              str(out.thread_spill_bytes))
     Console(width=160).print(table)
 
 

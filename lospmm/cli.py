@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -89,11 +90,12 @@ def run(
         zoo = ["bert-base"]
     if "all" in zoo:
         zoo = list(ZOO_NAMES)
-    cfg = RunConfig(zoo=tuple(zoo), weights=str(weights) if weights else None, tokens=tokens,
+    # files as absolute paths: the run record must name them from any directory (`lospmm rerun`)
+    cfg = RunConfig(zoo=tuple(zoo), weights=str(weights.resolve()) if weights else None, tokens=tokens,
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
-                    rank=not no_rank, ranker=str(ranker) if ranker else None, jobs=jobs, dask=dask)
+                    rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask)
     _run(cfg, refresh=[])
 
 
@@ -188,7 +190,8 @@ def inspect(
             console.print(table)
             console.print(title, style="dim")
     except ArtifactError as e:  # deleted or damaged since the run: say which, `lospmm rerun` recomputes it
-        _fail(f"{e}; `lospmm rerun --stage {stage or 'extract'} {record['run_id']}` recomputes it", code=1)
+        where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
+        _fail(f"{e}; `lospmm rerun --stage {stage or 'extract'} {record['run_id']}{where}` recomputes it", code=1)
 
 
 @app.command()
@@ -207,11 +210,20 @@ def kernel(
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.runs import run_record
 
+    from lospmm.flows.store import ArtifactError
+
+    existed = out.exists()
     try:
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify)
     except (LookupError, ValueError) as e:
         _fail(str(e))
+    except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
+        if not existed:  # no half-written kernel directory is left behind
+            shutil.rmtree(out, ignore_errors=True)
+        _fail(f"{type(e).__name__}: {e}" + ("; the compile cache under --artifacts must be writable to build a "
+                                              "kernel it lacks (or pass --no-compile)" if isinstance(e, OSError) else ""),
+              code=EXIT_RUN_FAILED)
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
                   f"tile=({m1},{n1}) grid.x={facts['grid']['x']}")

@@ -37,7 +37,7 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
 static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }
-static inline void lospmm_st(float* base, int off4, int n, float v) { base[(long long)(off4 / 4) * n] = v; }
+static inline void lospmm_st(float* base, int row, int n, float v) { base[(long long)row * n] = v; }
 """
 
 _HARNESS = r"""

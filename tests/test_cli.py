@@ -161,3 +161,34 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
                                 str(tmp_path / "art")])
     assert shown.exit_code == 1 and "missing" in shown.output and "lospmm rerun --stage constrain" in shown.output
     assert "Traceback" not in shown.output
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_layer_failing_for_a_passing_cause_is_reported_and_retried_on_the_next_run(tmp_path, monkeypatch):
+    import errno
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import lospmm.flows.kernels as kernels
+
+    rng = np.random.default_rng(0)
+    weights = tmp_path / "w.safetensors"
+    save_file({"full": rng.standard_normal((32, 16)).astype(np.float32),
+               "fine": rng.standard_normal((24, 16)).astype(np.float32)}, str(weights))
+    common = ["run", "--weights", str(weights), "--artifacts", str(tmp_path / "art"), "--m1", "2", "--tokens", "256"]
+    write_manifest = kernels.write_manifest
+
+    def disk_full_for_one_layer(directory, files):
+        if directory.name.startswith("full"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+        return write_manifest(directory, files)
+
+    monkeypatch.setattr(kernels, "write_manifest", disk_full_for_one_layer)
+    result = runner.invoke(app, common)
+    # the other layer completes, the summary is written, the exit code says a layer failed
+    assert result.exit_code == 3, result.output
+    assert "1 of 2 layers did not produce what was asked" in result.output and "full (error)" in result.output
+    monkeypatch.setattr(kernels, "write_manifest", write_manifest)  # the disk has room again
+    again = runner.invoke(app, common)
+    assert again.exit_code == 0, again.output  # the failure was not cached as the layer's result

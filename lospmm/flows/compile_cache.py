@@ -1,7 +1,8 @@
 """Content-addressed compile cache: (source, options, NVRTC version, arch) -> PTX, cubin, log,
 resource report, under `<root>/compile-cache/<key[:2]>/<key>/`. A unit found in the cache is never
-compiled again; two runs that miss the same unit at once may both compile it, and the first to store
-it wins (a lock per key). NVRTC's failures are cached too (the same input fails the same way); an
+compiled again. Two runs that need one kernel build it once (a lock per kernel: the second waits and
+reuses it); two kernels that share a unit and miss it at once may both compile it, and the first to
+store it wins (a lock per unit). NVRTC's failures are cached too (the same input fails the same way); an
 entry whose files fail their checksums, or written in an older format, is compiled again.
 
 A kernel is its units (codegen's shards of tile functions, then the entry): each unit is an entry
@@ -18,7 +19,7 @@ from pathlib import Path
 from lospmm.flows.store import atomic_write, file_sha256, locked
 from lospmm.flows.taskio import stop_requested
 from lospmm.stages.codegen import KernelSource
-from lospmm.flows.units import UnitCompiler, compiled_unit, threads
+from lospmm.flows.units import UnitCompiler, threads
 from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
 from lospmm.stages.status import Status
 
@@ -33,22 +34,11 @@ def cache_dir(root: str | Path, key: str) -> Path:
     return Path(root) / "compile-cache" / key[:2] / key
 
 
-def cached_compile(root: str | Path, source: str, name: str, options: CompileOptions) -> tuple[dict, bool]:
-    """The compile result for this source and options, and whether it came from the cache."""
-    key = compile_key(source, options)
-    d = cache_dir(root, key)
-    with locked(d, check=stop_requested):  # two tasks or runs on one source: one compiles, the other reuses
-        hit = _valid(d, FILES)
-        if hit is not None:
-            return hit, True
-        return _compiled_into(d, root, key, source, name, options), False
-
-
 def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOptions,
                   compile_units: UnitCompiler | None = None) -> tuple[dict, bool]:
     """One cubin for `kernel`: the units the cache lacks compiled by `compile_units` (default: one
     thread here; the flow passes its run's, see flows/units.py), stored, and all linked. The result
-    has cached_compile's fields, with `registers` the linked entry's, spills summed over the units,
+    has a unit entry's fields (status, log, paths…), with `registers` the linked entry's, spills summed over the units,
     `seconds` NVRTC's over the units compiled now plus the link (0 when nothing was), `cost_seconds`
     what the whole kernel cost when its units and link were first built, `units` and `units_compiled`."""
     if not options.relocatable:
@@ -56,33 +46,42 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
     compile_units = compile_units or threads(1)
     t0 = time.perf_counter()
     keys = [compile_key(u, options) for u in kernel.units]
-    units = [_valid(cache_dir(root, k), FILES) for k in keys]
-    missing = [i for i, u in enumerate(units) if u is None]
-    if missing:
-        stop_requested()
-
-        def landed(j: int, out: dict) -> None:
-            i = missing[j]
-            d = cache_dir(root, keys[i])
-            with locked(d, check=stop_requested):  # another run may have stored it meanwhile: keep theirs
-                units[i] = _valid(d, FILES) or _stored(d, root, keys[i], kernel.units[i], f"{kernel.name}_unit{i}",
-                                                       options, out)
-            stop_requested()
-
-        compile_units([(kernel.units[i], f"{kernel.name}_unit{i}", options) for i in missing], landed)
-    compile_wall = time.perf_counter() - t0
     key = link_key(keys, options.arch)
     d = cache_dir(root, key)
-    with locked(d, check=stop_requested):
+    # a kernel already linked is served without a lock or a look at its units (a read-only root too)
+    hit = _valid(d, LINKED_FILES)
+    if hit is not None:
+        return _served(hit, None, time.perf_counter() - t0), True
+    with locked(d, check=stop_requested):  # two runs on one kernel: one builds it, the other waits, reuses it
         hit = _valid(d, LINKED_FILES)
-        from_cache = hit is not None and not missing
-        if hit is None:
-            hit = _linked_into(d, root, key, kernel, options, units)
-    fresh = [units[i] for i in missing]
-    link = 0.0 if from_cache else hit["link_seconds"]
-    return {**hit, "seconds": sum(u["seconds"] for u in fresh) + link, "wall_seconds": compile_wall + link,
-            "cost_seconds": sum(u["seconds"] for u in units) + hit["link_seconds"],
-            "units_compiled": len(fresh), "compiled_on": sorted({u.get("compiled_on", "") for u in fresh})}, from_cache
+        if hit is not None:
+            return _served(hit, None, time.perf_counter() - t0), True
+        units = [_valid(cache_dir(root, k), FILES) for k in keys]
+        missing = [i for i, u in enumerate(units) if u is None]
+        if missing:
+            stop_requested()
+
+            def landed(j: int, out: dict) -> None:
+                i = missing[j]
+                unit_dir = cache_dir(root, keys[i])
+                with locked(unit_dir, check=stop_requested):  # another kernel may have stored it: keep theirs
+                    units[i] = _valid(unit_dir, FILES) or _stored(unit_dir, root, keys[i], kernel.units[i],
+                                                                  f"{kernel.name}_unit{i}", options, out)
+                stop_requested()
+
+            compile_units([(kernel.units[i], f"{kernel.name}_unit{i}", options) for i in missing], landed)
+        hit = _linked_into(d, root, key, kernel, options, units)
+    return _served(hit, [units[i] for i in missing], time.perf_counter() - t0), False
+
+
+def _served(linked_entry: dict, fresh: list[dict] | None, wall_seconds: float) -> dict:
+    """A link entry as cached_kernel's result: `fresh` the units compiled for it now (None: the
+    whole kernel came from the cache, nothing was compiled or linked)."""
+    link = 0.0 if fresh is None else linked_entry["link_seconds"]
+    fresh = fresh or []
+    return {**linked_entry, "seconds": sum(u["seconds"] for u in fresh) + link, "wall_seconds": wall_seconds,
+            "cost_seconds": sum(linked_entry["unit_seconds"]) + linked_entry["link_seconds"],
+            "units_compiled": len(fresh), "compiled_on": sorted({u.get("compiled_on", "") for u in fresh})}
 
 
 def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: CompileOptions, units: list[dict]) -> dict:
@@ -121,10 +120,6 @@ def _unit_cubin(root, unit: dict) -> bytes:
     if hashlib.sha256(data).hexdigest() != unit["sha256"]["cubin"]:
         raise OSError(f"{path} changed since it was checked; compile again")  # transient: the retry rebuilds it
     return data
-
-
-def _compiled_into(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions) -> dict:
-    return _stored(d, root, key, source, name, options, compiled_unit(source, name, options))
 
 
 def _stored(d: Path, root: str | Path, key: str, source: str, name: str, options: CompileOptions, out: dict) -> dict:

@@ -252,14 +252,21 @@ def _check_options(cfg: RunConfig) -> None:
             raise ConfigError("--dask needs prefect-dask: pip install 'lospmm[dask]'") from None
     if cfg.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
-    if cfg.ranker and not (Path(cfg.ranker).with_suffix(".txt").is_file()
-                           and Path(cfg.ranker).with_suffix(".json").is_file()):
-        raise ConfigError(f"--ranker {cfg.ranker}: needs {Path(cfg.ranker).with_suffix('.txt')} and .json "
-                          f"(written by `lospmm train-ranker`)")
+    if cfg.ranker:
+        from lospmm.flows.ranker_store import ranker_files
+
+        lacking = [str(f) for f in ranker_files(Path(cfg.ranker)) if not f.is_file()]
+        if lacking:
+            raise ConfigError(f"--ranker {cfg.ranker}: no {' and no '.join(lacking)} (a ranker is the .txt model and "
+                              f"its .json metadata, both written by `lospmm train-ranker`)")
     if cfg.weights:
         from lospmm.flows.weights import WeightsFileError, tensor_infos
 
         try:
-            tensor_infos(cfg.weights)
+            infos = tensor_infos(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
+        if not any(len(t.shape) == 2 for t in infos):  # extract.weight_shapes: a layer is a 2-D tensor
+            ranks = sorted({len(t.shape) for t in infos})
+            raise ConfigError(f"{cfg.weights}: no 2-D tensor, so no linear layer to search "
+                              f"({len(infos)} tensors of rank {', '.join(map(str, ranks)) or '-'})")

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from lospmm.flows.dag import list_columns
+from lospmm.flows.runs import shown_status
 from lospmm.flows.store import read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.stages.status import Status
@@ -45,14 +46,14 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
     for r in records:
         cfg, entries = r["config"], r.get("entries", [])
         models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])
-        t.add_row(r["run_id"], r["status"], r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
+        t.add_row(r["run_id"], shown_status(r), r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
                   " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg["until"], str(len(entries)),
                   str(sum(e["state"] == "Cached" for e in entries)))
     return t
 
 
 def run_table(record: dict) -> Table:
-    t = Table(title=f"run {record['run_id']} — {record['status']}"
+    t = Table(title=f"run {record['run_id']} — {shown_status(record)}"
               + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else ""))
     for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "key", "artifact"):
         t.add_column(c, overflow="fold")

@@ -22,7 +22,7 @@ from prefect.futures import wait
 from lospmm.flows import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, node_key
-from lospmm.flows.runs import RunStatus, write_run_record
+from lospmm.flows.runs import RunStatus, process_fields, write_run_record
 from lospmm.flows.store import artifact_path, valid_sidecar
 from lospmm.flows.summary import layer_outcomes, write_summary
 from lospmm.flows.taskio import POLLING_STOP, STOP, RunContext
@@ -67,7 +67,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     refresh = set(refresh or ())
     ctx = RunContext(str(root), run_id, plan.jobs, plan.config.dask)
     record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh),
-              "status": RunStatus.RUNNING,
+              "status": RunStatus.RUNNING, **process_fields(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
     write_run_record(root, record)
     t_start = time.perf_counter()

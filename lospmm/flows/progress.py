@@ -3,7 +3,8 @@ a Prefect progress artifact and a log line every few seconds.
 
 Progress is a weighted share of the run's tasks. Compile and emit carry most of the weight because
 they take most of the search time (MobileNetV2 at 0.9: 12% and 87% of the search seconds); within a
-task, each item counts equally. The figure is a share of work items, not a time estimate.
+task, each item counts equally, and an item whose kernel compiles in units counts the share of its
+units that have landed before it finishes. The figure is a share of work items, not a time estimate.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ _OTHER_WEIGHT = 0.2
 class _Run:
     weights: dict[tuple[str, str], float]
     fractions: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (task, item) -> the share of the task that item's landed units make, until the item finishes
+    partial: dict[tuple[tuple[str, str], str], float] = field(default_factory=dict)
     latest: str = ""
 
     def percent(self) -> float:
         total = sum(self.weights.values())
-        done = sum(w * self.fractions.get(t, 0.0) for t, w in self.weights.items())
+        share = dict(self.fractions)
+        for (t, _), p in self.partial.items():
+            share[t] = share.get(t, 0.0) + p
+        done = sum(w * min(1.0, share.get(t, 0.0)) for t, w in self.weights.items())
         return 100.0 * done / total if total else 100.0
 
 
@@ -46,8 +52,20 @@ def report(run_id: str, stage: str, label: str, done: int, total: int, item: str
             return
         key = (stage, label)
         run.fractions[key] = max(run.fractions.get(key, 0.0), done / total if total else 1.0)
+        run.partial.pop((key, item), None)  # counted whole from now on
         run.latest = (f"{stage} {label}: {done}/{total}" + (f" ({item})" if item else "") if item or done < total
                       else f"{stage} {label} finished")
+
+
+def units(run_id: str, stage: str, label: str, item: str, landed: int, total: int, items: int) -> None:
+    """`landed` of the `total` units that `item` (one of the task's `items`) compiles have landed."""
+    with _LOCK:
+        run = _RUNS.get(run_id)
+        if run is None or total < 1:
+            return
+        key = (stage, label)
+        run.partial[(key, item)] = min(landed, total) / total / max(items, 1)
+        run.latest = f"{stage} {label}: {item}, {landed}/{total} units compiled"
 
 
 def snapshot(run_id: str) -> tuple[float, str]:

@@ -16,7 +16,8 @@ class RankerError(RuntimeError):
     """A ranker model file is missing or unreadable; the message names the file."""
 
 
-def _files(base: Path) -> tuple[Path, Path]:
+def ranker_files(base: Path) -> tuple[Path, Path]:
+    """(model .txt, metadata .json) of a ranker named with or without either suffix."""
     base = Path(base)
     if base.suffix in (".txt", ".json"):
         base = base.with_suffix("")
@@ -25,7 +26,7 @@ def _files(base: Path) -> tuple[Path, Path]:
 
 def save_ranker(base: Path, booster, metadata: dict) -> dict:
     """Write `base`.txt (model) and `base`.json (metadata + version = hash of the model text)."""
-    model_path, meta_path = _files(base)
+    model_path, meta_path = ranker_files(base)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     text = booster.model_to_string()
     meta = {**metadata, "version": hashlib.sha256(text.encode()).hexdigest()[:12]}
@@ -40,7 +41,7 @@ def save_ranker(base: Path, booster, metadata: dict) -> dict:
 
 def ranker_metadata(base: Path | None = None) -> dict:
     """The JSON metadata of a model (default: the shipped one) without loading the model itself."""
-    _, meta_path = _files(Path(base) if base else SHIPPED)
+    _, meta_path = ranker_files(Path(base) if base else SHIPPED)
     try:
         return json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -50,15 +51,29 @@ def ranker_metadata(base: Path | None = None) -> dict:
 
 
 def load_ranker(base: Path | None = None):
-    """(booster, metadata) from `base` (default: the shipped model)."""
+    """(booster, metadata) from `base` (default: the shipped model). RankerError names the file at
+    fault: the metadata (.json) or the model (.txt)."""
     import lightgbm
 
-    model_path, meta_path = _files(Path(base) if base else SHIPPED)
+    model_path, meta_path = ranker_files(Path(base) if base else SHIPPED)
+    meta = ranker_metadata(meta_path)
+    if not isinstance(meta, dict) or not isinstance(meta.get("version"), str):
+        raise RankerError(f"ranker model {meta_path}: its metadata has no version (not written by "
+                          f"`lospmm train-ranker`)")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        booster = lightgbm.Booster(model_str=model_path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise RankerError(f"ranker model {e.filename} not found (train one with `lospmm train-ranker`)") from None
+        text = model_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RankerError(f"ranker model {model_path} not found (train one with `lospmm train-ranker`)") from None
+    except (OSError, ValueError) as e:
+        raise RankerError(f"ranker model {model_path}: unreadable ({type(e).__name__}: {e})") from None
+    # LightGBM's text models begin and end so; it reports anything else on stderr, and a model cut
+    # short can crash the process (a segmentation fault, seen with a third of a model)
+    if not text.startswith("tree\n"):
+        raise RankerError(f"ranker model {model_path}: not a LightGBM text model")
+    if "\nend of trees\n" not in text:
+        raise RankerError(f"ranker model {model_path}: a LightGBM model cut short (no 'end of trees')")
+    try:
+        booster = lightgbm.Booster(model_str=text)
     except Exception as e:
         raise RankerError(f"ranker model {model_path}: unreadable ({type(e).__name__}: {e})") from None
     if meta.get("features") and list(meta["features"]) != list(booster.feature_name()) and \

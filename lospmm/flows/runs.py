@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,27 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; its finished artifacts are kept
+    KILLED = "killed"  # never written: a record left `running` by a process that is gone (SIGKILL, a crash)
+
+
+def process_fields() -> dict[str, Any]:
+    """Who writes a run's record: with them a reader tells a running run from a killed one."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def shown_status(record: dict[str, Any]) -> str:
+    """The record's status, or `killed` for a run recorded as running on this host whose process is
+    gone (a SIGKILL or a crash leaves no chance to write the record's end)."""
+    status = record.get("status", "")
+    if status != RunStatus.RUNNING or record.get("host") != socket.gethostname() or not record.get("pid"):
+        return status
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return RunStatus.KILLED
+    except (OSError, ValueError):
+        pass
+    return status
 
 
 def runs_dir(root: str | Path) -> Path:

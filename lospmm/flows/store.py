@@ -141,14 +141,22 @@ def write_artifact(path: Path, table: pa.Table, meta: dict[str, Any]) -> dict[st
 
 
 def valid_sidecar(path: Path) -> dict[str, Any] | None:
+    """The sidecar of an artifact that may be reused as a cached result, else None: it is intact
+    (`intact_sidecar`) and was not written incomplete (a layer failed in a way that may pass on a
+    retry, so a later run computes it again)."""
+    meta = intact_sidecar(path)
+    return None if meta is None or meta.get("incomplete") else meta
+
+
+def intact_sidecar(path: Path) -> dict[str, Any] | None:
     """The sidecar of a whole, uncorrupted artifact at `path`, else None: the file matches its
-    checksum, every directory it lists as attached (emit's kernel directories, relative to the
-    artifact's folder) matches its manifest, and it was not written incomplete (a layer failed in a
-    way that may pass on a retry)."""
+    checksum and every directory it lists as attached (emit's kernel directories, relative to the
+    artifact's folder) matches its manifest. An incomplete artifact is intact: its own run reads it
+    (the summary names the layers that failed) but never reuses it."""
     side = sidecar_path(path)
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"] or meta.get("incomplete"):
+        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"]:
             return None
         if any(manifest_problem(path.parent / d, h) for d, h in meta.get("attachments", {}).items()):
             return None
@@ -201,7 +209,7 @@ def manifest_hash(directory: Path) -> str | None:
 def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     """Read a checked artifact; ArtifactError names the file if it is missing or corrupt."""
     path = Path(path)
-    if valid_sidecar(path) is None:
+    if intact_sidecar(path) is None:
         raise ArtifactError(f"artifact {path} is missing, truncated or fails its checksum")
     return pq.read_table(path, columns=columns)
 

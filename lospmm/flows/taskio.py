@@ -60,9 +60,19 @@ class RunContext:
     def reporter(self, stage: str, label: str) -> Callable[[int, int, dict], None]:
         """Progress callback for `in_parallel`: the flow's progress artifact counts items as they land."""
         def report(done: int, total: int, row: dict) -> None:
-            item = row.get("layer", "") + (f" M1={row['m1']}" if row.get("m1") and stage != "emit" else "")
-            progress.report(self.run_id, stage, label, done, total, item)
+            progress.report(self.run_id, stage, label, done, total, _item(stage, row))
         return report
+
+    def unit_reporter(self, stage: str, label: str, row: dict, items: int) -> Callable[[int, int], None]:
+        """Progress callback for one item's unit compiles (`units.run_compiler`): its units count as
+        they land, before the item (one of the task's `items`) finishes."""
+        item = _item(stage, row)
+        return lambda landed, total: progress.units(self.run_id, stage, label, item, landed, total, items)
+
+
+def _item(stage: str, row: dict) -> str:
+    """How progress names an item: its layer, and for per-M1 stages the M1."""
+    return row.get("layer", "") + (f" M1={row['m1']}" if row.get("m1") and stage != "emit" else "")
 
 
 def run_logger():

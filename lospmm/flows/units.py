@@ -156,6 +156,22 @@ def waiting_on_units(ctx):
         rejoin()
 
 
-def run_compiler(ctx) -> UnitCompiler:
-    """How a run (taskio.RunContext) compiles units: on its Dask cluster, or on its `jobs` threads."""
-    return on_dask(ctx.dask) if ctx.dask else threads(ctx.jobs)
+def run_compiler(ctx, report: Callable[[int, int], None] | None = None) -> UnitCompiler:
+    """How a run (taskio.RunContext) compiles units: on its Dask cluster, or on its `jobs` threads;
+    `report(landed, total)` after each unit lands (progress counts units, not only kernels)."""
+    compile_units = on_dask(ctx.dask) if ctx.dask else threads(ctx.jobs)
+    if report is None:
+        return compile_units
+
+    def counted(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
+        count = 0
+        report(0, len(batch))
+
+        def one_more(index: int, result: dict) -> None:
+            nonlocal count  # `landed` is called from the submitting thread only, one unit at a time
+            landed(index, result)
+            count += 1
+            report(count, len(batch))
+
+        compile_units(batch, one_more)
+    return counted

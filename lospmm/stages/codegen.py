@@ -33,7 +33,11 @@ from lospmm.stages.reorder import Tiles
 
 # Address arithmetic lives inside inline PTX: with thousands of `B + c * N + n` in straight-line
 # code, LLVM's straight-line strength reduction goes superlinear (4000 loads: 184 s in NVVM, 5.9 s
-# this way). Byte offsets are `row * 4`, so one mad.wide forms each address.
+# this way). A load's byte offset is `column * 4`, so one mad.wide forms its address. A store
+# computes `(row * N) * 4` in 64 bits instead: written as the loads are, `N * (4 * row)` equals the
+# `N * (4 * column)` of any load of column == row and ptxas keeps that product live from the load
+# to the store (a tile function of M1 = 16 spilled 136 bytes at the §3.2 prediction); scaling N
+# by 4 once instead leaves `N << 2` live through the whole function (4-8 bytes of spill).
 PREAMBLE = r"""#if !defined(LOSPMM_HOST_EMULATION) && !defined(LOSPMM_PREAMBLE)
 #define LOSPMM_PREAMBLE
 #define LOSPMM_KERNEL extern "C" __global__
@@ -42,8 +46,8 @@ __device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
   asm("{ .reg .u64 a; mad.wide.s32 a, %1, %2, %3; ld.global.nc.f32 %0, [a]; }" : "=f"(v) : "r"(off4), "r"(n), "l"(base));
   return v;
 }
-__device__ __forceinline__ void lospmm_st(float* base, int off4, int n, float v) {
-  asm volatile("{ .reg .u64 a; mad.wide.s32 a, %0, %1, %2; st.global.f32 [a], %3; }" :: "r"(off4), "r"(n), "l"(base), "f"(v) : "memory");
+__device__ __forceinline__ void lospmm_st(float* base, int row, int n, float v) {
+  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.f32 [a], %3; }" :: "r"(row), "r"(n), "l"(base), "f"(v) : "memory");
 }
 #define LOSPMM_TILE extern "C" __device__ __noinline__ __attribute__((noreturn))
 #define LOSPMM_TILE_END asm volatile("exit;"); __builtin_unreachable();
@@ -130,7 +134,7 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     entry += [f"LOSPMM_TILE void tile_{t}{signature};\n" for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     for z, rows in enumerate(zero_blocks):
-        stores = "".join(f"  lospmm_st(Cn, {4 * r}, N, 0.0f);\n" for r in rows)
+        stores = "".join(f"  lospmm_st(Cn, {r}, N, 0.0f);\n" for r in rows)
         entry.append(f"__device__ __forceinline__ void zero_{z}(float* __restrict__ Cn, const int N) {{\n"
                      f"{stores}}}\n")
     cases = [f"    case {t}: tile_{t}(Bn, Cn, N); break;\n" for t in range(tiles.num_tiles)]
@@ -185,7 +189,7 @@ def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) ->
             out.append(loads[j + prefetch])
         lo, hi = sub.indptr[c], sub.indptr[c + 1]
         out.append("  " + " ".join(f"acc{sub.indices[p]} += b{j} * {lits[p]};" for p in range(lo, hi)) + "\n")
-    out.extend(f"  lospmm_st(Cn, {4 * r}, N, acc{i});\n" for i, r in enumerate(rows))
+    out.extend(f"  lospmm_st(Cn, {r}, N, acc{i});\n" for i, r in enumerate(rows))
     out.append("  LOSPMM_TILE_END\n}\n")
     return "".join(out)
 
@@ -217,7 +221,7 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
             # distinct constants keep the multiply-adds from being folded together
             out.append("  " + " ".join(f"acc{(j * cpl + q) % m1} += b{j} * {1 + ((j * cpl + q) % 97) / 128:.7f}f;"
                                        for q in range(cpl)) + "\n")
-        out.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) lospmm_st(Cn, 4 * r, N, acc{i}); }}\n"
+        out.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) lospmm_st(Cn, r, N, acc{i}); }}\n"
                    for i in range(m1))
         out.append("  LOSPMM_TILE_END\n}\n")
         functions.append("".join(out))

@@ -6,51 +6,84 @@ from lospmm.flows import compile_cache as cc, units
 from lospmm.stages import compile as nv
 
 
-SRC = 'extern "C" __global__ void k(float* c) { c[threadIdx.x] = 2.0f * threadIdx.x; }\n'
+def _small_kernel(seed: int = 0):
+    from lospmm.stages.codegen import full_kernel_source
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = sp.random(16, 12, density=0.3, format="csr", random_state=np.random.default_rng(seed), dtype=np.float32)
+    return full_kernel_source(a, reordered_tiles(a, 4), 32)
+
+
+OPTIONS = nv.kernel_options("sm_90", 4)
 
 
 def test_a_kernel_is_never_compiled_twice(tmp_path, monkeypatch):
-    first, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
-    assert not hit and first["status"] == "ok" and first["registers"] > 0
+    kernel = _small_kernel()
+    first, hit = cc.cached_kernel(tmp_path, kernel, OPTIONS)
+    assert not hit and first["status"] == "ok" and first["registers"] > 0 and first["units_compiled"] == first["units"]
     assert (tmp_path / first["paths"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
     monkeypatch.setattr(units, "compiled", lambda *a, **k: pytest.fail("compiled twice"))
-    again, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
-    assert hit and again == first
+    monkeypatch.setattr(cc, "linked", lambda *a, **k: pytest.fail("linked twice"))
+    again, hit = cc.cached_kernel(tmp_path, kernel, OPTIONS)
+    assert hit and again["key"] == first["key"] and again["sha256"] == first["sha256"]
+    assert again["seconds"] == 0.0 and again["units_compiled"] == 0 and again["cost_seconds"] == first["cost_seconds"]
+
+
+def test_a_complete_kernel_is_served_from_a_read_only_root(tmp_path, monkeypatch):
+    kernel = _small_kernel()
+    first, _ = cc.cached_kernel(tmp_path, kernel, OPTIONS)
+
+    def no_writes(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cc, "locked", no_writes)  # taking a lock writes a file
+    monkeypatch.setattr(cc, "atomic_write", no_writes)
+    again, hit = cc.cached_kernel(tmp_path, kernel, OPTIONS)
+    assert hit and again["key"] == first["key"]
 
 
 def test_other_options_or_arch_are_other_entries(tmp_path):
-    a, _ = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions(arch="sm_90"))
-    b, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions(arch="sm_80"))
-    assert not hit and a["key"] != b["key"]
+    kernel = _small_kernel()
+    a, _ = cc.cached_kernel(tmp_path, kernel, nv.kernel_options("sm_90", 4))
+    b, hit = cc.cached_kernel(tmp_path, kernel, nv.kernel_options("sm_80", 4))
+    assert not hit and a["key"] != b["key"] and set(a["unit_keys"]).isdisjoint(b["unit_keys"])
 
 
-def test_a_damaged_entry_is_recompiled(tmp_path):
-    first, _ = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
+def test_a_damaged_entry_is_rebuilt(tmp_path):
+    kernel = _small_kernel()
+    first, _ = cc.cached_kernel(tmp_path, kernel, OPTIONS)
     cubin = tmp_path / first["paths"]["cubin"]
     cubin.write_bytes(cubin.read_bytes()[:10])
-    again, hit = cc.cached_compile(tmp_path, SRC, "k", nv.CompileOptions())
-    assert not hit and cubin.read_bytes()[:4] == b"\x7fELF"
+    again, hit = cc.cached_kernel(tmp_path, kernel, OPTIONS)
+    assert not hit and cubin.read_bytes()[:4] == b"\x7fELF" and again["units_compiled"] == 0  # relinked only
 
 
 def test_failures_are_cached_with_their_log(tmp_path):
-    bad, hit = cc.cached_compile(tmp_path, "this is not CUDA", "bad", nv.CompileOptions())
-    assert bad["status"] == "error" and bad["log"] and not hit
-    assert cc.cached_compile(tmp_path, "this is not CUDA", "bad", nv.CompileOptions())[1]
+    import dataclasses
+
+    kernel = _small_kernel()
+    broken = dataclasses.replace(kernel, units=(kernel.units[0] + "\nthis is not CUDA\n", *kernel.units[1:]))
+    bad, hit = cc.cached_kernel(tmp_path, broken, OPTIONS)
+    assert bad["status"] == "error" and "failed" in bad["log"] and not hit
+    assert cc.cached_kernel(tmp_path, broken, OPTIONS)[1]
 
 
 def _compile_in_child(root: str, queue) -> None:
     from lospmm.flows import compile_cache
-    from lospmm.stages.compile import CompileOptions
 
-    result, hit = compile_cache.cached_compile(root, _SLOW_SOURCE, "slow", CompileOptions(arch="sm_90"))
-    queue.put((hit, result["key"]))
-
-
-_SLOW_SOURCE = "extern \"C\" __global__ void slow(float* c) {\n" + "".join(
-    f"  c[{i}] = c[{i}] * 1.5f + {i}.0f;\n" for i in range(3000)) + "}\n"
+    result, hit = compile_cache.cached_kernel(root, _slow_kernel(), OPTIONS)
+    queue.put((hit, result["key"], result["units_compiled"]))
 
 
-def test_two_processes_compile_one_source_once(tmp_path):
+def _slow_kernel():
+    from lospmm.stages.codegen import full_kernel_source
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = sp.random(64, 256, density=0.3, format="csr", random_state=np.random.default_rng(7), dtype=np.float32)
+    return full_kernel_source(a, reordered_tiles(a, 4), 32)
+
+
+def test_two_processes_build_one_kernel_once(tmp_path):
     import multiprocessing
 
     mp = multiprocessing.get_context("spawn")
@@ -58,11 +91,11 @@ def test_two_processes_compile_one_source_once(tmp_path):
     procs = [mp.Process(target=_compile_in_child, args=(str(tmp_path), queue)) for _ in range(2)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=120) for _ in procs]
+    results = [queue.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(30)
-    assert sorted(hit for hit, _ in results) == [False, True]  # one compiled, the other waited and reused
-    assert len({key for _, key in results}) == 1
+    assert sorted(hit for hit, _, _ in results) == [False, True]  # one built it, the other waited and reused it
+    assert len({key for _, key, _ in results}) == 1 and sorted(n for _, _, n in results)[0] == 0
 
 
 def _sharded(values: np.ndarray, m1: int = 4):

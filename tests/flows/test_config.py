@@ -114,10 +114,36 @@ def test_an_unwritable_root_and_a_full_disk_are_found_before_any_work(tmp_path, 
 def test_a_garbage_ranker_file_is_named_before_any_work(tmp_path):
     (tmp_path / "r.txt").write_text("not a lightgbm model")
     (tmp_path / "r.json").write_text('{"version": "x"}')
-    with pytest.raises(ConfigError, match="--ranker.*r.txt"):
+    with pytest.raises(ConfigError, match="--ranker.*r.txt: not a LightGBM text model"):
         resolved(RunConfig(zoo=("shufflenetv2",), ranker=str(tmp_path / "r")))
+
+
+@pytest.mark.parametrize("model, metadata, named", [
+    ("shipped", "{}", "e.json: its metadata has no version"),  # a valid model, metadata not ours
+    ("shipped", "nope", "e.json: unreadable metadata"),  # the metadata is at fault, not the model
+    ("shipped", None, "no .*e.json"),
+])
+def test_a_bad_ranker_names_the_file_at_fault(tmp_path, model, metadata, named):
+    from lospmm.flows.ranker_store import SHIPPED
+
+    (tmp_path / "e.txt").write_text(SHIPPED.with_suffix(".txt").read_text())
+    if metadata is not None:
+        (tmp_path / "e.json").write_text(metadata)
+    for given in ("e", "e.txt"):  # with or without a suffix
+        with pytest.raises(ConfigError, match=named):
+            resolved(RunConfig(zoo=("shufflenetv2",), ranker=str(tmp_path / given)))
 
 
 def test_magnitude_pruning_of_a_zoo_model_is_refused():
     with pytest.raises(ConfigError, match="--prune magnitude needs real weights"):
         resolved(RunConfig(zoo=("resnet50",), prune="magnitude"))
+
+
+def test_weights_without_a_2d_tensor_are_refused_before_any_work(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "bias_only.safetensors"
+    save_file({"bias": np.zeros(8, np.float32), "conv": np.zeros((2, 2, 3, 3), np.float32)}, str(path))
+    with pytest.raises(ConfigError, match="no 2-D tensor, so no linear layer to search \\(2 tensors of rank 1, 4\\)"):
+        resolved(RunConfig(weights=str(path)))

@@ -63,3 +63,22 @@ def test_publisher_logs_moves_and_a_still_running_line(monkeypatch):
         assert pushed[-1] == 100.0
     finally:
         progress.finished(run)
+
+
+def test_units_count_before_their_item_finishes_and_only_once():
+    run = "test-progress-units"
+    progress.started(run, [("emit", "m")])
+    try:
+        progress.units(run, "emit", "m", "fc", 0, 4, items=2)
+        assert progress.snapshot(run)[0] == 0.0
+        progress.units(run, "emit", "m", "fc", 3, 4, items=2)
+        percent, latest = progress.snapshot(run)
+        assert abs(percent - 100 * 3 / 4 / 2) < 1e-9 and latest == "emit m: fc, 3/4 units compiled"
+        progress.units(run, "emit", "m", "fc", 4, 4, items=2)
+        progress.report(run, "emit", "m", 1, 2, "fc")  # the item is done: its units are not counted again
+        assert abs(progress.snapshot(run)[0] - 50.0) < 1e-9
+        progress.units(run, "emit", "m", "conv", 2, 2, items=2)
+        progress.units(run, "emit", "m", "conv", 2, 2, items=2)  # a repeated report is no extra share
+        assert abs(progress.snapshot(run)[0] - 100.0) < 1e-9
+    finally:
+        progress.finished(run)

@@ -85,7 +85,11 @@ def test_missing_or_garbage_metadata_is_named(tmp_path):
 def test_a_garbage_model_is_named(tmp_path):
     save_ranker(tmp_path / "m", _tiny_ranker()[0], {})
     (tmp_path / "m.txt").write_text("this is not a LightGBM model\n")
-    with pytest.raises(RankerError, match=re.escape(str(tmp_path / "m.txt")) + ": unreadable"):
+    with pytest.raises(RankerError, match=re.escape(str(tmp_path / "m.txt")) + ": not a LightGBM text model"):
+        load_ranker(tmp_path / "m")
+    good = _tiny_ranker()[0].model_to_string()
+    (tmp_path / "m.txt").write_text(good[: len(good) // 3])  # a model cut short (LightGBM crashed on it)
+    with pytest.raises(RankerError, match=re.escape(str(tmp_path / "m.txt")) + ": a LightGBM model cut short"):
         load_ranker(tmp_path / "m")
 
 

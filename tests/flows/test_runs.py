@@ -91,3 +91,20 @@ def test_an_exact_id_wins_over_a_longer_one_it_prefixes(tmp_path):
     write_run_record(tmp_path, {"run_id": "abc"})
     write_run_record(tmp_path, {"run_id": "abcd"})
     assert run_record(tmp_path, "abc")["run_id"] == "abc"
+
+
+def test_a_run_left_running_by_a_process_that_is_gone_shows_as_killed():
+    import os
+    import socket
+    import subprocess
+
+    from lospmm.flows.runs import RunStatus, process_fields, shown_status
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process now
+    here = {"run_id": "r", "status": RunStatus.RUNNING, **process_fields()}
+    assert here["pid"] == os.getpid() and shown_status(here) == RunStatus.RUNNING
+    assert shown_status({**here, "pid": gone.pid}) == RunStatus.KILLED
+    assert shown_status({**here, "pid": gone.pid, "host": socket.gethostname() + "-elsewhere"}) == RunStatus.RUNNING
+    assert shown_status({**here, "pid": gone.pid, "status": RunStatus.COMPLETED}) == RunStatus.COMPLETED
+    assert shown_status({"run_id": "old", "status": RunStatus.RUNNING}) == RunStatus.RUNNING  # older records

@@ -47,7 +47,8 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
                 cl = clusters_from_row(table, i)
                 kernel = proxy_kernel_source(info["m"], info["k"], cl)
                 options = kernel_options(arch, info["m1"])
-                result, hit = cached_kernel(ctx.root, kernel, options, run_compiler(ctx))
+                result, hit = cached_kernel(ctx.root, kernel, options,
+                                             run_compiler(ctx, ctx.unit_reporter("compile", label, info, table.num_rows)))
                 logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", where, i + 1,
                             table.num_rows, result["status"], result["registers"], result["spill_stores"],
                             result["seconds"], " (compile cache)" if hit else "")

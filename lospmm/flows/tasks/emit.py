@@ -36,8 +36,9 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
 
         def one(item) -> dict:
             layer, group = item
+            units = run_compiler(ctx, ctx.unit_reporter("emit", label, {"layer": layer}, len(layers)))
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
-                                 tiles.get(layer, {}), timer, arch, params, logger, run_compiler(ctx))
+                                 tiles.get(layer, {}), timer, arch, params, logger, units)
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
