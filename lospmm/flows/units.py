@@ -1,15 +1,16 @@
-"""Compiling a kernel's units: on threads of this process (`--jobs`), or as Prefect tasks on the
-workers of the Dask cluster the flow runs on (`--dask ADDRESS`, prefect-dask's DaskTaskRunner).
-A unit compile is pure (source in, NVRTC's output out, no files), so a worker needs no access to
-the artifact root for it; the caller stores results in the compile cache.
+"""Compiling a kernel's units, each a Prefect task run (`compile-unit`) of the flow run: on `--jobs`
+threads of this process, or on the workers of the Dask cluster the flow runs on (`--dask ADDRESS`,
+prefect-dask's DaskTaskRunner). A unit compile is pure (source in, NVRTC's output out, no files),
+so a worker needs no access to the artifact root for it; the caller stores results in the compile
+cache. Outside a flow run (benchmarks, tests) a unit is a plain call.
 
-Locally a unit is a plain call, not a task run of its own: a zoo run compiles ~2,500 units of a few
-hundred ms each, and as task runs each would add a "Finished in state Completed()" line to the
-run's log for no gain (the compile cache already resumes a killed compile unit by unit)."""
+A zoo run compiles ~2,500 units (about 3 ms of Prefect bookkeeping each); their task runs' INFO
+lines ("Finished in state Completed()") are kept out of the run's log, their failures are not."""
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import socket
 import threading
@@ -36,7 +37,21 @@ def compiled_unit(source: str, name: str, options: CompileOptions) -> dict:
 
 
 # Not cached by Prefect: the compile cache, keyed by content, is the one cache of compiled units.
-compile_unit = task(compiled_unit, name="compile-unit", cache_policy=NO_CACHE, persist_result=False)
+UNIT_TASK = "compile-unit"
+compile_unit = task(compiled_unit, name=UNIT_TASK, cache_policy=NO_CACHE, persist_result=False)
+
+
+class _QuietUnits(logging.Filter):
+    """Drops unit task runs' lines below WARNING from the run's log (see the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or getattr(record, "task_name", None) != UNIT_TASK
+
+
+def _in_a_flow_run() -> bool:
+    from prefect.context import FlowRunContext
+
+    return FlowRunContext.get() is not None
 
 
 def _where() -> str:
@@ -48,6 +63,7 @@ def _where() -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
+_QUIET = _QuietUnits()
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
 
@@ -59,8 +75,12 @@ def _slots(jobs: int) -> threading.BoundedSemaphore:
 
 
 def threads(jobs: int) -> UnitCompiler:
-    """Units on `jobs` threads here (NVRTC releases the GIL)."""
+    """Units on `jobs` threads here (NVRTC releases the GIL); each a task run of the flow run the
+    caller is in, if any."""
     jobs = max(1, jobs)
+    if _in_a_flow_run():
+        logging.getLogger("prefect.task_runs").addFilter(_QUIET)  # once: a logger keeps one of each filter
+    compile_one = compile_unit if _in_a_flow_run() else compiled_unit
 
     def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
         slots = _slots(jobs)
@@ -69,7 +89,7 @@ def threads(jobs: int) -> UnitCompiler:
             stop_requested()  # a stopped run compiles none of the units still queued
             with slots:
                 stop_requested()  # nor one that waited for a slot while the stop came
-                return compiled_unit(*job)
+                return compile_one(*job)
 
         if jobs == 1 or len(batch) == 1:
             for i, job in enumerate(batch):
@@ -77,7 +97,8 @@ def threads(jobs: int) -> UnitCompiler:
             return
         pool = ThreadPoolExecutor(min(jobs, len(batch)))
         try:
-            futures = {pool.submit(one, job): i for i, job in enumerate(batch)}
+            # each unit in a copy of this thread's context: its task run belongs to the flow run
+            futures = {pool.submit(contextvars.copy_context().run, one, job): i for i, job in enumerate(batch)}
             for future in as_completed(futures):
                 landed(futures[future], future.result())
         finally:  # on a failure or a stop, the units not started are dropped, not compiled for nothing
