@@ -54,7 +54,7 @@ def _child(rows, k, sparsity, m1, shard_nnz, mono, queue) -> None:
             unit_seconds.append(r.seconds)
             cubins.append(r.cubin)
             spills += r.spill_stores
-        lk = linked(cubins, "sm_90")
+        lk = linked(cubins, "sm_90", kernel.name)
         units, worst, link = len(kernel.units), max(unit_seconds), lk.seconds
         out = type("R", (), {"status": lk.status, "registers": lk.registers, "spill_stores": spills})
     wall = time.perf_counter() - t0
@@ -92,8 +92,7 @@ def proxy(model: str, layer: str, m1: int, sparsity: float) -> None:
     queue = ctx.Queue()
     p = ctx.Process(target=_proxy_child, args=(model, layer, sparsity, m1, queue))
     p.start()
-    r = queue.get()
-    p.join()
+    r = _result(p, queue)
     print(f"{model} {layer} proxy M1={m1} at sparsity {sparsity}: {r['units']} units, {r['seconds']:.1f} s, "
           f"peak RSS {r['rss_mb']:.0f} MB, {r['registers']} registers, {r['spill']} B spilled, {r['status']}")
 
@@ -103,9 +102,21 @@ def measured(rows, k, sparsity, m1, shard_nnz, mono=False) -> dict:
     queue = ctx.Queue()
     p = ctx.Process(target=_child, args=(rows, k, sparsity, m1, shard_nnz, mono, queue))
     p.start()
-    out = queue.get()
-    p.join()
-    return out
+    return _result(p, queue)
+
+
+def _result(p, queue) -> dict:
+    """The child's result; a child that died without one (a crash, a bug) stops the benchmark."""
+    import queue as queues
+
+    while True:
+        try:
+            out = queue.get(timeout=1.0)
+            p.join()
+            return out
+        except queues.Empty:
+            if not p.is_alive():
+                raise SystemExit(f"the compile child died (exit code {p.exitcode}) without a result")
 
 
 def split_table(splits: list[int], mono: bool) -> None:

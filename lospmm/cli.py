@@ -260,9 +260,11 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
             result = run_plan(plan, refresh=refresh, run_id=run_id)
     # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
-        _record_interrupted(plan.root, run_id)
-        err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
-                  f"same command again resumes from them")
+        if _record_interrupted(plan.root, run_id):
+            err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
+                      f"same command again resumes from them")
+        else:
+            err.print(f"[yellow]interrupted:[/] run {run_id} stopped before it started; nothing was written")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     from lospmm.flows.runs import run_record
 
@@ -311,17 +313,19 @@ def _stops_cleanly():
         STOP.clear()  # a later run in this process (a notebook, a test session) starts afresh
 
 
-def _record_interrupted(root: Path, run_id: str) -> None:
+def _record_interrupted(root: Path, run_id: str) -> bool:
+    """Mark the run's record interrupted; False when it has none (stopped before the flow began)."""
     from lospmm.flows.runs import run_record, write_run_record
 
     try:
         record = run_record(root, run_id)
     except LookupError:
-        return
+        return False
     if record.get("status") != RunStatus.RUNNING:  # it finished before the signal took effect
-        return
+        return True
     record.update(status=RunStatus.INTERRUPTED, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     write_run_record(root, record)
+    return True
 
 
 def _exit_code(record: dict) -> int:

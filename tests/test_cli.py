@@ -192,3 +192,13 @@ def test_a_layer_failing_for_a_passing_cause_is_reported_and_retried_on_the_next
     monkeypatch.setattr(kernels, "write_manifest", write_manifest)  # the disk has room again
     again = runner.invoke(app, common)
     assert again.exit_code == 0, again.output  # the failure was not cached as the layer's result
+
+
+def test_an_interrupted_run_is_recorded_so_and_one_stopped_before_it_began_says_nothing_was_written(tmp_path):
+    from lospmm.cli import _record_interrupted
+    from lospmm.flows.runs import RunStatus, run_record, write_run_record
+
+    assert _record_interrupted(tmp_path, "20260101-000000-abcdef") is False  # no record: the flow never began
+    write_run_record(tmp_path, {"run_id": "20260101-000000-abcdef", "status": RunStatus.RUNNING, "config": {}})
+    assert _record_interrupted(tmp_path, "20260101-000000-abcdef") is True
+    assert run_record(tmp_path)["status"] == RunStatus.INTERRUPTED

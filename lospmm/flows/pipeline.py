@@ -23,7 +23,7 @@ from lospmm.flows import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, node_key
 from lospmm.flows.runs import RunStatus, process_fields, write_run_record
-from lospmm.flows.store import artifact_path, valid_sidecar
+from lospmm.flows.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
 from lospmm.flows.summary import layer_outcomes, write_summary
 from lospmm.flows.taskio import POLLING_STOP, STOP, RunContext
 
@@ -73,6 +73,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     t_start = time.perf_counter()
 
     submitted: list[tuple[dict, Any]] = []
+    logger = get_run_logger()
     nodes = [n for n in DAG if n.stage in plan.stages]
     for source in plan.sources:
         done: dict[str, tuple[str, Any]] = {}  # stage -> (key, future) for this source and sparsity
@@ -84,7 +85,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
                 params = node.params(plan, source, s)
                 key = node_key(node.stage, params, [done[i][0] for i in node.inputs])
                 force = node.stage in refresh
-                use_cache = not force and valid_sidecar(artifact_path(root, node.stage, label, key)) is not None
+                use_cache = not force and _reusable(artifact_path(root, node.stage, label, key), node.stage, label, logger)
                 future = node.task.with_options(refresh_cache=not use_cache,
                                                 result_storage=root / ".prefect-results").submit(
                     key=key, ctx=ctx, label=label, inputs={i: done[i][1] for i in node.inputs}, force=force,
@@ -115,6 +116,17 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     write_run_record(root, record)
     _publish_summary(root, record)
     return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+
+
+def _reusable(path: Path, stage: str, label: str, logger) -> bool:
+    """Whether the artifact at `path` may be served as cached; says why not when one is there."""
+    if valid_sidecar(path) is not None:
+        return True
+    if sidecar_path(path).exists():
+        why = ("was written incomplete (a layer failed in a way a retry may fix)" if intact_sidecar(path) is not None
+               else "or a kernel directory it lists fails its checksum (damaged or edited)")
+        logger.warning("%s %s: the artifact %s; computing it again", stage, label, why)
+    return False
 
 
 def _stop_on_sigterm() -> None:

@@ -64,6 +64,13 @@ def test_a_damaged_kernel_directory_is_rebuilt_not_served(colliding, damage):
     else:
         shutil.rmtree(d)
     assert valid_sidecar(colliding.root / done["emit"]["path"]) is None  # the artifact no longer checks out
+    warned = []
+    logger = type("Log", (), {"warning": lambda self, fmt, *a: warned.append(fmt % a)})()
+    from lospmm.flows.pipeline import _reusable
+
+    assert not _reusable(colliding.root / done["emit"]["path"], "emit", "w", logger)
+    assert warned == ["emit w: the artifact or a kernel directory it lists fails its checksum (damaged or edited); "
+                      "computing it again"]  # the flow says why it computes emit again
     again = run_directly(colliding, 0.7)
     assert again["emit"]["reused"] is False and again["time"]["reused"] is True  # only emit recomputes
     assert (d / "kernel.cubin").read_bytes() == good
