@@ -61,7 +61,7 @@ def _expanded(argv: list[str]) -> list[str]:
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors file; every 2-D tensor is a linear layer."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint; each 2-D float weight is a linear layer (embeddings, buffers, norms, biases are skipped with the reason; a config.json beside it is read)."),
     tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers."),
     sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
     until: str = typer.Option("emit", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),

@@ -4,10 +4,12 @@ parameters — that the flow hands to its tasks)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
 from lospmm.stages.emit import EmitParams, emit_params
-from lospmm.stages.extract import ZOO_NAMES, ZooParams, sanitized_name, used_zoo_params
+from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, sanitized_name,
+                                   used_zoo_params)
 from lospmm.stages.prune import METHODS, PruneParams, checked_sparsity, default_method
 from lospmm.stages.rank import RankParams
 from lospmm.stages.reorder import ReorderParams
@@ -205,8 +208,23 @@ def _sources(cfg: RunConfig) -> list[Source]:
 
         path = str(Path(cfg.weights).resolve())
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
-                          sha256=file_sha256(Path(path)), tokens=cfg.tokens))
+                          sha256=file_sha256(Path(path)), tokens=cfg.tokens, model_config=model_config(path)))
     return out
+
+
+def model_config(weights: str | Path) -> ModelConfig | None:
+    """The `config.json` beside a checkpoint (Hugging Face layout), if there is one: it tells lookup
+    tables from GEMM weights. ConfigError names a file that is there but unreadable."""
+    path = Path(weights).parent / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} (beside --weights): not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} (beside --weights): not a JSON object")
+    return ModelConfig.from_dict(data)
 
 
 def _check_options(cfg: RunConfig) -> None:
@@ -266,7 +284,7 @@ def _check_options(cfg: RunConfig) -> None:
             infos = tensor_infos(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
-        if not any(len(t.shape) == 2 for t in infos):  # extract.weight_shapes: a layer is a 2-D tensor
-            ranks = sorted({len(t.shape) for t in infos})
-            raise ConfigError(f"{cfg.weights}: no 2-D tensor, so no linear layer to search "
-                              f"({len(infos)} tensors of rank {', '.join(map(str, ranks)) or '-'})")
+        reasons = [excluded_reason(t, model_config(cfg.weights) or ModelConfig()) for t in infos]
+        if all(reasons):  # extract would find no layer: say so before any work
+            counts = ", ".join(f"{n} {r}" for r, n in Counter(reasons).most_common())
+            raise ConfigError(f"{cfg.weights}: no GEMM weight to search ({len(infos)} tensors: {counts or 'none'})")

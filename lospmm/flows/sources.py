@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from lospmm.stages.extract import ZooParams
+from lospmm.stages.extract import ModelConfig, ZooParams
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class Source:
     path: str | None = None  # weights: where the file lies (not part of any key)
     sha256: str = ""  # weights: what the file holds
     tokens: int = 0  # weights: N of every layer
+    model_config: ModelConfig | None = None  # weights: from a config.json beside the file, if any
 
     def key_form(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}

@@ -91,22 +91,84 @@ def used_zoo_params(name: str, params: ZooParams) -> ZooParams:
     return ZooParams(d.batch, d.seq_len, params.cnn_batch, params.image_size)
 
 
-def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int) -> list[LayerShape]:
-    """One linear layer per 2-D tensor (M = rows, K = columns, N = tokens).
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a checkpoint's `config.json` says that tells lookup tables from GEMM weights (0: not
+    given). Read from Hugging Face names: vocab_size, max_position_embeddings (GPT-2: n_positions),
+    type_vocab_size, hidden_size (GPT-2: n_embd)."""
 
-    Each tensor keeps its own row (real weights differ even when shapes match); tensors of
-    another rank are listed as skipped, zero-sized ones as errors.
+    vocab_size: int = 0
+    max_position_embeddings: int = 0
+    type_vocab_size: int = 0
+    hidden_size: int = 0
+
+    @classmethod
+    def from_dict(cls, config: dict) -> ModelConfig:
+        def first(*names: str) -> int:
+            for n in names:
+                v = config.get(n)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return v
+            return 0
+        return cls(first("vocab_size"), first("max_position_embeddings", "n_positions"), first("type_vocab_size"),
+                   first("hidden_size", "n_embd", "d_model"))
+
+
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "float64", "float32", "float16", "bfloat16"}
+# name parts of lookup tables (BERT, GPT-2, LLaMA, T5 naming): embeddings are gathered, not multiplied
+_EMBEDDING = re.compile(r"(^|[._])(embeddings?|embed_tokens|word_embeddings|position_embeddings|"
+                        r"token_type_embeddings|wte|wpe|shared|embed_positions)([._]|$)", re.IGNORECASE)
+# output heads whose rows are the vocabulary: a GEMM, even when tied to the embedding table
+_HEAD = re.compile(r"(^|[._])(lm_head|decoder|classifier|cls|head|output|logits)([._]|$)", re.IGNORECASE)
+_NORM = re.compile(r"(^|[._])(layer_?norm|ln_?\w*|norm\w*|rms_?norm|bn\d*|batch_?norm)([._]|$)", re.IGNORECASE)
+
+
+def excluded_reason(tensor: TensorInfo, config: ModelConfig = ModelConfig()) -> str | None:
+    """Why a checkpoint tensor is not a GEMM weight to search, or None when it is one: a 2-D
+    floating-point tensor that is not a lookup table (by its name, or by rows equal to the config's
+    vocabulary, position or token-type count with hidden-size columns, unless named as a head)."""
+    name, shape = tensor.name, tensor.shape
+    if tensor.dtype not in FLOAT_DTYPES:
+        return f"integer or other non-float buffer ({tensor.dtype})"
+    if len(shape) == 0:
+        return "scalar"
+    if len(shape) == 1:
+        if name.endswith("bias"):
+            return "bias (1-D)"
+        return "norm weight (1-D)" if _NORM.search(name) else "1-D tensor"
+    if len(shape) == 4:
+        return ("convolution weight: a checkpoint gives no stride, padding or input size "
+                "(use the ONNX or PyTorch importer)")
+    if len(shape) != 2:
+        return f"{len(shape)}-D tensor"
+    if _EMBEDDING.search(name) and not _HEAD.search(name):
+        return "embedding/lookup table (by its name)"
+    rows, cols = shape
+    tables = {"vocab_size": config.vocab_size, "max_position_embeddings": config.max_position_embeddings,
+              "type_vocab_size": config.type_vocab_size}
+    for what, count in tables.items():
+        if count and rows == count and (not config.hidden_size or cols == config.hidden_size) \
+                and not _HEAD.search(name):
+            return f"embedding/lookup table ({rows} rows = config's {what})"
+    return None
+
+
+def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int,
+                  config: ModelConfig = ModelConfig()) -> list[LayerShape]:
+    """One linear layer per GEMM weight of a checkpoint (M = rows, K = columns, N = tokens).
+
+    Each tensor keeps its own row (real weights differ even when shapes match); every other tensor
+    is listed as skipped with `excluded_reason`, a zero-sized weight as an error.
     """
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
     out = []
     for t in tensors:
         base = dict(model=model, layer=t.name, op="tensor", layers=(t.name,))
-        if len(t.shape) != 2:
-            out.append(
-                LayerShape(**base, m=0, n=tokens, k=0, status=Status.SKIPPED,
-                           message=f"{t.name}: {len(t.shape)}-D tensor {list(t.shape)} is not a linear weight")
-            )
+        reason = excluded_reason(t, config)
+        if reason is not None:
+            out.append(LayerShape(**base, m=0, n=tokens, k=0, status=Status.SKIPPED,
+                                  message=f"{t.name} {list(t.shape)}: excluded, {reason}"))
             continue
         m, k = t.shape
         shape = LayerShape(**{**base, "op": "linear"}, m=m, n=tokens, k=k)

@@ -139,11 +139,33 @@ def test_magnitude_pruning_of_a_zoo_model_is_refused():
         resolved(RunConfig(zoo=("resnet50",), prune="magnitude"))
 
 
-def test_weights_without_a_2d_tensor_are_refused_before_any_work(tmp_path):
+def test_weights_without_a_gemm_weight_are_refused_before_any_work(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    path = tmp_path / "bias_only.safetensors"
-    save_file({"bias": np.zeros(8, np.float32), "conv": np.zeros((2, 2, 3, 3), np.float32)}, str(path))
-    with pytest.raises(ConfigError, match="no 2-D tensor, so no linear layer to search \\(2 tensors of rank 1, 4\\)"):
+    path = tmp_path / "no_gemm.safetensors"
+    save_file({"bias": np.zeros(8, np.float32), "conv": np.zeros((2, 2, 3, 3), np.float32),
+               "embeddings.word_embeddings.weight": np.zeros((10, 4), np.float32)}, str(path))
+    with pytest.raises(ConfigError, match="no GEMM weight to search \\(3 tensors: 1 bias .1-D., 1 convolution weight"):
+        resolved(RunConfig(weights=str(path)))
+
+
+def test_a_config_json_beside_the_checkpoint_is_read_and_keyed(tmp_path):
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.stages.extract import ModelConfig
+
+    path = tmp_path / "model.safetensors"
+    save_file({"dense.weight": np.ones((4, 4), np.float32)}, str(path))
+    bare = resolved(RunConfig(zoo=(), weights=str(path))).sources[0]
+    assert bare.model_config is None
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 30522, "hidden_size": 384, "n_positions": 512}))
+    told = resolved(RunConfig(zoo=(), weights=str(path))).sources[0]
+    assert told.model_config == ModelConfig(vocab_size=30522, max_position_embeddings=512, hidden_size=384)
+    assert told.key_form() != bare.key_form()  # what extract is told is part of its key
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json \\(beside --weights\\): not readable JSON"):
         resolved(RunConfig(weights=str(path)))

@@ -72,3 +72,40 @@ def test_sanitized_names_are_identifiers():
     assert sanitized_name("my model.v2/weights") == "my_model_v2_weights"
     assert sanitized_name("7b") == "m_7b"
     assert sanitized_name("../..") == "model"
+
+
+BERT_LIKE = [  # (name, shape, dtype) as a small BERT checkpoint lists them
+    ("embeddings.word_embeddings.weight", (30522, 384), "F32"),
+    ("embeddings.position_embeddings.weight", (512, 384), "F32"),
+    ("embeddings.token_type_embeddings.weight", (2, 384), "F32"),
+    ("embeddings.position_ids", (1, 512), "I64"),
+    ("embeddings.LayerNorm.weight", (384,), "F32"),
+    ("encoder.layer.0.attention.self.query.weight", (384, 384), "F32"),
+    ("encoder.layer.0.attention.self.query.bias", (384,), "F32"),
+    ("encoder.layer.0.output.dense.weight", (384, 1536), "BF16"),
+    ("cls.predictions.decoder.weight", (30522, 384), "F32"),  # the output head: a GEMM, though tied
+    ("vocab_table", (30522, 384), "F32"),  # a lookup table by its rows (the config's vocab_size)
+    ("features.0.weight", (32, 3, 3, 3), "F32"),
+]
+
+
+def test_a_checkpoint_keeps_only_gemm_weights_and_names_why_each_other_tensor_is_excluded():
+    from lospmm.stages.extract import ModelConfig, excluded_reason
+
+    infos = [TensorInfo(n, s, d) for n, s, d in BERT_LIKE]
+    config = ModelConfig(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, hidden_size=384)
+    shapes = {s.layer: s for s in weight_shapes("bert", infos, tokens=64, config=config)}
+    kept = sorted(n for n, s in shapes.items() if s.ok)
+    assert kept == ["cls.predictions.decoder.weight", "encoder.layer.0.attention.self.query.weight",
+                    "encoder.layer.0.output.dense.weight"]
+    reasons = {t.name: excluded_reason(t, config) for t in infos}
+    assert reasons["embeddings.word_embeddings.weight"] == "embedding/lookup table (by its name)"
+    assert reasons["embeddings.position_ids"].startswith("integer or other non-float buffer (I64)")
+    assert reasons["embeddings.LayerNorm.weight"] == "norm weight (1-D)"
+    assert reasons["encoder.layer.0.attention.self.query.bias"] == "bias (1-D)"
+    assert reasons["vocab_table"] == "embedding/lookup table (30522 rows = config's vocab_size)"
+    assert reasons["features.0.weight"].startswith("convolution weight")
+    skipped = shapes["embeddings.position_ids"]
+    assert skipped.status == "skipped" and "excluded, integer" in skipped.message
+    # without a config the table named like a plain weight is a GEMM: only names and dtypes tell
+    assert excluded_reason(TensorInfo("vocab_table", (30522, 384), "F32")) is None

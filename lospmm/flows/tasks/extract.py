@@ -8,7 +8,7 @@ from lospmm.flows.schemas import I32, LAYER, STATUS, STR
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, run_stage, stage_task
 from lospmm.flows.weights import tensor_infos
-from lospmm.stages.extract import LayerShape, weight_shapes, zoo_shapes
+from lospmm.stages.extract import LayerShape, ModelConfig, weight_shapes, zoo_shapes
 
 # 01_shapes (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
@@ -24,7 +24,8 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
         if source.kind == "zoo":
             shapes = zoo_shapes(source.name, source.zoo)
         else:
-            shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens)
+            shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens,
+                                   source.model_config or ModelConfig())
         return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
 
     return run_stage("extract", SCHEMA, key, ctx, label, force, compute, inputs)
