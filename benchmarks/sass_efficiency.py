@@ -6,6 +6,7 @@ The ideal is 1, 1, 0.
 
     python benchmarks/sass_efficiency.py [--sparsity 0.9] [--m1 8 16 32]
     python benchmarks/sass_efficiency.py --calibrate   # spills at the prediction over 30 layer × M1 cases
+    python benchmarks/sass_efficiency.py --conv        # implicit-im2col conv kernels against the GEMM kernels
 """
 
 from __future__ import annotations
@@ -70,7 +71,11 @@ def main() -> None:
     ap.add_argument("--calibrate", action="store_true",
                     help="spill bytes of every tile function at the prediction, over sparsities "
                          "0.5/0.7/0.9, two layers each")
+    ap.add_argument("--conv", action="store_true",
+                    help="ResNet-50 conv1 and layer1.0.conv2 at --sparsity: implicit-im2col conv kernel vs GEMM kernel")
     args = ap.parse_args()
+    if args.conv:
+        return conv_cost(args.sparsity, args.m1 if args.m1 != [8, 16, 32] else [1, 8, 16, 32])
     if args.calibrate:
         return calibrate(args.rows, args.k, args.m1 if args.m1 != [8, 16, 32] else [8, 12, 16, 24, 32])
     table = Table(title=f"SASS of full kernels, {args.rows}×{args.k} at sparsity {args.sparsity}, sm_90, "
@@ -108,6 +113,35 @@ def calibrate(rows: int, k: int, m1s: list[int]) -> None:
                 out = compiled_kernel(k_src, CompileOptions(arch="sm_90", maxrregcount=cap, relocatable=True))
                 table.add_row(str(sparsity), str(seed), str(m1), str(cap), str(out.registers),
                               str(out.thread_spill_bytes))
+    Console(width=160).print(table)
+
+
+def conv_cost(sparsity: float, m1s: list[int]) -> None:
+    """Compile seconds and SASS of the implicit-im2col kernel (reads NCHW input, fuses ReLU) against
+    the GEMM kernel (reads a materialised im2col B) for the same weights and tiles."""
+    import time
+
+    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
+
+    layers = {"resnet50 conv1 (7×7 s2, 3→64, 224²)": ConvGeometry(cin=3, h=224, w=224, kh=7, kw=7, stride=2, pad=3),
+              "resnet50 layer1.0.conv2 (3×3, 64→64, 56²)": ConvGeometry(cin=64, h=56, w=56, kh=3, kw=3, pad=1)}
+    table = Table(title=f"Implicit-im2col conv kernels vs GEMM kernels, sparsity {sparsity}, sm_90, cap = prediction")
+    for c in ("layer", "M1", "kernel", "compile s", "regs", "spill B", "instructions/nnz", "FFMA/nnz", "LDG/col"):
+        table.add_column(c)
+    for label, g in layers.items():
+        a = random_pruned(64, g.k, sparsity, np.random.default_rng(0))
+        for m1 in m1s:
+            tiles = reordered_tiles(a, m1)
+            cols = int(tiles.tile_nnc.sum())
+            for kind, kernel in (("GEMM (im2col B)", full_kernel_source(a, tiles, 128)),
+                                 ("conv (implicit)", conv_kernel_source(a, tiles, 128, g, Epilogue(relu=True)))):
+                t0 = time.perf_counter()
+                out = compiled_kernel(kernel, CompileOptions(arch="sm_90", maxrregcount=predicted_registers(m1),
+                                                             relocatable=True))
+                seconds = time.perf_counter() - t0
+                c = sass_counts(out.cubin, kernel.name)
+                table.add_row(label, str(m1), kind, f"{seconds:.1f}", str(out.registers), str(out.thread_spill_bytes),
+                              f"{c['total'] / a.nnz:.2f}", f"{c['FFMA'] / a.nnz:.3f}", f"{c['LDG'] / cols:.3f}")
     Console(width=160).print(table)
 
 

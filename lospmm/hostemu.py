@@ -38,6 +38,14 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __ldg(p) (*(p))
 static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }
 static inline void lospmm_st(float* base, int row, int n, float v) { base[(long long)row * n] = v; }
+static inline float lospmm_relu(float v) { return v > 0.0f ? v : 0.0f; }
+static inline unsigned lospmm_window_bits(int start, int step, int count, int limit) {
+  unsigned bits = 0;
+  for (int i = 0; i < count; ++i) bits |= ((unsigned)(start + i * step) < (unsigned)limit ? 1u : 0u) << i;
+  return bits;
+}
+#define LOSPMM_LDX(v, xp, OFF4, rows, cols, RBIT, CBIT) \
+  v = (((rows) & (RBIT)) && ((cols) & (CBIT))) ? (xp)[(OFF4) / 4] : 0.0f
 """
 
 _HARNESS = r"""
@@ -222,3 +230,39 @@ def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, tile_rows: np.ndar
         return "asan-ok"
     except Exception as e:
         return f"failed: {e}"[:2000]
+
+
+def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, bias=None, relu: bool = False) -> np.ndarray:
+    """A plain numpy Conv2D (NCHW, groups = 1, float64): the reference the conv kernels are checked
+    against, written from the definition (padding, then one strided window per kernel offset)."""
+    g = geometry
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (g.pad, g.pad), (g.pad, g.pad)))
+    out = np.zeros((x.shape[0], weight.shape[0], g.h_out, g.w_out))
+    for ky in range(g.kh):
+        for kx in range(g.kw):
+            y0, x0 = ky * g.dilation, kx * g.dilation
+            window = xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride, x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
+            out += np.einsum("oc,bchw->bohw", weight[:, :, ky, kx].astype(np.float64), window)
+    if bias is not None and len(bias):
+        out += np.asarray(bias, np.float64)[None, :, None, None]
+    return np.maximum(out, 0.0) if relu else out
+
+
+def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilogue=None, batch: int = 2,
+                                   seed: int = 0, sanitize: bool = False, rtol: float = 1e-4) -> float:
+    """Run a conv kernel on a random NCHW input of `batch` images and return its max relative error
+    against reference_conv2d; EmulationError if an output is unwritten or the error exceeds `rtol`."""
+    g = geometry
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, g.cin, g.h, g.w)).astype(np.float32)
+    y = run_on_host(kernel, {"X": x.ravel(), "Y": np.empty(batch * kernel.m * g.h_out * g.w_out, np.float32),
+                             "batch": batch}, kernel.grid(g.n(batch)), kernel.n1, sanitize=sanitize)["Y"]
+    y = y.reshape(batch, kernel.m, g.h_out, g.w_out)
+    weight = matrix.toarray().reshape(kernel.m, g.cin, g.kh, g.kw)
+    ref = reference_conv2d(x, weight, g, epilogue.bias if epilogue else None, bool(epilogue and epilogue.relu))
+    if np.isnan(y).any():
+        raise EmulationError(f"{kernel.name}: {int(np.isnan(y).sum())} output elements never written")
+    err = float(np.max(np.abs(y - ref)) / max(1.0, float(np.max(np.abs(ref))))) if y.size else 0.0
+    if err > rtol:
+        raise EmulationError(f"{kernel.name}: max relative error {err:.3g} exceeds {rtol}")
+    return err

@@ -19,8 +19,8 @@ from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_mani
 from lospmm.flows.taskio import failed_row, is_transient
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
-from lospmm.hostemu import checked_against_scipy
-from lospmm.stages.codegen import full_kernel_source
+from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
+from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source, full_kernel_source
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
@@ -30,8 +30,11 @@ from lospmm.stages.timing import LaunchUnderTest, Timer
 
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
-                      sparsity: float | None = None, compile_: bool = True, verify: bool = True) -> dict:
-    """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json."""
+                      sparsity: float | None = None, compile_: bool = True, verify: bool = True,
+                      implicit_conv: bool = False, relu: bool = False) -> dict:
+    """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
+    `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
+    layer's geometry from the run's shapes and ReLU fused when `relu`."""
     entries = {(e["stage"], e.get("sparsity")): e for e in record["entries"] if e.get("path")}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -53,23 +56,42 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
     tiles = tiles_from_row(reordered, at[(layer, m1)])
     arch = device_named(record["config"]["gpu"]).arch
-    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify)
+    conv = None
+    if implicit_conv:
+        shapes = read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
+        conv = (conv_geometry(next(r for r in shapes if r["layer"] == layer)), Epilogue(relu=relu))
+    elif relu:
+        raise ValueError("--relu is fused only into an implicit-im2col convolution kernel (--implicit-conv)")
+    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify, conv=conv)
+
+
+def conv_geometry(shape_row: dict) -> ConvGeometry:
+    """A convolution layer's geometry from its 01_shapes row; ValueError naming the layer if it is
+    not a dense (groups = 1) convolution."""
+    layer = shape_row["layer"]
+    if shape_row["op"] != "conv":
+        raise ValueError(f"{layer} is a {shape_row['op']} layer, not a convolution: no implicit-im2col kernel")
+    if shape_row["groups"] != 1:
+        raise ValueError(f"{layer}: a grouped convolution (groups={shape_row['groups']}) has no implicit-im2col "
+                         f"kernel yet")
+    return ConvGeometry(cin=shape_row["cin"], h=shape_row["h_in"], w=shape_row["w_in"], kh=shape_row["kh"],
+                        kw=shape_row["kw"], stride=shape_row["stride"], pad=shape_row["pad"])
 
 
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
                    measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
-                   compile_units: UnitCompiler | None = None) -> dict:
+                   compile_units: UnitCompiler | None = None, conv: tuple | None = None) -> dict:
     """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
     compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
-    kernel = full_kernel_source(matrix, tiles, n1)
+    kernel = full_kernel_source(matrix, tiles, n1) if conv is None else conv_kernel_source(matrix, tiles, n1, *conv)
     out.mkdir(parents=True, exist_ok=True)
     # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
     for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
         (out / f).unlink(missing_ok=True)
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
-    facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch), **(extra or {})}
+    facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv), **(extra or {})}
     cubin = None
     if compile_:
         result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1), compile_units)
@@ -84,9 +106,13 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     if verify:
         n = host_check_columns(n1)
         try:
-            error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol)
-            facts["host_check"] = {"max_rel_error": error,
-                                   "n": n, "sanitizer": "address", "status": Status.OK}
+            if conv is None:
+                error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol)
+                facts["host_check"] = {"max_rel_error": error, "n": n, "sanitizer": "address", "status": Status.OK}
+            else:  # two images against a reference convolution
+                error = checked_conv_against_reference(kernel, matrix, *conv, batch=2, sanitize=True, rtol=rtol)
+                facts["host_check"] = {"max_rel_error": error, "batch": 2, "reference": "numpy conv2d",
+                                       "sanitizer": "address", "status": Status.OK}
         except Exception as e:
             if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
                 raise

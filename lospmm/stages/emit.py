@@ -93,8 +93,23 @@ def emit_failed(compile_status: str, check: str) -> bool:
     return compile_status != Status.OK or "FAILED" in check
 
 
-def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:
-    """The launch facts of a full kernel, as kernel.json records them (for C++ and the loader)."""
+def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str,
+                 conv: tuple | None = None) -> dict:
+    """The launch facts of a full kernel, as kernel.json records them (for C++ and the loader);
+    `conv` = (ConvGeometry, Epilogue) for an implicit-im2col convolution kernel."""
+    facts = _gemm_facts(kernel, matrix, tiles, layer, sparsity, arch)
+    if conv is not None:
+        g, epilogue = conv
+        facts.update(
+            layout=(f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({kernel.m}×{g.h_out}×{g.w_out} per "
+                    f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"),
+            grid={"x": kernel.grid_x, "y": f"ceil(batch * {g.h_out * g.w_out} / n1)", "z": 1},
+            conv={**vars(g), "h_out": g.h_out, "w_out": g.w_out},
+            epilogue={"bias": bool(epilogue.bias), "relu": epilogue.relu})
+    return facts
+
+
+def _gemm_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:
     return {"kernel": kernel.name, "layer": layer, "sparsity": sparsity, "m": kernel.m, "k": kernel.k,
             "nnz": int(matrix.nnz), "m1": tiles.m1, "n1": kernel.n1, "params": list(kernel.params),
             "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument",

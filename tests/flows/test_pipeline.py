@@ -229,3 +229,23 @@ def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
         write_full_kernel(str(root), record, "enc.0.ffn.weight", 5, 64, str(out))
     with pytest.raises(LookupError, match="not in the run"):
         write_full_kernel(str(root), record, "nope", 8, 64, str(out))
+
+
+def test_an_implicit_im2col_kernel_for_a_convolution_of_a_run(tmp_path):
+    import json
+
+    from lospmm.flows.kernels import write_full_kernel
+
+    root = tmp_path / "artifacts"
+    config = {"zoo": ["shufflenetv2"], "sparsities": [0.8], "artifacts": str(root), "m1s": [4], "until": "reorder",
+              "cnn_batch": 1, "image_size": 32}
+    record = run_record(root, pl.pipeline(config=config)["run_id"])
+    out = tmp_path / "conv"
+    # conv1.0: 3 -> 24 channels, 3×3, stride 2, padding 1: the first layer reads the image itself
+    facts = write_full_kernel(str(root), record, "conv1.0", 4, 64, str(out), implicit_conv=True, relu=True)
+    written = json.loads((out / "kernel.json").read_text())
+    assert written["conv"]["stride"] == 2 and written["conv"]["cin"] == 3 and written["epilogue"]["relu"] is True
+    assert facts["host_check"]["reference"] == "numpy conv2d" and facts["host_check"]["max_rel_error"] < 1e-4
+    assert facts["compile"]["status"] == "ok" and "LOSPMM_LDX" in (out / "kernel.cu").read_text()
+    with pytest.raises(ValueError, match="fc is a linear layer, not a convolution"):
+        write_full_kernel(str(root), record, "fc", 4, 64, str(out), implicit_conv=True)

@@ -134,3 +134,77 @@ def test_the_host_checked_text_is_the_units_compiled():
     assert len(kernel.units) > 3 and kernel.source == "".join(kernel.units)
     assert kernel.name in kernel.units[-1] and all(kernel.name not in u for u in kernel.units[:-1])
     assert all(u.count("LOSPMM_TILE void tile_") >= 1 for u in kernel.units[:-1])
+
+
+@st.composite
+def convolutions(draw):
+    from lospmm.stages.codegen import ConvGeometry
+
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dilation, stride, pad = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 3))
+    h = draw(st.integers(max(1, dilation * (kh - 1) + 1 - 2 * pad), 9))
+    w = draw(st.integers(max(1, dilation * (kw - 1) + 1 - 2 * pad), 9))
+    geometry = ConvGeometry(cin=draw(st.integers(1, 4)), h=h, w=w, kh=kh, kw=kw, stride=stride, pad=pad,
+                            dilation=dilation)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    cout = draw(st.integers(1, 9))
+    a = sp.random(cout, geometry.k, density=draw(st.floats(0.0, 0.8)), format="csr", random_state=rng,
+                  dtype=np.float32)
+    a.data[:] = rng.standard_normal(a.nnz).astype(np.float32)
+    a.eliminate_zeros()
+    bias = tuple(rng.standard_normal(cout).tolist()) if draw(st.booleans()) else ()
+    return a, geometry, bias
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
+       relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]))
+def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz):
+    from lospmm.hostemu import checked_conv_against_reference
+    from lospmm.stages.codegen import Epilogue, conv_kernel_source
+
+    a, geometry, bias = conv
+    epilogue = Epilogue(bias=bias, relu=relu)
+    kernel = conv_kernel_source(a, reordered_tiles(a, m1), n1, geometry, epilogue, CodegenParams(shard_nnz=shard_nnz))
+    assert kernel.k == geometry.k and kernel.params == ("const float* X", "float* Y", "int batch")
+    assert checked_conv_against_reference(kernel, a, geometry, epilogue, batch=batch) < 1e-4
+
+
+@pytest.mark.parametrize("name, cin, hw, window, stride, pad", [
+    ("3×3, padding borders", 4, (7, 6), 3, 1, 1),
+    ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
+    ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
+])
+def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad):
+    from lospmm.hostemu import checked_conv_against_reference
+    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
+
+    geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
+    a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
+    epilogue = Epilogue(bias=tuple(np.linspace(-1, 1, 8).tolist()), relu=True)
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 32, geometry, epilogue, CodegenParams(shard_nnz=64))
+    assert checked_conv_against_reference(kernel, a, geometry, epilogue, batch=2, sanitize=True) < 1e-4
+
+
+def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
+    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
+
+    geometry = ConvGeometry(cin=16, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
+    a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
+    for m1 in (1, 16):
+        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue(relu=True))
+        out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1))
+        assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
+        assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
+
+
+def test_bad_conv_geometry_is_named():
+    from lospmm.stages.codegen import ConvGeometry, conv_kernel_source
+
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        ConvGeometry(cin=1, h=2, w=2, kh=5, kw=5)
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3, stride=0)
+    a = random_pruned(4, 10, 0.5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="K=10 columns, the conv geometry needs cin·kh·kw = 9"):
+        conv_kernel_source(a, reordered_tiles(a, 2), 32, ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3))
