@@ -61,8 +61,8 @@ def _expanded(argv: list[str]) -> list[str]:
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint; each 2-D float weight is a linear layer (embeddings, buffers, norms, biases are skipped with the reason; a config.json beside it is read)."),
-    tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
+    tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic)."),
     sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
     until: str = typer.Option("emit", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lospmm.flows.onnx_model import is_onnx
 from lospmm.flows.sources import RankerRef, Source
 from lospmm.stages import STAGES
 from lospmm.stages.cluster import ClusterParams
@@ -207,8 +208,10 @@ def _sources(cfg: RunConfig) -> list[Source]:
         from lospmm.flows.store import file_sha256
 
         path = str(Path(cfg.weights).resolve())
+        onnx = is_onnx(path)
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
-                          sha256=file_sha256(Path(path)), tokens=cfg.tokens, model_config=model_config(path)))
+                          sha256=file_sha256(Path(path)), tokens=cfg.tokens,
+                          model_config=None if onnx else model_config(path), images=cfg.cnn_batch if onnx else 0))
     return out
 
 
@@ -277,7 +280,17 @@ def _check_options(cfg: RunConfig) -> None:
         if lacking:
             raise ConfigError(f"--ranker {cfg.ranker}: no {' and no '.join(lacking)} (a ranker is the .txt model and "
                               f"its .json metadata, both written by `lospmm train-ranker`)")
-    if cfg.weights:
+    if cfg.weights and is_onnx(cfg.weights):
+        from lospmm.flows.onnx_model import OnnxModelError, graph_weights
+
+        try:
+            found = graph_weights(cfg.weights)
+        except OnnxModelError as e:
+            raise ConfigError(str(e)) from None
+        if not any(w.op for w in found):
+            raise ConfigError(f"{cfg.weights}: no MatMul, Gemm or Conv weight initializer to search "
+                              f"({len(found)} initializers)")
+    elif cfg.weights:
         from lospmm.flows.weights import WeightsFileError, tensor_infos
 
         try:

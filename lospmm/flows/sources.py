@@ -20,6 +20,7 @@ class Source:
     sha256: str = ""  # weights: what the file holds
     tokens: int = 0  # weights: N of every layer
     model_config: ModelConfig | None = None  # weights: from a config.json beside the file, if any
+    images: int = 0  # an ONNX model's batch where its graph leaves it symbolic (conv layers' N)
 
     def key_form(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}

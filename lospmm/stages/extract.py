@@ -178,6 +178,47 @@ def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int,
     return out
 
 
+@dataclass(frozen=True)
+class GraphWeight:
+    """One weight initializer of a model graph (ONNX) as the graph uses it: `op` is "linear" (a
+    MatMul or Gemm whose weight is this initializer), "conv" (a Conv), or "" when it is no GEMM
+    weight (`reason` says why). `rows`, `cols` are the GEMM's M, K once transposed or flattened;
+    `n` the GEMM's N from the graph's shapes (0: not static there); conv geometry as LayerShape's."""
+
+    name: str
+    op: str
+    rows: int = 0
+    cols: int = 0
+    n: int = 0
+    reason: str = ""
+    conv: dict = field(default_factory=dict)  # LayerShape's geometry fields (cin, kh, …, w_out), groups
+    batch: int = 0  # conv: the static batch in the graph (0: symbolic)
+
+
+def graph_shapes(model: str, weights: Iterable[GraphWeight], tokens: int, batch: int) -> list[LayerShape]:
+    """One layer per GEMM weight of a model graph. N is the graph's where static; else `tokens` for
+    a linear layer and `batch`·h_out·w_out for a convolution. Grouped convolutions (depthwise) and
+    every other initializer are listed as skipped with the reason."""
+    if tokens < 1 or batch < 1:
+        raise ValueError(f"tokens and batch must be >= 1, got {tokens} and {batch}")
+    out = []
+    for w in weights:
+        base = dict(model=model, layer=w.name, layers=(w.name,))
+        if w.op == "conv" and w.conv.get("groups", 1) != 1:
+            w = replace(w, op="", reason=f"grouped convolution (groups={w.conv['groups']}; depthwise): not a GEMM")
+        if w.op not in ("linear", "conv"):
+            out.append(LayerShape(**base, op="tensor", m=0, n=0, k=0, status=Status.SKIPPED,
+                                  message=f"{w.name}: excluded, {w.reason}"))
+            continue
+        if w.op == "linear":
+            out.append(LayerShape(**base, op="linear", m=w.rows, n=w.n or tokens, k=w.cols))
+            continue
+        images = w.batch or batch
+        out.append(LayerShape(**base, op="conv", m=w.rows, n=images * w.conv["h_out"] * w.conv["w_out"], k=w.cols,
+                              cout=w.rows, **w.conv))
+    return out
+
+
 def folded_duplicates(shapes: Sequence[LayerShape]) -> list[LayerShape]:
     """Keep the first layer of each (op, M, N, K); count the rest in `repeat`, name them in `layers`."""
     first: dict[tuple, LayerShape] = {}

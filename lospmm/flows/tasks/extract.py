@@ -1,4 +1,4 @@
-"""Adapter of stage 1, extract: a zoo model or a weights file -> 01_shapes."""
+"""Adapter of stage 1, extract: a zoo model, a safetensors checkpoint or an ONNX model -> 01_shapes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pyarrow as pa
 from lospmm.flows.schemas import I32, LAYER, STATUS, STR
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, run_stage, stage_task
+from lospmm.flows.onnx_model import graph_weights, is_onnx
 from lospmm.flows.weights import tensor_infos
-from lospmm.stages.extract import LayerShape, ModelConfig, weight_shapes, zoo_shapes
+from lospmm.stages.extract import LayerShape, ModelConfig, graph_shapes, weight_shapes, zoo_shapes
 
 # 01_shapes (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
@@ -23,6 +24,8 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
     def compute():
         if source.kind == "zoo":
             shapes = zoo_shapes(source.name, source.zoo)
+        elif is_onnx(source.path):
+            shapes = graph_shapes(source.label, graph_weights(source.path), source.tokens, source.images)
         else:
             shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens,
                                    source.model_config or ModelConfig())

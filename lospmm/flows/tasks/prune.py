@@ -11,6 +11,7 @@ from lospmm.flows.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_va
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.extract import shape_from_row
+from lospmm.flows.onnx_model import graph_weight_matrix, is_onnx
 from lospmm.flows.weights import load_tensor
 from lospmm.stages.prune import PruneParams, pruned_layer
 from lospmm.stages.status import Status
@@ -30,7 +31,10 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
         t0 = time.perf_counter()
         base = {**layer_fields(row), "sparsity_requested": sparsity, "method": params.method, "nnz": 0}
         try:
-            weight = load_tensor(source.path, shape.layer) if (source.path and shape.ok) else None
+            weight = None
+            if source.path and shape.ok:
+                weight = (graph_weight_matrix(source.path, shape.layer) if is_onnx(source.path)
+                          else load_tensor(source.path, shape.layer))
             layer = pruned_layer(shape, sparsity, params, weight)
         except Exception as e:  # one bad layer never sinks the others
             return {**failed_row(base, shape.layer, e), "seconds": time.perf_counter() - t0}
