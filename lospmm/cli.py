@@ -68,7 +68,7 @@ def run(
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option("h100", "--gpu", help="Built-in device table: h100, h200, a100, v100, 2080ti."),
     seed: int = typer.Option(0, "--seed"),
-    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (default: random for the zoo, magnitude for weights)."),
+    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is); default: random for the zoo, magnitude for weights."),
     batch: int = typer.Option(32, "--batch", help="BERT batch size."),
     seq_len: int = typer.Option(128, "--seq-len", help="BERT sequence length."),
     cnn_batch: int = typer.Option(4, "--cnn-batch", help="CNN batch size."),

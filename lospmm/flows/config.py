@@ -24,7 +24,7 @@ from lospmm.stages.devices import Device, device_named
 from lospmm.stages.emit import EmitParams, emit_params
 from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, sanitized_name,
                                    used_zoo_params)
-from lospmm.stages.prune import METHODS, PruneParams, checked_sparsity, default_method
+from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method
 from lospmm.stages.rank import RankParams
 from lospmm.stages.reorder import ReorderParams
 from lospmm.stages.search import DEFAULT_M1
@@ -251,8 +251,8 @@ def _check_options(cfg: RunConfig) -> None:
         raise ConfigError(f"--gpu: {e}") from None
     if cfg.prune is not None and cfg.prune not in METHODS:
         raise ConfigError(f"--prune {cfg.prune!r}: choose one of {', '.join(METHODS)}")
-    if cfg.prune == "magnitude" and cfg.zoo:
-        raise ConfigError(f"--prune magnitude needs real weights and the zoo models ({', '.join(cfg.zoo)}) have none: "
+    if cfg.prune in WEIGHT_METHODS and cfg.zoo:
+        raise ConfigError(f"--prune {cfg.prune} needs real weights and the zoo models ({', '.join(cfg.zoo)}) have none: "
                           f"give --weights FILE, or --prune random")
     for name in ("tokens", "batch", "seq_len", "cnn_batch", "image_size"):
         if getattr(cfg, name) < 1:

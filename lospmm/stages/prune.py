@@ -1,8 +1,12 @@
 """Stage 2, prune: a GEMM shape (and real weights, if given) -> sparse A in CSR (§7.1).
 
 `random` is the paper's benchmark: exactly round((1 - s)·M·K) positions chosen uniformly without
-replacement, values from a seeded standard normal (or, given real weights, their values there). `magnitude` keeps the largest |w| of real
-weights; weights that are already zero stay zero, so achieved sparsity can exceed the request.
+replacement, values from a seeded standard normal (or, given real weights, their values there).
+`magnitude` keeps the largest |w| of each layer's real weights; `global` keeps every |w| at or above
+one threshold over all the model's layers (`global_magnitude_threshold`), so layers keep different
+shares; `keep` takes a checkpoint that is already pruned as it is (the requested sparsity is not
+applied; the achieved one is recorded). Weights that are already zero stay zero, so achieved
+sparsity can exceed the request.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import scipy.sparse as sp
 from lospmm.stages.extract import LayerShape
 from lospmm.stages.status import Status
 
-METHODS = ("random", "magnitude")
+METHODS = ("random", "magnitude", "global", "keep")
+WEIGHT_METHODS = ("magnitude", "global", "keep")  # they need real weights
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,10 @@ def pruned_layer(
     sparsity: float,
     params: PruneParams = PruneParams(),
     weight: np.ndarray | None = None,
+    threshold: float | None = None,
 ) -> PrunedLayer:
-    """Prune one layer; problems with the layer become a status, not an exception."""
+    """Prune one layer; problems with the layer become a status, not an exception. `threshold`:
+    the model-wide |w| threshold of the `global` method."""
     s = checked_sparsity(sparsity)
     if params.method not in METHODS:
         raise ValueError(f"unknown prune method {params.method!r}; choose from {METHODS}")
@@ -70,13 +77,21 @@ def pruned_layer(
         return PrunedLayer(shape, s, float("nan"), None, Status.ERROR, shape.message or shape.status)
     if shape.m < 1 or shape.k < 1 or shape.n < 1:
         return _error(shape, s, f"{shape.layer}: empty GEMM (M={shape.m}, N={shape.n}, K={shape.k})")
-    if params.method == "magnitude":
+    if params.method in WEIGHT_METHODS:
         if weight is None:
-            return _error(shape, s, f"{shape.layer}: magnitude pruning needs the layer's weights")
+            return _error(shape, s, f"{shape.layer}: {params.method} pruning needs the layer's weights")
         problem = _weight_problem(shape, weight)
         if problem:
             return _error(shape, s, problem)
-        matrix = magnitude_pruned(weight, s)
+        if params.method == "magnitude":
+            matrix = magnitude_pruned(weight, s)
+        elif params.method == "global":
+            if threshold is None:
+                raise ValueError("global pruning needs the model-wide threshold (global_magnitude_threshold)")
+            matrix = sp.csr_matrix(np.where(np.abs(weight) >= threshold, weight, 0).astype(np.float32))
+        else:  # keep: the checkpoint's own zeros
+            matrix = sp.csr_matrix(np.asarray(weight, np.float32))
+        matrix.eliminate_zeros()
     else:
         matrix = random_pruned(shape.m, shape.k, s, _layer_rng(shape, s, params.seed))
         if weight is not None:  # a random mask over real weights keeps their values
@@ -114,6 +129,17 @@ def magnitude_pruned(weight: np.ndarray, sparsity: float) -> sp.csr_matrix:
         mask[order] = True
     mask &= w.ravel() != 0
     return sp.csr_matrix(np.where(mask.reshape(w.shape), w, np.float32(0)))
+
+
+def global_magnitude_threshold(weights, sparsity: float) -> float:
+    """The |w| at or above which round((1 - sparsity)·total) weights of all `weights` lie (one
+    threshold for the whole model: the `global` method). Ties at the threshold are all kept."""
+    s = checked_sparsity(sparsity)
+    magnitudes = np.concatenate([np.abs(np.asarray(w, np.float32)).ravel() for w in weights])
+    keep = int(round((1.0 - s) * magnitudes.size))
+    if keep <= 0:
+        return float("inf")
+    return float(np.partition(magnitudes, magnitudes.size - keep)[magnitudes.size - keep])
 
 
 def _with_values(mask: sp.csr_matrix, weight: np.ndarray) -> sp.csr_matrix:

@@ -105,3 +105,14 @@ def test_a_model_without_gemm_weights_or_unreadable_is_refused_up_front(tmp_path
     onnx.save(helper.make_model(graph), str(tmp_path / "relu.onnx"))
     with pytest.raises(ConfigError, match="no MatMul, Gemm or Conv weight"):
         resolved(RunConfig(zoo=(), weights=str(tmp_path / "relu.onnx")))
+
+
+def test_global_pruning_over_a_model_keeps_the_requested_share_of_all_its_weights(tmp_path):
+    path = small_model(tmp_path / "m.onnx")
+    plan = resolved(RunConfig(zoo=(), weights=str(path), tokens=64, m1s=(2,), until="prune", prune="global",
+                              artifacts=str(tmp_path / "art")))
+    pruned = pq.read_table(plan.root / run_directly(plan, 0.75)["prune"]["path"]).to_pylist()
+    total = sum(WEIGHTS[n].size for n in ("conv1.w", "pw.w", "fc.w", "proj.w"))
+    assert sum(r["nnz"] for r in pruned) == round(0.25 * total)
+    shares = {r["layer"]: r["sparsity_achieved"] for r in pruned}
+    assert len(set(shares.values())) > 1  # one threshold, so each layer keeps its own share

@@ -87,3 +87,27 @@ def test_empty_gemm_and_failed_shapes_become_error_rows():
     failed = pruned_layer(_shape(status="error", message="fc: bad"), 0.5)
     assert failed.status == "error" and failed.message == "fc: bad"
     assert "needs the layer's weights" in pruned_layer(_shape(), 0.5, PruneParams(method="magnitude")).message
+
+
+def test_global_pruning_keeps_one_threshold_over_the_model_and_the_requested_share_overall():
+    from lospmm.stages.prune import global_magnitude_threshold
+
+    rng = np.random.default_rng(0)
+    small = rng.standard_normal((8, 16)).astype(np.float32) * 0.1  # a layer of small weights
+    large = rng.standard_normal((8, 16)).astype(np.float32)
+    t = global_magnitude_threshold([small, large], 0.75)
+    params = PruneParams(method="global")
+    kept = [pruned_layer(_shape(8, 16), 0.75, params, w, t) for w in (small, large)]
+    assert sum(p.nnz for p in kept) == round(0.25 * 2 * 128)  # the model's share, not each layer's
+    assert kept[0].nnz < kept[1].nnz  # the small layer keeps fewer
+    assert all(np.abs(p.matrix.data).min() >= t for p in kept if p.nnz)
+    with pytest.raises(ValueError, match="model-wide threshold"):
+        pruned_layer(_shape(8, 16), 0.75, params, small)
+
+
+def test_keep_takes_an_already_pruned_checkpoint_as_it_is():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 10)).astype(np.float32)
+    w[rng.random(w.shape) < 0.6] = 0
+    layer = pruned_layer(_shape(6, 10), 0.9, PruneParams(method="keep"), w)
+    assert np.array_equal(layer.matrix.toarray(), w) and layer.sparsity_achieved == pytest.approx((w == 0).mean())

@@ -13,7 +13,7 @@ from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage,
 from lospmm.flows.tasks.extract import shape_from_row
 from lospmm.flows.onnx_model import graph_weight_matrix, is_onnx
 from lospmm.flows.weights import load_tensor
-from lospmm.stages.prune import PruneParams, pruned_layer
+from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
 from lospmm.stages.status import Status
 
 # 02_pruned (artifacts/README.md documents every column)
@@ -26,16 +26,18 @@ SCHEMA = pa.schema(
 @stage_task("prune")
 def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, source: Source, sparsity: float,
           params: PruneParams) -> dict:
-    def one(row: dict) -> dict:
+    def weight_of(shape):
+        if not (source.path and shape.ok):
+            return None
+        return (graph_weight_matrix(source.path, shape.layer) if is_onnx(source.path)
+                else load_tensor(source.path, shape.layer))
+
+    def one(row: dict, threshold: float | None) -> dict:
         shape = shape_from_row(row)
         t0 = time.perf_counter()
         base = {**layer_fields(row), "sparsity_requested": sparsity, "method": params.method, "nnz": 0}
         try:
-            weight = None
-            if source.path and shape.ok:
-                weight = (graph_weight_matrix(source.path, shape.layer) if is_onnx(source.path)
-                          else load_tensor(source.path, shape.layer))
-            layer = pruned_layer(shape, sparsity, params, weight)
+            layer = pruned_layer(shape, sparsity, params, weight_of(shape), threshold)
         except Exception as e:  # one bad layer never sinks the others
             return {**failed_row(base, shape.layer, e), "seconds": time.perf_counter() - t0}
         a = layer.matrix
@@ -45,7 +47,12 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
                 "seconds": time.perf_counter() - t0}
 
     def compute():
-        return [one(r) for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
+        rows = [r for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
+        threshold = None
+        if params.method == "global":  # one threshold over every layer's weights (read twice, not held)
+            threshold = global_magnitude_threshold(
+                (w for w in (weight_of(shape_from_row(r)) for r in rows) if w is not None), sparsity)
+        return [one(r, threshold) for r in rows]
 
     return run_stage("prune", SCHEMA, key, ctx, label, force, compute, inputs)
 
