@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -65,18 +66,32 @@ def run_table(record: dict) -> Table:
 
 
 def problems_table(record: dict) -> Table | None:
-    seen = {}
+    """Layers that failed or were left out, one row each; tensors a checkpoint importer skipped
+    (biases, norms, lookup tables: often hundreds) are counted by reason instead."""
+    seen, skipped = {}, Counter()
     for e in record.get("entries", []):
         for p in e.get("problems", []):
+            if p["status"] == Status.SKIPPED and e["stage"] == "extract":
+                skipped[(e.get("model", ""), _skip_reason(p["message"]))] += 1
+                continue
             seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
-    if not seen:
+    if not seen and not skipped:
         return None
     t = Table(title="layers with problems (the other layers completed)")
     for c in ("model", "layer", "first seen in", "status", "message"):
         t.add_column(c, overflow="fold")
     for (model, layer), (stage, status, msg) in sorted(seen.items()):
         t.add_row(model, layer, stage, status, msg)
+    for (model, reason), count in sorted(skipped.items()):
+        t.add_row(model, f"{count} tensor{'s' * (count > 1)}", "extract", Status.SKIPPED,
+                  f"{reason} (`lospmm inspect RUN --stage extract` lists them)")
     return t
+
+
+def _skip_reason(message: str) -> str:
+    # "name [shape]: excluded, <reason>" -> the reason without the node it names
+    reason = message.split(": excluded, ", 1)[-1]
+    return reason.split(" of ", 1)[0] if " of " in reason else reason
 
 
 def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: bool,
