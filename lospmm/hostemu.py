@@ -209,11 +209,17 @@ def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, s
     b = rng.standard_normal((kernel.k, n)).astype(np.float32)
     c = run_on_host(kernel, {"B": b.ravel(), "C": np.empty(kernel.m * n, np.float32), "N": n},
                     kernel.grid(n), kernel.n1, sanitize=sanitize)["C"].reshape(kernel.m, n)
-    ref = (matrix.astype(np.float64) @ b.astype(np.float64))
-    if np.isnan(c).any():
-        rows = np.unique(np.nonzero(np.isnan(c))[0])
-        raise EmulationError(f"{kernel.name}: {np.isnan(c).sum()} output elements never written (rows {rows[:10].tolist()}…)")
-    err = float(np.max(np.abs(c - ref)) / max(1.0, float(np.max(np.abs(ref))))) if c.size else 0.0
+    return _checked_error(kernel, c, matrix.astype(np.float64) @ b.astype(np.float64), rtol, row_axis=0)
+
+
+def _checked_error(kernel: KernelSource, out: np.ndarray, ref: np.ndarray, rtol: float, row_axis: int) -> float:
+    """max |out - ref| / max(1, |ref|max); EmulationError if an element of `out` was never written
+    (still NaN; naming the rows of A, along `row_axis`) or the error exceeds `rtol`."""
+    if np.isnan(out).any():
+        rows = np.unique(np.nonzero(np.isnan(out))[row_axis])
+        raise EmulationError(f"{kernel.name}: {np.isnan(out).sum()} output elements never written "
+                             f"(rows {rows[:10].tolist()}…)")
+    err = float(np.max(np.abs(out - ref)) / max(1.0, float(np.max(np.abs(ref))))) if out.size else 0.0
     if err > rtol:
         raise EmulationError(f"{kernel.name}: max relative error {err:.3g} exceeds {rtol}")
     return err
@@ -260,9 +266,4 @@ def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilo
     y = y.reshape(batch, kernel.m, g.h_out, g.w_out)
     weight = matrix.toarray().reshape(kernel.m, g.cin, g.kh, g.kw)
     ref = reference_conv2d(x, weight, g, epilogue.bias if epilogue else None, bool(epilogue and epilogue.relu))
-    if np.isnan(y).any():
-        raise EmulationError(f"{kernel.name}: {int(np.isnan(y).sum())} output elements never written")
-    err = float(np.max(np.abs(y - ref)) / max(1.0, float(np.max(np.abs(ref))))) if y.size else 0.0
-    if err > rtol:
-        raise EmulationError(f"{kernel.name}: max relative error {err:.3g} exceeds {rtol}")
-    return err
+    return _checked_error(kernel, y, ref, rtol, row_axis=1)  # NCHW: A's rows are the output channels

@@ -297,7 +297,8 @@ def _check_options(cfg: RunConfig) -> None:
             infos = tensor_infos(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
-        reasons = [excluded_reason(t, model_config(cfg.weights) or ModelConfig()) for t in infos]
+        told = model_config(cfg.weights) or ModelConfig()
+        reasons = [excluded_reason(t, told) for t in infos]
         if all(reasons):  # extract would find no layer: say so before any work
             counts = ", ".join(f"{n} {r}" for r, n in Counter(reasons).most_common())
             raise ConfigError(f"{cfg.weights}: no GEMM weight to search ({len(infos)} tensors: {counts or 'none'})")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lospmm.stages.extract import GraphWeight
+from lospmm.stages.extract import GraphWeight, conv_output_size
 
 
 class OnnxModelError(ValueError):
@@ -23,7 +23,53 @@ def is_onnx(path: str | Path) -> bool:
 
 def graph_weights(path: str | Path) -> list[GraphWeight]:
     """Every initializer of the model, as the graph uses it (GraphWeight.op "" with a reason when no GEMM)."""
-    model, shapes = _model(str(path))
+    return list(_analysed(str(path))[1].values())
+
+
+def graph_weight_matrix(path: str | Path, name: str) -> np.ndarray:
+    """The GEMM's A (M×K, float32) of initializer `name`: a MatMul weight transposed, a Conv weight
+    flattened to [Cout, Cin·kh·kw] (PyTorch's order, as conv kernels expect)."""
+    from onnx import numpy_helper
+
+    model, weights = _analysed(str(path))
+    weight = weights.get(name)
+    if weight is None or not weight.op:
+        raise ValueError(f"{name}: not a GEMM weight of {path}")
+    init = next(t for t in model.graph.initializer if t.name == name)
+    array = numpy_helper.to_array(init).astype(np.float32)
+    if weight.op == "conv":
+        return array.reshape(array.shape[0], -1)
+    return array if array.shape == (weight.rows, weight.cols) else array.T
+
+
+def _analysed(path: str):
+    """(model, initializer name -> GraphWeight), read and analysed once per file version (a file
+    changed since is read again): prune asks for one weight at a time."""
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxModelError(f"ONNX model {p} does not exist or is not a file")
+    stat = p.stat()
+    return _analysed_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _analysed_version(path: str, mtime_ns: int, size: int):
+    try:
+        import onnx
+    except ImportError:
+        raise OnnxModelError("an ONNX model needs the onnx package: pip install 'lospmm[onnx]'") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(onnx.load(path))
+    except Exception as e:
+        raise OnnxModelError(f"ONNX model {path} is not readable: {type(e).__name__}: {e}") from None
+    shapes = {}  # every value's static shape, -1 for a symbolic dimension
+    for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        dims = v.type.tensor_type.shape.dim
+        shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+    return model, _weights(model, shapes)
+
+
+def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight]:
     inits = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
     used: dict[str, GraphWeight] = {}
     why_not: dict[str, str] = {}
@@ -58,9 +104,13 @@ def graph_weights(path: str | Path) -> list[GraphWeight]:
                 continue
             cout, cin_per_group, kh, kw = dims
             stride, pad = strides[0], pads[0]
-            h_out, w_out = (x[2] + 2 * pad - kh) // stride + 1, (x[3] + 2 * pad - kw) // stride + 1
+            h_out, w_out = conv_output_size(x[2], kh, stride, pad), conv_output_size(x[3], kw, stride, pad)
+            if h_out < 1 or w_out < 1:
+                why_not.setdefault(name, f"{where}: window {kh}×{kw} larger than the padded input")
+                continue
             geometry = {"cin": x[1], "kh": kh, "kw": kw, "stride": stride, "pad": pad,
-                        "groups": int(attrs.get("group", 1)), "h_in": x[2], "w_in": x[3], "h_out": h_out, "w_out": w_out}
+                        "groups": int(attrs.get("group", 1)), "h_in": x[2], "w_in": x[3], "h_out": h_out,
+                        "w_out": w_out}
             used[name] = GraphWeight(name, "conv", cout, cin_per_group * kh * kw, 0, conv=geometry,
                                      batch=x[0] if x[0] > 0 else 0)
             if len(node.input) > 2:
@@ -70,59 +120,8 @@ def graph_weights(path: str | Path) -> list[GraphWeight]:
                 if name in inits:
                     kind = "embedding/lookup table" if node.op_type == "Gather" and i == 0 else "input"
                     why_not.setdefault(name, f"{kind} of {where}")
-    out = []
-    for name in inits:
-        if name in used:
-            out.append(used[name])
-        else:
-            out.append(GraphWeight(name, "", reason=why_not.get(name, "not an input of any node")))
-    return out
-
-
-def graph_weight_matrix(path: str | Path, name: str) -> np.ndarray:
-    """The GEMM's A (M×K, float32) of initializer `name`: a MatMul weight transposed, a Conv weight
-    flattened to [Cout, Cin·kh·kw] (PyTorch's order, as conv kernels expect)."""
-    from onnx import numpy_helper
-
-    model, _ = _model(str(path))
-    weight = {w.name: w for w in graph_weights(path)}.get(name)
-    if weight is None or not weight.op:
-        raise ValueError(f"{name}: not a GEMM weight of {path}")
-    init = next(t for t in model.graph.initializer if t.name == name)
-    array = numpy_helper.to_array(init).astype(np.float32)
-    if weight.op == "conv":
-        return array.reshape(array.shape[0], -1)
-    return array if array.shape == (weight.rows, weight.cols) else array.T
-
-
-def _model(path: str):
-    """The model and every value's static shape (-1 for a symbolic dimension), read once per file
-    version (a file changed since is read again)."""
-    try:
-        stat = Path(path).stat()
-    except OSError:
-        raise OnnxModelError(f"ONNX model {path} does not exist or is not a file") from None
-    return _loaded(path, stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=2)
-def _loaded(path: str, mtime_ns: int, size: int):
-    try:
-        import onnx
-    except ImportError:
-        raise OnnxModelError("an ONNX model needs the onnx package: pip install 'lospmm[onnx]'") from None
-    p = Path(path)
-    if not p.is_file():
-        raise OnnxModelError(f"ONNX model {p} does not exist or is not a file")
-    try:
-        model = onnx.shape_inference.infer_shapes(onnx.load(str(p)))
-    except Exception as e:
-        raise OnnxModelError(f"ONNX model {p} is not readable: {type(e).__name__}: {e}") from None
-    shapes = {}
-    for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-        dims = v.type.tensor_type.shape.dim
-        shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-    return model, shapes
+    return {name: used.get(name) or GraphWeight(name, "", reason=why_not.get(name, "not an input of any node"))
+            for name in inits}
 
 
 def _attribute(a):

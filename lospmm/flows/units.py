@@ -78,9 +78,10 @@ def threads(jobs: int) -> UnitCompiler:
     """Units on `jobs` threads here (NVRTC releases the GIL); each a task run of the flow run the
     caller is in, if any."""
     jobs = max(1, jobs)
-    if _in_a_flow_run():
+    in_a_flow_run = _in_a_flow_run()
+    if in_a_flow_run:
         logging.getLogger("prefect.task_runs").addFilter(_QUIET)  # once: a logger keeps one of each filter
-    compile_one = compile_unit if _in_a_flow_run() else compiled_unit
+    compile_one = compile_unit if in_a_flow_run else compiled_unit
 
     def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
         slots = _slots(jobs)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.stages.extract import conv_output_size
 from lospmm.stages.reorder import Tiles
 
 # Address arithmetic lives inside inline PTX: with thousands of `B + c * N + n` in straight-line
@@ -188,11 +189,11 @@ class ConvGeometry:
 
     @property
     def h_out(self) -> int:
-        return (self.h + 2 * self.pad - self.dilation * (self.kh - 1) - 1) // self.stride + 1
+        return conv_output_size(self.h, self.kh, self.stride, self.pad, self.dilation)
 
     @property
     def w_out(self) -> int:
-        return (self.w + 2 * self.pad - self.dilation * (self.kw - 1) - 1) // self.stride + 1
+        return conv_output_size(self.w, self.kw, self.stride, self.pad, self.dilation)
 
     @property
     def k(self) -> int:

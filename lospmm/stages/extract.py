@@ -68,6 +68,11 @@ class TensorInfo:
     dtype: str
 
 
+def conv_output_size(size: int, window: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """Output rows (or columns) of a convolution along one axis of `size` input pixels."""
+    return (size + 2 * pad - dilation * (window - 1) - 1) // stride + 1
+
+
 def zoo_shapes(name: str, params: ZooParams = ZooParams()) -> list[LayerShape]:
     """Distinct GEMM shapes of a built-in model, duplicates folded into `repeat`."""
     builders = {
@@ -279,7 +284,7 @@ class _ConvNet:
     def conv(self, layer: str, cin: int, cout: int, k: int, stride: int, h: int, groups: int = 1) -> int:
         """Record a k×k conv on an h×h input (padding k//2); return the output size."""
         pad = k // 2
-        h_out = (h + 2 * pad - k) // stride + 1
+        h_out = conv_output_size(h, k, stride, pad)
         depthwise = groups > 1 and groups == cin
         self.shapes.append(
             LayerShape(
