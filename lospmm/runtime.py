@@ -49,12 +49,21 @@ def gpu_present() -> bool:
 
 
 @lru_cache(maxsize=None)
-def _context(ordinal: int = 0):
+def _primary_context(ordinal: int = 0):
     from cuda.bindings import driver
 
     _ck(driver.cuInit(0), "cuInit")
     dev = _ck(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-    ctx = _ck(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    return dev, _ck(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+
+
+def _context(ordinal: int = 0):
+    """The device's primary context (torch and CuPy share it), made current on the calling thread:
+    a context is current per thread, and Prefect runs tasks in worker threads (on an H100, a
+    timer made on one thread failed with CUDA_ERROR_INVALID_CONTEXT on another)."""
+    from cuda.bindings import driver
+
+    dev, ctx = _primary_context(ordinal)
     _ck(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return dev, ctx
 
@@ -124,14 +133,16 @@ class LoadedKernel:
 
     def launch(self, grid: Sequence[int], block: int, args: Sequence[tuple[str, int]], smem_bytes: int = 0,
                stream=0) -> None:
-        """`args`: ("ptr", address) or ("int", value), in the kernel's parameter order."""
+        """`args`: ("ptr", address), ("int", value) or ("long", value), in the kernel's parameter order."""
         from cuda.bindings import driver
 
+        _context()  # this thread may not be the one that loaded the module
         if smem_bytes > 48 * 1024 and smem_bytes > self._smem_set:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _ck(driver.cuFuncSetAttribute(self.function, attr, int(smem_bytes)), "cuFuncSetAttribute")
             self._smem_set = smem_bytes
-        holders = [np.array([v], dtype=np.uint64 if kind == "ptr" else np.int32) for kind, v in args]
+        types = {"ptr": np.uint64, "int": np.int32, "long": np.int64}
+        holders = [np.array([v], dtype=types[kind]) for kind, v in args]
         params = np.array([h.ctypes.data for h in holders], dtype=np.uint64)
         _ck(driver.cuLaunchKernel(self.function, int(grid[0]), int(grid[1]), int(grid[2]), int(block), 1, 1,
                                   int(smem_bytes), stream, params.ctypes.data, 0), f"cuLaunchKernel({self.name})")
@@ -144,11 +155,53 @@ class LoadedKernel:
 
 @dataclass(frozen=True)
 class CudaTimerOptions:
-    """Defaults: warmup=3, repeats=20, flush_l2=True."""
+    """Defaults: warmup=3, repeats=20, flush_l2=True, busy_wait_us=200.
+
+    busy_wait_us: before each timed launch the GPU spins this long (a one-thread clock64 loop, as
+    nvbench's blocking kernel does), so the host's work of enqueueing the start event and the
+    launch (Python, cuBLAS or torch dispatch: tens of µs) happens while the GPU is busy and only
+    device time is measured. Without it, on an H100, cuBLAS on a 58×24×3136 GEMM timed 26.5 µs
+    in one call and 6.8 µs in the next, while our kernels' times repeated within 5%."""
 
     warmup: int = 3
     repeats: int = 20
     flush_l2: bool = True
+    busy_wait_us: float = 200.0
+
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void lospmm_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
+
+
+@lru_cache(maxsize=None)
+def _spin_kernel(arch: str) -> "LoadedKernel":
+    from lospmm.stages.compile import CompileOptions, compiled
+
+    out = compiled(SPIN_SOURCE, "lospmm_spin", CompileOptions(arch=arch))
+    if out.status != Status.OK:
+        raise CudaError(f"compiling the busy-wait kernel: {out.log[-300:]}")
+    return LoadedKernel(out.cubin, "lospmm_spin")
+
+
+def busy_cycles(us: float) -> int:
+    """Clock cycles of the present GPU in `us` microseconds (at its maximum SM clock)."""
+    from cuda.bindings import driver
+
+    dev, _ = _context()
+    khz = _ck(driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev),
+              "cuDeviceGetAttribute")
+    return int(us * khz / 1000)
+
+
+def busy_wait(us: float, stream=0) -> None:
+    """Keep the GPU busy for about `us` µs on `stream` (nothing if `us` <= 0)."""
+    if us > 0:
+        _spin_kernel(device_facts()["arch"]).launch((1, 1, 1), 1, [("long", busy_cycles(us))], 0, stream)
 
 
 def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int = 0,
@@ -169,6 +222,7 @@ def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int =
             for _ in range(options.repeats):
                 if flush:
                     _ck(driver.cuMemsetD8(flush.ptr, 0, flush.nbytes), "L2 flush")
+                busy_wait(options.busy_wait_us)
                 _ck(driver.cuEventRecord(start, 0), "cuEventRecord")
                 kernel.launch(grid, block, args, smem_bytes)
                 _ck(driver.cuEventRecord(end, 0), "cuEventRecord")
@@ -185,7 +239,8 @@ def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int =
 
 
 def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
-    """Median µs of `fn()` on torch's current stream, timed as `timed_launch` times a kernel."""
+    """Median µs of `fn()` on torch's current stream, timed as `timed_launch` times a kernel
+    (torch's own spin kernel for the busy wait)."""
     import torch
 
     flush = torch.empty(2 * device_facts()["l2_bytes"] // 4, device="cuda") if options.flush_l2 else None
@@ -197,6 +252,8 @@ def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
         if flush is not None:
             flush.zero_()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if options.busy_wait_us > 0:
+            torch.cuda._sleep(busy_cycles(options.busy_wait_us))
         s.record()
         fn()
         e.record()

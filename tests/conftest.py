@@ -8,6 +8,11 @@ import tempfile
 
 import pytest
 
+try:  # torch before Prefect's stack: imported after it, torch 2.11 failed to import on the GPU machine
+    import torch  # noqa: F401  (its debug_mode custom op's schema failed to parse)
+except ImportError:
+    pass
+
 
 def _cuda_device_count() -> int:
     try:

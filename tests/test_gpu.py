@@ -33,6 +33,22 @@ def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
         assert err < 1e-5
 
 
+def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
+    """Prefect runs tasks in worker threads, and a CUDA context is current per thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lospmm.runtime import LoadedKernel, check_full_kernel, time_full_kernel_cubin
+
+    a, facts, d = _kernel(tmp_path)
+    cubin = (d / "kernel.cubin").read_bytes()
+    LoadedKernel(cubin, facts["kernel"]).close()  # this thread made the context current first
+    with ThreadPoolExecutor(1) as pool:
+        err = pool.submit(check_full_kernel, cubin, facts["kernel"], facts["grid"]["x"], 64, a, 50).result()
+        t = pool.submit(time_full_kernel_cubin, cubin, facts["kernel"], facts["grid"]["x"], 96, 64, 1000, 64).result()
+    assert err < 1e-5
+    assert t.status == "ok" and 0 < t.time_us < 1e4, t.message
+
+
 def test_cuda_timer_measures(tmp_path):
     from lospmm.runtime import CudaTimer, device_facts
     from lospmm.stages.devices import device_named

@@ -28,7 +28,7 @@ from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sp
 from lospmm.stages.rank import RankParams
 from lospmm.stages.reorder import ReorderParams
 from lospmm.stages.search import DEFAULT_M1
-from lospmm.stages.timing import EstimateTimer, Timer
+from lospmm.stages.timing import Timer, estimate_timer
 
 TIMERS = ("auto", "estimate", "cuda")
 
@@ -148,7 +148,7 @@ def resolved_timer(timer: str, device: Device) -> Timer:
     if timer == "auto":
         timer = "cuda" if gpu_present() else "estimate"
     if timer == "estimate":
-        return EstimateTimer(device)
+        return estimate_timer(device)
     if not gpu_present():
         raise ConfigError("--timer cuda: no CUDA device here (use --timer estimate, or auto)")
     from lospmm.runtime import CudaTimer, device_facts

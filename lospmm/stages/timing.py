@@ -214,3 +214,79 @@ class EstimateTimer:
 
     def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> None:
         return None  # nothing runs: the emitted kernel is checked on the host instead
+
+
+# --- calibration: the estimate's throughput parameters fitted to measurements ------------------
+
+CALIBRATED_PARAMS = ("launch_us", "addr_instr_per_load", "block_overhead_instr", "sass_bytes_per_instr",
+                     "issue_per_sm_cycle")
+CALIBRATED_DEVICE = ("dram_gbps", "l2_gbps", "mem_latency_cycles")
+
+
+def _with(device: Device, params: EstimateParams, x: np.ndarray) -> tuple[Device, EstimateParams]:
+    from dataclasses import replace
+
+    values = np.exp(x)
+    p = replace(params, **dict(zip(CALIBRATED_PARAMS, values[:len(CALIBRATED_PARAMS)])))
+    d = replace(device, **dict(zip(CALIBRATED_DEVICE, values[len(CALIBRATED_PARAMS):])))
+    return d, p
+
+
+def calibrated_estimate(works: list[KernelWork], measured_us, device: Device,
+                        params: EstimateParams = EstimateParams(), max_factor: float = 20.0) -> tuple[Device, EstimateParams]:
+    """The device's and the model's throughput parameters (CALIBRATED_DEVICE, CALIBRATED_PARAMS)
+    that minimise the squared log error of the estimate against `measured_us`, each kept within
+    `max_factor` of its starting value. The model is a max of terms, so the fit uses finite
+    differences over a log-parameterisation (scipy's least_squares, trust-region reflective)."""
+    from scipy.optimize import least_squares
+
+    measured = np.asarray(measured_us, np.float64)
+    keep = np.isfinite(measured) & (measured > 0)
+    works = [w for w, k in zip(works, keep) if k]
+    target = np.log(measured[keep])
+    x0 = np.log([*(float(getattr(params, f)) for f in CALIBRATED_PARAMS),
+                 *(float(getattr(device, f)) for f in CALIBRATED_DEVICE)])
+
+    def residuals(x):
+        d, p = _with(device, params, x)
+        est = np.array([estimated_timing(w, d, p).time_us for w in works])
+        return np.where(np.isfinite(est), np.log(np.maximum(est, 1e-9)), 20.0) - target
+
+    fit = least_squares(residuals, x0, bounds=(x0 - np.log(max_factor), x0 + np.log(max_factor)),
+                        diff_step=1e-2, x_scale=1.0, max_nfev=400)
+    return _with(device, params, fit.x)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The estimate's parameters fitted to one GPU's measured launches: effective values, some far
+    from the datasheet (sass_bytes_per_instr near 320: fetching straight-line code costs far more
+    than its bytes over L2 bandwidth, most in M1 = 1 kernels, whose code is largest)."""
+
+    measured_on: str
+    how: str
+    params: tuple[tuple[str, float], ...]  # CALIBRATED_PARAMS
+    device: tuple[tuple[str, float], ...]  # CALIBRATED_DEVICE
+
+
+CALIBRATIONS: dict[str, Calibration] = {
+    "h100": Calibration(
+        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-22",
+        "benchmarks/gpu_plan.py calibrate on 210 launches of 11 layers at sparsity 0.9 "
+        "(benchmarks/results/gpu-h100/c); held out: 194 launches of 9 layers at 0.7 (…/d)",
+        (("launch_us", 4.3491), ("addr_instr_per_load", 20.4703), ("block_overhead_instr", 231.534),
+         ("sass_bytes_per_instr", 318.593), ("issue_per_sm_cycle", 5.6362)),
+        (("dram_gbps", 2238.9504), ("l2_gbps", 47311.3231), ("mem_latency_cycles", 193.2886)),
+    ),
+}
+
+
+def estimate_timer(device: Device, calibrated: bool = True) -> EstimateTimer:
+    """The `estimate` timer for `device`: with the device's calibration when it has one (see
+    CALIBRATIONS), the datasheet model otherwise or when `calibrated` is False."""
+    from dataclasses import replace
+
+    calibration = CALIBRATIONS.get(device.name) if calibrated else None
+    if calibration is None:
+        return EstimateTimer(device)
+    return EstimateTimer(replace(device, **dict(calibration.device)), replace(EstimateParams(), **dict(calibration.params)))
