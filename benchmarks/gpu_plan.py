@@ -186,8 +186,12 @@ def calibrate(args) -> None:
     from lospmm.stages.timing import (CALIBRATED_DEVICE, CALIBRATED_PARAMS, EstimateParams, calibrated_estimate)
 
     device, params = device_named(args.gpu), EstimateParams()
-    sets = {f"train {Path(p).parent.name}/{Path(p).stem}": pq.read_table(p).to_pylist() for p in args.train}
-    sets |= {f"held-out {Path(p).parent.name}/{Path(p).stem}": pq.read_table(p).to_pylist() for p in args.held_out}
+    def launches(path):  # a launch list, or a speedup table's emitted kernels
+        rows = pq.read_table(path).to_pylist()
+        return gpuplan.speedup_launch_rows(rows) if Path(path).stem.startswith("speedup") else rows
+
+    sets = {f"train {Path(p).parent.name}/{Path(p).stem}": launches(p) for p in args.train}
+    sets |= {f"held-out {Path(p).parent.name}/{Path(p).stem}": launches(p) for p in args.held_out}
     train = [r for name, rows in sets.items() if name.startswith("train") for r in rows
              if r["variant"] in ("", "outside-top-k") and np.isfinite(r["measured_us"])]
     t0 = time.perf_counter()

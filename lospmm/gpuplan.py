@@ -53,6 +53,7 @@ class Deadline:
 
 def packed(directory: Path, archive: Path) -> Path:
     """`directory` as an xz tarball (cubins of straight-line code shrink ~13×), written atomically."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_suffix(archive.suffix + ".tmp")
     with lzma.open(tmp, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
         tar.add(directory, arcname=directory.name)
@@ -124,6 +125,23 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
                     | {"dir": d.name, "nnz": int(a.nnz), "run_id": record["run_id"]})
     (dest / "index.json").write_text(json.dumps(rows, indent=1))
     return dest
+
+
+def emitted_work(facts: dict, a: sp.csr_matrix) -> dict:
+    """The estimate's work of an emitted kernel, from its kernel.json (row order, tile pointers,
+    empty rows, registers) and its A: per-tile distinct columns and nonzeros, as a launch row's
+    fields (`launch_work` makes the KernelWork for any N)."""
+    order, ptr = np.asarray(facts["row_order"]), np.asarray(facts["tile_ptr"])
+    loads, fmas = [], []
+    for t in range(len(ptr) - 1):
+        rows = a[order[ptr[t]:ptr[t + 1]]]
+        loads.append(len(np.unique(rows.indices)))
+        fmas.append(rows.nnz)
+    compile_facts = facts.get("compile", {})
+    return {"m1": facts["m1"], "n1": facts["n1"], "registers": compile_facts.get("registers", 0),
+            "spill_bytes": compile_facts.get("thread_spill_bytes", 0), "smem_bytes": 0, "prefetch": 1,
+            "zero_blocks": -(-len(facts["empty_rows"]) // facts["m1"]) if facts["empty_rows"] else 0,
+            "tile_loads": loads, "tile_fmas": fmas}
 
 
 def emitted_rows(folder: Path) -> list[dict]:
@@ -578,6 +596,7 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
         row = {"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "n": r["n"], "nnz": r["nnz"],
                "sparsity": r["sparsity"], "tile": f"{r['m1']}×{r['n1']}", "ours_us": ours.time_us,
                "ours_status": str(ours.status), "ours_message": ours.message, "estimate_us": r["full_time_us"]}
+        row |= emitted_work(facts, a)  # so that the estimate can be refitted to these measurements too
         dense = torch.from_numpy(a.toarray()).cuda()
         b = torch.randn(r["k"], r["n"], device="cuda")
         for name, tf32, dtype in (("cublas_fp32", False, torch.float32), ("cublas_tf32", True, torch.float32),
@@ -631,3 +650,10 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
         r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
         out.append(r)
     return out
+
+
+def speedup_launch_rows(rows: list[dict]) -> list[dict]:
+    """Speedup rows as launch rows (role full, the flow's own variant): measurements of emitted
+    kernels at the layer's N, for calibrating the estimate beside the sample's launches."""
+    return [r | {"role": "full", "variant": "", "measured_us": r["ours_us"]} for r in rows
+            if "tile_loads" in r and np.isfinite(r["ours_us"])]

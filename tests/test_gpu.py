@@ -113,3 +113,21 @@ def test_whole_search_with_the_cuda_timer(tmp_path):
     else:
         assert em["dense_time_us"] > 0
         assert em["speedup_vs_dense"] == pytest.approx(em["dense_time_us"] / em["full_time_us"])
+
+
+def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_path):
+    import json
+
+    import scipy.sparse as sp
+
+    from lospmm import gpuplan
+
+    a, facts, d = _kernel(tmp_path)
+    sp.save_npz(d / "a.npz", a)
+    row = {"model": "test", "layer": "fc", "m": 96, "k": 64, "n": 300, "nnz": int(a.nnz), "m1": 8, "n1": 64,
+           "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
+    checks = gpuplan.device_check_rows([row])
+    assert sorted(r["n"] for r in checks) == [1, 31, 32, 300, 4096]
+    assert all(r["status"] == "ok" and r["max_rel_error"] < 1e-5 for r in checks), json.dumps(checks, default=str)
+    (speed,) = gpuplan.speedup_rows([row], repeats=5)
+    assert 0 < speed["ours_us"] < 1e4 and speed["ours_status"] == "ok" and speed["cublas_fp32_us"] > 0

@@ -79,3 +79,44 @@ def test_the_estimate_timer_times_proxies_and_full_kernels_through_one_interface
     dense = timer.dense(512, 256, 4096)
     assert dense.status == "skipped" and dense.time_us != dense.time_us  # NaN: a model has no baseline
     assert timer.device_error(LaunchUnderTest(tiles, 512, 256, 4096, 128, 32), a, 77) is None
+
+
+def test_calibration_recovers_a_device_whose_parameters_it_was_not_told():
+    """Measurements made with a 'true' model far from the datasheet: the fit starts from the
+    datasheet and ends close to the truth on launches it was fitted to and on others."""
+    from dataclasses import replace
+
+    from lospmm.stages.timing import EstimateParams, calibrated_estimate
+
+    true_device = replace(H100, l2_gbps=2500.0, mem_latency_cycles=900)
+    true_params = replace(EstimateParams(), launch_us=6.0, sass_bytes_per_instr=120, addr_instr_per_load=5)
+    works = [_work(m=m, k=k, n=n, m1=m1, n1=n1, sparsity=s, seed=i)
+             for i, (m, k, n, m1, n1, s) in enumerate([(256, 256, 1024, 8, 128, 0.9), (512, 256, 4096, 1, 128, 0.9),
+                                                       (512, 512, 196, 2, 32, 0.8), (128, 512, 12544, 4, 256, 0.95),
+                                                       (1024, 256, 784, 16, 64, 0.7), (256, 1024, 4096, 1, 256, 0.95),
+                                                       (384, 64, 784, 2, 480, 0.9), (768, 768, 32, 1, 32, 0.9),
+                                                       (64, 64, 50176, 2, 640, 0.9), (960, 160, 196, 1, 128, 0.9),
+                                                       (2048, 512, 196, 2, 128, 0.9), (256, 2304, 784, 1, 832, 0.9)])]
+    measured = [estimated_timing(w, true_device, true_params).time_us for w in works]
+    fitted_device, fitted_params = calibrated_estimate(works[::2], measured[::2], H100)
+
+    def error(device, params, ws, ms):
+        return float(np.median([abs(np.log(estimated_timing(w, device, params).time_us / m)) for w, m in zip(ws, ms)]))
+
+    before = error(H100, EstimateParams(), works, measured)
+    assert before > 0.2
+    assert error(fitted_device, fitted_params, works[::2], measured[::2]) < 0.05
+    assert error(fitted_device, fitted_params, works[1::2], measured[1::2]) < before / 3  # launches it never saw
+
+
+def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
+    from lospmm.stages.timing import CALIBRATIONS, EstimateParams, estimate_timer
+
+    calibrated = estimate_timer(H100)
+    assert calibrated.params != EstimateParams() and calibrated.device != H100
+    assert calibrated.params.launch_us == dict(CALIBRATIONS["h100"].params)["launch_us"]
+    assert calibrated.device.l2_gbps == dict(CALIBRATIONS["h100"].device)["l2_gbps"]
+    assert calibrated.device.sms == H100.sms and calibrated.device.arch == H100.arch  # only throughput facts change
+    assert estimate_timer(H100, calibrated=False) == EstimateTimer(H100)
+    a100 = device_named("a100")
+    assert "a100" not in CALIBRATIONS and estimate_timer(a100) == EstimateTimer(a100)
