@@ -1,6 +1,7 @@
 """Issue 14's plan for a lent GPU: prepare here (no GPU), run there, read the tables anywhere.
 
     # here, once (no GPU): wheels the GPU machine lacks, emitted kernels of a run, a compiled sample
+    python benchmarks/gpu_plan.py wheels
     python benchmarks/gpu_plan.py prepare --artifacts ARTIFACTS [--emitted shufflenetv2:0.9 ...]
     # on the GPU machine, in the checkout (bundles in .gpu/, wheels in .whl/): every step, or some
     python benchmarks/gpu_plan.py run OUT [--steps env pytest check loader speedup launches] [--budget-s 540]
@@ -62,6 +63,50 @@ def _write(out: Path, name: str, rows: list[dict]) -> None:
 
     if rows:
         pq.write_table(pa.Table.from_pylist(rows), out / f"{name}.parquet")
+
+
+# What the GPU image already holds (its package list, as the workplace's KINDS.md read it on
+# 2026-11-17); a wheel of one of these is not carried, so the image's own version is used.
+ON_IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
+flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx humanize hypothesis idna
+imageio iniconfig interface-meta jax jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning linear-operator
+lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict
+multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro onnx onnx-ir onnxruntime
+onnxscript opencv-python-headless optax opt-einsum optimistix packaging pandas pathspec patsy peft pillow pip pluggy
+portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
+python-dateutil pyyaml regex requests rich safetensors scikit-learn scipy seaborn setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate threadpoolctl tifffile timm tokenizers toolz torch tqdm typer
+typing-extensions typing-inspect urllib3 uvloop werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
+WHEELS = ("prefect==3.8.8", "fastapi==0.150.0", "lightgbm==4.7.0")  # the versions pyproject.toml resolves to here
+PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+
+
+def wheels(args) -> None:
+    """The wheels (with their dependencies) that the GPU image lacks, for CPython 3.12 x86-64, into
+    --dest (git-ignored): Prefect's stack for `pytest -m gpu`'s flow test, and LightGBM."""
+    import re
+    import shutil
+    import tempfile
+
+    dest = ROOT / args.dest
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.12",
+               "--implementation", "cp", *(f"--platform={p}" for p in PLATFORMS), "-d", tmp, *WHEELS]
+        if subprocess.run(cmd).returncode:
+            raise SystemExit("pip download failed (is PyPI reachable?)")
+        dest.mkdir(exist_ok=True)
+        kept = []
+        for whl in sorted(Path(tmp).glob("*.whl")):
+            name = re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
+            if name not in ON_IMAGE:
+                shutil.copy(whl, dest / whl.name)
+                kept.append(whl.name)
+    size = sum((dest / k).stat().st_size for k in kept)
+    print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {dest}")
 
 
 def prepare(args) -> None:
@@ -220,6 +265,9 @@ def main() -> None:
     p.add_argument("--staging", default="/tmp/lospmm-gpu-staging")
     p.add_argument("--bundle", default=gpuplan.BUNDLE_DIR, help="where the archives go (one folder per device call)")
     p.set_defaults(fn=prepare)
+    p = sub.add_parser("wheels", help="download the wheels the GPU image lacks (no GPU)")
+    p.add_argument("--dest", default=".whl")
+    p.set_defaults(fn=wheels)
     p = sub.add_parser("run", help="the plan on a GPU machine")
     p.add_argument("out")
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))

@@ -76,6 +76,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def write_matrix(path: Path, a: sp.csr_matrix) -> None:
+    """A CSR matrix as one Parquet row (shape, indptr, indices, data): the project's format, read
+    the same by any pyarrow. (An npz that numpy 2.5.2 wrote on the GPU machine could not be read
+    back there inside pytest: its header failed to tokenize.)"""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a = a.tocsr()
+    pq.write_table(pa.table({"rows": [a.shape[0]], "cols": [a.shape[1]], "indptr": [a.indptr.astype(np.int64)],
+                             "indices": [a.indices.astype(np.int32)], "data": [a.data.astype(np.float32)]}), path)
+
+
+def read_matrix(path: Path) -> sp.csr_matrix:
+    import pyarrow.parquet as pq
+
+    (r,) = pq.read_table(path).to_pylist()
+    return sp.csr_matrix((np.asarray(r["data"], np.float32), np.asarray(r["indices"], np.int32),
+                          np.asarray(r["indptr"], np.int64)), shape=(r["rows"], r["cols"]))
+
+
 def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_id: str | None = None,
                    min_nnz: int = 0, max_kernels: int = 0) -> Path | None:
     """The emitted kernels of (model, sparsity) with at least `min_nnz` nonzeros, from the latest
@@ -117,7 +137,7 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
         d.mkdir()
         for f in ("kernel.json", "kernel.cubin"):
             shutil.copyfile(src / f, d / f)
-        sp.save_npz(d / "a.npz", a)
+        write_matrix(d / "a.parquet", a)
         # the copy's own manifest, over the files it holds (the loader trusts nothing unlisted)
         (d / "SHA256SUMS").write_text("".join(f"{_sha256(d / f)}  {f}\n" for f in ("kernel.cubin", "kernel.json")))
         rows.append({k: r[k] for k in ("model", "layer", "op", "m", "n", "k", "sparsity", "status", "m1", "n1",
@@ -514,7 +534,7 @@ def device_check_rows(rows: list[dict], ns=CHECK_NS, deadline: Deadline | None =
             break
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
         cubin = (Path(r["path"]) / "kernel.cubin").read_bytes()
-        a = sp.load_npz(Path(r["path"]) / "a.npz").tocsr()
+        a = read_matrix(Path(r["path"]) / "a.parquet")
         for n in sorted({*ns, r["n"]}):
             t0 = time.perf_counter()
             try:
@@ -536,7 +556,7 @@ def loader_rows(rows: list[dict], n: int = 257) -> list[dict]:
 
     out = []
     for r in rows:
-        a = sp.load_npz(Path(r["path"]) / "a.npz").tocsr()
+        a = read_matrix(Path(r["path"]) / "a.parquet")
         b = np.random.default_rng(7).standard_normal((r["k"], n)).astype(np.float32)
         ref = a @ b.astype(np.float64)
         got, problems = {}, []
@@ -590,7 +610,7 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
             break
         seen.add(key)
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
-        a = sp.load_npz(Path(r["path"]) / "a.npz").tocsr()
+        a = read_matrix(Path(r["path"]) / "a.parquet")
         ours = time_full_kernel_cubin((Path(r["path"]) / "kernel.cubin").read_bytes(), facts["kernel"],
                                       facts["grid"]["x"], r["m"], r["k"], r["n"], facts["n1"], opts)
         row = {"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "n": r["n"], "nnz": r["nnz"],

@@ -118,12 +118,11 @@ def test_whole_search_with_the_cuda_timer(tmp_path):
 def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_path):
     import json
 
-    import scipy.sparse as sp
 
     from lospmm import gpuplan
 
     a, facts, d = _kernel(tmp_path)
-    sp.save_npz(d / "a.npz", a)
+    gpuplan.write_matrix(d / "a.parquet", a)
     row = {"model": "test", "layer": "fc", "m": 96, "k": 64, "n": 300, "nnz": int(a.nnz), "m1": 8, "n1": 64,
            "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
     checks = gpuplan.device_check_rows([row])

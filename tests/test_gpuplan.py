@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import scipy.sparse as sp
 
 from lospmm import gpuplan
 from lospmm.flows.runs import write_run_record
@@ -54,7 +53,7 @@ def test_an_emitted_bundle_travels_with_its_matrices_and_verifies_on_arrival(tmp
     rows = gpuplan.emitted_rows(unpacked)
     assert archive.exists() and [r["layer"] for r in rows] == ["fc1", "fc2"]  # the failed layer is not bundled
     for r in rows:
-        a = sp.load_npz(f"{r['path']}/a.npz")
+        a = gpuplan.read_matrix(f"{r['path']}/a.parquet")
         assert (a != matrices[r["layer"]]).nnz == 0 and r["nnz"] == matrices[r["layer"]].nnz
         from lospmm.flows.store import manifest_problem
 
@@ -116,3 +115,8 @@ def test_speedups_are_geometric_means_per_model_and_sparsity_of_finite_times():
     assert summary[("a", 0.9)]["vs_cublas_fp32"] == pytest.approx(2.0) and summary[("a", 0.9)]["kernels"] == 2
     assert ("b", 0.9) not in summary  # a failed launch is no speedup
     assert summary[("all", 0.9)]["kernels"] == 2 and summary[("b", 0.7)]["vs_cublas_fp32"] == pytest.approx(1.0)
+
+
+def test_a_geometric_mean_ignores_failed_and_empty_measurements():
+    assert gpuplan.geomean([1.0, 4.0, float("inf"), float("nan"), 0.0]) == pytest.approx(2.0)
+    assert np.isnan(gpuplan.geomean([float("inf")]))
