@@ -19,7 +19,9 @@ Steps (each writes OUT/<step>.parquet or .json and prints its table; the plan st
   speedup   ours vs cuBLAS (FP32 with TF32 off, TF32, FP16), cuSPARSE CSR and torch CSR, median of 20
             launches with L2 flushed, geometric means per model (the --speedup bundles)
   launches  the sample's proxies, top-K full kernels and A/B variants timed: Table 4 measured,
-            Spearman of estimate vs measurement, the A/B table (calibration: benchmarks/calibrate.py)
+            Spearman of estimate vs measurement, the A/B table (then `calibrate`, anywhere)
+  conv      the implicit-im2col conv kernels against a reference convolution, and timed against
+            the GEMM kernel of the same A and cuDNN
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from lospmm import gpuplan  # noqa: E402
 
-STEPS = ("env", "pytest", "check", "loader", "speedup", "launches")
+STEPS = ("env", "pytest", "check", "loader", "speedup", "launches", "conv")
 DEFAULT_EMITTED = ("shufflenetv2:0.9", "mobilenetv2:0.9", "resnet50:0.9", "bert-base:0.9", "bert-base:0.5:1000000:1")
 DEFAULT_CHECK = ("shufflenetv2-s0.9", "mobilenetv2-s0.9", "bert-base-s0.5-nnz1000000")
 DEFAULT_SPEEDUP = ("shufflenetv2-s0.9", "mobilenetv2-s0.9", "resnet50-s0.9", "bert-base-s0.9")
@@ -123,6 +125,10 @@ def prepare(args) -> None:
         archive = gpuplan.packed(d, bundle / f"emitted-{d.name}.tar.xz")
         print(f"{archive.name}: {len(json.loads((d / 'index.json').read_text()))} kernels, "
               f"{archive.stat().st_size / 2**20:.1f} MiB")
+    if args.conv:
+        d = gpuplan.conv_bundle(staging)
+        archive = gpuplan.packed(d, bundle / f"{d.name}.tar.xz")
+        print(f"{archive.name}: {archive.stat().st_size / 2**20:.1f} MiB")
     if args.sample:
         d = gpuplan.sample_bundle(gpuplan.SampleParams(sparsity=args.sample_sparsity), staging, args.jobs)
         archive = gpuplan.packed(d, bundle / f"{d.name}.tar.xz")
@@ -185,6 +191,13 @@ def run(args) -> None:
             got = gpuplan.measured_launches(unpacked[name], deadline)
             _write(out, f"launches-{name}", got)
             report_launches(got)
+    if "conv" in steps and not deadline.over():
+        for name in [n for n in unpacked if n.startswith("conv-")]:
+            got = gpuplan.conv_rows(unpacked[name])
+            _write(out, name, got)
+            _table("implicit-im2col conv kernels on the device (µs at batch 4)", got,
+                   ["case", "m", "k", "nnz", "tile", "status", "max_rel_error", "conv_us", "gemm_us", "cudnn_fp32_us",
+                    "conv_registers", "gemm_registers", "conv_spill_bytes", "message"])
     print(f"plan done, {args.budget_s - deadline.left():.0f} s; tables in {out}", flush=True)
 
 
@@ -261,6 +274,8 @@ def main() -> None:
     p.add_argument("--emitted", nargs="*", default=list(DEFAULT_EMITTED), help="MODEL:SPARSITY[:MIN_NNZ[:MAX_KERNELS]]")
     p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--sample-sparsity", type=float, default=0.9)
+    p.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True,
+                   help="the implicit-im2col conv cases (gpuplan.CONV_CASES)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     p.add_argument("--staging", default="/tmp/lospmm-gpu-staging")
     p.add_argument("--bundle", default=gpuplan.BUNDLE_DIR, help="where the archives go (one folder per device call)")

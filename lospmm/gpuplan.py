@@ -677,3 +677,92 @@ def speedup_launch_rows(rows: list[dict]) -> list[dict]:
     kernels at the layer's N, for calibrating the estimate beside the sample's launches."""
     return [r | {"role": "full", "variant": "", "measured_us": r["ours_us"]} for r in rows
             if "tile_loads" in r and np.isfinite(r["ours_us"])]
+
+
+# --- implicit-im2col conv kernels (issue 13) on the device ---------------------------------------
+
+CONV_CASES = (  # (label, Cout, geometry fields, bias, relu): padding borders, stride 2, a 7×7 first layer
+    ("7x7 stride 2 pad 3 (ResNet-50 conv1), bias+ReLU", 64, dict(cin=3, h=224, w=224, kh=7, kw=7, stride=2, pad=3), True, True),
+    ("3x3 stride 1 pad 1 (ResNet-50 layer1)", 64, dict(cin=64, h=56, w=56, kh=3, kw=3, stride=1, pad=1), False, False),
+    ("3x3 stride 2 pad 1 (ResNet-50 layer2.0)", 128, dict(cin=128, h=56, w=56, kh=3, kw=3, stride=2, pad=1), False, True),
+    ("3x3 dilation 2 pad 2", 32, dict(cin=32, h=28, w=28, kh=3, kw=3, stride=1, pad=2, dilation=2), True, False),
+    ("1x1 (ResNet-50 layer1 conv3)", 256, dict(cin=64, h=56, w=56, kh=1, kw=1), False, True),
+)
+
+
+def conv_bundle(out: Path, sparsity: float = 0.9, m1: int = 2, n1: int = 256, arch: str = "sm_90") -> Path:
+    """CONV_CASES compiled here: each case's conv kernel and the GEMM kernel of the same A and tile
+    (what the search emits for the im2col GEMM), A as Parquet, and case.json."""
+    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source, full_kernel_source
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    dest = out / f"conv-s{sparsity:g}"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cases = []
+    for i, (label, cout, fields, bias, relu) in enumerate(CONV_CASES):
+        g = ConvGeometry(**fields)
+        rng = np.random.default_rng(i)
+        a = random_pruned(cout, g.k, sparsity, rng)
+        b = tuple(float(v) for v in rng.standard_normal(cout).astype(np.float32)) if bias else ()
+        tiles = reordered_tiles(a, m1)
+        case = {"label": label, "geometry": fields, "bias": list(b), "relu": relu, "m": cout, "k": g.k,
+                "nnz": int(a.nnz), "m1": m1, "n1": n1}
+        for kind, src in (("conv", conv_kernel_source(a, tiles, n1, g, Epilogue(b, relu))),
+                          ("gemm", full_kernel_source(a, tiles, n1))):
+            c = compiled_kernel(src, kernel_options(arch, m1))
+            (dest / f"{i}-{kind}.cubin").write_bytes(c.cubin)
+            case[kind] = {"kernel": src.name, "grid_x": src.grid_x, "status": str(c.status), "registers": c.registers,
+                          "spill_bytes": c.thread_spill_bytes, "compile_seconds": c.seconds}
+        write_matrix(dest / f"{i}-a.parquet", a)
+        cases.append(case)
+    (dest / "cases.json").write_text(json.dumps(cases, indent=1))
+    return dest
+
+
+def conv_rows(folder: Path, batches=(1, 3), timed_batch: int = 4, repeats: int = 20) -> list[dict]:
+    """Each conv case on the device: its conv kernel against the reference convolution for every
+    batch of `batches`, then at `timed_batch` the conv kernel, the GEMM kernel on the im2col matrix
+    (im2col itself not timed) and cuDNN's dense FP32 convolution (torch, TF32 off), median µs."""
+    from lospmm.runtime import (CudaTimerOptions, check_conv_kernel, time_conv_kernel_cubin, time_full_kernel_cubin,
+                                torch_timed)
+    from lospmm.stages.codegen import ConvGeometry
+
+    import torch  # noqa: F401  (before anything loads NVRTC: see runtime.SPIN_PTX)
+
+    opts = CudaTimerOptions(repeats=repeats)
+    out = []
+    for i, case in enumerate(json.loads((folder / "cases.json").read_text())):
+        g = ConvGeometry(**case["geometry"])
+        a = read_matrix(folder / f"{i}-a.parquet")
+        conv, gemm = case["conv"], case["gemm"]
+        row = {"case": case["label"], "m": case["m"], "k": case["k"], "nnz": case["nnz"], "tile": f"{case['m1']}×{case['n1']}",
+               "conv_registers": conv["registers"], "gemm_registers": gemm["registers"],
+               "conv_spill_bytes": conv["spill_bytes"], "gemm_spill_bytes": gemm["spill_bytes"]}
+        try:
+            cubin = (folder / f"{i}-conv.cubin").read_bytes()
+            errors = [check_conv_kernel(cubin, conv["kernel"], conv["grid_x"], case["n1"], a, g, case["bias"] or None,
+                                        case["relu"], batch=b, seed=b) for b in batches]
+            row["max_rel_error"] = max(errors)
+            row["status"] = "ok" if row["max_rel_error"] <= 1e-5 else "wrong"
+            row["conv_us"] = time_conv_kernel_cubin(cubin, conv["kernel"], conv["grid_x"], case["n1"], case["m"], g,
+                                                    timed_batch, opts).time_us
+            row["gemm_us"] = time_full_kernel_cubin((folder / f"{i}-gemm.cubin").read_bytes(), gemm["kernel"],
+                                                    gemm["grid_x"], case["m"], case["k"], g.n(timed_batch), case["n1"],
+                                                    opts).time_us
+            torch.backends.cudnn.allow_tf32 = False
+            x = torch.randn(timed_batch, g.cin, g.h, g.w, device="cuda")
+            w = torch.from_numpy(a.toarray().reshape(case["m"], g.cin, g.kh, g.kw)).cuda()
+            bias = torch.tensor(case["bias"], device="cuda") if case["bias"] else None
+
+            def dense():
+                y = torch.nn.functional.conv2d(x, w, bias, g.stride, g.pad, g.dilation)
+                return torch.relu(y) if case["relu"] else y
+
+            row["cudnn_fp32_us"] = torch_timed(dense, opts)
+        except Exception as e:  # a failed launch is a row
+            row |= {"status": "error", "message": f"{type(e).__name__}: {e}"[:300]}
+        out.append(row)
+    return out

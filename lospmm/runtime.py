@@ -119,7 +119,8 @@ class DeviceBuffer:
 
 
 class LoadedKernel:
-    """A cubin's kernel function, ready to launch with (device pointers | ints) arguments."""
+    """A cubin's (or NUL-terminated PTX's) kernel function, ready to launch with (device pointers |
+    ints) arguments."""
 
     def __init__(self, cubin: bytes, name: str):
         from cuda.bindings import driver
@@ -169,23 +170,32 @@ class CudaTimerOptions:
     busy_wait_us: float = 200.0
 
 
-SPIN_SOURCE = r"""
-extern "C" __global__ void lospmm_spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) {
-    }
+# The busy-wait kernel as PTX, loaded by the driver's JIT: the timer never loads NVRTC, because
+# on the H100 machine torch 2.11 failed to import in a process that had loaded NVRTC first.
+SPIN_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry lospmm_spin(.param .u64 cycles)
+{
+    .reg .pred %p;
+    .reg .b64 %start, %now, %elapsed, %limit;
+    ld.param.u64 %limit, [cycles];
+    mov.u64 %start, %clock64;
+SPIN:
+    mov.u64 %now, %clock64;
+    sub.s64 %elapsed, %now, %start;
+    setp.lt.s64 %p, %elapsed, %limit;
+    @%p bra SPIN;
+    ret;
 }
-"""
+\0"""
 
 
 @lru_cache(maxsize=None)
-def _spin_kernel(arch: str) -> "LoadedKernel":
-    from lospmm.stages.compile import CompileOptions, compiled
-
-    out = compiled(SPIN_SOURCE, "lospmm_spin", CompileOptions(arch=arch))
-    if out.status != Status.OK:
-        raise CudaError(f"compiling the busy-wait kernel: {out.log[-300:]}")
-    return LoadedKernel(out.cubin, "lospmm_spin")
+def _spin_kernel() -> "LoadedKernel":
+    return LoadedKernel(SPIN_PTX, "lospmm_spin")
 
 
 def busy_cycles(us: float) -> int:
@@ -201,7 +211,7 @@ def busy_cycles(us: float) -> int:
 def busy_wait(us: float, stream=0) -> None:
     """Keep the GPU busy for about `us` µs on `stream` (nothing if `us` <= 0)."""
     if us > 0:
-        _spin_kernel(device_facts()["arch"]).launch((1, 1, 1), 1, [("long", busy_cycles(us))], 0, stream)
+        _spin_kernel().launch((1, 1, 1), 1, [("long", busy_cycles(us))], 0, stream)
 
 
 def timed_launch(kernel: LoadedKernel, grid, block: int, args, smem_bytes: int = 0,
@@ -298,6 +308,47 @@ def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: 
         kernel.close()
     ref = matrix @ b.astype(np.float64)
     return float(np.nanmax(np.abs(c - ref)) / max(np.abs(ref).max(), 1e-30)) if np.isfinite(c).all() else float("inf")
+
+
+def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geometry, bias=None, relu: bool = False,
+                      batch: int = 2, seed: int = 0) -> float:
+    """Max |Y − conv(X)| / max|conv(X)| of an implicit-im2col conv kernel on the device: a fresh
+    random NCHW X, Y poisoned with NaN, against hostemu.reference_conv2d (float64); inf if an
+    output was left unwritten."""
+    from cuda.bindings import driver
+
+    from lospmm.hostemu import reference_conv2d
+
+    g = geometry
+    m = matrix.shape[0]
+    x = np.random.default_rng(seed).standard_normal((batch, g.cin, g.h, g.w)).astype(np.float32)
+    kernel = LoadedKernel(cubin, name)
+    xb, yb = DeviceBuffer.of(x), DeviceBuffer.of(np.full(batch * m * g.h_out * g.w_out, np.nan, np.float32))
+    try:
+        kernel.launch((grid_x, -(-g.n(batch) // n1), 1), n1, [("ptr", xb.ptr), ("ptr", yb.ptr), ("int", batch)])
+        _ck(driver.cuCtxSynchronize(), name)
+        y = yb.to_host(np.float32, batch * m * g.h_out * g.w_out).reshape(batch, m, g.h_out, g.w_out)
+    finally:
+        xb.close()
+        yb.close()
+        kernel.close()
+    ref = reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, bias, relu)
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(y).all() else float("inf")
+
+
+def time_conv_kernel_cubin(cubin: bytes, name: str, grid_x: int, n1: int, m: int, geometry, batch: int,
+                           options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    g = geometry
+    kernel = LoadedKernel(cubin, name)
+    xb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(batch * g.cin * g.h * g.w).astype(np.float32))
+    yb = DeviceBuffer(4 * batch * m * g.h_out * g.w_out)
+    try:
+        return timed_launch(kernel, (grid_x, -(-g.n(batch) // n1), 1), n1,
+                            [("ptr", xb.ptr), ("ptr", yb.ptr), ("int", batch)], 0, options)
+    finally:
+        xb.close()
+        yb.close()
+        kernel.close()
 
 
 def time_full_kernel_cubin(cubin: bytes, name: str, grid_x: int, m: int, k: int, n: int, n1: int,

@@ -130,3 +130,19 @@ def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_
     assert all(r["status"] == "ok" and r["max_rel_error"] < 1e-5 for r in checks), json.dumps(checks, default=str)
     (speed,) = gpuplan.speedup_rows([row], repeats=5)
     assert 0 < speed["ours_us"] < 1e4 and speed["ours_status"] == "ok" and speed["cublas_fp32_us"] > 0
+
+
+def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device():
+    from lospmm.runtime import check_conv_kernel, device_facts
+    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    g = ConvGeometry(cin=5, h=11, w=9, kh=3, kw=3, stride=2, pad=1)
+    a = random_pruned(12, g.k, 0.7, np.random.default_rng(3))
+    bias = tuple(float(v) for v in np.linspace(-1, 1, 12))
+    src = conv_kernel_source(a, reordered_tiles(a, 4), 32, g, Epilogue(bias, relu=True))
+    c = compiled_kernel(src, kernel_options(device_facts()["arch"], 4))
+    for batch in (1, 3):
+        assert check_conv_kernel(c.cubin, src.name, src.grid_x, 32, a, g, bias, True, batch=batch, seed=batch) < 1e-5

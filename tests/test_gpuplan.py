@@ -120,3 +120,15 @@ def test_speedups_are_geometric_means_per_model_and_sparsity_of_finite_times():
 def test_a_geometric_mean_ignores_failed_and_empty_measurements():
     assert gpuplan.geomean([1.0, 4.0, float("inf"), float("nan"), 0.0]) == pytest.approx(2.0)
     assert np.isnan(gpuplan.geomean([float("inf")]))
+
+
+def test_the_conv_bundle_compiles_each_case_as_conv_and_as_gemm_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpuplan, "CONV_CASES", (("tiny 3x3/2", 8, dict(cin=3, h=9, w=7, kh=3, kw=3, stride=2, pad=1),
+                                                 True, True),))
+    folder = gpuplan.conv_bundle(tmp_path, sparsity=0.7, m1=2, n1=32)
+    (case,) = json.loads((folder / "cases.json").read_text())
+    assert case["k"] == 27 and len(case["bias"]) == 8 and case["relu"]
+    assert case["conv"]["status"] == case["gemm"]["status"] == "ok"
+    assert case["conv"]["kernel"].startswith("lospmm_conv") and case["conv"]["kernel"] != case["gemm"]["kernel"]
+    assert (folder / "0-conv.cubin").stat().st_size > 0 and (folder / "0-gemm.cubin").stat().st_size > 0
+    assert gpuplan.read_matrix(folder / "0-a.parquet").nnz == case["nnz"]

@@ -57,7 +57,7 @@ def main() -> None:
     print(f"**Loader**: {len(loader)} kernels on torch and CuPy arrays; largest error "
           f"{max(max(r['torch_max_rel_error'], r['cupy_max_rel_error']) for r in loader):.2e}; torch vs CuPy "
           f"largest difference {max(r['torch_vs_cupy_max_abs'] for r in loader):g}.\n")
-    print(f"**pytest -m gpu** (call i): `{(HERE / 'i' / 'pytest.txt').read_text().strip().splitlines()[-1]}`\n")
+    print(f"**pytest -m gpu** (call k): `{(HERE / 'k' / 'pytest.txt').read_text().strip().splitlines()[-1]}`\n")
 
     # baselines: each layer's fastest of every busy-wait call that timed it (the libraries vary
     # between calls; ours repeat within 3%), so the speedups below are the conservative ones
@@ -114,6 +114,14 @@ def main() -> None:
                       f"{a['proxy_loss']:.1%}", a["estimate_tile"], f"{a['estimate_loss']:.1%}", b["estimate_tile"],
                       f"{b['estimate_loss']:.1%}"] for a, b in zip(t4, t4c)]) + "\n")
 
+    print("## Implicit-im2col conv kernels (issue 13) on the device (call k)\n")
+    print("Each against a float64 reference convolution at batch 1 and 3 (X random, Y poisoned with NaN), then "
+          "timed at batch 4: the conv kernel, the GEMM kernel of the same A and tile on an already "
+          "materialised im2col matrix (im2col's own cost not counted), and cuDNN's dense FP32 convolution "
+          "(torch, TF32 off), median µs.\n")
+    print(table(["case", "Cout", "K", "nnz", "tile", "max rel. error", "conv µs", "GEMM µs", "cuDNN FP32 µs", "spill B"],
+                [[r["case"], r["m"], r["k"], r["nnz"], r["tile"], r["max_rel_error"], r["conv_us"], r["gemm_us"],
+                  r["cudnn_fp32_us"], r["conv_spill_bytes"]] for r in rows("k", "conv-s0.9")]) + "\n")
     print("## A/B of the choices made blind\n")
     print("Sample c (0.9) ran its variants on each model's smallest sampled layer, sample d (0.7) on the largest.\n")
     ab = [r | {"sample": c} for c, name in (("c", "launches-sample-0.9"), ("d", "launches-sample-0.7"))
