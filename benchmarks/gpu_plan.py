@@ -7,7 +7,7 @@
     python benchmarks/gpu_plan.py run OUT [--steps env pytest check loader speedup launches] [--budget-s 540]
     # anywhere, on a run's Parquet files: the tables again, and the estimate's calibration
     python benchmarks/gpu_plan.py report OUT
-    python benchmarks/gpu_plan.py calibrate --train OUT/launches-sample-0.9.parquet --held-out OTHER/launches-sample-0.7.parquet
+    python benchmarks/gpu_plan.py calibrate OUT/launches-*.parquet OUT/speedup.parquet [--train-sparsity 0.9]
 
 Steps (each writes OUT/<step>.parquet or .json and prints its table; the plan stops by itself at
 --budget-s, and a step cut short says how far it got):
@@ -113,7 +113,7 @@ def wheels(args) -> None:
 
 def prepare(args) -> None:
     bundle = ROOT / args.bundle
-    bundle.mkdir(exist_ok=True)
+    bundle.mkdir(parents=True, exist_ok=True)
     staging = Path(args.staging)
     for spec in args.emitted:
         model, sparsity, *rest = spec.split(":")
@@ -162,7 +162,8 @@ def run(args) -> None:
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=max(30, min(300, deadline.left())))
             text, rc = p.stdout + p.stderr, p.returncode
         except subprocess.TimeoutExpired as e:
-            text, rc = f"{e.stdout or ''}\nstopped after {e.timeout:.0f} s", 124
+            partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            text, rc = f"{partial}\nstopped after {e.timeout:.0f} s", 124
         (out / "pytest.txt").write_text(text)
         print(f"pytest -m gpu: exit {rc} in {time.perf_counter() - t0:.0f} s\n" + "\n".join(text.splitlines()[-15:]),
               flush=True)
@@ -236,40 +237,44 @@ def report(args) -> None:
 
 
 def calibrate(args) -> None:
-    """Fit the estimate to measured launches (--train), report before/after on them and on
-    --held-out ones, and print the values to ship in lospmm.stages.timing.CALIBRATIONS."""
+    """Fit the estimate to the measured launches at --train-sparsity, report before/after on them
+    and on the launches at every other sparsity (held out: other matrices, other kernels), and
+    print the values to ship in lospmm.stages.timing.CALIBRATIONS."""
     import pyarrow.parquet as pq
 
     from lospmm.stages.devices import device_named
-    from lospmm.stages.timing import (CALIBRATED_DEVICE, CALIBRATED_PARAMS, EstimateParams, calibrated_estimate)
+    from lospmm.stages.timing import CALIBRATED_DEVICE, CALIBRATED_PARAMS, EstimateParams, calibrated_estimate
 
     device, params = device_named(args.gpu), EstimateParams()
-    def launches(path):  # a launch list, or a speedup table's emitted kernels
+    sets: dict[str, list[dict]] = {}
+    for path in args.launches:  # launch lists, or speedup tables (their emitted kernels)
         rows = pq.read_table(path).to_pylist()
-        return gpuplan.speedup_launch_rows(rows) if Path(path).stem.startswith("speedup") else rows
-
-    sets = {f"train {Path(p).parent.name}/{Path(p).stem}": launches(p) for p in args.train}
-    sets |= {f"held-out {Path(p).parent.name}/{Path(p).stem}": launches(p) for p in args.held_out}
+        rows = gpuplan.speedup_launch_rows(rows) if Path(path).stem.startswith("speedup") else rows
+        for r in rows:
+            split = "train" if r["sparsity"] in args.train_sparsity else "held-out"
+            sets.setdefault(f"{split} {Path(path).parent.name}/{Path(path).stem} s{r['sparsity']:g}", []).append(r)
+    sets = dict(sorted(sets.items()))
     train = [r for name, rows in sets.items() if name.startswith("train") for r in rows
              if r["variant"] in ("", "outside-top-k") and np.isfinite(r["measured_us"])]
     t0 = time.perf_counter()
     fitted_device, fitted_params = calibrated_estimate([gpuplan.launch_work(r) for r in train],
                                                        [r["measured_us"] for r in train], device, params)
-    print(f"fitted on {len(train)} launches in {time.perf_counter() - t0:.1f} s")
+    print(f"fitted on {len(train)} launches at sparsity {', '.join(map(str, args.train_sparsity))} "
+          f"in {time.perf_counter() - t0:.1f} s")
     values = {f: round(float(getattr(fitted_params, f)), 4) for f in CALIBRATED_PARAMS}
     values |= {f: round(float(getattr(fitted_device, f)), 4) for f in CALIBRATED_DEVICE}
     print(f"calibrated values for {args.gpu}: {values}")
     rows = gpuplan.calibration_rows(sets, device, params, fitted_device, fitted_params)
-    _table("the estimate before and after calibration (Spearman: pooled and mean within a layer; "
-           "loss: the estimate's choice among the measured top-K against the best)", rows,
-           list(dict.fromkeys(k for r in rows for k in r)))
+    _table("the datasheet estimate (before) and the calibrated one (after): Spearman pooled and mean within a "
+           "layer, median |log(estimate/measured)|, and the loss of the estimate's choice among the measured "
+           "top-K against the best", rows, list(dict.fromkeys(k for r in rows for k in r)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="bundle emitted kernels and compile the sample (no GPU)")
-    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--artifacts", default="artifacts", help="the artifact root of a completed `lospmm run`")
     p.add_argument("--run", default=None, help="run id (prefix) to take emitted kernels from; default the latest")
     p.add_argument("--emitted", nargs="*", default=list(DEFAULT_EMITTED), help="MODEL:SPARSITY[:MIN_NNZ[:MAX_KERNELS]]")
     p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=True)
@@ -286,18 +291,20 @@ def main() -> None:
     p = sub.add_parser("run", help="the plan on a GPU machine")
     p.add_argument("out")
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
-    p.add_argument("--budget-s", type=float, default=540.0)
-    p.add_argument("--bundle", default=gpuplan.BUNDLE_DIR)
-    p.add_argument("--unpack", default="/tmp/lospmm-gpu")
-    p.add_argument("--check", nargs="*", default=list(DEFAULT_CHECK))
-    p.add_argument("--speedup", nargs="*", default=list(DEFAULT_SPEEDUP))
+    p.add_argument("--budget-s", type=float, default=540.0, help="the plan stops by itself after this long")
+    p.add_argument("--bundle", default=gpuplan.BUNDLE_DIR, help="folder of *.tar.xz bundles, relative to the checkout")
+    p.add_argument("--unpack", default="/tmp/lospmm-gpu", help="where the bundles are unpacked")
+    p.add_argument("--check", nargs="*", default=list(DEFAULT_CHECK),
+                   help="bundles (MODEL-sSPARSITY[-nnzMIN]) whose kernels the check and loader steps run")
+    p.add_argument("--speedup", nargs="*", default=list(DEFAULT_SPEEDUP), help="bundles the speedup step times")
     p.set_defaults(fn=run)
     p = sub.add_parser("report", help="the tables again from a run's Parquet files")
     p.add_argument("out")
     p.set_defaults(fn=report)
     p = sub.add_parser("calibrate", help="fit the estimate to measured launches (no GPU)")
-    p.add_argument("--train", nargs="+", required=True, help="launches-*.parquet files from `run`")
-    p.add_argument("--held-out", nargs="*", default=[])
+    p.add_argument("launches", nargs="+", help="launches-*.parquet and speedup.parquet files from `run`")
+    p.add_argument("--train-sparsity", type=float, nargs="+", default=[0.9],
+                   help="launches at these sparsities train the fit; all others are held out")
     p.add_argument("--gpu", default="h100", help="the device table entry the fit starts from")
     p.set_defaults(fn=calibrate)
     args = ap.parse_args()

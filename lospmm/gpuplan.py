@@ -374,6 +374,8 @@ def calibration_rows(sets: dict[str, list[dict]], device, params, calibrated_dev
             r["after_us"] = estimated_timing(w, calibrated_device, calibrated_params).time_us
         for role in ("proxy", "full"):
             mine = [r for r in rows if r["role"] == role]
+            if not mine:
+                continue
             m = np.array([r["measured_us"] for r in mine])
             row = {"set": name, "role": role, "launches": len(mine)}
             for when in ("before", "after"):
@@ -381,9 +383,10 @@ def calibration_rows(sets: dict[str, list[dict]], device, params, calibrated_dev
                 row |= {f"spearman_{when}": spearman(e, m), f"within_layer_{when}": within_layer_spearman(mine, f"{when}_us"),
                         f"median_log_error_{when}": float(np.median(np.abs(np.log(e / m))))}
             out.append(row)
-        for when in ("before", "after"):
-            t4 = table4_rows([r | {"estimate_us": r[f"{when}_us"]} for r in rows])
-            out[-1][f"estimate_choice_loss_{when}"] = float(np.nanmean([x["estimate_loss"] for x in t4]))
+        for when in ("before", "after"):  # only a launch list has candidates to choose among
+            losses = [x["estimate_loss"] for x in table4_rows([r | {"estimate_us": r[f"{when}_us"]} for r in rows])]
+            if out and out[-1]["set"] == name and np.isfinite(losses).any():
+                out[-1][f"estimate_choice_loss_{when}"] = float(np.nanmean(losses))
     return out
 
 

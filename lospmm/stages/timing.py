@@ -280,13 +280,13 @@ class Calibration:
 CALIBRATIONS: dict[str, Calibration] = {
     "h100": Calibration(
         "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-22",
-        "benchmarks/gpu_plan.py calibrate on 266 measured launches: 210 proxies and full kernels of 11 "
-        "layers at sparsity 0.9 (benchmarks/results/gpu-h100/c) and 56 emitted kernels (…/c, …/e); "
-        "held out: 194 launches of 9 layers at 0.7 (…/d) and 112 emitted kernels (…/d, …/f). "
-        "sass_bytes_per_instr ended at the fit's bound (20× the datasheet's 16)",
-        (("launch_us", 4.2048), ("addr_instr_per_load", 9.3833), ("block_overhead_instr", 120.8224),
-         ("sass_bytes_per_instr", 319.8133), ("issue_per_sm_cycle", 2.9733)),
-        (("dram_gbps", 2204.8153), ("l2_gbps", 23625.423), ("mem_latency_cycles", 225.0496)),
+        "benchmarks/gpu_plan.py calibrate on the 266 launches measured at sparsity 0.9 (210 proxies and "
+        "full kernels of 11 sampled layers, 56 emitted kernels; benchmarks/results/gpu-h100/c, d); every "
+        "launch at 0.7 and 0.95 held out (194 sampled, 112 emitted). sass_bytes_per_instr ended at the "
+        "fit's bound (20× the datasheet's 16)",
+        (("launch_us", 4.2916), ("addr_instr_per_load", 22.5319), ("block_overhead_instr", 213.2503),
+         ("sass_bytes_per_instr", 319.877), ("issue_per_sm_cycle", 5.9432)),
+        (("dram_gbps", 2248.7559), ("l2_gbps", 46470.1042), ("mem_latency_cycles", 189.1134)),
     ),
 }
 
