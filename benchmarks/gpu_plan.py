@@ -217,9 +217,10 @@ def report_launches(rows: list[dict]) -> None:
     _table("Table 4, measured: the proxy-chosen tile's full kernel vs the best full kernel of the top-K", t4,
            ["model", "layer", "m", "k", "n", "candidates", "best_tile", "best_us", "proxy_tile", "proxy_loss",
             "estimate_tile", "estimate_loss", "spearman_proxy_full"])
+    print("(estimate_*: the datasheet estimate the sample was prepared with; `calibrate` scores a calibrated one)")
     for role in ("proxy", "full"):
         mine = [r for r in done if r["role"] == role and r["variant"] == ""]
-        print(f"Spearman estimate vs measured, {role}: {gpuplan.spearman([r['estimate_us'] for r in mine], [r['measured_us'] for r in mine]):.3f} "
+        print(f"Spearman datasheet estimate vs measured, {role}: {gpuplan.spearman([r['estimate_us'] for r in mine], [r['measured_us'] for r in mine]):.3f} "
               f"over {len(mine)} launches", flush=True)
     ab = gpuplan.ab_rows(rows)
     _table("A/B (a_over_b < 1: a is faster)", ab, ["model", "layer", "tile", "a_b", "a_us", "b_us", "a_over_b",

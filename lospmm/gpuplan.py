@@ -618,28 +618,39 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
                                       facts["grid"]["x"], r["m"], r["k"], r["n"], facts["n1"], opts)
         row = {"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "n": r["n"], "nnz": r["nnz"],
                "sparsity": r["sparsity"], "tile": f"{r['m1']}×{r['n1']}", "ours_us": ours.time_us,
-               "ours_status": str(ours.status), "ours_message": ours.message, "estimate_us": r["full_time_us"]}
+               "ours_status": str(ours.status), "ours_message": ours.message,
+               # the flow's own figure for this kernel, from whichever timer the run used
+               "estimate_us": r["full_time_us"], "flow_timer": r.get("timer", "")}
         row |= emitted_work(facts, a)  # so that the estimate can be refitted to these measurements too
         dense = torch.from_numpy(a.toarray()).cuda()
         b = torch.randn(r["k"], r["n"], device="cuda")
+        problems = []
+
+        def baseline(name, make_fn):  # one failing library is a NaN and a message, not a lost table
+            try:
+                row[f"{name}_us"] = torch_timed(make_fn(), opts)
+            except Exception as e:
+                row[f"{name}_us"] = float("nan")
+                problems.append(f"{name}: {type(e).__name__}: {e}"[:200])
+
         for name, tf32, dtype in (("cublas_fp32", False, torch.float32), ("cublas_tf32", True, torch.float32),
                                   ("cublas_fp16", False, torch.float16)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             da, db = dense.to(dtype), b.to(dtype)
-            row[f"{name}_us"] = torch_timed(lambda: torch.matmul(da, db), opts)
+            baseline(name, lambda: (lambda: torch.matmul(da, db)))
         torch.backends.cuda.matmul.allow_tf32 = False
-        csr = dense.to_sparse_csr()
-        row["torch_csr_us"] = torch_timed(lambda: csr @ b, opts)
-        try:
+        baseline("torch_csr", lambda: (lambda csr=dense.to_sparse_csr(): csr @ b))
+
+        def cusparse():
             import cupy
             import cupyx.scipy.sparse as cps
 
-            ca = cps.csr_matrix(a.astype(np.float32))
-            cb = cupy.asarray(b.cpu().numpy())
+            ca, cb = cps.csr_matrix(a.astype(np.float32)), cupy.asarray(b.cpu().numpy())
             cupy.cuda.Device().synchronize()
-            row["cusparse_csr_us"] = torch_timed(lambda: ca @ cb, opts)  # both on the legacy default stream
-        except ImportError:
-            row["cusparse_csr_us"] = float("nan")
+            return lambda: ca @ cb  # CuPy and torch both on the legacy default stream
+
+        baseline("cusparse_csr", cusparse)
+        row["baseline_problems"] = "; ".join(problems)
         out.append(row)
     return out
 
@@ -661,16 +672,17 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
             r["measure_status"] = "stopped at the time budget"
         else:
             cubin = (folder / f"{r['id']}.cubin").read_bytes()
-            arrays = np.load(folder / f"{r['id']}.npz")
             if r["role"] == "proxy":
-                t = time_proxy_cubin(cubin, r["kernel"], r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
-                                     arrays["tile_rows"], r["smem_bytes"], opts)
+                with np.load(folder / f"{r['id']}.npz") as arrays:
+                    cluster_of, tile_rows = arrays["cluster_of"], arrays["tile_rows"]
+                t = time_proxy_cubin(cubin, r["kernel"], r["m"], r["k"], r["n"], r["n1"], cluster_of, tile_rows,
+                                     r["smem_bytes"], opts)
             else:
                 t = time_full_kernel_cubin(cubin, r["kernel"], r["grid_x"], r["m"], r["k"], r["n"], r["n1"], opts)
             r |= {"measured_us": t.time_us, "measure_status": str(t.status), "measure_message": t.message}
         # the estimate's work travels with the measurement, so a fit needs nothing but this table
-        arrays = np.load(folder / f"{r['id']}.npz")
-        r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
+        with np.load(folder / f"{r['id']}.npz") as arrays:
+            r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
         out.append(r)
     return out
 
@@ -716,6 +728,8 @@ def conv_bundle(out: Path, sparsity: float = 0.9, m1: int = 2, n1: int = 256, ar
         for kind, src in (("conv", conv_kernel_source(a, tiles, n1, g, Epilogue(b, relu))),
                           ("gemm", full_kernel_source(a, tiles, n1))):
             c = compiled_kernel(src, kernel_options(arch, m1))
+            if c.status != "ok":
+                raise RuntimeError(f"conv case {label!r}: the {kind} kernel did not compile: {c.log[-300:]}")
             (dest / f"{i}-{kind}.cubin").write_bytes(c.cubin)
             case[kind] = {"kernel": src.name, "grid_x": src.grid_x, "status": str(c.status), "registers": c.registers,
                           "spill_bytes": c.thread_spill_bytes, "compile_seconds": c.seconds}

@@ -34,18 +34,25 @@ def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
 
 
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
-    """Prefect runs tasks in worker threads, and a CUDA context is current per thread."""
+    """Prefect runs tasks in worker threads, and a CUDA context is current per thread: a kernel
+    loaded here must launch from a thread that has never touched CUDA."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lospmm.runtime import LoadedKernel, check_full_kernel, time_full_kernel_cubin
+    from cuda.bindings import driver
+
+    from lospmm.runtime import DeviceBuffer, LoadedKernel, _ck, time_full_kernel_cubin
 
     a, facts, d = _kernel(tmp_path)
     cubin = (d / "kernel.cubin").read_bytes()
-    LoadedKernel(cubin, facts["kernel"]).close()  # this thread made the context current first
+    kernel = LoadedKernel(cubin, facts["kernel"])
+    b = np.random.default_rng(5).standard_normal((64, 50)).astype(np.float32)
+    bb, cb = DeviceBuffer.of(b), DeviceBuffer.of(np.full((96, 50), np.nan, np.float32))
     with ThreadPoolExecutor(1) as pool:
-        err = pool.submit(check_full_kernel, cubin, facts["kernel"], facts["grid"]["x"], 64, a, 50).result()
+        pool.submit(kernel.launch, (facts["grid"]["x"], 1, 1), 64, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", 50)]).result()
         t = pool.submit(time_full_kernel_cubin, cubin, facts["kernel"], facts["grid"]["x"], 96, 64, 1000, 64).result()
-    assert err < 1e-5
+    _ck(driver.cuCtxSynchronize(), "sync")
+    c = cb.to_host(np.float32, 96 * 50).reshape(96, 50)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
     assert t.status == "ok" and 0 < t.time_us < 1e4, t.message
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import scipy.sparse as sp
 
 from lospmm import gpuplan
 from lospmm.flows.runs import write_run_record
@@ -132,3 +133,24 @@ def test_the_conv_bundle_compiles_each_case_as_conv_and_as_gemm_kernel(tmp_path,
     assert case["conv"]["kernel"].startswith("lospmm_conv") and case["conv"]["kernel"] != case["gemm"]["kernel"]
     assert (folder / "0-conv.cubin").stat().st_size > 0 and (folder / "0-gemm.cubin").stat().st_size > 0
     assert gpuplan.read_matrix(folder / "0-a.parquet").nnz == case["nnz"]
+
+
+def test_an_emitted_kernels_work_is_recovered_from_its_kernel_json_as_the_estimate_sees_it():
+    from lospmm.stages.reorder import reordered_tiles
+    from lospmm.stages.timing import full_kernel_work
+
+    a = random_pruned(50, 40, 0.8, np.random.default_rng(2))
+    a = a.tolil()
+    a[7] = 0  # an empty row: a zeroing block
+    a = sp.csr_matrix(a)
+    a.eliminate_zeros()
+    tiles = reordered_tiles(a, 4)
+    facts = {"row_order": tiles.rows.tolist(), "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist(),
+             "m1": 4, "n1": 64, "compile": {"registers": 30, "thread_spill_bytes": 8}}
+    row = {"m": 50, "k": 40, "n": 300} | gpuplan.emitted_work(facts, a)
+    got, want = gpuplan.launch_work(row), full_kernel_work(tiles, 50, 40, 300, 64, 30, 8)
+    assert got.zero_blocks == want.zero_blocks == 1
+    assert got.tile_loads.tolist() == want.tile_loads.tolist() and got.tile_fmas.tolist() == want.tile_fmas.tolist()
+    assert (got.registers, got.spill_bytes, got.m1, got.n1) == (30, 8, 4, 64)
+    measured = gpuplan.speedup_launch_rows([row | {"ours_us": 12.0}, row | {"ours_us": float("inf")}])
+    assert len(measured) == 1 and measured[0]["measured_us"] == 12.0 and measured[0]["role"] == "full"
