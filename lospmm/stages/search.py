@@ -6,6 +6,8 @@ artifact after each; the benchmarks call `layer_search`, `train-ranker` its reor
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -54,6 +56,7 @@ class LayerSearch:
     ranked: list[RankedCandidate]  # the kept ones, scored (rank)
     clusters: dict[int, ProxyClusters]  # per M1 of a chosen candidate (cluster)
     launches: dict[tuple[int, int], ProxyLaunch]  # per chosen (M1, N1) (pad)
+    seconds: dict[str, float] = field(default_factory=dict, compare=False)  # wall seconds per stage (reorder … pad)
 
     @property
     def kept(self) -> list[Candidate]:
@@ -81,18 +84,30 @@ def chosen_by_m1(chosen: list) -> dict[int, list]:
 def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device, booster=None,
                  params: SearchParams = SearchParams()) -> LayerSearch:
     """Stages 3–7 for one pruned layer (`booster`: the ranker; None only with rank.use_rank=False)."""
+    seconds, clock = {}, time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage], clock = now - clock, now
+
     tiles = layer_tiles(matrix, params.m1s, params.reorder)
+    lap("reorder")
     candidates = layer_candidates(n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, params.constrain,
                                   empty=matrix.nnz == 0)
     kept = [c for c in candidates if c.kept]
+    lap("constrain")
     scores, ranks, chosen = chosen_candidates([feature_row(c, sparsity, matrix.shape[1]) for c in kept], booster,
                                               params.rank)
     ranked = [RankedCandidate(c, float(s), int(r), bool(ch)) for c, s, r, ch in zip(kept, scores, ranks, chosen)]
     picked = [r.candidate for r in ranked if r.chosen]
+    lap("rank")
     clusters = {m1: proxy_clusters(matrix, tiles[m1], sparsity, proxy_active_blocks(group, device), params.cluster)
                 for m1, group in chosen_by_m1(picked).items()}
+    lap("cluster")
     launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device) for c in picked}
-    return LayerSearch(tiles, candidates, ranked, clusters, launches)
+    lap("pad")
+    return LayerSearch(tiles, candidates, ranked, clusters, launches, seconds)
 
 
 def proxy_sources(search: LayerSearch, m: int, k: int) -> dict[int, KernelSource]:

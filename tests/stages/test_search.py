@@ -65,3 +65,12 @@ def test_choice_is_the_fastest_proxy_that_timed():
          (2, 32): Timing("estimate", 1.0, Status.ERROR)}
     assert choice(t) == (4, 64)
     assert choice({(2, 32): Timing("estimate", float("inf"), Status.ERROR)}) is None
+
+
+def test_a_search_reports_seconds_per_stage(layer):
+    booster, _ = load_ranker()
+    params = SearchParams(m1s=(2, 8), rank=RankParams(top_k=5))
+    first, second = (layer_search(layer, 4096, 0.9, H100, booster, params) for _ in range(2))
+    assert list(first.seconds) == ["reorder", "constrain", "rank", "cluster", "pad"]
+    assert all(s >= 0 for s in first.seconds.values()) and sum(first.seconds.values()) > 0
+    assert [(c.m1, c.n1) for c in first.chosen] == [(c.m1, c.n1) for c in second.chosen]
