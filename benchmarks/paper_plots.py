@@ -9,7 +9,6 @@ per model and sparsity (layers, outcomes, seconds by stage). PNGs land in <artif
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -22,11 +21,13 @@ CONSTRAINTS = ("register", "utilisation", "load_balance")  # constrain's order (
 
 
 def run_record(root: Path, run_id: str | None) -> dict:
-    records = sorted((root / "runs").glob("*.json"))
-    if not records:
-        raise SystemExit(f"{root}: no run records")
-    path = root / "runs" / f"{run_id}.json" if run_id else records[-1]
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The named run (an id or a unique prefix) or the latest, as `lospmm inspect` finds it."""
+    from lospmm.flows.runs import run_record as record_of
+
+    try:
+        return record_of(root, run_id)
+    except LookupError as e:
+        raise SystemExit(f"{root}: {e}") from None
 
 
 def artifacts_of(root: Path, record: dict, stage: str) -> list[Path]:
@@ -82,10 +83,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     ap.add_argument("--run", default=None)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: ARTIFACTS/plots)")
     args = ap.parse_args()
     root, record = args.artifacts, run_record(args.artifacts, args.run)
-    out = root / "plots"
-    out.mkdir(exist_ok=True)
+    out = args.out or root / "plots"
+    out.mkdir(parents=True, exist_ok=True)
 
     steps = funnel(root, record)
     labels = ["all (M1, N1)", "after register", "after utilisation", "after load balance", "ranker top-k", "emitted"]
