@@ -70,6 +70,11 @@ def main() -> None:
             continue
         a, tiles = matrices(ctx, entries["prune"]), tiles_by_layer(ctx, entries["reorder"])
         timed = defaultdict(list)
+        made_by = {r["timer"] for r in ctx.read(entries["time"]).to_pylist()}
+        if not timer.measures and made_by - {timer.name}:
+            # comparing one model's proxy times with another model's full-kernel times means nothing
+            raise SystemExit(f"run {record['run_id']} timed {model}'s proxies with {', '.join(sorted(made_by))}; this "
+                             f"script's estimate is {timer.name}: re-run the run's time stage first")
         for r in ctx.read(entries["time"]).to_pylist():
             if r["status"] == "ok" and np.isfinite(r["time_us"]):
                 timed[r["layer"]].append(r)

@@ -83,7 +83,7 @@ def test_train_ranker_writes_a_usable_model(tmp_path):
     result = runner.invoke(app, ["train-ranker", "--samples", "30", "--out", str(out), "--timer", "estimate"])
     assert result.exit_code == 0, result.output
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert meta["timer"] == "estimate" and meta["device"] == "h100" and meta["synthetic_kernels"] == 30
+    assert meta["timer"].startswith("estimate") and meta["device"] == "h100" and meta["synthetic_kernels"] == 30
     assert 0 <= meta["heldout_ndcg_at_10"] <= 1 and meta["samples"] > 30
     booster, back = load_ranker(out)
     assert back["version"] == meta["version"]

@@ -82,7 +82,7 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
             "n1", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
-                                      f"timer named in each row; 'estimate' rows are model estimates)")
+                                      f"timer named in each row; 'estimate…' rows are model estimates)")
     return str(path.relative_to(root)), rows
 
 

@@ -1,6 +1,7 @@
 """Stage 9, time: the `estimate` timer, an analytic model of one launch (no GPU needed).
 
-Its figures are ESTIMATES and every row that carries one says `timer = "estimate"`. The `cuda`
+Its figures are ESTIMATES and every row that carries one says `timer = "estimate"` (or
+"estimate:<calibration>" when a device's calibration is used). The `cuda`
 timer (measured, on a GPU) lives in `lospmm.runtime`; both fill the same `Timing`.
 
 The model, per launch of a full kernel or proxy with tile (M1, N1) over N columns:
@@ -271,6 +272,7 @@ class Calibration:
     from the datasheet (sass_bytes_per_instr near 320: fetching straight-line code costs far more
     than its bytes over L2 bandwidth, most in M1 = 1 kernels, whose code is largest)."""
 
+    label: str  # in the timer's name ("estimate:<label>"), so every row it times says which model
     measured_on: str
     how: str
     params: tuple[tuple[str, float], ...]  # CALIBRATED_PARAMS
@@ -279,6 +281,7 @@ class Calibration:
 
 CALIBRATIONS: dict[str, Calibration] = {
     "h100": Calibration(
+        "h100-2026-11-22",
         "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-22",
         "benchmarks/gpu_plan.py calibrate on the 266 launches measured at sparsity 0.9 (210 proxies and "
         "full kernels of 11 sampled layers, 56 emitted kernels; benchmarks/results/gpu-h100/c, d); every "
@@ -293,10 +296,12 @@ CALIBRATIONS: dict[str, Calibration] = {
 
 def estimate_timer(device: Device, calibrated: bool = True) -> EstimateTimer:
     """The `estimate` timer for `device`: with the device's calibration when it has one (see
-    CALIBRATIONS), the datasheet model otherwise or when `calibrated` is False."""
+    CALIBRATIONS; then named "estimate:<label>"), the datasheet model ("estimate") otherwise or
+    when `calibrated` is False."""
     from dataclasses import replace
 
     calibration = CALIBRATIONS.get(device.name) if calibrated else None
     if calibration is None:
         return EstimateTimer(device)
-    return EstimateTimer(replace(device, **dict(calibration.device)), replace(EstimateParams(), **dict(calibration.params)))
+    return EstimateTimer(replace(device, **dict(calibration.device)), replace(EstimateParams(), **dict(calibration.params)),
+                         name=f"estimate:{calibration.label}")

@@ -161,7 +161,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
         assert (root / r["cubin_path"]).read_bytes()[:4] == b"\x7fELF"
     timed = pq.read_table(paths["time"]).to_pylist()
     assert {(r["layer"], r["m1"], r["n1"]) for r in timed} == chosen
-    assert all(r["timer"] == "estimate" and r["status"] == "ok" and r["time_us"] > 0 for r in timed)
+    assert all(r["timer"].startswith("estimate") and r["status"] == "ok" and r["time_us"] > 0 for r in timed)
     emitted = pq.read_table(paths["emit"]).to_pylist()
     assert {r["layer"] for r in emitted} == {lay for lay, _, _ in chosen}
     for r in emitted:
@@ -170,7 +170,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
         d = root / r["kernel_dir"]
         facts = json.loads((d / "kernel.json").read_text())
-        assert facts["timer"] == "estimate" and facts["m1"] == r["m1"] and facts["chosen_by"]
+        assert facts["timer"].startswith("estimate") and facts["m1"] == r["m1"] and facts["chosen_by"]
         assert (d / "kernel.cubin").read_bytes()[:4] == b"\x7fELF" and (d / "kernel.cu").exists()
     # the flow decides as one layer's search does (train-ranker and the benchmarks call that)
     from lospmm.flows.ranker_store import load_ranker

@@ -117,6 +117,7 @@ def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
     assert calibrated.params.launch_us == dict(CALIBRATIONS["h100"].params)["launch_us"]
     assert calibrated.device.l2_gbps == dict(CALIBRATIONS["h100"].device)["l2_gbps"]
     assert calibrated.device.sms == H100.sms and calibrated.device.arch == H100.arch  # only throughput facts change
+    assert calibrated.name == "estimate:h100-2026-11-22"  # every row it times names the calibration
     assert estimate_timer(H100, calibrated=False) == EstimateTimer(H100)
     a100 = device_named("a100")
     assert "a100" not in CALIBRATIONS and estimate_timer(a100) == EstimateTimer(a100)
