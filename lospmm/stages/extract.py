@@ -125,13 +125,19 @@ _EMBEDDING = re.compile(r"(^|[._])(embeddings?|embed_tokens|word_embeddings|posi
                         r"token_type_embeddings|wte|wpe|shared|embed_positions)([._]|$)", re.IGNORECASE)
 # output heads whose rows are the vocabulary: a GEMM, even when tied to the embedding table
 _HEAD = re.compile(r"(^|[._])(lm_head|decoder|classifier|cls|head|output|logits)([._]|$)", re.IGNORECASE)
+# modules that are linear layers by their name (BERT, GPT-2, LLaMA, T5, timm): their weight is a
+# GEMM whatever its shape, even [intermediate, hidden] with intermediate = max_position_embeddings
+_LINEAR = re.compile(r"(^|[._])(dense|query|key|value|[qkvo]_?proj|out_proj|proj|fc\d*|linear\d*|mlp|ffn|"
+                     r"intermediate|gate_proj|up_proj|down_proj|c_attn|c_fc|c_proj|wi|wo|pooler)([._]|$)",
+                     re.IGNORECASE)
 _NORM = re.compile(r"(^|[._])(layer_?norm|ln_?\w*|norm\w*|rms_?norm|bn\d*|batch_?norm)([._]|$)", re.IGNORECASE)
 
 
 def excluded_reason(tensor: TensorInfo, config: ModelConfig = ModelConfig()) -> str | None:
     """Why a checkpoint tensor is not a GEMM weight to search, or None when it is one: a 2-D
     floating-point tensor that is not a lookup table (by its name, or by rows equal to the config's
-    vocabulary, position or token-type count with hidden-size columns, unless named as a head)."""
+    vocabulary, position or token-type count with hidden-size columns, unless named as a head or a
+    linear layer)."""
     name, shape = tensor.name, tensor.shape
     if tensor.dtype not in FLOAT_DTYPES:
         return f"integer or other non-float buffer ({tensor.dtype})"
@@ -153,7 +159,7 @@ def excluded_reason(tensor: TensorInfo, config: ModelConfig = ModelConfig()) -> 
               "type_vocab_size": config.type_vocab_size}
     for what, count in tables.items():
         if count and rows == count and (not config.hidden_size or cols == config.hidden_size) \
-                and not _HEAD.search(name):
+                and not _HEAD.search(name) and not _LINEAR.search(name):
             return f"embedding/lookup table ({rows} rows = config's {what})"
     return None
 

@@ -109,3 +109,14 @@ def test_a_checkpoint_keeps_only_gemm_weights_and_names_why_each_other_tensor_is
     assert skipped.status == "skipped" and "excluded, integer" in skipped.message
     # without a config the table named like a plain weight is a GEMM: only names and dtypes tell
     assert excluded_reason(TensorInfo("vocab_table", (30522, 384), "F32")) is None
+
+
+def test_a_linear_layer_whose_rows_equal_a_table_size_is_still_a_gemm():
+    """Seen on a real BERT-tiny checkpoint: intermediate_size = max_position_embeddings = 512, so the
+    FFN-up weight [512, hidden] has a position table's shape; its name says it is a linear layer."""
+    from lospmm.stages.extract import ModelConfig, excluded_reason
+
+    config = ModelConfig(vocab_size=8000, max_position_embeddings=512, type_vocab_size=2, hidden_size=128)
+    assert excluded_reason(TensorInfo("encoder.layer.0.intermediate.dense.weight", (512, 128), "F32"), config) is None
+    assert excluded_reason(TensorInfo("model.layers.0.mlp.up_proj.weight", (512, 128), "F32"), config) is None
+    assert excluded_reason(TensorInfo("pos_table", (512, 128), "F32"), config).startswith("embedding/lookup table")
