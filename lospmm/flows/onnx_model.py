@@ -71,13 +71,25 @@ def _analysed_version(path: str, mtime_ns: int, size: int):
 
 def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight]:
     inits = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    # torch's exporter passes shared initializers through Identity nodes: see through them
+    alias: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input and (node.input[0] in inits or node.input[0] in alias):
+            alias[node.output[0]] = alias.get(node.input[0], node.input[0])
+
+    def initializer(value: str) -> str:
+        return alias.get(value, value)
+
     used: dict[str, GraphWeight] = {}
     why_not: dict[str, str] = {}
     for node in model.graph.node:
         attrs = {a.name: _attribute(a) for a in node.attribute}
         where = f"{node.op_type} {node.name or node.output[0]}"
-        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and node.input[1] in inits:
-            name, dims = node.input[1], inits[node.input[1]]
+        if node.op_type == "Identity" and node.input and initializer(node.input[0]) in inits:
+            continue  # judged by the node that consumes its output
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and initializer(node.input[1]) in inits:
+            name = initializer(node.input[1])
+            dims = inits[name]
             if len(dims) != 2 or (node.op_type == "Gemm" and attrs.get("transA", 0)):
                 why_not.setdefault(name, f"{where}: a {len(dims)}-D or transposed-input weight")
                 continue
@@ -87,9 +99,10 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
             n = int(np.prod(x[:-1])) if x and all(d > 0 for d in x[:-1]) else 0
             used[name] = GraphWeight(name, "linear", rows, cols, n)
             if node.op_type == "Gemm" and len(node.input) > 2:
-                why_not.setdefault(node.input[2], f"bias of {where}")
-        elif node.op_type == "Conv" and len(node.input) >= 2 and node.input[1] in inits:
-            name, dims = node.input[1], inits[node.input[1]]
+                why_not.setdefault(initializer(node.input[2]), f"bias of {where}")
+        elif node.op_type == "Conv" and len(node.input) >= 2 and initializer(node.input[1]) in inits:
+            name = initializer(node.input[1])
+            dims = inits[name]
             x = shapes.get(node.input[0])
             if len(dims) != 4 or not x or len(x) != 4 or x[2] <= 0 or x[3] <= 0:
                 why_not.setdefault(name, f"{where}: not a 2-D convolution with a static input size in the graph")
@@ -114,9 +127,10 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
             used[name] = GraphWeight(name, "conv", cout, cin_per_group * kh * kw, 0, conv=geometry,
                                      batch=x[0] if x[0] > 0 else 0)
             if len(node.input) > 2:
-                why_not.setdefault(node.input[2], f"bias of {where}")
+                why_not.setdefault(initializer(node.input[2]), f"bias of {where}")
         else:
-            for i, name in enumerate(node.input):
+            for i, value in enumerate(node.input):
+                name = initializer(value)
                 if name in inits:
                     kind = "embedding/lookup table" if node.op_type == "Gather" and i == 0 else "input"
                     why_not.setdefault(name, f"{kind} of {where}")

@@ -116,3 +116,18 @@ def test_global_pruning_over_a_model_keeps_the_requested_share_of_all_its_weight
     assert sum(r["nnz"] for r in pruned) == round(0.25 * total)
     shares = {r["layer"]: r["sparsity_achieved"] for r in pruned}
     assert len(set(shares.values())) > 1  # one threshold, so each layer keeps its own share
+
+
+def test_a_weight_passed_through_identity_nodes_is_still_the_convs_weight(tmp_path):
+    """torch's exporter routes shared initializers through Identity (11 of MobileNetV2's convs)."""
+    nodes = [helper.make_node("Identity", ["pw.w"], ["pw.w.alias"]),
+             helper.make_node("Identity", ["pw.w.alias"], ["pw.w.alias2"]),
+             helper.make_node("Conv", ["x", "pw.w.alias2"], ["y"], name="pw")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(WEIGHTS["pw.w"], "pw.w")])
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    (w,) = graph_weights(path)
+    assert (w.name, w.op, w.rows, w.cols) == ("pw.w", "conv", 16, 8) and w.conv["h_out"] == 5
+    assert np.array_equal(graph_weight_matrix(path, "pw.w"), WEIGHTS["pw.w"].reshape(16, 8))
