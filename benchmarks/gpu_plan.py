@@ -115,6 +115,12 @@ def prepare(args) -> None:
     bundle = ROOT / args.bundle
     bundle.mkdir(parents=True, exist_ok=True)
     staging = Path(args.staging)
+    # every requested bundle's run first: a missing one costs nothing already bundled
+    missing = [spec for spec in args.emitted
+               if gpuplan.emitted_run(Path(args.artifacts), spec.split(":")[0], float(spec.split(":")[1]), args.run) is None]
+    if missing:
+        print(f"no completed run under {args.artifacts} emitted {', '.join(missing)}", file=sys.stderr)
+        raise SystemExit(1)
     for spec in args.emitted:
         model, sparsity, *rest = spec.split(":")
         limits = [int(x) for x in rest] + [0, 0]
@@ -299,7 +305,7 @@ def main() -> None:
                    help="bundles (MODEL-sSPARSITY[-nnzMIN]) whose kernels the check and loader steps run")
     p.add_argument("--speedup", nargs="*", default=list(DEFAULT_SPEEDUP), help="bundles the speedup step times")
     p.set_defaults(fn=run)
-    p = sub.add_parser("report", help="the tables again from a run's Parquet files")
+    p = sub.add_parser("report", help="the speedup, Table 4 and A/B tables again from a run's Parquet files")
     p.add_argument("out")
     p.set_defaults(fn=report)
     p = sub.add_parser("calibrate", help="fit the estimate to measured launches (no GPU)")

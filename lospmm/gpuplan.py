@@ -96,15 +96,10 @@ def read_matrix(path: Path) -> sp.csr_matrix:
                           np.asarray(r["indptr"], np.int64)), shape=(r["rows"], r["cols"]))
 
 
-def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_id: str | None = None,
-                   min_nnz: int = 0, max_kernels: int = 0) -> Path | None:
-    """The emitted kernels of (model, sparsity) with at least `min_nnz` nonzeros, from the latest
-    completed run that has them (or `run_id`), each checked against its manifest, copied with its
-    pruned A, into `out/<name>/` (the first `max_kernels` of them when set). Returns the folder, or None when no run emitted them."""
-    import pyarrow.parquet as pq
-
+def emitted_run(artifacts: Path, model: str, sparsity: float, run_id: str | None = None):
+    """(run record, {stage: artifact path}) of the latest completed run (or `run_id`) that emitted
+    (model, sparsity), or None."""
     from lospmm.flows.runs import run_records
-    from lospmm.flows.store import manifest_problem
 
     records = [r for r in run_records(artifacts) if r.get("status") == "completed"
                and (run_id is None or r["run_id"].startswith(run_id))]
@@ -112,9 +107,23 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
         paths = {e["stage"]: e["path"] for e in record["entries"]
                  if e.get("model") == model and e.get("sparsity") == sparsity}
         if "emit" in paths and "prune" in paths:
-            break
-    else:
+            return record, paths
+    return None
+
+
+def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_id: str | None = None,
+                   min_nnz: int = 0, max_kernels: int = 0) -> Path | None:
+    """The emitted kernels of (model, sparsity) with at least `min_nnz` nonzeros, from the latest
+    completed run that has them (or `run_id`), each checked against its manifest, copied with its
+    pruned A, into `out/<name>/` (the first `max_kernels` of them when set). Returns the folder, or None when no run emitted them."""
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.store import manifest_problem
+
+    found = emitted_run(artifacts, model, sparsity, run_id)
+    if found is None:
         return None
+    record, paths = found
     name = f"{model}-s{sparsity:g}" + (f"-nnz{min_nnz}" if min_nnz else "")
     dest = out / name
     shutil.rmtree(dest, ignore_errors=True)
