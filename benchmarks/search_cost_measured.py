@@ -35,6 +35,8 @@ MODELS = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
 SPARSITIES = (0.5, 0.7, 0.8, 0.9, 0.95)
 STAGES = ("reorder", "constrain", "rank", "cluster", "pad")
 
+from lospmm.gpuplan import geomean  # noqa: E402
+
 
 def sample() -> list[tuple[str, str, float]]:
     """(model, layer, sparsity): per model and sparsity, the smallest and the lower-quartile distinct shape."""
@@ -137,11 +139,6 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
             "nnz": int(a.nnz), "limit_s": limit, "compile_all_s": total, "compile_all_done": done,
             "compile_all_kept": len(search_all.kept), "compile_all_finished": done == len(search_all.kept),
             **{f"lo_{k}": v for k, v in lo.items()}, **{f"rank_{k}": v for k, v in rank.items()}}
-
-
-def geomean(values) -> float:
-    v = np.asarray([x for x in values if np.isfinite(x) and x > 0], np.float64)
-    return float(np.exp(np.log(v).mean())) if len(v) else float("nan")
 
 
 def projected_compile_all(r: dict) -> float:

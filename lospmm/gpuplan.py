@@ -15,7 +15,6 @@ Nothing here runs at import; only the `run_*` functions need a device.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import shutil
@@ -72,10 +71,6 @@ def unpacked(bundle_dir: Path, into: Path) -> list[Path]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def write_matrix(path: Path, a: sp.csr_matrix) -> None:
     """A CSR matrix as one Parquet row (shape, indptr, indices, data): the project's format, read
     the same by any pyarrow. (An npz that numpy 2.5.2 wrote on the GPU machine could not be read
@@ -116,9 +111,9 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
     """The emitted kernels of (model, sparsity) with at least `min_nnz` nonzeros, from the latest
     completed run that has them (or `run_id`), each checked against its manifest, copied with its
     pruned A, into `out/<name>/` (the first `max_kernels` of them when set). Returns the folder, or None when no run emitted them."""
-    import pyarrow.parquet as pq
-
-    from lospmm.flows.store import manifest_problem
+    from lospmm.flows.store import manifest_problem, write_manifest
+    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.tasks.prune import matrices
 
     found = emitted_run(artifacts, model, sparsity, run_id)
     if found is None:
@@ -128,27 +123,25 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
     dest = out / name
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    pruned = {(r["layer"]): r for r in pq.read_table(artifacts / paths["prune"]).to_pylist()}
+    ctx = RunContext(str(artifacts))  # reads each artifact only if it matches its checksum
+    pruned = matrices(ctx, {"path": paths["prune"]})
     rows = []
-    for i, r in enumerate(pq.read_table(artifacts / paths["emit"]).to_pylist()):
+    for i, r in enumerate(ctx.read({"path": paths["emit"]}).to_pylist()):
         if r["status"] not in ("ok", "fallback") or not r["kernel_dir"]:
             continue
-        if len(pruned[r["layer"]]["data"]) < min_nnz or (max_kernels and len(rows) >= max_kernels):
+        a = pruned[r["layer"]]
+        if a.nnz < min_nnz or (max_kernels and len(rows) >= max_kernels):
             continue
         src = artifacts / r["kernel_dir"]
         problem = manifest_problem(src, required=("kernel.cubin", "kernel.json"))
         if problem:
             raise ValueError(f"{model} {r['layer']}: {problem}")
-        p = pruned[r["layer"]]
-        a = sp.csr_matrix((np.asarray(p["data"], np.float32), np.asarray(p["indices"], np.int32),
-                           np.asarray(p["indptr"], np.int32)), shape=(r["m"], r["k"]))
         d = dest / f"{i:03d}"
         d.mkdir()
         for f in ("kernel.json", "kernel.cubin"):
             shutil.copyfile(src / f, d / f)
         write_matrix(d / "a.parquet", a)
-        # the copy's own manifest, over the files it holds (the loader trusts nothing unlisted)
-        (d / "SHA256SUMS").write_text("".join(f"{_sha256(d / f)}  {f}\n" for f in ("kernel.cubin", "kernel.json")))
+        write_manifest(d, ("kernel.cubin", "kernel.json"))  # the copy's own: the loader trusts nothing unlisted
         rows.append({k: r[k] for k in ("model", "layer", "op", "m", "n", "k", "sparsity", "status", "m1", "n1",
                                        "kernel", "timer", "full_time_us", "registers", "spill_bytes")}
                     | {"dir": d.name, "nnz": int(a.nnz), "run_id": record["run_id"]})
@@ -675,6 +668,8 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
     out = []
     for r in pq.read_table(folder / "launches.parquet").to_pylist():
         r = r | {"measured_us": float("inf"), "measure_status": "not run", "measure_message": ""}
+        with np.load(folder / f"{r['id']}.npz") as npz:
+            arrays = dict(npz)
         if r["compile_status"] != "ok":
             r["measure_status"] = "not compiled"
         elif deadline is not None and deadline.over():
@@ -682,16 +677,13 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
         else:
             cubin = (folder / f"{r['id']}.cubin").read_bytes()
             if r["role"] == "proxy":
-                with np.load(folder / f"{r['id']}.npz") as arrays:
-                    cluster_of, tile_rows = arrays["cluster_of"], arrays["tile_rows"]
-                t = time_proxy_cubin(cubin, r["kernel"], r["m"], r["k"], r["n"], r["n1"], cluster_of, tile_rows,
-                                     r["smem_bytes"], opts)
+                t = time_proxy_cubin(cubin, r["kernel"], r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
+                                     arrays["tile_rows"], r["smem_bytes"], opts)
             else:
                 t = time_full_kernel_cubin(cubin, r["kernel"], r["grid_x"], r["m"], r["k"], r["n"], r["n1"], opts)
             r |= {"measured_us": t.time_us, "measure_status": str(t.status), "measure_message": t.message}
         # the estimate's work travels with the measurement, so a fit needs nothing but this table
-        with np.load(folder / f"{r['id']}.npz") as arrays:
-            r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
+        r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
         out.append(r)
     return out
 

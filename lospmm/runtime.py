@@ -306,8 +306,12 @@ def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: 
         bb.close()
         cb.close()
         kernel.close()
-    ref = matrix @ b.astype(np.float64)
-    return float(np.nanmax(np.abs(c - ref)) / max(np.abs(ref).max(), 1e-30)) if np.isfinite(c).all() else float("inf")
+    return _relative_error(c, matrix @ b.astype(np.float64))
+
+
+def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got − ref| / max |ref|; inf when an output was left unwritten (NaN poison) or is not finite."""
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(got).all() else float("inf")
 
 
 def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geometry, bias=None, relu: bool = False,
@@ -332,8 +336,7 @@ def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geo
         xb.close()
         yb.close()
         kernel.close()
-    ref = reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, bias, relu)
-    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(y).all() else float("inf")
+    return _relative_error(y, reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, bias, relu))
 
 
 def time_conv_kernel_cubin(cubin: bytes, name: str, grid_x: int, n1: int, m: int, geometry, batch: int,

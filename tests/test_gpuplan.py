@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 
 from lospmm import gpuplan
 from lospmm.flows.runs import write_run_record
+from lospmm.flows.store import write_artifact
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import random_pruned
 
@@ -24,8 +24,8 @@ def _artifacts(root, layers=("fc1", "fc2")):
     for i, layer in enumerate(layers):
         a = random_pruned(24 + 8 * i, 16, 0.7, np.random.default_rng(i))
         matrices[layer] = a
-        prune_rows.append({"layer": layer, "indptr": a.indptr.tolist(), "indices": a.indices.tolist(),
-                           "data": a.data.astype(np.float32).tolist()})
+        prune_rows.append({"layer": layer, "status": "ok", "m": a.shape[0], "k": a.shape[1], "indptr": a.indptr.tolist(),
+                           "indices": a.indices.tolist(), "data": a.data.astype(np.float32).tolist()})
         d = root / "10_kernels" / "m-s0.9" / layer
         d.mkdir(parents=True)
         (d / "kernel.cubin").write_bytes(bytes([i]) * 64)
@@ -38,8 +38,7 @@ def _artifacts(root, layers=("fc1", "fc2")):
                           "kernel_dir": f"10_kernels/m-s0.9/{layer}"})
     emit_rows.append(emit_rows[-1] | {"layer": "failed", "status": "error", "kernel_dir": ""})
     for name, rows in (("02/p.parquet", prune_rows), ("10/e.parquet", emit_rows)):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows), root / name)
+        write_artifact(root / name, pa.Table.from_pylist(rows), {"stage": name[:2]})  # checksummed, as the flow writes
     write_run_record(root, {"run_id": "20261122-000000-aaaaaa", "status": "completed", "entries": [
         {"stage": "prune", "model": "m", "sparsity": 0.9, "path": "02/p.parquet"},
         {"stage": "emit", "model": "m", "sparsity": 0.9, "path": "10/e.parquet"}]})
