@@ -1,54 +1,143 @@
-"""Use an emitted kernel from Python: `load_kernel(dir)` returns C = A·B for CuPy or PyTorch CUDA
-arrays (B: K×N float32, any N), and `SparseLinear` is a drop-in for a pruned `nn.Linear` built on it.
-torch and cupy are optional extras (`pip install lospmm[torch]` or `[cupy]`)."""
+"""Use an emitted kernel from Python. `load_kernel(dir)` returns the kernel as a callable:
+
+- a GEMM kernel (`form` gemm): `spmm(B)` -> C = A·B, B K×N float32, any N;
+- an implicit-im2col convolution kernel (`form` implicit-conv): `conv(X)` -> Y, X an NCHW float32
+  batch of the emitted input size (any batch), Y NCHW.
+
+Backends: `cuda` launches the cubin on CuPy arrays or torch CUDA tensors (the extras
+`lospmm[torch]` or `[cupy]`); `host` runs the same kernel.cu on the CPU through the host emulation,
+on numpy arrays or torch CPU tensors. `host` is for tests and for checking a kernel directory
+without a GPU: it builds a C++ program per kernel (cached) and is slow."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+
+BACKENDS = ("cuda", "host")
+
 
 class KernelDirError(ValueError):
     """A kernel directory is missing a file or was not compiled; the message names it."""
 
 
-class SpMM:
-    """The emitted kernel of one layer: `spmm(B)` -> C with C = A·B, A baked in (M×K)."""
+def kernel_facts(kernel_dir: str | Path, required: tuple[str, ...] = ("kernel.json",)) -> dict:
+    """kernel.json of a directory that passes its checksums (every file emit wrote, unchanged) and
+    has `required`; KernelDirError naming the directory otherwise."""
+    from lospmm.flows.store import manifest_problem
 
-    def __init__(self, kernel_dir: str | Path):
-        d = Path(kernel_dir)
-        from lospmm.flows.store import manifest_problem
+    d = Path(kernel_dir)
+    problem = manifest_problem(d, required=required)  # as emit wrote them, or nothing
+    if problem:
+        raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
+    try:
+        return json.loads((d / "kernel.json").read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise KernelDirError(f"{d}: {Path(e.filename).name} is missing (was the kernel compiled?)") from None
 
-        problem = manifest_problem(d, required=("kernel.cubin", "kernel.json"))  # as emit wrote them, or nothing
-        if problem:
-            raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
-        try:
-            self.facts = json.loads((d / "kernel.json").read_text(encoding="utf-8"))
-            cubin = (d / "kernel.cubin").read_bytes()
-        except FileNotFoundError as e:
-            raise KernelDirError(f"{d}: {Path(e.filename).name} is missing (was the kernel compiled?)") from None
-        from lospmm.runtime import LoadedKernel
 
+class _Kernel:
+    """One kernel directory, launchable on a backend: the launch facts and a `launch(grid, args)`."""
+
+    def __init__(self, kernel_dir: str | Path, backend: str = "cuda"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        self.dir, self.backend = Path(kernel_dir), backend
+        self.facts = kernel_facts(self.dir, ("kernel.json", "kernel.cubin" if backend == "cuda" else "kernel.cu"))
         self.m, self.k = self.facts["m"], self.facts["k"]
         self.n1, self.grid_x = self.facts["n1"], self.facts["grid"]["x"]
-        self._kernel = LoadedKernel(cubin, self.facts["kernel"])
+        self.conv = self.facts.get("conv")
+        if backend == "cuda":
+            from lospmm.runtime import LoadedKernel
+
+            self._kernel = LoadedKernel((self.dir / "kernel.cubin").read_bytes(), self.facts["kernel"])
+        else:
+            from lospmm.stages.codegen import KernelSource
+
+            f = self.facts
+            self._source = KernelSource(f["kernel"], "conv" if self.conv else "full",
+                                        ((self.dir / "kernel.cu").read_text(encoding="utf-8"),),
+                                        tuple(f["params"]), f["m"], f["k"], f["m1"], f["n1"], f["grid"]["x"], 0)
+
+    def _launch(self, columns: int, inputs, output, count):
+        """Launch over `columns` GEMM columns: `inputs` (pointer arg, array), `output` (pointer arg,
+        array), `count` (int arg name, value)."""
+        grid = (self.grid_x, -(-columns // self.n1), 1)
+        if self.backend == "cuda":
+            (_, x), (_, y) = inputs, output
+            lib, x_ptr, stream = _array_info(x)
+            _, y_ptr, _ = _array_info(y)
+            self._kernel.launch(grid, self.n1, [("ptr", x_ptr), ("ptr", y_ptr), ("int", count[1])], 0, stream)
+            return y
+        from lospmm.hostemu import run_on_host
+
+        (x_name, x), (y_name, y) = inputs, output
+        host_x = _host_array(x)
+        got = run_on_host(self._source, {x_name: host_x.ravel(), y_name: np.empty(int(np.prod(y.shape)), np.float32),
+                                         count[0]: count[1]}, grid, self.n1)[y_name]
+        got = got.reshape(y.shape)
+        if type(y).__module__.split(".")[0] == "torch":
+            import torch
+
+            y.copy_(torch.from_numpy(got))
+        else:
+            y[...] = got
+        return y
+
+    def _empty(self, like, shape):
+        if type(like).__module__.split(".")[0] == "torch":
+            import torch
+
+            return torch.empty(shape, dtype=torch.float32, device=like.device)
+        if type(like).__module__.split(".")[0] == "cupy":
+            import cupy
+
+            return cupy.empty(shape, dtype=cupy.float32)
+        return np.empty(shape, np.float32)
+
+
+class SpMM(_Kernel):
+    """The emitted GEMM kernel of one layer: `spmm(B)` -> C with C = A·B, A baked in (M×K)."""
 
     def __call__(self, b, out=None):
-        lib, ptr, stream = _array_info(b)
         if tuple(b.shape[:1]) != (self.k,) or b.ndim != 2:
             raise ValueError(f"B must be {self.k}×N, got {tuple(b.shape)}")
         n = int(b.shape[1])
-        if out is None:
-            out = lib.empty((self.m, n), dtype=lib.float32, **({"device": b.device} if lib.__name__ == "torch" else {}))
-        _, out_ptr, _ = _array_info(out)
-        self._kernel.launch((self.grid_x, -(-n // self.n1), 1), self.n1,
-                            [("ptr", ptr), ("ptr", out_ptr), ("int", n)], 0, stream)
-        return out
+        out = self._empty(b, (self.m, n)) if out is None else out
+        return self._launch(n, ("B", b), ("C", out), ("N", n))
 
 
-def load_kernel(kernel_dir: str | Path) -> SpMM:
-    """The callable for one kernel directory (kernel.json + kernel.cubin)."""
-    return SpMM(kernel_dir)
+class SpConv(_Kernel):
+    """The emitted implicit-im2col kernel of one convolution: `conv(X)` -> Y, X NCHW float32 of
+    the input size it was emitted for (any batch), Y NCHW; no bias or activation unless kernel.json's
+    `epilogue` says it was fused."""
+
+    def __call__(self, x, out=None):
+        g = self.conv
+        if x.ndim != 4 or tuple(x.shape[1:]) != (g["cin"], g["h"], g["w"]):
+            raise ValueError(f"X must be batch×{g['cin']}×{g['h']}×{g['w']} (NCHW), got {tuple(x.shape)}")
+        batch = int(x.shape[0])
+        out = self._empty(x, (batch, self.m, g["h_out"], g["w_out"])) if out is None else out
+        return self._launch(batch * g["h_out"] * g["w_out"], ("X", x), ("Y", out), ("batch", batch))
+
+
+def load_kernel(kernel_dir: str | Path, backend: str = "cuda") -> SpMM | SpConv:
+    """The callable for one kernel directory: SpMM for a GEMM kernel, SpConv for an implicit-im2col
+    convolution kernel (kernel.json has `conv`). `backend`: `cuda` or `host` (see the module doc)."""
+    facts = kernel_facts(kernel_dir)
+    return (SpConv if facts.get("conv") else SpMM)(kernel_dir, backend)
+
+
+def _host_array(x) -> np.ndarray:
+    if type(x).__module__.split(".")[0] == "torch":
+        if x.device.type != "cpu":
+            raise ValueError("the host backend takes CPU tensors")
+        x = x.detach().numpy()
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise ValueError("need a float32 numpy array or torch CPU tensor")
+    return np.ascontiguousarray(x)
 
 
 def _array_info(x):
@@ -69,24 +158,8 @@ def _array_info(x):
     raise TypeError(f"expected a CuPy array or a torch CUDA tensor, got {type(x).__name__}")
 
 
-def sparse_linear(kernel_dir: str | Path, bias=None):
+def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda"):
     """A torch.nn.Module computing x @ W.T + bias with W the kernel's pruned weight (out × in)."""
-    import torch
+    from lospmm.torch import SparseLinear
 
-    spmm = load_kernel(kernel_dir)
-
-    class SparseLinear(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.in_features, self.out_features = spmm.k, spmm.m
-            self.bias = torch.nn.Parameter(bias.detach().clone()) if bias is not None else None
-
-        def forward(self, x):
-            lead = x.shape[:-1]
-            b = x.reshape(-1, self.in_features).t().contiguous()  # K×N
-            y = spmm(b).t()
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*lead, self.out_features)
-
-    return SparseLinear()
+    return SparseLinear(load_kernel(kernel_dir, backend), bias)

@@ -405,6 +405,10 @@ class CudaTimer:
             return time_proxy_cubin(launch.cubin, launch.kernel, launch.m, launch.k, launch.n, launch.n1,
                                     launch.clusters.cluster_of, proxy_tile_rows(launch.tiles), launch.smem_bytes,
                                     self.options)
+        if launch.conv is not None:
+            g = launch.conv
+            return time_conv_kernel_cubin(launch.cubin, launch.kernel, launch.grid_x, launch.n1, launch.m, g,
+                                          launch.n // (g.h_out * g.w_out), self.options)
         return time_full_kernel_cubin(launch.cubin, launch.kernel, launch.grid_x, launch.m, launch.k, launch.n,
                                       launch.n1, self.options)
 
@@ -412,5 +416,8 @@ class CudaTimer:
         return dense_sgemm_time(m, k, n, self.options)
 
     def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> float:
-        """Max relative error of the full kernel against scipy, run on this GPU."""
+        """Max relative error of the full kernel against scipy (a conv kernel: against a reference
+        convolution of 2 images), run on this GPU."""
+        if launch.conv is not None:
+            return check_conv_kernel(launch.cubin, launch.kernel, launch.grid_x, launch.n1, matrix, launch.conv)
         return check_full_kernel(launch.cubin, launch.kernel, launch.grid_x, launch.n1, matrix, n)

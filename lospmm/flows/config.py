@@ -291,12 +291,17 @@ def _check_options(cfg: RunConfig) -> None:
             raise ConfigError(f"{cfg.weights}: no MatMul, Gemm or Conv weight initializer to search "
                               f"({len(found)} initializers)")
     elif cfg.weights:
-        from lospmm.flows.weights import WeightsFileError, tensor_infos
+        from lospmm.flows.weights import WeightsFileError, saved_graph, tensor_infos
 
         try:
             infos = tensor_infos(cfg.weights)
+            graph = saved_graph(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
+        if graph is not None:
+            if not any(w.op for w in graph):
+                raise ConfigError(f"{cfg.weights}: no nn.Linear or nn.Conv2d weight to search ({len(graph)} tensors)")
+            return
         told = model_config(cfg.weights) or ModelConfig()
         reasons = [excluded_reason(t, told) for t in infos]
         if all(reasons):  # extract would find no layer: say so before any work

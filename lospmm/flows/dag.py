@@ -59,7 +59,7 @@ DAG: tuple[Node, ...] = (
     Node("compile", ("cluster", "reorder"),
          lambda plan, src, s: {"arch": plan.device.arch, "verify": plan.config.verify, "check": plan.proxy_check}),
     Node("time", ("pad", "compile", "cluster", "reorder"), lambda plan, src, s: {"timer": plan.timer}),
-    Node("emit", ("time", "prune", "reorder"),
+    Node("emit", ("time", "prune", "reorder", "extract"),
          lambda plan, src, s: {"timer": plan.timer, "arch": plan.device.arch, "params": plan.emit}),
 )
 NODES = {n.stage: n for n in DAG}

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+import scipy.sparse as sp
+
 from lospmm.flows.compile_cache import cached_kernel
 from lospmm.flows.units import UnitCompiler
 from lospmm.flows.schemas import LAYER_COLUMNS
@@ -75,7 +78,8 @@ def conv_geometry(shape_row: dict) -> ConvGeometry:
         raise ValueError(f"{layer}: a grouped convolution (groups={shape_row['groups']}) has no implicit-im2col "
                          f"kernel yet")
     return ConvGeometry(cin=shape_row["cin"], h=shape_row["h_in"], w=shape_row["w_in"], kh=shape_row["kh"],
-                        kw=shape_row["kw"], stride=shape_row["stride"], pad=shape_row["pad"])
+                        kw=shape_row["kw"], stride=shape_row["stride"], pad=shape_row["pad"],
+                        dilation=shape_row.get("dilation") or 1)
 
 
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
@@ -91,6 +95,9 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
         (out / f).unlink(missing_ok=True)
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
+    # the pruned A the kernel bakes in, rows in the layer's order: what `lospmm.torch.sparsify` checks
+    # a model's weight against, and a user's way to evaluate the pruned layer without a GPU
+    atomic_write(out / "weight.npz", lambda tmp: _save_npz(tmp, matrix))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv), **(extra or {})}
     cubin = None
     if compile_:
@@ -128,7 +135,12 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
 
 # No kernel.ptx: the kernel is linked from relocatable units, whose PTX are separate modules (each
 # unit's kernel.ptx stays in the compile cache, at the unit keys kernel.json lists).
-KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json")
+KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json", "weight.npz")
+
+
+def _save_npz(path, matrix) -> None:
+    with open(path, "wb") as f:  # a file object: save_npz would append .npz to a temporary name
+        sp.save_npz(f, sp.csr_matrix(matrix, dtype=np.float32), compressed=False)
 
 
 def _json_safe(value):
@@ -142,15 +154,19 @@ def _json_safe(value):
 
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
-                  params: EmitParams, logger, compile_units: UnitCompiler | None = None) -> dict:
+                  params: EmitParams, logger, compile_units: UnitCompiler | None = None,
+                  conv: ConvGeometry | None = None) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
-    host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised."""
+    host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
+    `conv`: the layer's geometry, for an implicit-im2col convolution kernel (no epilogue: the
+    run knows no bias or activation)."""
     layer = timed[0]["layer"]
     best = fastest_proxy(timed)
     ok = timed_ok(timed)
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
-            "chosen_by": params.chosen_by, "candidates_timed": ok}
+            "chosen_by": params.chosen_by, "candidates_timed": ok,
+            "form": "gemm" if conv is None else "implicit-conv"}
     if best is None:
         return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
@@ -160,7 +176,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             comp = facts["compile"]
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
                                    comp["thread_spill_bytes"], kernel=facts["kernel"],
-                                   grid_x=facts["grid"]["x"], cubin=cubin)
+                                   grid_x=facts["grid"]["x"], cubin=cubin, conv=conv)
             error, check = checked(timer.device_error(full, matrix, params.device_check_n),
                                    facts.get("host_check"), params)
             full_us = timer.time(full).time_us
@@ -173,7 +189,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                verify=params.verify and not timer.runs_binary,
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
-                               rtol=params.rtol, compile_units=compile_units)
+                               rtol=params.rtol, compile_units=compile_units,
+                               conv=None if conv is None else (conv, Epilogue()))
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,

@@ -109,21 +109,22 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
                 continue
             strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
             pads = attrs.get("pads", [0, 0, 0, 0])
-            if len(set(strides)) != 1 or len(set(pads)) != 1 or len(set(dilations)) != 1 or dilations[0] != 1:
-                why_not.setdefault(name, f"{where}: uneven strides/pads or dilation (not supported yet)")
+            if len(set(strides)) != 1 or len(set(pads)) != 1 or len(set(dilations)) != 1:
+                why_not.setdefault(name, f"{where}: uneven strides, pads or dilations (not supported yet)")
                 continue
             if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
                 why_not.setdefault(name, f"{where}: auto_pad {attrs['auto_pad']} (not supported yet)")
                 continue
             cout, cin_per_group, kh, kw = dims
-            stride, pad = strides[0], pads[0]
-            h_out, w_out = conv_output_size(x[2], kh, stride, pad), conv_output_size(x[3], kw, stride, pad)
+            stride, pad, dilation = strides[0], pads[0], dilations[0]
+            h_out = conv_output_size(x[2], kh, stride, pad, dilation)
+            w_out = conv_output_size(x[3], kw, stride, pad, dilation)
             if h_out < 1 or w_out < 1:
                 why_not.setdefault(name, f"{where}: window {kh}×{kw} larger than the padded input")
                 continue
             geometry = {"cin": x[1], "kh": kh, "kw": kw, "stride": stride, "pad": pad,
                         "groups": int(attrs.get("group", 1)), "h_in": x[2], "w_in": x[3], "h_out": h_out,
-                        "w_out": w_out}
+                        "w_out": w_out, "dilation": dilation}
             used[name] = GraphWeight(name, "conv", cout, cin_per_group * kh * kw, 0, conv=geometry,
                                      batch=x[0] if x[0] > 0 else 0)
             if len(node.input) > 2:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lospmm.stages.extract import TensorInfo
+from lospmm.stages.extract import GraphWeight, TensorInfo
+
+GRAPH_METADATA = "lospmm.graph"  # written by lospmm.torch.save_model: each tensor's GEMM role and geometry
 
 
 class WeightsFileError(ValueError):
@@ -31,6 +33,21 @@ def tensor_infos(path: str | Path) -> list[TensorInfo]:
             return out
     except Exception as e:  # safetensors raises its own error types for a bad header
         raise WeightsFileError(f"weights file {p} is not a readable safetensors file: {e}") from None
+
+
+def saved_graph(path: str | Path) -> list[GraphWeight] | None:
+    """The layer geometry `lospmm.torch.save_model` stored in a safetensors file's metadata (one
+    GraphWeight per tensor of the model, searched or not), or None for a plain checkpoint."""
+    try:
+        text = (_header(Path(path)).get("__metadata__") or {}).get(GRAPH_METADATA)
+    except (OSError, ValueError, struct.error) as e:
+        raise WeightsFileError(f"weights file {path} is not a readable safetensors file: {e}") from None
+    if text is None:
+        return None
+    try:
+        return [GraphWeight(**w) for w in json.loads(text)]
+    except (TypeError, ValueError) as e:
+        raise WeightsFileError(f"weights file {path}: its {GRAPH_METADATA} metadata is not readable: {e}") from None
 
 
 def load_tensor(path: str | Path, name: str) -> np.ndarray:

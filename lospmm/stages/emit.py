@@ -24,12 +24,15 @@ from lospmm.stages.status import Status
 class EmitParams:
     """Defaults: verify=True (check every emitted kernel), rtol=1e-4 (largest relative error a
     check accepts), device_check_n=77 (columns of B in the device check), chosen_by="" (filled
-    from the rank parameters by `emit_params`)."""
+    from the rank parameters by `emit_params`), implicit_conv=True (a dense convolution whose
+    geometry is known gets a kernel that reads its NCHW input itself, §6.2, instead of the im2col
+    GEMM's; same tile, bias and activation left to the caller)."""
 
     verify: bool = True
     rtol: float = 1e-4
     device_check_n: int = 77
     chosen_by: str = ""
+    implicit_conv: bool = True
 
 
 def chosen_by(rank: RankParams) -> str:
@@ -86,6 +89,13 @@ def checked(device_error: float | None, host_check: dict | None,
         error = host_check.get("max_rel_error", float("inf"))
         return error, check_verdict("host", error, params)
     return float("nan"), "not run"
+
+
+def kernel_form(shape: dict, params: EmitParams = EmitParams()) -> str:
+    """`implicit-conv` for a dense (groups = 1) convolution with its geometry when params ask for
+    it, else `gemm` (a linear layer, or a convolution on an im2col B)."""
+    conv = shape.get("op") == "conv" and shape.get("groups") == 1 and shape.get("h_in", 0) > 0
+    return "implicit-conv" if params.implicit_conv and conv else "gemm"
 
 
 def emit_failed(compile_status: str, check: str) -> bool:

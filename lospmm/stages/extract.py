@@ -51,6 +51,7 @@ class LayerShape:
     w_in: int = 0
     h_out: int = 0
     w_out: int = 0
+    dilation: int = 0
     status: Status = Status.OK  # OK, SKIPPED (not a GEMM) or ERROR
     message: str = ""
 
@@ -231,12 +232,16 @@ def graph_shapes(model: str, weights: Iterable[GraphWeight], tokens: int, batch:
 
 
 def folded_duplicates(shapes: Sequence[LayerShape]) -> list[LayerShape]:
-    """Keep the first layer of each (op, M, N, K); count the rest in `repeat`, name them in `layers`."""
+    """Keep the first layer of each (op, M, N, K, conv geometry); count the rest in `repeat`, name
+    them in `layers`."""
     first: dict[tuple, LayerShape] = {}
     members: dict[tuple, list[str]] = {}
     repeats: dict[tuple, int] = {}
     for s in shapes:
-        key = (s.op, s.m, s.n, s.k) if s.status != Status.SKIPPED else (s.op, s.layer)
+        # a convolution's geometry is part of its kernel once the kernel reads the input itself
+        # (implicit im2col): 3×3 s1 on 28×28 and 3×3 s2 on 56×56 share (M, N, K), not a kernel
+        key = ((s.op, s.m, s.n, s.k, s.cin, s.kh, s.kw, s.stride, s.pad, s.dilation, s.h_in, s.w_in)
+               if s.status != Status.SKIPPED else (s.op, s.layer))
         if key not in first:
             first[key], members[key], repeats[key] = s, [], 0
         members[key].extend(s.layers or (s.layer,))
@@ -297,7 +302,7 @@ class _ConvNet:
                 self.model, layer, "depthwise" if depthwise else "conv",
                 m=cout, n=self.batch * h_out * h_out, k=(cin // groups) * k * k,
                 cin=cin, cout=cout, kh=k, kw=k, stride=stride, pad=pad, groups=groups,
-                h_in=h, w_in=h, h_out=h_out, w_out=h_out,
+                h_in=h, w_in=h, h_out=h_out, w_out=h_out, dilation=1,
                 status=Status.SKIPPED if depthwise else Status.OK,
                 message="depthwise convolution is not a GEMM" if depthwise else "",
             )

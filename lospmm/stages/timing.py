@@ -170,6 +170,7 @@ class LaunchUnderTest:
     kernel: str = ""  # the symbol in the cubin
     grid_x: int = 0  # full kernel: tiles plus zeroing blocks
     cubin: bytes | None = None
+    conv: object | None = None  # codegen.ConvGeometry of an implicit-im2col conv kernel (N = batch·h_out·w_out)
 
 
 class Timer(Protocol):

@@ -58,7 +58,7 @@ def test_gemm_weights_come_with_the_graphs_shapes_and_every_other_initializer_wi
     conv = found["conv1.w"]
     assert (conv.op, conv.rows, conv.cols, conv.batch) == ("conv", 8, 27, 0)  # a symbolic batch stays 0
     assert conv.conv == {"cin": 3, "kh": 3, "kw": 3, "stride": 2, "pad": 1, "groups": 1, "h_in": 16, "w_in": 16,
-                         "h_out": 8, "w_out": 8}
+                         "h_out": 8, "w_out": 8, "dilation": 1}
     assert found["pw.w"].op == "conv" and found["pw.w"].cols == 8 and found["dw.w"].conv["groups"] == 8
     assert (found["fc.w"].op, found["fc.w"].rows, found["fc.w"].cols) == ("linear", 10, 16)
     assert (found["proj.w"].rows, found["proj.w"].cols, found["proj.w"].n) == (12, 16, 10)  # N = 2·5 tokens

@@ -42,9 +42,20 @@ def test_resnet50_first_conv_and_fc():
 
 def test_duplicates_fold_into_repeat_and_keep_first_name():
     shapes = zoo_shapes("resnet50")
-    keys = [(s.op, s.m, s.n, s.k) for s in shapes if s.ok]
+    keys = [(s.op, s.m, s.n, s.k, s.stride, s.h_in) for s in shapes if s.ok]
     assert len(keys) == len(set(keys))
     assert folded_duplicates(shapes) == shapes
+    assert shapes[2].layers[:3] == ("layer1.0.conv2", "layer1.1.conv2", "layer1.2.conv2")
+
+
+def test_convolutions_fold_only_with_the_same_geometry():
+    # an implicit-im2col kernel reads its input by the geometry: layer2.0.conv2 (3×3 stride 2 on
+    # 56×56) and layer2.1.conv2 (stride 1 on 28×28) share M, N and K but not a kernel
+    by_layer = {name: s for s in zoo_shapes("resnet50") for name in s.layers}
+    first, second = by_layer["layer2.0.conv2"], by_layer["layer2.1.conv2"]
+    assert (first.m, first.n, first.k) == (second.m, second.n, second.k)
+    assert first.layer != second.layer and (first.stride, second.stride) == (2, 1)
+    assert second.layers == ("layer2.1.conv2", "layer2.2.conv2", "layer2.3.conv2")
 
 
 def test_unknown_zoo_name_lists_the_known_ones():

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.kernels import emitted_layer
+from lospmm.flows.kernels import conv_geometry, emitted_layer
 from lospmm.flows.schemas import F64, I32, LAYER, STATUS, STR
 from lospmm.flows.store import artifact_path
 from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.flows.units import run_compiler, waiting_on_units
-from lospmm.stages.emit import EmitParams
+from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
 
 # 10_kernels (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
     LAYER + [("sparsity", F64)] + STATUS
-    + [("m1", I32), ("n1", I32), ("chosen_by", STR), ("timer", STR), ("proxy_time_us", F64),
+    + [("m1", I32), ("n1", I32), ("form", STR), ("chosen_by", STR), ("timer", STR), ("proxy_time_us", F64),
        ("full_time_us", F64), ("dense_time_us", F64), ("speedup_vs_dense", F64), ("kernel", STR),
        ("kernel_dir", STR), ("registers", I32), ("spill_bytes", I32), ("compile_seconds", F64), ("check", STR),
        ("max_rel_error", F64), ("candidates_timed", I32), ("seconds", F64)]
@@ -33,12 +33,14 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         a, tiles = matrices(ctx, inputs["prune"]), tiles_by_layer(ctx, inputs["reorder"])
         kernels_root = artifact_path(ctx.root, "emit", label, key).with_suffix("")
         logger = run_logger()
+        convs = {r["layer"]: conv_geometry(r) for r in ctx.read(inputs["extract"]).to_pylist()
+                 if kernel_form(r, params) == "implicit-conv"}
 
         def one(item) -> dict:
             layer, group = item
             units = run_compiler(ctx, ctx.unit_reporter("emit", label, {"layer": layer}, len(layers)))
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
-                                 tiles.get(layer, {}), timer, arch, params, logger, units)
+                                 tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer))
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.

@@ -1,4 +1,5 @@
-"""Adapter of stage 1, extract: a zoo model, a safetensors checkpoint or an ONNX model -> 01_shapes."""
+"""Adapter of stage 1, extract: a zoo model, a safetensors checkpoint (plain, or saved by lospmm.torch with
+its layers' geometry) or an ONNX model -> 01_shapes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from lospmm.flows.schemas import I32, LAYER, STATUS, STR
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, run_stage, stage_task
 from lospmm.flows.onnx_model import graph_weights, is_onnx
-from lospmm.flows.weights import tensor_infos
+from lospmm.flows.weights import saved_graph, tensor_infos
 from lospmm.stages.extract import LayerShape, ModelConfig, graph_shapes, weight_shapes, zoo_shapes
 
 # 01_shapes (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
     LAYER + [("layers", pa.list_(STR))]
-    + [(f, I32) for f in ("cin", "cout", "kh", "kw", "stride", "pad", "groups", "h_in", "w_in", "h_out", "w_out")]
+    + [(f, I32) for f in ("cin", "cout", "kh", "kw", "stride", "pad", "groups", "h_in", "w_in", "h_out", "w_out",
+                                  "dilation")]
     + [("source", STR), ("source_sha256", STR)] + STATUS
 )
 
@@ -26,6 +28,8 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
             shapes = zoo_shapes(source.name, source.zoo)
         elif is_onnx(source.path):
             shapes = graph_shapes(source.label, graph_weights(source.path), source.tokens, source.images)
+        elif (graph := saved_graph(source.path)) is not None:  # lospmm.torch.save_model: shapes from a forward pass
+            shapes = graph_shapes(source.label, graph, source.tokens, 1)
         else:
             shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens,
                                    source.model_config or ModelConfig())

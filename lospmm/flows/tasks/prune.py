@@ -29,8 +29,10 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
     def weight_of(shape):
         if not (source.path and shape.ok):
             return None
-        return (graph_weight_matrix(source.path, shape.layer) if is_onnx(source.path)
-                else load_tensor(source.path, shape.layer))
+        if is_onnx(source.path):
+            return graph_weight_matrix(source.path, shape.layer)
+        w = load_tensor(source.path, shape.layer)
+        return w.reshape(w.shape[0], -1) if w.ndim == 4 else w  # a conv weight [Cout, Cin, kh, kw] is A (Cout × K)
 
     def one(row: dict, threshold: float | None) -> dict:
         shape = shape_from_row(row)

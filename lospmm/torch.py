@@ -1,0 +1,343 @@
+"""PyTorch in and out (the `torch` extra): a model's GEMM layers found by running it once, searched
+by the same flow as any weights file, and the model served back on the emitted kernels.
+
+    import lospmm.torch as lt
+    run_id = lt.search(model, example_input, sparsity=0.9)   # magnitude-pruned, all ten stages
+    fast = lt.sparsify(model, run_id)                         # nn.Linear/nn.Conv2d -> emitted kernels
+    ref = lt.pruned(model, run_id)                            # the same pruned weights, dense
+
+`layer_weights(model, example_input)` is the importer: it runs the model once with forward hooks,
+so every nn.Linear gets its N (the input's rows) and every nn.Conv2d its input size, stride,
+padding and dilation; every other parameter and buffer is listed with why it is not searched.
+`save_model` writes those weights to a safetensors file whose metadata carries that geometry;
+`lospmm run --weights FILE` reads it like any checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+import torch
+from torch import nn
+
+from lospmm.flows.weights import GRAPH_METADATA
+from lospmm.loader import BACKENDS, KernelDirError, SpConv, SpMM, kernel_facts, load_kernel
+from lospmm.stages.extract import GraphWeight, conv_output_size
+
+
+# --- importer ------------------------------------------------------------------------------------
+
+
+def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
+    """One GraphWeight per parameter and buffer of `model` (state_dict names): `op` "linear" or
+    "conv" for a weight the example input's forward pass multiplies as a GEMM, else "" with the
+    reason. `example_input`: a tensor, or a tuple of positional arguments."""
+    calls: dict[str, list[tuple[int, ...]]] = {}
+    modules = dict(model.named_modules())
+
+    def hook(name):
+        def record(module, args):
+            if args and isinstance(args[0], torch.Tensor):
+                calls.setdefault(name, []).append(tuple(args[0].shape))
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in modules.items()
+               if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        with torch.no_grad():
+            model(*example_input) if isinstance(example_input, tuple) else model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+
+    out = []
+    for name, tensor in [*model.state_dict(keep_vars=True).items()]:
+        owner, _, leaf = name.rpartition(".")
+        module = modules.get(owner)
+        out.append(_weight(name, tensor, module, leaf, calls.get(owner, [])))
+    return out
+
+
+def _weight(name: str, tensor, module, leaf: str, shapes: list[tuple[int, ...]]) -> GraphWeight:
+    kind = type(module).__name__ if module is not None else "model"
+    if not tensor.dtype.is_floating_point:
+        return GraphWeight(name, "", reason=f"integer or other non-float buffer ({str(tensor.dtype)[6:]}) of {kind}")
+    if isinstance(module, (nn.Linear, nn.Conv2d)) and leaf == "bias":
+        return GraphWeight(name, "", reason=f"bias of {kind} (added after the kernel)")
+    if isinstance(module, nn.Embedding):
+        return GraphWeight(name, "", reason=f"embedding/lookup table ({kind})")
+    if not isinstance(module, (nn.Linear, nn.Conv2d)) or leaf != "weight":
+        what = "norm parameter or statistic" if "Norm" in kind else "parameter or buffer"
+        return GraphWeight(name, "", reason=f"{what} of {kind}: not an nn.Linear or nn.Conv2d weight")
+    if not shapes:
+        return GraphWeight(name, "", reason=f"{kind} not called by the example input")
+    if len(set(shapes)) > 1:
+        return GraphWeight(name, "", reason=f"{kind} called with {len(set(shapes))} different input shapes")
+    x = shapes[0]
+    if isinstance(module, nn.Linear):
+        return GraphWeight(name, "linear", module.out_features, module.in_features, int(np.prod(x[:-1])))
+    return _conv_weight(name, module, x)
+
+
+def _conv_weight(name: str, conv: nn.Conv2d, x: tuple[int, ...]) -> GraphWeight:
+    if len(x) != 4:
+        return GraphWeight(name, "", reason=f"Conv2d on an unbatched {len(x)}-D input")
+    if conv.padding_mode != "zeros":
+        return GraphWeight(name, "", reason=f"Conv2d padding_mode {conv.padding_mode!r} (only zeros)")
+    kh, kw = conv.kernel_size
+    padding = conv.padding
+    if isinstance(padding, str):  # "valid" or "same" (stride 1)
+        same = [conv.dilation[i] * (k - 1) for i, k in enumerate((kh, kw))]
+        if padding == "same" and any(t % 2 for t in same):
+            return GraphWeight(name, "", reason="Conv2d padding 'same' with uneven padding")
+        padding = (0, 0) if padding == "valid" else (same[0] // 2, same[1] // 2)
+    for what, pair in (("stride", conv.stride), ("padding", padding), ("dilation", conv.dilation)):
+        if pair[0] != pair[1]:
+            return GraphWeight(name, "", reason=f"Conv2d with uneven {what} {tuple(pair)} (not supported yet)")
+    stride, pad, dilation = conv.stride[0], padding[0], conv.dilation[0]
+    h_out, w_out = (conv_output_size(x[2], kh, stride, pad, dilation), conv_output_size(x[3], kw, stride, pad, dilation))
+    geometry = {"cin": conv.in_channels, "kh": kh, "kw": kw, "stride": stride, "pad": pad, "groups": conv.groups,
+                "h_in": x[2], "w_in": x[3], "h_out": h_out, "w_out": w_out, "dilation": dilation}
+    return GraphWeight(name, "conv", conv.out_channels, conv.in_channels // conv.groups * kh * kw, conv=geometry,
+                       batch=x[0])
+
+
+def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
+    """Write the GEMM weights of `model` (as `layer_weights` finds them, float32, state_dict names)
+    to a safetensors file, with every GraphWeight (geometry, and each other tensor's reason) in its
+    metadata, for `lospmm run --weights PATH`. Written atomically; returns the path."""
+    from safetensors.numpy import save_file
+
+    from lospmm.flows.store import atomic_write
+
+    weights = layer_weights(model, example_input)
+    state = model.state_dict()
+    tensors = {w.name: np.ascontiguousarray(state[w.name].detach().to("cpu", torch.float32).numpy())
+               for w in weights if w.op}
+    if not tensors:
+        raise ValueError(f"{type(model).__name__}: no nn.Linear or nn.Conv2d weight is used by the example input")
+    meta = {GRAPH_METADATA: json.dumps([asdict(w) for w in weights])}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    return path
+
+
+def search(model: nn.Module, example_input, sparsity: float = 0.9, prune: str = "magnitude",
+           artifacts: str | Path = "artifacts", name: str | None = None, **options) -> str:
+    """Save `model` (`save_model`, under `<artifacts>/models/`) and run the whole search on it, as
+    `lospmm run --weights FILE --prune PRUNE --sparsity SPARSITY` would, in this process (Prefect's
+    ephemeral API unless one is configured). `options`: other RunConfig fields (gpu, timer, top_k,
+    jobs, …). Returns the run id; ValueError for bad options (the CLI's one-line message)."""
+    from lospmm.flows.config import ConfigError, RunConfig, resolved
+    from lospmm.flows.pipeline import run_plan
+
+    label = name or type(model).__name__.lower()
+    tmp = Path(artifacts) / "models" / f".{label}.pending.safetensors"
+    save_model(model, example_input, tmp)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]
+    path = tmp.with_name(f"{label}-{digest}.safetensors")
+    tmp.replace(path)
+    try:
+        plan = resolved(RunConfig(zoo=(), weights=str(path.resolve()), sparsities=(sparsity,), prune=prune,
+                                  artifacts=str(artifacts), **options))
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return run_plan(plan)["run_id"]
+
+
+# --- the drop-in ---------------------------------------------------------------------------------
+
+
+class SparseLinear(nn.Module):
+    """x @ A.T + bias with A baked into an emitted GEMM kernel (out × in)."""
+
+    def __init__(self, spmm: SpMM, bias=None):
+        super().__init__()
+        self.kernel, self.in_features, self.out_features = spmm, spmm.k, spmm.m
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        y = self.kernel(x.reshape(-1, self.in_features).t().contiguous()).t()  # C = A·Xᵀ is out × tokens
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel.dir.name}, {self.kernel.backend}"
+
+
+class SparseConv2d(nn.Module):
+    """An nn.Conv2d (groups = 1) on an emitted kernel: the implicit-im2col kernel reads X itself;
+    a GEMM kernel (an im2col run) gets the unfolded input. Bias added after."""
+
+    def __init__(self, kernel: SpMM | SpConv, conv: nn.Conv2d, geometry: dict):
+        super().__init__()
+        self.kernel, self.geometry = kernel, geometry
+        self.out_channels = conv.out_channels
+        self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False) if conv.bias is not None else None
+
+    def forward(self, x):
+        g = self.geometry
+        if isinstance(self.kernel, SpConv):
+            y = self.kernel(x.contiguous())
+        else:  # C = A · im2col(X): K × (batch·h_out·w_out), columns image-major
+            cols = nn.functional.unfold(x, (g["kh"], g["kw"]), dilation=g["dilation"], padding=g["pad"],
+                                        stride=g["stride"])  # batch × K × L
+            b = cols.permute(1, 0, 2).reshape(cols.shape[1], -1).contiguous()
+            h_out, w_out = (conv_output_size(x.shape[i], g[w], g["stride"], g["pad"], g["dilation"])
+                            for i, w in ((2, "kh"), (3, "kw")))
+            y = self.kernel(b).reshape(self.out_channels, x.shape[0], h_out, w_out).permute(1, 0, 2, 3)
+        if self.bias is not None:
+            y = y + self.bias.view(1, -1, 1, 1)
+        return y.contiguous()
+
+    def extra_repr(self) -> str:
+        form = "implicit-conv" if isinstance(self.kernel, SpConv) else "im2col gemm"
+        return f"out={self.out_channels}, {form}, kernel={self.kernel.dir.name}, {self.kernel.backend}"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What sparsify did with one kernel directory: `module` replaced, or `reason` why not."""
+
+    layer: str
+    kernel_dir: str
+    module: str = ""
+    reason: str = ""
+
+
+def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsity: float | None = None) -> list[Path]:
+    """The kernel directories behind `source`: one kernel directory, a folder of them (an emit
+    artifact's), or a run id (or unique prefix) under `artifacts` with one sparsity (or `sparsity`)."""
+    p = Path(source)
+    if (p / "kernel.json").is_file():
+        return [p]
+    if p.is_dir():
+        found = sorted(d for d in p.iterdir() if (d / "kernel.json").is_file())
+        if not found:
+            raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
+        return found
+    from lospmm.flows.runs import run_record
+    from lospmm.flows.store import read_artifact
+
+    try:
+        record = run_record(artifacts, str(source))
+    except (LookupError, ValueError) as e:
+        raise KernelDirError(f"{source}: neither a kernel directory nor a run under {artifacts} ({e})") from None
+    emits = [e for e in record["entries"] if e["stage"] == "emit" and e.get("path")]
+    if sparsity is not None:
+        emits = [e for e in emits if e.get("sparsity") == sparsity]
+    if len(emits) != 1:
+        found = sorted((e.get("model"), e.get("sparsity")) for e in emits)
+        raise KernelDirError(f"run {record['run_id']}: {len(emits)} emitted (model, sparsity) sets {found}; "
+                             f"give one sparsity, or a kernel folder")
+    table = read_artifact(Path(artifacts) / emits[0]["path"], columns=["kernel_dir", "status"]).to_pylist()
+    return [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
+
+
+def _weight_matrix(module: nn.Module) -> np.ndarray:
+    w = module.weight.detach().to("cpu", torch.float32).numpy()
+    return w.reshape(w.shape[0], -1)
+
+
+def _matching(a, module: nn.Module, layer: str) -> str:
+    """"" when the kernel's pruned A is this module's weight with entries zeroed, else why not."""
+    if not isinstance(module, (nn.Linear, nn.Conv2d)):
+        return f"{layer}: the model's {type(module).__name__} is not an nn.Linear or nn.Conv2d"
+    if isinstance(module, nn.Conv2d) and module.groups != 1:
+        return f"{layer}: a grouped convolution (groups={module.groups}) has no kernel"
+    w = _weight_matrix(module)
+    if w.shape != a.shape:
+        return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
+    rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
+    differ = int(np.count_nonzero(w[rows, a.indices] != a.data))
+    if differ:
+        return (f"{layer}: {differ} of the kernel's {a.nnz} nonzeros differ from the model's weight: "
+                f"the kernel was built from other weights")
+    return ""
+
+
+def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "artifacts",
+                 sparsity: float | None = None) -> list[Replacement]:
+    """For each kernel directory behind `source` (kernel_dirs): the module of `model` its layer names
+    (state_dict name `<module>.weight`) when its pruned A is that module's weight with entries
+    zeroed, else the reason it is not used. A kernel from other weights (a zoo run's random ones,
+    another checkpoint) is never used."""
+    import scipy.sparse as sp
+
+    modules = dict(model.named_modules())
+    out = []
+    for d in kernel_dirs(source, artifacts, sparsity):
+        facts = kernel_facts(d, ("kernel.json", "weight.npz"))
+        layer = facts["layer"]
+        owner, _, leaf = layer.rpartition(".")
+        module = modules.get(owner) if leaf == "weight" else None
+        if module is None:
+            out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
+            continue
+        reason = _matching(sp.load_npz(d / "weight.npz"), module, layer)
+        out.append(Replacement(layer, str(d), owner if not reason else "", reason))
+    return out
+
+
+def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifacts: str | Path = "artifacts",
+             sparsity: float | None = None, strict: bool = True) -> nn.Module:
+    """A copy of `model` with each nn.Linear / nn.Conv2d that has a kernel behind `source` (a run id
+    under `artifacts`, an emit folder or one kernel directory) replaced by its emitted kernel, bias
+    carried over; activations stay the model's own modules. `backend`: `cuda` (the GPU) or `host`
+    (the CPU host emulation, for tests: slow). `strict`: raise KernelDirError when a kernel does not
+    match the model (its reason), else skip it. The copy's `lospmm_replacements` lists every
+    kernel and what became of it. The model itself is left as it was."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    plan = replacements(model, source, artifacts, sparsity)
+    bad = [r.reason for r in plan if r.reason]
+    if bad and strict:
+        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]))
+    out = copy.deepcopy(model)
+    for r in plan:
+        if not r.module:
+            continue
+        parent_name, _, child = r.module.rpartition(".")
+        parent = out.get_submodule(parent_name) if parent_name else out
+        original = getattr(parent, child)
+        kernel = load_kernel(r.kernel_dir, backend)
+        if isinstance(original, nn.Linear):
+            new = SparseLinear(kernel, original.bias)
+        else:
+            new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original))
+        setattr(parent, child, new)
+    out.lospmm_replacements = plan
+    return out
+
+
+def _geometry_of(conv: nn.Conv2d) -> dict:
+    """The window of a convolution served by an im2col GEMM kernel, from the module itself."""
+    found = _conv_weight("", conv, (1, conv.in_channels, 1 << 15, 1 << 15))
+    if not found.op:
+        raise KernelDirError(f"an im2col kernel for a convolution lospmm cannot unfold: {found.reason}")
+    return found.conv
+
+
+def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifacts",
+           sparsity: float | None = None) -> nn.Module:
+    """A copy of `model` whose searched layers hold the kernels' pruned weights, dense: the
+    reference `sparsify`'s model must agree with, runnable anywhere."""
+    import scipy.sparse as sp
+
+    out = copy.deepcopy(model)
+    for r in replacements(model, source, artifacts, sparsity):
+        if r.module:
+            module = out.get_submodule(r.module)
+            a = sp.load_npz(Path(r.kernel_dir) / "weight.npz").toarray()
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(a.reshape(module.weight.shape)))
+    return out

@@ -1,0 +1,192 @@
+"""lospmm.torch: the nn.Module importer, the search on a module, and the whole-model drop-in (host
+emulation here; the same on the device under the `gpu` marker)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import lospmm.torch as lt  # noqa: E402
+from lospmm.flows.weights import saved_graph, tensor_infos  # noqa: E402
+from lospmm.loader import KernelDirError, load_kernel  # noqa: E402
+from lospmm.stages.extract import graph_shapes  # noqa: E402
+
+
+class Tiny(nn.Module):
+    """Every kind of tensor the importer meets: convs (stride 2, padding, dilation, depthwise, 1×1),
+    a norm with an integer buffer, an embedding, a linear layer used and one never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 32, 1)
+        self.dilated = nn.Conv2d(32, 32, 3, padding=2, dilation=2, bias=False)
+        self.table = nn.Embedding(7, 32)
+        self.fc = nn.Linear(32, 10)
+        self.unused = nn.Linear(32, 32)
+
+    def forward(self, x, ids=None):
+        x = torch.relu(self.bn(self.stem(x)))
+        x = torch.relu(self.pw(self.dw(x)))
+        x = torch.relu(self.dilated(x)).mean(dim=(2, 3))
+        if ids is not None:
+            x = x + self.table(ids)
+        return self.fc(x)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return Tiny().eval()
+
+
+def test_the_importer_finds_each_gemm_weight_with_its_geometry_and_says_why_not_for_the_rest():
+    x = torch.randn(2, 3, 16, 16)
+    found = {w.name: w for w in lt.layer_weights(_model(), (x, torch.tensor([1, 2])))}
+    assert set(found) == set(_model().state_dict())  # every tensor is listed
+    stem, dilated, fc = found["stem.weight"], found["dilated.weight"], found["fc.weight"]
+    assert (stem.op, stem.rows, stem.cols, stem.batch) == ("conv", 16, 27, 2)
+    assert stem.conv == {"cin": 3, "kh": 3, "kw": 3, "stride": 2, "pad": 1, "groups": 1, "h_in": 16, "w_in": 16,
+                         "h_out": 8, "w_out": 8, "dilation": 1}
+    assert (dilated.conv["dilation"], dilated.conv["pad"], dilated.conv["h_out"]) == (2, 2, 8)
+    assert (fc.op, fc.rows, fc.cols, fc.n) == ("linear", 10, 32, 2)  # N: the input's rows
+    reasons = {name: w.reason for name, w in found.items() if not w.op}
+    assert "bias of Conv2d" in reasons["stem.bias"]
+    assert "BatchNorm2d" in reasons["bn.running_mean"] and "integer" in reasons["bn.num_batches_tracked"]
+    assert "embedding/lookup table" in reasons["table.weight"]
+    assert "not called by the example input" in reasons["unused.weight"]
+    # the depthwise conv is a conv to the importer and skipped as grouped when shapes are made
+    shapes = {s.layer: s for s in graph_shapes("tiny", found.values(), tokens=1, batch=1)}
+    assert shapes["dw.weight"].status == "skipped" and "grouped" in shapes["dw.weight"].message
+    assert (shapes["stem.weight"].n, shapes["fc.weight"].n) == (2 * 8 * 8, 2)
+    assert sorted(s.layer for s in shapes.values() if s.ok) == ["dilated.weight", "fc.weight", "pw.weight",
+                                                                "stem.weight"]
+
+
+def test_uneven_strides_and_other_padding_modes_are_excluded_with_the_reason():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=(1, 2)), nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"))
+    found = {w.name: w for w in lt.layer_weights(model, torch.randn(1, 3, 12, 12))}
+    assert "uneven stride" in found["0.weight"].reason and "reflect" in found["1.weight"].reason
+
+
+def test_a_saved_model_carries_its_geometry_to_extract(tmp_path):
+    x = torch.randn(2, 3, 16, 16)
+    path = lt.save_model(_model(), x, tmp_path / "tiny.safetensors")
+    names = {t.name: t.shape for t in tensor_infos(path)}
+    assert names == {"stem.weight": (16, 3, 3, 3), "dw.weight": (16, 1, 3, 3), "pw.weight": (32, 16, 1, 1),
+                     "dilated.weight": (32, 32, 3, 3), "fc.weight": (10, 32)}  # only GEMM weights travel
+    graph = {w.name: w for w in saved_graph(path)}
+    assert graph == {w.name: w for w in lt.layer_weights(_model(), x)}
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "plain.safetensors"))
+    assert saved_graph(tmp_path / "plain.safetensors") is None
+    with pytest.raises(ValueError, match="no nn.Linear or nn.Conv2d weight"):
+        lt.save_model(nn.Sequential(nn.ReLU()), x, tmp_path / "none.safetensors")
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, prefect_server):
+    """One search of Tiny at 0.7 (magnitude), every stage, host-checked kernels."""
+    root = tmp_path_factory.mktemp("torch-run") / "artifacts"
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    run_id = lt.search(_model(), x, sparsity=0.7, artifacts=root, name="tiny", m1s=(1, 2, 4), jobs=2)
+    return root, run_id, x
+
+
+def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
+    root, run_id, x = searched
+    model = _model()
+    fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
+    ref = lt.pruned(model, run_id, artifacts=root)
+    assert isinstance(fast.stem, lt.SparseConv2d) and isinstance(fast.fc, lt.SparseLinear)
+    assert isinstance(fast.dw, nn.Conv2d) and isinstance(model.stem, nn.Conv2d)  # the model itself is untouched
+    assert {r.module for r in fast.lospmm_replacements} == {"stem", "pw", "dilated", "fc"}
+    # the implicit-im2col kernels read NCHW X themselves
+    assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "pw", "dilated"))
+    # the reference holds the kernels' pruned weights: about 70% zeros in every searched layer
+    assert 0.65 < float((ref.stem.weight == 0).float().mean()) < 0.75
+    with torch.no_grad():
+        got, want, dense = fast(x), ref(x), model(x)
+    scale = float(want.abs().max())
+    assert float((got - want).abs().max()) / scale < 1e-5
+    assert float((dense - want).abs().max()) / scale > 1e-3  # pruning changed the output: the test can tell
+
+
+def test_every_conv_layer_of_the_run_was_emitted_as_an_implicit_conv_kernel(searched):
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.runs import run_record
+
+    root, run_id, _ = searched
+    record = run_record(root, run_id)
+    emit = next(e for e in record["entries"] if e["stage"] == "emit")
+    rows = {r["layer"]: r for r in pq.read_table(root / emit["path"]).to_pylist()}
+    assert {k: r["form"] for k, r in rows.items()} == {"stem.weight": "implicit-conv", "pw.weight": "implicit-conv",
+                                                       "dilated.weight": "implicit-conv", "fc.weight": "gemm"}
+    assert all(r["check"] == "host-asan" and r["status"] == "ok" for r in rows.values())
+    facts = json.loads((root / rows["dilated.weight"]["kernel_dir"] / "kernel.json").read_text())
+    assert facts["conv"]["dilation"] == 2 and facts["epilogue"] == {"bias": False, "relu": False}
+
+
+def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
+    import scipy.sparse as sp
+
+    root, run_id, _ = searched
+    d = next(p for p in lt.kernel_dirs(run_id, root) if p.name.startswith("fc_weight"))
+    spmm = load_kernel(d, backend="host")
+    a = sp.load_npz(d / "weight.npz")
+    b = np.random.default_rng(0).standard_normal((32, 45)).astype(np.float32)
+    assert np.abs(spmm(b) - a @ b).max() < 1e-5
+    with pytest.raises(ValueError, match="B must be 32×N"):
+        spmm(b.T.copy())
+
+
+def test_kernels_of_other_weights_are_refused_by_name(searched):
+    root, run_id, _ = searched
+    other = _model(seed=1)  # same architecture, other weights
+    with pytest.raises(KernelDirError, match="4 of 4 kernels do not match.*differ from the model's weight"):
+        lt.sparsify(other, run_id, backend="host", artifacts=root)
+    partly = _model()
+    with torch.no_grad():
+        partly.fc.weight.mul_(2.0)  # one layer fine-tuned after the search
+    kept = lt.sparsify(partly, run_id, backend="host", artifacts=root, strict=False)
+    assert isinstance(kept.fc, nn.Linear) and isinstance(kept.stem, lt.SparseConv2d)
+    assert "fc.weight" in next(r.reason for r in kept.lospmm_replacements if r.layer == "fc.weight")
+
+
+def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tmp_path):
+    from lospmm.flows.kernels import write_full_kernel
+    from lospmm.flows.runs import run_record
+
+    root, run_id, x = searched
+    out = tmp_path / "stem-gemm"
+    write_full_kernel(str(root), run_record(root, run_id), "stem.weight", 2, 64, str(out))  # no --implicit-conv
+    model = _model()
+    fast = lt.sparsify(model, out, backend="host")
+    assert isinstance(fast.stem, lt.SparseConv2d) and isinstance(fast.stem.kernel, lt.SpMM)
+    ref = lt.pruned(model, out)
+    with torch.no_grad():
+        got, want = fast(x), ref(x)
+    assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-5
+
+
+@pytest.mark.gpu
+def test_sparsify_on_the_device(tmp_path, prefect_server):
+    """The same drop-in on the GPU: searched with the `cuda` timer, kernels launched on torch CUDA tensors."""
+    root = tmp_path / "artifacts"
+    x = torch.randn(4, 3, 16, 16)
+    model = _model()
+    run_id = lt.search(model, x, sparsity=0.7, artifacts=root, name="tiny", m1s=(1, 2, 4), timer="cuda")
+    fast = lt.sparsify(model, run_id, backend="cuda", artifacts=root).cuda()
+    ref = lt.pruned(model, run_id, artifacts=root)  # on the CPU: cuDNN may use TF32
+    with torch.no_grad():
+        got, want = fast(x.cuda()).cpu(), ref(x)
+    assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "pw", "dilated"))
+    assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-4
