@@ -85,6 +85,18 @@ def importer_report(model, x) -> dict:
             "conv_layers": sum(s.ok and s.op == "conv" for s in shapes), "excluded": dict(excluded.most_common())}
 
 
+def emitted_rows(artifacts: str, run_id: str) -> list[dict]:
+    """The run's 10_kernels rows: each layer's form, tile, check, error and (cuda timer) times."""
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.runs import run_record
+
+    emit = next(e for e in run_record(artifacts, run_id)["entries"] if e["stage"] == "emit")
+    keep = ("layer", "m", "n", "k", "form", "m1", "n1", "status", "check", "max_rel_error", "full_time_us",
+            "dense_time_us", "speedup_vs_dense", "compile_seconds")
+    return [{k: r[k] for k in keep} for r in pq.read_table(Path(artifacts) / emit["path"]).to_pylist()]
+
+
 def cuda_median_ms(fn, repeats: int = 50, warmup: int = 5) -> float:
     import torch
 
@@ -130,6 +142,11 @@ def main() -> None:
     run_id = lt.search(model, x, sparsity=args.sparsity, artifacts=args.artifacts, name=args.model, jobs=args.jobs)
     result["run_id"], result["search_s"] = run_id, round(time.perf_counter() - t0, 1)
     print(f"search: run {run_id} in {result['search_s']} s", flush=True)
+
+    result["layers"] = emitted_rows(args.artifacts, run_id)
+    checks = Counter(r["check"] for r in result["layers"])
+    print(f"emitted: {dict(Counter(r['form'] for r in result['layers']))}, checks {dict(checks)}, largest error "
+          f"{max(r['max_rel_error'] or 0 for r in result['layers']):.3g}", flush=True)
 
     backend = "cuda" if gpu else "host"
     fast = lt.sparsify(model, run_id, backend=backend, artifacts=args.artifacts)

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.sparse_file import read_matrix, write_matrix  # noqa: F401  (gpuplan.read_matrix: the bundles' A)
+
 BUNDLE_DIR = ".gpu"
 CHECK_NS = (1, 31, 32, 4096)
 
@@ -69,26 +71,6 @@ def unpacked(bundle_dir: Path, into: Path) -> list[Path]:
             tar.extractall(into, filter="data")
             out.extend(sorted({into / Path(n).parts[0] for n in tar.getnames()}))
     return out
-
-
-def write_matrix(path: Path, a: sp.csr_matrix) -> None:
-    """A CSR matrix as one Parquet row (shape, indptr, indices, data): the project's format, read
-    the same by any pyarrow. (An npz that numpy 2.5.2 wrote on the GPU machine could not be read
-    back there inside pytest: its header failed to tokenize.)"""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    a = a.tocsr()
-    pq.write_table(pa.table({"rows": [a.shape[0]], "cols": [a.shape[1]], "indptr": [a.indptr.astype(np.int64)],
-                             "indices": [a.indices.astype(np.int32)], "data": [a.data.astype(np.float32)]}), path)
-
-
-def read_matrix(path: Path) -> sp.csr_matrix:
-    import pyarrow.parquet as pq
-
-    (r,) = pq.read_table(path).to_pylist()
-    return sp.csr_matrix((np.asarray(r["data"], np.float32), np.asarray(r["indices"], np.int32),
-                          np.asarray(r["indptr"], np.int64)), shape=(r["rows"], r["cols"]))
 
 
 def emitted_run(artifacts: Path, model: str, sparsity: float, run_id: str | None = None):

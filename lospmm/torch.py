@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from lospmm.flows.weights import GRAPH_METADATA
+from lospmm.sparse_file import read_matrix
 from lospmm.loader import BACKENDS, KernelDirError, SpConv, SpMM, kernel_facts, load_kernel
 from lospmm.stages.extract import GraphWeight, conv_output_size
 
@@ -271,19 +272,17 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
     (state_dict name `<module>.weight`) when its pruned A is that module's weight with entries
     zeroed, else the reason it is not used. A kernel from other weights (a zoo run's random ones,
     another checkpoint) is never used."""
-    import scipy.sparse as sp
-
     modules = dict(model.named_modules())
     out = []
     for d in kernel_dirs(source, artifacts, sparsity):
-        facts = kernel_facts(d, ("kernel.json", "weight.npz"))
+        facts = kernel_facts(d, ("kernel.json", "weight.parquet"))
         layer = facts["layer"]
         owner, _, leaf = layer.rpartition(".")
         module = modules.get(owner) if leaf == "weight" else None
         if module is None:
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
-        reason = _matching(sp.load_npz(d / "weight.npz"), module, layer)
+        reason = _matching(read_matrix(d / "weight.parquet"), module, layer)
         out.append(Replacement(layer, str(d), owner if not reason else "", reason))
     return out
 
@@ -331,13 +330,11 @@ def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifa
            sparsity: float | None = None) -> nn.Module:
     """A copy of `model` whose searched layers hold the kernels' pruned weights, dense: the
     reference `sparsify`'s model must agree with, runnable anywhere."""
-    import scipy.sparse as sp
-
     out = copy.deepcopy(model)
     for r in replacements(model, source, artifacts, sparsity):
         if r.module:
             module = out.get_submodule(r.module)
-            a = sp.load_npz(Path(r.kernel_dir) / "weight.npz").toarray()
+            a = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray()
             with torch.no_grad():
                 module.weight.copy_(torch.from_numpy(a.reshape(module.weight.shape)))
     return out

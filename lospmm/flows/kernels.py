@@ -12,9 +12,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-import scipy.sparse as sp
-
 from lospmm.flows.compile_cache import cached_kernel
 from lospmm.flows.units import UnitCompiler
 from lospmm.flows.schemas import LAYER_COLUMNS
@@ -22,6 +19,7 @@ from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_mani
 from lospmm.flows.taskio import failed_row, is_transient
 from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
+from lospmm.sparse_file import write_matrix
 from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
 from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source, full_kernel_source
 from lospmm.stages.compile import kernel_options
@@ -97,7 +95,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
     # the pruned A the kernel bakes in, rows in the layer's order: what `lospmm.torch.sparsify` checks
     # a model's weight against, and a user's way to evaluate the pruned layer without a GPU
-    atomic_write(out / "weight.npz", lambda tmp: _save_npz(tmp, matrix))
+    atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv), **(extra or {})}
     cubin = None
     if compile_:
@@ -135,12 +133,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
 
 # No kernel.ptx: the kernel is linked from relocatable units, whose PTX are separate modules (each
 # unit's kernel.ptx stays in the compile cache, at the unit keys kernel.json lists).
-KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json", "weight.npz")
-
-
-def _save_npz(path, matrix) -> None:
-    with open(path, "wb") as f:  # a file object: save_npz would append .npz to a temporary name
-        sp.save_npz(f, sp.csr_matrix(matrix, dtype=np.float32), compressed=False)
+KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json", "weight.parquet")
 
 
 def _json_safe(value):

@@ -64,7 +64,7 @@ def test_kernel_json_is_strict_json_and_the_directory_carries_its_checksums(tmp_
     facts = json.loads((out / "kernel.json").read_text(), parse_constant=no_constants)  # as strict parsers read it
     assert facts["full_time_us"] is None and facts["speedup_vs_dense"] is None
     listed = dict(line.split("  ")[::-1] for line in (out / MANIFEST).read_text().splitlines())
-    assert set(listed) == {"kernel.cu", "kernel.cubin", "kernel.json", "weight.npz"}
+    assert set(listed) == {"kernel.cu", "kernel.cubin", "kernel.json", "weight.parquet"}
     assert all(hashlib.sha256((out / f).read_bytes()).hexdigest() == h for f, h in listed.items())
     assert manifest_problem(out) is None
     data = bytearray((out / "kernel.cubin").read_bytes())
