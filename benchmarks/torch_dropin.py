@@ -1,9 +1,10 @@
 """A whole PyTorch model through lospmm and back (issue 13): what the importer finds, the search,
 `lospmm.torch.sparsify`, the served model's output against the pruned dense model, and (on a GPU)
-whole-model latency against the dense model on cuDNN/cuBLAS in FP32.
+whole-model latency against the dense model on cuDNN/cuBLAS in FP32, run eagerly and replayed as a
+CUDA graph (which leaves out Python's per-layer launch cost on both sides).
 
-    python benchmarks/torch_dropin.py [--model resnet18|tiny] [--sparsity 0.9] [--batch 1] [--image 224]
-                                      [--artifacts DIR] [--out FILE.json]
+    python benchmarks/torch_dropin.py [--model resnet18|tiny] [--sparsity 0.9] [--batch 8] [--image 224]
+                                      [--serve-batches 1 8 32] [--artifacts DIR] [--out FILE.json]
 
 The model is a ResNet-18 (torchvision's when installed, else the same architecture defined here),
 randomly initialised (no network here), magnitude-pruned by the search. Without a GPU the served
@@ -113,12 +114,32 @@ def cuda_median_ms(fn, repeats: int = 50, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
+def graph_median_ms(model, x, repeats: int = 50) -> float:
+    """The model's forward captured once as a CUDA graph and replayed: GPU time without Python's
+    per-module launch cost (the emitted kernels launch on torch's current stream, so they are captured)."""
+    import torch
+
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(x)
+    return cuda_median_ms(graph.replay, repeats)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=("resnet18", "tiny"), default="resnet18")
     p.add_argument("--sparsity", type=float, default=0.9)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8, help="the batch the search sizes N for")
     p.add_argument("--image", type=int, default=224)
+    p.add_argument("--serve-batches", type=int, nargs="*", default=[1, 8, 32],
+                   help="GPU: whole-model latency at these batches, on the kernels searched at --batch")
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--jobs", type=int, default=0)
     p.add_argument("--out")
@@ -172,14 +193,25 @@ def main() -> None:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
-        xd = x.cuda()
         dense = ref.cuda()
-        with torch.no_grad():
-            result["dense_fp32_ms"] = cuda_median_ms(lambda: dense(xd))
-            result["lospmm_ms"] = cuda_median_ms(lambda: fast(xd))
-        result["speedup"] = result["dense_fp32_ms"] / result["lospmm_ms"]
-        print(f"whole model, batch {args.batch}: dense FP32 (cuDNN, TF32 off) {result['dense_fp32_ms']:.3f} ms, "
-              f"lospmm {result['lospmm_ms']:.3f} ms, {result['speedup']:.2f}x", flush=True)
+        result["latency"] = []
+        # the kernels take the batch at run time: the kernels searched at --batch serve every batch here
+        for batch in dict.fromkeys([args.batch, *args.serve_batches]):
+            xb = torch.randn(batch, 3, args.image, args.image, generator=torch.Generator().manual_seed(batch))
+            with torch.no_grad():
+                want = ref(xb).double()
+                xd = xb.cuda()
+                got = fast(xd).cpu().double()
+                row = {"batch": batch, "relative_difference": float((got - want).abs().max() / want.abs().max()),
+                       "dense_fp32_ms": cuda_median_ms(lambda: dense(xd)), "lospmm_ms": cuda_median_ms(lambda: fast(xd)),
+                       "dense_fp32_graph_ms": graph_median_ms(dense, xd), "lospmm_graph_ms": graph_median_ms(fast, xd)}
+            row["speedup"] = row["dense_fp32_ms"] / row["lospmm_ms"]
+            row["speedup_graph"] = row["dense_fp32_graph_ms"] / row["lospmm_graph_ms"]
+            result["latency"].append(row)
+            print(f"batch {batch}: relative difference {row['relative_difference']:.2g}; eager: dense FP32 (cuDNN, "
+                  f"TF32 off) {row['dense_fp32_ms']:.3f} ms, lospmm {row['lospmm_ms']:.3f} ms, {row['speedup']:.2f}x; "
+                  f"CUDA graph: {row['dense_fp32_graph_ms']:.3f} vs {row['lospmm_graph_ms']:.3f} ms, "
+                  f"{row['speedup_graph']:.2f}x", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
