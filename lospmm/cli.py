@@ -61,7 +61,7 @@ def _expanded(argv: list[str]) -> list[str]:
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
     tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic)."),
     sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
     until: str = typer.Option("emit", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
@@ -84,6 +84,8 @@ def run(
     jobs: int = typer.Option(0, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
     dask: str = typer.Option("", "--dask", help="Dask scheduler address (tcp://host:8786): run the tasks and "
                              "kernel compiles on that cluster; workers must see --artifacts at the same path."),
+    im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
+                                "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -95,7 +97,8 @@ def run(
                     sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
-                    rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask)
+                    rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
+                    implicit_conv=not im2col)
     _run(cfg, refresh=[])
 
 

@@ -47,6 +47,7 @@ class RunConfig:
     candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core),
     dask="" (a Dask scheduler address: the flow's tasks and every kernel unit's compile run on that
     cluster through prefect-dask; its workers must see the artifact root at the same path),
+    implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
     and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
@@ -72,6 +73,7 @@ class RunConfig:
     ranker: str | None = None
     jobs: int = 0
     dask: str = ""
+    implicit_conv: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -136,7 +138,7 @@ def resolved(cfg: RunConfig) -> RunPlan:
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col), rank=rank,
-        emit=emit_params(rank, verify=True), jobs=cfg.jobs or _cores())
+        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
 
 
 def resolved_timer(timer: str, device: Device) -> Timer:

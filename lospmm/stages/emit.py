@@ -41,8 +41,8 @@ def chosen_by(rank: RankParams) -> str:
             else "top-1 proxy of every kept candidate")
 
 
-def emit_params(rank: RankParams, verify: bool = True) -> EmitParams:
-    return EmitParams(verify=verify, chosen_by=chosen_by(rank))
+def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = True) -> EmitParams:
+    return EmitParams(verify=verify, chosen_by=chosen_by(rank), implicit_conv=implicit_conv)
 
 
 def _timed_ok(timed: Sequence[dict]) -> list[dict]:
