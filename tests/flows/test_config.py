@@ -170,3 +170,11 @@ def test_a_config_json_beside_the_checkpoint_is_read_and_keyed(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="config.json \\(beside --weights\\): not readable JSON"):
         resolved(RunConfig(weights=str(path)))
+
+
+def test_im2col_reaches_the_emit_parameters(tmp_path):
+    from lospmm.flows.config import RunConfig, resolved
+
+    for implicit in (True, False):
+        plan = resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(tmp_path), implicit_conv=implicit))
+        assert plan.emit.implicit_conv is implicit

@@ -66,3 +66,15 @@ def test_kernel_facts_describe_the_launch():
     assert (facts["m"], facts["k"], facts["nnz"], facts["m1"], facts["n1"]) == (40, 24, a.nnz, 4, 64)
     assert facts["empty_rows"] == [3] and sorted(facts["row_order"] + facts["empty_rows"]) == list(range(40))
     assert facts["params"] == list(kernel.params) and facts["arch"] == "sm_90"
+
+
+def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
+    from lospmm.stages.emit import kernel_form
+
+    conv = {"op": "conv", "groups": 1, "h_in": 56}
+    assert kernel_form(conv) == "implicit-conv"
+    assert kernel_form(conv, EmitParams(implicit_conv=False)) == "gemm"  # --im2col
+    assert kernel_form({**conv, "groups": 32}) == "gemm"  # grouped: no conv kernel
+    assert kernel_form({**conv, "h_in": 0}) == "gemm"  # no geometry (a plain checkpoint)
+    assert kernel_form({"op": "linear", "groups": 0, "h_in": 0}) == "gemm"
+    assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False
