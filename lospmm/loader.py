@@ -86,6 +86,12 @@ class _Kernel:
             y[...] = got
         return y
 
+    def _named(self, call):
+        try:
+            return call()
+        except (ValueError, TypeError) as e:  # an array the kernel cannot take: say which layer's
+            raise type(e)(f"{self.facts['layer']}: {e}") from None
+
     def _empty(self, like, shape):
         if type(like).__module__.split(".")[0] == "torch":
             import torch
@@ -103,10 +109,10 @@ class SpMM(_Kernel):
 
     def __call__(self, b, out=None):
         if tuple(b.shape[:1]) != (self.k,) or b.ndim != 2:
-            raise ValueError(f"B must be {self.k}×N, got {tuple(b.shape)}")
+            raise ValueError(f"{self.facts['layer']}: B must be {self.k}×N, got {tuple(b.shape)}")
         n = int(b.shape[1])
         out = self._empty(b, (self.m, n)) if out is None else out
-        return self._launch(n, ("B", b), ("C", out), ("N", n))
+        return self._named(lambda: self._launch(n, ("B", b), ("C", out), ("N", n)))
 
 
 class SpConv(_Kernel):
@@ -117,10 +123,11 @@ class SpConv(_Kernel):
     def __call__(self, x, out=None):
         g = self.conv
         if x.ndim != 4 or tuple(x.shape[1:]) != (g["cin"], g["h"], g["w"]):
-            raise ValueError(f"X must be batch×{g['cin']}×{g['h']}×{g['w']} (NCHW), got {tuple(x.shape)}")
+            raise ValueError(f"{self.facts['layer']}: X must be batch×{g['cin']}×{g['h']}×{g['w']} (NCHW; the input "
+                             f"size the kernel was searched and emitted for), got {tuple(x.shape)}")
         batch = int(x.shape[0])
         out = self._empty(x, (batch, self.m, g["h_out"], g["w_out"])) if out is None else out
-        return self._launch(batch * g["h_out"] * g["w_out"], ("X", x), ("Y", out), ("batch", batch))
+        return self._named(lambda: self._launch(batch * g["h_out"] * g["w_out"], ("X", x), ("Y", out), ("batch", batch)))
 
 
 def load_kernel(kernel_dir: str | Path, backend: str = "cuda") -> SpMM | SpConv:
@@ -147,7 +154,9 @@ def _array_info(x):
         import torch
 
         if not x.is_cuda or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError("need a contiguous float32 CUDA tensor")
+            raise ValueError(f"need a contiguous float32 CUDA tensor, got {x.dtype} on {x.device}")
+        if x.device.index not in (None, 0):  # kernels are loaded in device 0's primary context
+            raise ValueError(f"kernels run on cuda:0, got a tensor on {x.device}")
         return torch, x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream
     if mod == "cupy":
         import cupy

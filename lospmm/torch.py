@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,12 +52,16 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in modules.items()
                if isinstance(m, (nn.Linear, nn.Conv2d))]
+    training = {m: m.training for m in model.modules()}
     try:
+        model.eval()  # shapes do not depend on the mode; a BatchNorm in train mode would update its statistics
         with torch.no_grad():
             model(*example_input) if isinstance(example_input, tuple) else model(example_input)
     finally:
         for h in handles:
             h.remove()
+        for m, was in training.items():
+            m.training = was
 
     out = []
     for name, tensor in [*model.state_dict(keep_vars=True).items()]:
@@ -76,6 +82,9 @@ def _weight(name: str, tensor, module, leaf: str, shapes: list[tuple[int, ...]])
     if not isinstance(module, (nn.Linear, nn.Conv2d)) or leaf != "weight":
         what = "norm parameter or statistic" if "Norm" in kind else "parameter or buffer"
         return GraphWeight(name, "", reason=f"{what} of {kind}: not an nn.Linear or nn.Conv2d weight")
+    if not _plain(module):
+        return GraphWeight(name, "", reason=f"{kind} overrides nn.{_base(module).__name__}'s forward (its kernel "
+                                            f"would compute with the raw weight)")
     if not shapes:
         return GraphWeight(name, "", reason=f"{kind} not called by the example input")
     if len(set(shapes)) > 1:
@@ -84,6 +93,18 @@ def _weight(name: str, tensor, module, leaf: str, shapes: list[tuple[int, ...]])
     if isinstance(module, nn.Linear):
         return GraphWeight(name, "linear", module.out_features, module.in_features, int(np.prod(x[:-1])))
     return _conv_weight(name, module, x)
+
+
+def _base(module: nn.Module) -> type:
+    return nn.Conv2d if isinstance(module, nn.Conv2d) else nn.Linear
+
+
+def _plain(module: nn.Module) -> bool:
+    """An nn.Linear / nn.Conv2d whose forward is torch's own: a subclass that standardises or
+    fake-quantises its weight in forward (timm's StdConv2d, QAT modules) computes something else."""
+    base = _base(module)
+    methods = ("forward", "_conv_forward") if base is nn.Conv2d else ("forward",)
+    return all(getattr(type(module), m) is getattr(base, m) for m in methods)
 
 
 def _conv_weight(name: str, conv: nn.Conv2d, x: tuple[int, ...]) -> GraphWeight:
@@ -140,7 +161,7 @@ def search(model: nn.Module, example_input, sparsity: float = 0.9, prune: str = 
     from lospmm.flows.pipeline import run_plan
 
     label = name or type(model).__name__.lower()
-    tmp = Path(artifacts) / "models" / f".{label}.pending.safetensors"
+    tmp = Path(artifacts) / "models" / f".{label}.{os.getpid()}.{secrets.token_hex(4)}.pending.safetensors"
     save_model(model, example_input, tmp)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]
     path = tmp.with_name(f"{label}-{digest}.safetensors")
@@ -156,6 +177,12 @@ def search(model: nn.Module, example_input, sparsity: float = 0.9, prune: str = 
 # --- the drop-in ---------------------------------------------------------------------------------
 
 
+def _inference_only(x, kernel) -> None:
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError(f"{kernel.facts['layer']}: an emitted kernel has no backward (A is baked into it); "
+                           f"run the sparsified model for inference, under torch.no_grad()")
+
+
 class SparseLinear(nn.Module):
     """x @ A.T + bias with A baked into an emitted GEMM kernel (out × in)."""
 
@@ -165,6 +192,7 @@ class SparseLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
     def forward(self, x):
+        _inference_only(x, self.kernel)
         lead = x.shape[:-1]
         y = self.kernel(x.reshape(-1, self.in_features).t().contiguous()).t()  # C = A·Xᵀ is out × tokens
         if self.bias is not None:
@@ -186,6 +214,7 @@ class SparseConv2d(nn.Module):
         self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False) if conv.bias is not None else None
 
     def forward(self, x):
+        _inference_only(x, self.kernel)
         g = self.geometry
         if isinstance(self.kernel, SpConv):
             y = self.kernel(x.contiguous())
@@ -249,12 +278,32 @@ def _weight_matrix(module: nn.Module) -> np.ndarray:
     return w.reshape(w.shape[0], -1)
 
 
-def _matching(a, module: nn.Module, layer: str) -> str:
-    """"" when the kernel's pruned A is this module's weight with entries zeroed, else why not."""
+def _matching(a, facts: dict, module: nn.Module, layer: str) -> str:
+    """"" when the kernel computes this module's operation (a plain nn.Linear / nn.Conv2d, the same
+    convolution geometry, no fused epilogue) with its weight, entries zeroed; else why not."""
     if not isinstance(module, (nn.Linear, nn.Conv2d)):
         return f"{layer}: the model's {type(module).__name__} is not an nn.Linear or nn.Conv2d"
+    if not _plain(module):
+        return f"{layer}: {type(module).__name__} overrides nn.{_base(module).__name__}'s forward"
     if isinstance(module, nn.Conv2d) and module.groups != 1:
         return f"{layer}: a grouped convolution (groups={module.groups}) has no kernel"
+    epilogue = facts.get("epilogue") or {}
+    if epilogue.get("bias") or epilogue.get("relu"):
+        return (f"{layer}: the kernel fuses {' and '.join(k for k in ('bias', 'relu') if epilogue.get(k))}; "
+                f"sparsify serves plain kernels (the model's own bias and activation follow them)")
+    if facts.get("conv"):
+        if not isinstance(module, nn.Conv2d):
+            return f"{layer}: a convolution kernel for the model's {type(module).__name__}"
+        g = facts["conv"]
+        mine = _conv_weight(layer, module, (1, module.in_channels, g["h"], g["w"]))
+        if not mine.op:
+            return f"{layer}: {mine.reason}"
+        keys = ("cin", "kh", "kw", "stride", "pad", "dilation")
+        theirs = {"cin": g["cin"], "kh": g["kh"], "kw": g["kw"], "stride": g["stride"], "pad": g["pad"],
+                  "dilation": g["dilation"]}
+        if {k: mine.conv[k] for k in keys} != theirs:
+            return (f"{layer}: the kernel's convolution ({theirs}) is not the module's "
+                    f"({ {k: mine.conv[k] for k in keys} })")
     w = _weight_matrix(module)
     if w.shape != a.shape:
         return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
@@ -282,7 +331,7 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
         if module is None:
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
-        reason = _matching(read_matrix(d / "weight.parquet"), module, layer)
+        reason = _matching(read_matrix(d / "weight.parquet"), facts, module, layer)
         out.append(Replacement(layer, str(d), owner if not reason else "", reason))
     return out
 
@@ -294,28 +343,41 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
     carried over; activations stay the model's own modules. `backend`: `cuda` (the GPU) or `host`
     (the CPU host emulation, for tests: slow). `strict`: raise KernelDirError when a kernel does not
     match the model (its reason), else skip it. The copy's `lospmm_replacements` lists every
-    kernel and what became of it. The model itself is left as it was."""
+    kernel the source emitted and what became of it. The model itself is left as it was.
+
+    The copy is for inference (an emitted kernel has no backward). A convolution's kernel reads the
+    input size it was searched for (any batch); another size raises ValueError naming the layer."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     plan = replacements(model, source, artifacts, sparsity)
     bad = [r.reason for r in plan if r.reason]
     if bad and strict:
         raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]))
-    out = copy.deepcopy(model)
+    out = copy.deepcopy(model)  # aliases stay aliases in the copy: replaced together below
+    paths = _paths(out)
     for r in plan:
         if not r.module:
             continue
-        parent_name, _, child = r.module.rpartition(".")
-        parent = out.get_submodule(parent_name) if parent_name else out
-        original = getattr(parent, child)
+        original = out.get_submodule(r.module)
         kernel = load_kernel(r.kernel_dir, backend)
         if isinstance(original, nn.Linear):
             new = SparseLinear(kernel, original.bias)
         else:
             new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original))
-        setattr(parent, child, new)
+        for path in paths[id(original)]:  # every name the module goes by (a module shared by two parents)
+            parent_name, _, child = path.rpartition(".")
+            setattr(out.get_submodule(parent_name) if parent_name else out, child, new)
     out.lospmm_replacements = plan
     return out
+
+
+def _paths(model: nn.Module) -> dict[int, list[str]]:
+    """Every name of every submodule, aliases included (named_modules hides the second name)."""
+    paths: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        if name:
+            paths.setdefault(id(m), []).append(name)
+    return paths
 
 
 def _geometry_of(conv: nn.Conv2d) -> dict:
@@ -335,6 +397,8 @@ def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifa
         if r.module:
             module = out.get_submodule(r.module)
             a = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray()
-            with torch.no_grad():
-                module.weight.copy_(torch.from_numpy(a.reshape(module.weight.shape)))
+            w = module.weight
+            # a new Parameter: a weight tied elsewhere (an embedding table, say) keeps its own values
+            module.weight = nn.Parameter(torch.from_numpy(a.reshape(w.shape)).to(w.device, w.dtype),
+                                         requires_grad=w.requires_grad)
     return out

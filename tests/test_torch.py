@@ -70,6 +70,24 @@ def test_the_importer_finds_each_gemm_weight_with_its_geometry_and_says_why_not_
                                                                 "stem.weight"]
 
 
+class StdConv2d(nn.Conv2d):
+    """timm-style: the weight standardised in forward, so the raw weight is not what it multiplies."""
+
+    def forward(self, x):
+        w = (self.weight - self.weight.mean(dim=(1, 2, 3), keepdim=True)) / (self.weight.std() + 1e-5)
+        return self._conv_forward(x, w, self.bias)
+
+
+def test_the_importer_leaves_the_model_as_it_was_and_skips_modules_with_their_own_forward():
+    model = _model().train()
+    model.pw = StdConv2d(16, 32, 1)
+    before = model.bn.running_mean.clone()
+    found = {w.name: w for w in lt.layer_weights(model, torch.randn(2, 3, 16, 16))}
+    assert model.training and model.bn.training  # the mode is restored
+    assert torch.equal(model.bn.running_mean, before)  # and the forward pass did not touch the statistics
+    assert not found["pw.weight"].op and "overrides nn.Conv2d's forward" in found["pw.weight"].reason
+
+
 def test_uneven_strides_and_other_padding_modes_are_excluded_with_the_reason():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=(1, 2)), nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"))
     found = {w.name: w for w in lt.layer_weights(model, torch.randn(1, 3, 12, 12))}
@@ -118,6 +136,8 @@ def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
     scale = float(want.abs().max())
     assert float((got - want).abs().max()) / scale < 1e-5
     assert float((dense - want).abs().max()) / scale > 1e-3  # pruning changed the output: the test can tell
+    with pytest.raises(ValueError, match=r"stem.weight: X must be batch×3×16×16 .*got \(2, 3, 20, 20\)"):
+        fast(torch.randn(2, 3, 20, 20))  # a conv kernel reads the input size it was emitted for, no other
 
 
 def test_every_conv_layer_of_the_run_was_emitted_as_an_implicit_conv_kernel(searched):
@@ -143,7 +163,7 @@ def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
     a = read_matrix(d / "weight.parquet")
     b = np.random.default_rng(0).standard_normal((32, 45)).astype(np.float32)
     assert np.abs(spmm(b) - a @ b).max() < 1e-5
-    with pytest.raises(ValueError, match="B must be 32×N"):
+    with pytest.raises(ValueError, match="fc.weight: B must be 32×N"):
         spmm(b.T.copy())
 
 
@@ -158,6 +178,50 @@ def test_kernels_of_other_weights_are_refused_by_name(searched):
     kept = lt.sparsify(partly, run_id, backend="host", artifacts=root, strict=False)
     assert isinstance(kept.fc, nn.Linear) and isinstance(kept.stem, lt.SparseConv2d)
     assert "fc.weight" in next(r.reason for r in kept.lospmm_replacements if r.layer == "fc.weight")
+
+
+def test_kernels_that_compute_something_else_are_refused(searched, tmp_path):
+    from lospmm.flows.kernels import write_full_kernel
+    from lospmm.flows.runs import run_record
+
+    root, run_id, _ = searched
+    fused = tmp_path / "stem-relu"  # same weights, ReLU fused: the model's BN comes before its ReLU
+    write_full_kernel(str(root), run_record(root, run_id), "stem.weight", 2, 64, str(fused), implicit_conv=True,
+                      relu=True)
+    with pytest.raises(KernelDirError, match="stem.weight: the kernel fuses relu"):
+        lt.sparsify(_model(), fused, backend="host")
+    strided = _model()
+    strided.stem.stride = (1, 1)  # same name, same weights, another convolution
+    plan = {r.layer: r for r in lt.replacements(strided, run_id, root)}
+    assert "is not the module's" in plan["stem.weight"].reason and plan["pw.weight"].module == "pw"
+    standardised = _model()
+    plain_pw = standardised.pw
+    standardised.pw = StdConv2d(16, 32, 1)
+    standardised.pw.load_state_dict(plain_pw.state_dict())
+    plan = {r.layer: r for r in lt.replacements(standardised, run_id, root)}
+    assert "overrides nn.Conv2d's forward" in plan["pw.weight"].reason
+
+
+def test_a_module_under_two_names_is_replaced_under_both(searched):
+    root, run_id, x = searched
+    model = _model()
+    model.head = model.fc  # one module, two names
+    model.table = nn.Embedding(10, 32)
+    model.table.weight = model.fc.weight  # a table tied to a searched weight (a decoder tied to its embedding)
+    fast, ref = lt.sparsify(model, run_id, backend="host", artifacts=root), lt.pruned(model, run_id, artifacts=root)
+    assert fast.head is fast.fc and isinstance(fast.head, lt.SparseLinear)
+    assert ref.head is ref.fc and float((ref.head.weight == 0).float().mean()) > 0.6
+    assert float((model.fc.weight == 0).float().mean()) < 0.1  # pruned() leaves the model's own weights alone
+    assert torch.equal(ref.table.weight, model.fc.weight)  # the tied table is no GEMM: it keeps every value
+
+
+def test_the_sparsified_model_is_for_inference(searched):
+    root, run_id, x = searched
+    fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
+    with pytest.raises(RuntimeError, match="stem.weight: an emitted kernel has no backward"):
+        fast(x.clone().requires_grad_())
+    with torch.no_grad():
+        assert fast(x.clone().requires_grad_()).shape == (2, 10)
 
 
 def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tmp_path):
