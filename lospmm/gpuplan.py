@@ -148,6 +148,14 @@ def emitted_work(facts: dict, a: sp.csr_matrix) -> dict:
             "tile_loads": loads, "tile_fmas": fmas}
 
 
+def conv_geometry_of(facts: dict):
+    """The ConvGeometry of an implicit-im2col kernel from its kernel.json, or None for a GEMM kernel."""
+    from lospmm.stages.codegen import ConvGeometry
+
+    c = facts.get("conv")
+    return ConvGeometry(**{k: c[k] for k in ("cin", "h", "w", "kh", "kw", "stride", "pad", "dilation")}) if c else None
+
+
 def emitted_rows(folder: Path) -> list[dict]:
     """An unpacked emitted bundle's rows (each with `path`, its kernel folder)."""
     rows = json.loads((folder / "index.json").read_text())
@@ -512,8 +520,10 @@ def env_facts() -> dict:
 
 def device_check_rows(rows: list[dict], ns=CHECK_NS, deadline: Deadline | None = None) -> list[dict]:
     """Each emitted kernel run on the device against scipy (float64) for every N of `ns` and the
-    layer's own N, B fresh random, C poisoned with NaN; a launch failure is a row."""
-    from lospmm.runtime import check_full_kernel
+    layer's own N, B fresh random, C poisoned with NaN; an implicit-im2col conv kernel against a
+    reference convolution at batches 1, 3 and the layer's (N = batch·h_out·w_out). A launch failure
+    is a row."""
+    from lospmm.runtime import check_conv_kernel, check_full_kernel
 
     out = []
     for r in rows:
@@ -522,18 +532,26 @@ def device_check_rows(rows: list[dict], ns=CHECK_NS, deadline: Deadline | None =
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
         cubin = (Path(r["path"]) / "kernel.cubin").read_bytes()
         a = read_matrix(Path(r["path"]) / "a.parquet")
-        for n in sorted({*ns, r["n"]}):
+        g = conv_geometry_of(facts)
+        if g is None:
+            cases = [(n, lambda n=n: check_full_kernel(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"], a,
+                                                       n=n, seed=n)) for n in sorted({*ns, r["n"]})]
+        else:
+            batches = sorted({1, 3, max(1, r["n"] // (g.h_out * g.w_out))})
+            cases = [(g.n(b), lambda b=b: check_conv_kernel(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"],
+                                                            a, g, batch=b, seed=b)) for b in batches]
+        for n, check in cases:
             t0 = time.perf_counter()
             try:
-                err, status, message = check_full_kernel(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"], a,
-                                                         n=n, seed=n), "ok", ""
+                err, status, message = check(), "ok", ""
                 if not err <= 1e-5:
                     status, message = "wrong", f"max relative error {err:.2e}"
             except Exception as e:  # a failed launch is a row, not the end of the plan
                 err, status, message = float("inf"), "error", f"{type(e).__name__}: {e}"[:300]
             out.append({"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "nnz": r["nnz"],
                         "m1": r["m1"], "n1": r["n1"], "n": n, "layer_n": r["n"], "max_rel_error": err,
-                        "status": status, "message": message, "seconds": time.perf_counter() - t0})
+                        "form": "gemm" if g is None else "implicit-conv", "status": status, "message": message,
+                        "seconds": time.perf_counter() - t0})
     return out
 
 
@@ -541,11 +559,18 @@ def loader_rows(rows: list[dict], n: int = 257) -> list[dict]:
     """The loader on torch and on CuPy arrays: both C against scipy, and against each other."""
     from lospmm.loader import load_kernel
 
+    from lospmm.hostemu import reference_conv2d
+
     out = []
     for r in rows:
         a = read_matrix(Path(r["path"]) / "a.parquet")
-        b = np.random.default_rng(7).standard_normal((r["k"], n)).astype(np.float32)
-        ref = a @ b.astype(np.float64)
+        g = conv_geometry_of(json.loads((Path(r["path"]) / "kernel.json").read_text()))
+        if g is None:  # C = A·B on a K×N B
+            b = np.random.default_rng(7).standard_normal((r["k"], n)).astype(np.float32)
+            ref = a @ b.astype(np.float64)
+        else:  # Y = conv(X) on a batch of 2 NCHW images
+            b = np.random.default_rng(7).standard_normal((2, g.cin, g.h, g.w)).astype(np.float32)
+            ref = reference_conv2d(b, a.toarray().reshape(r["m"], g.cin, g.kh, g.kw), g)
         got, problems = {}, []
         try:
             spmm = load_kernel(r["path"])
@@ -585,7 +610,7 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
     of `repeats` launches, L2 flushed before each, per distinct (model, M, K, N)."""
     import torch
 
-    from lospmm.runtime import CudaTimerOptions, time_full_kernel_cubin, torch_timed
+    from lospmm.runtime import CudaTimerOptions, time_conv_kernel_cubin, time_full_kernel_cubin, torch_timed
 
     opts = CudaTimerOptions(repeats=repeats)
     out, seen = [], set()
@@ -598,10 +623,16 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
         seen.add(key)
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
         a = read_matrix(Path(r["path"]) / "a.parquet")
-        ours = time_full_kernel_cubin((Path(r["path"]) / "kernel.cubin").read_bytes(), facts["kernel"],
-                                      facts["grid"]["x"], r["m"], r["k"], r["n"], facts["n1"], opts)
+        cubin, g = (Path(r["path"]) / "kernel.cubin").read_bytes(), conv_geometry_of(facts)
+        if g is None:
+            ours = time_full_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], r["m"], r["k"], r["n"],
+                                          facts["n1"], opts)
+        else:  # the conv kernel reads X itself; the GEMM baselines below are on the im2col shape
+            ours = time_conv_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"], r["m"], g,
+                                          r["n"] // (g.h_out * g.w_out), opts)
         row = {"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "n": r["n"], "nnz": r["nnz"],
                "sparsity": r["sparsity"], "tile": f"{r['m1']}×{r['n1']}", "ours_us": ours.time_us,
+               "form": "gemm" if g is None else "implicit-conv",
                "ours_status": str(ours.status), "ours_message": ours.message,
                # the flow's own figure for this kernel, from whichever timer the run used
                "estimate_us": r["full_time_us"], "flow_timer": r.get("timer", "")}
@@ -624,6 +655,15 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
             baseline(name, lambda: (lambda: torch.matmul(da, db)))
         torch.backends.cuda.matmul.allow_tf32 = False
         baseline("torch_csr", lambda: (lambda csr=dense.to_sparse_csr(): csr @ b))
+        if g is not None:  # the dense convolution itself, cuDNN FP32 (TF32 off), on the same batch
+
+            def cudnn():
+                torch.backends.cudnn.allow_tf32 = False
+                w = dense.reshape(r["m"], g.cin, g.kh, g.kw)
+                x = torch.randn(r["n"] // (g.h_out * g.w_out), g.cin, g.h, g.w, device="cuda")
+                return lambda: torch.nn.functional.conv2d(x, w, None, g.stride, g.pad, g.dilation)
+
+            baseline("cudnn_fp32", cudnn)
 
         def cusparse():
             import cupy

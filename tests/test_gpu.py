@@ -139,6 +139,35 @@ def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_
     assert 0 < speed["ours_us"] < 1e4 and speed["ours_status"] == "ok" and speed["cublas_fp32_us"] > 0
 
 
+def test_the_gpu_plans_steps_launch_an_emitted_conv_kernel_as_a_convolution(tmp_path):
+    """A run now emits implicit-im2col kernels for convolutions: the plan's check, loader and speedup
+    steps must launch them with an NCHW X, not as a GEMM on B."""
+    import json
+
+    from lospmm import gpuplan
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.runtime import device_facts
+    from lospmm.stages.codegen import ConvGeometry, Epilogue
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    g = ConvGeometry(cin=8, h=14, w=14, kh=3, kw=3, stride=2, pad=1)
+    a = random_pruned(32, g.k, 0.8, np.random.default_rng(1))
+    d = tmp_path / "conv"
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "conv", 0.8, 64, device_facts()["arch"], d,
+                   verify=False, conv=(g, Epilogue()))
+    gpuplan.write_matrix(d / "a.parquet", a)
+    row = {"model": "test", "layer": "conv", "m": 32, "k": g.k, "n": g.n(4), "nnz": int(a.nnz), "m1": 4, "n1": 64,
+           "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
+    checks = gpuplan.device_check_rows([row])
+    assert sorted(r["n"] for r in checks) == [g.n(1), g.n(3), g.n(4)]
+    assert all(r["status"] == "ok" and r["form"] == "implicit-conv" for r in checks), json.dumps(checks, default=str)
+    (loaded,) = gpuplan.loader_rows([row])
+    assert loaded["torch_max_rel_error"] < 1e-5, loaded
+    (speed,) = gpuplan.speedup_rows([row], repeats=5)
+    assert speed["ours_status"] == "ok" and speed["cudnn_fp32_us"] > 0 and speed["form"] == "implicit-conv"
+
+
 def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device():
     from lospmm.runtime import check_conv_kernel, device_facts
     from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
