@@ -67,8 +67,8 @@ class _Kernel:
         grid = (self.grid_x, -(-columns // self.n1), 1)
         if self.backend == "cuda":
             (_, x), (_, y) = inputs, output
-            lib, x_ptr, stream = _array_info(x)
-            _, y_ptr, _ = _array_info(y)
+            _, x_ptr, stream = _array_info(x)
+            _, y_ptr, _ = _array_info(y, with_stream=False)
             self._kernel.launch(grid, self.n1, [("ptr", x_ptr), ("ptr", y_ptr), ("int", count[1])], 0, stream)
             return y
         from lospmm.hostemu import run_on_host
@@ -147,8 +147,8 @@ def _host_array(x) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def _array_info(x):
-    """(module, device pointer, stream handle) of a C-contiguous float32 CuPy or torch CUDA array."""
+def _array_info(x, with_stream: bool = True):
+    """(module, device pointer, stream handle or None) of a C-contiguous float32 CuPy or torch CUDA array."""
     mod = type(x).__module__.split(".")[0]
     if mod == "torch":
         import torch
@@ -157,13 +157,13 @@ def _array_info(x):
             raise ValueError(f"need a contiguous float32 CUDA tensor, got {x.dtype} on {x.device}")
         if x.device.index not in (None, 0):  # kernels are loaded in device 0's primary context
             raise ValueError(f"kernels run on cuda:0, got a tensor on {x.device}")
-        return torch, x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream
+        return torch, x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream if with_stream else None
     if mod == "cupy":
         import cupy
 
         if x.dtype != cupy.float32 or not x.flags.c_contiguous:
             raise ValueError("need a C-contiguous float32 CuPy array")
-        return cupy, x.data.ptr, cupy.cuda.get_current_stream().ptr
+        return cupy, x.data.ptr, cupy.cuda.get_current_stream().ptr if with_stream else None
     raise TypeError(f"expected a CuPy array or a torch CUDA tensor, got {type(x).__name__}")
 
 

@@ -8,6 +8,7 @@ is enabled per function by attribute before launch.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -61,11 +62,17 @@ def _context(ordinal: int = 0):
     """The device's primary context (torch and CuPy share it), made current on the calling thread:
     a context is current per thread, and Prefect runs tasks in worker threads (on an H100, a
     timer made on one thread failed with CUDA_ERROR_INVALID_CONTEXT on another)."""
-    from cuda.bindings import driver
-
     dev, ctx = _primary_context(ordinal)
-    _ck(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    if getattr(_made_current, "ctx", None) is not ctx:  # once per thread: a launch pays no driver call for it
+        from cuda.bindings import driver
+
+        _ck(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _made_current.ctx = ctx
     return dev, ctx
+
+
+_made_current = threading.local()  # the context this thread made current (torch and CuPy keep the primary one)
+_ARG_MASKS = {"ptr": (1 << 64) - 1, "int": (1 << 32) - 1, "long": (1 << 64) - 1}
 
 
 def device_facts(ordinal: int = 0) -> dict:
@@ -131,6 +138,7 @@ class LoadedKernel:
         self.function = _ck(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
         self.name = name
         self._smem_set = 0
+        self._slots = threading.local()  # per thread: argument values and the pointer array to them
 
     def launch(self, grid: Sequence[int], block: int, args: Sequence[tuple[str, int]], smem_bytes: int = 0,
                stream=0) -> None:
@@ -142,11 +150,26 @@ class LoadedKernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _ck(driver.cuFuncSetAttribute(self.function, attr, int(smem_bytes)), "cuFuncSetAttribute")
             self._smem_set = smem_bytes
-        types = {"ptr": np.uint64, "int": np.int32, "long": np.int64}
-        holders = [np.array([v], dtype=types[kind]) for kind, v in args]
-        params = np.array([h.ctypes.data for h in holders], dtype=np.uint64)
+        values, params_address = self._arguments(len(args))
+        for i, (kind, v) in enumerate(args):
+            # each argument in an 8-byte slot: an int32 is its low 4 bytes (little-endian)
+            values[i] = int(v) & _ARG_MASKS[kind]
+        # cuLaunchKernel copies the values it is pointed at, so the slots are reused by the next launch
         _ck(driver.cuLaunchKernel(self.function, int(grid[0]), int(grid[1]), int(grid[2]), int(block), 1, 1,
-                                  int(smem_bytes), stream, params.ctypes.data, 0), f"cuLaunchKernel({self.name})")
+                                  int(smem_bytes), stream, params_address, 0), f"cuLaunchKernel({self.name})")
+
+    def _arguments(self, count: int):
+        """This thread's argument slots for `count` arguments: (uint64 values, address of the array of
+        their addresses), made once."""
+        slots = getattr(self._slots, "by_count", None)
+        if slots is None:
+            slots = self._slots.by_count = {}
+        if count not in slots:
+            values = np.zeros(count, np.uint64)
+            params = values.ctypes.data + 8 * np.arange(count, dtype=np.uint64)
+            slots[count] = (values, params, params.ctypes.data)
+        values, _, address = slots[count]
+        return values, address
 
     def close(self) -> None:
         from cuda.bindings import driver

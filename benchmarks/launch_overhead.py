@@ -1,0 +1,86 @@
+"""Host cost of one eager call of an emitted kernel from Python (GPU only): the loader's SpMM and
+SpConv on torch CUDA tensors, the bare LoadedKernel.launch, and torch's own dense call on the same
+shapes, each in a loop of small launches whose GPU time is far below the host's. Prints µs per call
+(median of 5 loops).
+
+    python benchmarks/launch_overhead.py [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # last: a lospmm on PYTHONPATH (an older commit, say) is the one measured
+
+
+def per_call_us(fn, calls: int) -> float:
+    import torch
+
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    loops = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        loops.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(loops)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calls", type=int, default=2000)
+    args = p.parse_args()
+
+    import torch
+
+    import lospmm
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.loader import load_kernel
+    from lospmm.runtime import device_facts
+    from lospmm.stages.codegen import ConvGeometry, Epilogue
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    arch = device_facts()["arch"]
+    tmp = Path(tempfile.mkdtemp(prefix="lospmm-launch-"))
+    a = random_pruned(64, 64, 0.9, np.random.default_rng(0))
+    emitted_kernel(str(tmp), a, reordered_tiles(a, 8), "gemm", 0.9, 64, arch, tmp / "gemm", verify=False)
+    g = ConvGeometry(cin=16, h=8, w=8, kh=3, kw=3, stride=1, pad=1)
+    c = random_pruned(16, g.k, 0.9, np.random.default_rng(1))
+    emitted_kernel(str(tmp), c, reordered_tiles(c, 4), "conv", 0.9, 64, arch, tmp / "conv", verify=False,
+                   conv=(g, Epilogue()))
+    spmm, conv = load_kernel(tmp / "gemm"), load_kernel(tmp / "conv")
+    b = torch.randn(64, 64, device="cuda")
+    out = torch.empty(64, 64, device="cuda")
+    x = torch.randn(1, 16, 8, 8, device="cuda")
+    dense_a = torch.from_numpy(a.toarray()).float().cuda()
+    weight = torch.from_numpy(c.toarray().reshape(16, 16, 3, 3)).float().cuda()
+    stream = torch.cuda.current_stream().cuda_stream
+    raw = [("ptr", b.data_ptr()), ("ptr", out.data_ptr()), ("int", 64)]
+    rows = [
+        ("LoadedKernel.launch (the bare launch)", lambda: spmm._kernel.launch((spmm.grid_x, 1, 1), spmm.n1, raw, 0,
+                                                                              stream)),
+        ("SpMM(B) 64×64", lambda: spmm(b)),
+        ("SpMM(B, out=C) 64×64", lambda: spmm(b, out=out)),
+        ("torch.matmul 64×64 (cuBLAS)", lambda: torch.matmul(dense_a, b)),
+        ("SpConv(X) 16×8×8, 3×3", lambda: conv(x)),
+        ("F.conv2d 16×8×8, 3×3 (cuDNN)", lambda: torch.nn.functional.conv2d(x, weight, None, 1, 1)),
+    ]
+    print(f"lospmm from {Path(lospmm.__file__).parent}; {torch.cuda.get_device_name()}; {args.calls} calls a loop")
+    for name, fn in rows:
+        print(f"{name:45s} {per_call_us(fn, args.calls):7.2f} µs per call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
