@@ -143,7 +143,7 @@ def _host_array(x) -> np.ndarray:
             raise ValueError("the host backend takes CPU tensors")
         x = x.detach().numpy()
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        raise ValueError("need a float32 numpy array or torch CPU tensor")
+        raise ValueError(f"need a float32 numpy array or torch CPU tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     return np.ascontiguousarray(x)
 
 

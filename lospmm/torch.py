@@ -25,8 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-import torch
-from torch import nn
+try:
+    import torch
+    from torch import nn
+except ImportError as e:  # the extra is optional: say which one
+    raise ImportError(f"lospmm.torch needs PyTorch: pip install 'lospmm[torch]' ({e})") from None
 
 from lospmm.flows.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
@@ -43,6 +46,7 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
     reason. `example_input`: a tensor, or a tuple of positional arguments."""
     calls: dict[str, list[tuple[int, ...]]] = {}
     modules = dict(model.named_modules())
+    every_name = dict(model.named_modules(remove_duplicate=False))  # a module under two names has both
 
     def hook(name):
         def record(module, args):
@@ -63,10 +67,16 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
         for m, was in training.items():
             m.training = was
 
+    first_name = {id(m): n for n, m in modules.items()}
     out = []
     for name, tensor in [*model.state_dict(keep_vars=True).items()]:
         owner, _, leaf = name.rpartition(".")
-        module = modules.get(owner)
+        module = every_name.get(owner)
+        if module is not None and first_name.get(id(module), owner) != owner:
+            first = first_name[id(module)]
+            out.append(GraphWeight(name, "", reason=f"the same tensor as {first + '.' if first else ''}{leaf} "
+                                                    f"(one module under two names)"))
+            continue
         out.append(_weight(name, tensor, module, leaf, calls.get(owner, [])))
     return out
 
@@ -124,6 +134,9 @@ def _conv_weight(name: str, conv: nn.Conv2d, x: tuple[int, ...]) -> GraphWeight:
             return GraphWeight(name, "", reason=f"Conv2d with uneven {what} {tuple(pair)} (not supported yet)")
     stride, pad, dilation = conv.stride[0], padding[0], conv.dilation[0]
     h_out, w_out = (conv_output_size(x[2], kh, stride, pad, dilation), conv_output_size(x[3], kw, stride, pad, dilation))
+    if conv.groups != 1:
+        return GraphWeight(name, "", reason=f"grouped convolution (groups={conv.groups}"
+                                            f"{'; depthwise' if conv.groups == conv.in_channels else ''}): not a GEMM")
     geometry = {"cin": conv.in_channels, "kh": kh, "kw": kw, "stride": stride, "pad": pad, "groups": conv.groups,
                 "h_in": x[2], "w_in": x[3], "h_out": h_out, "w_out": w_out, "dilation": dilation}
     return GraphWeight(name, "conv", conv.out_channels, conv.in_channels // conv.groups * kh * kw, conv=geometry,
@@ -151,12 +164,15 @@ def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
     return path
 
 
-def search(model: nn.Module, example_input, sparsity: float = 0.9, prune: str = "magnitude",
+def search(model: nn.Module, example_input, sparsity: float | None = None, prune: str = "magnitude",
            artifacts: str | Path = "artifacts", name: str | None = None, **options) -> str:
     """Save `model` (`save_model`, under `<artifacts>/models/`) and run the whole search on it, as
     `lospmm run --weights FILE --prune PRUNE --sparsity SPARSITY` would, in this process (Prefect's
-    ephemeral API unless one is configured). `options`: other RunConfig fields (gpu, timer, top_k,
-    jobs, …). Returns the run id; ValueError for bad options (the CLI's one-line message)."""
+    ephemeral API unless one is configured). `sparsity`: 0.9 by default; with prune="keep" (an
+    already pruned model, its zeros kept) the default is the model's own share of zeros in its GEMM
+    weights. `options`: other RunConfig fields (gpu, timer, top_k, jobs, …). Returns the run id;
+    ValueError for bad options (the CLI's one-line message)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as the CLI: no telemetry
     from lospmm.flows.config import ConfigError, RunConfig, resolved
     from lospmm.flows.pipeline import run_plan
 
@@ -166,12 +182,24 @@ def search(model: nn.Module, example_input, sparsity: float = 0.9, prune: str = 
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]
     path = tmp.with_name(f"{label}-{digest}.safetensors")
     tmp.replace(path)
+    if sparsity is None:
+        sparsity = _zero_share(path) if prune == "keep" else 0.9
     try:
-        plan = resolved(RunConfig(zoo=(), weights=str(path.resolve()), sparsities=(sparsity,), prune=prune,
-                                  artifacts=str(artifacts), **options))
+        config = RunConfig.from_dict({"zoo": (), "weights": str(path.resolve()), "sparsities": (sparsity,),
+                                      "prune": prune, "artifacts": str(artifacts), **options})
+        plan = resolved(config)
     except ConfigError as e:
         raise ValueError(str(e)) from None
     return run_plan(plan)["run_id"]
+
+
+def _zero_share(path: Path) -> float:
+    """The share of zeros over every weight in a saved model file (its GEMM weights), to 3 decimals."""
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(path)).values()
+    zeros, total = sum(int((w == 0).sum()) for w in weights), sum(w.size for w in weights)
+    return round(min(max(zeros / max(total, 1), 0.001), 0.999), 3)
 
 
 # --- the drop-in ---------------------------------------------------------------------------------
@@ -193,6 +221,9 @@ class SparseLinear(nn.Module):
 
     def forward(self, x):
         _inference_only(x, self.kernel)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{self.kernel.facts['layer']}: input has {x.shape[-1]} features, the kernel "
+                             f"takes {self.in_features}")
         lead = x.shape[:-1]
         y = self.kernel(x.reshape(-1, self.in_features).t().contiguous()).t()  # C = A·Xᵀ is out × tokens
         if self.bias is not None:
@@ -264,7 +295,11 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         raise KernelDirError(f"{source}: neither a kernel directory nor a run under {artifacts} ({e})") from None
     emits = [e for e in record["entries"] if e["stage"] == "emit" and e.get("path")]
     if sparsity is not None:
+        there = sorted({e.get("sparsity") for e in emits})
         emits = [e for e in emits if e.get("sparsity") == sparsity]
+        if not emits:
+            raise KernelDirError(f"run {record['run_id']} emitted no kernels at sparsity {sparsity}; "
+                                 f"it has {there or 'none'}")
     if len(emits) != 1:
         found = sorted((e.get("model"), e.get("sparsity")) for e in emits)
         raise KernelDirError(f"run {record['run_id']}: {len(emits)} emitted (model, sparsity) sets {found}; "
@@ -349,11 +384,16 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
     input size it was searched for (any batch); another size raises ValueError naming the layer."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "cuda":
+        from lospmm.runtime import gpu_present
+
+        if not gpu_present():
+            raise RuntimeError("no CUDA device here for backend='cuda'; backend='host' runs the kernels on the CPU "
+                               "(the host emulation: slow, for checking)")
     plan = replacements(model, source, artifacts, sparsity)
-    bad = [r.reason for r in plan if r.reason]
-    if bad and strict:
-        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]))
+    _refuse_mismatches(plan, strict)
     out = copy.deepcopy(model)  # aliases stay aliases in the copy: replaced together below
+    out.requires_grad_(False)  # for inference: no parameter asks autograd to track what the kernels cannot
     paths = _paths(out)
     for r in plan:
         if not r.module:
@@ -369,6 +409,13 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
             setattr(out.get_submodule(parent_name) if parent_name else out, child, new)
     out.lospmm_replacements = plan
     return out
+
+
+def _refuse_mismatches(plan: list[Replacement], strict: bool) -> None:
+    bad = [r.reason for r in plan if r.reason]
+    if bad and strict:
+        more = f"; and {len(bad) - 3} more (lospmm.torch.replacements lists them)" if len(bad) > 3 else ""
+        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]) + more)
 
 
 def _paths(model: nn.Module) -> dict[int, list[str]]:
@@ -389,11 +436,14 @@ def _geometry_of(conv: nn.Conv2d) -> dict:
 
 
 def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifacts",
-           sparsity: float | None = None) -> nn.Module:
+           sparsity: float | None = None, strict: bool = True) -> nn.Module:
     """A copy of `model` whose searched layers hold the kernels' pruned weights, dense: the
-    reference `sparsify`'s model must agree with, runnable anywhere."""
+    reference `sparsify`'s model must agree with, runnable anywhere. The same matching as sparsify:
+    `strict` raises KernelDirError for a kernel that does not match, else that layer stays as it is."""
     out = copy.deepcopy(model)
-    for r in replacements(model, source, artifacts, sparsity):
+    plan = replacements(model, source, artifacts, sparsity)
+    _refuse_mismatches(plan, strict)
+    for r in plan:
         if r.module:
             module = out.get_submodule(r.module)
             a = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray()

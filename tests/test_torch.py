@@ -62,7 +62,7 @@ def test_the_importer_finds_each_gemm_weight_with_its_geometry_and_says_why_not_
     assert "BatchNorm2d" in reasons["bn.running_mean"] and "integer" in reasons["bn.num_batches_tracked"]
     assert "embedding/lookup table" in reasons["table.weight"]
     assert "not called by the example input" in reasons["unused.weight"]
-    # the depthwise conv is a conv to the importer and skipped as grouped when shapes are made
+    assert "grouped convolution (groups=16; depthwise)" in reasons["dw.weight"]
     shapes = {s.layer: s for s in graph_shapes("tiny", found.values(), tokens=1, batch=1)}
     assert shapes["dw.weight"].status == "skipped" and "grouped" in shapes["dw.weight"].message
     assert (shapes["stem.weight"].n, shapes["fc.weight"].n) == (2 * 8 * 8, 2)
@@ -98,8 +98,8 @@ def test_a_saved_model_carries_its_geometry_to_extract(tmp_path):
     x = torch.randn(2, 3, 16, 16)
     path = lt.save_model(_model(), x, tmp_path / "tiny.safetensors")
     names = {t.name: t.shape for t in tensor_infos(path)}
-    assert names == {"stem.weight": (16, 3, 3, 3), "dw.weight": (16, 1, 3, 3), "pw.weight": (32, 16, 1, 1),
-                     "dilated.weight": (32, 32, 3, 3), "fc.weight": (10, 32)}  # only GEMM weights travel
+    assert names == {"stem.weight": (16, 3, 3, 3), "pw.weight": (32, 16, 1, 1), "dilated.weight": (32, 32, 3, 3),
+                     "fc.weight": (10, 32)}  # only GEMM weights travel
     graph = {w.name: w for w in saved_graph(path)}
     assert graph == {w.name: w for w in lt.layer_weights(_model(), x)}
     from safetensors.numpy import save_file
@@ -131,8 +131,9 @@ def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
     assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "pw", "dilated"))
     # the reference holds the kernels' pruned weights: about 70% zeros in every searched layer
     assert 0.65 < float((ref.stem.weight == 0).float().mean()) < 0.75
+    got = fast(x)  # no torch.no_grad() needed: the copy's own parameters (BN, depthwise) track no grad
     with torch.no_grad():
-        got, want, dense = fast(x), ref(x), model(x)
+        want, dense = ref(x), model(x)
     scale = float(want.abs().max())
     assert float((got - want).abs().max()) / scale < 1e-5
     assert float((dense - want).abs().max()) / scale > 1e-3  # pruning changed the output: the test can tell
@@ -178,6 +179,34 @@ def test_kernels_of_other_weights_are_refused_by_name(searched):
     kept = lt.sparsify(partly, run_id, backend="host", artifacts=root, strict=False)
     assert isinstance(kept.fc, nn.Linear) and isinstance(kept.stem, lt.SparseConv2d)
     assert "fc.weight" in next(r.reason for r in kept.lospmm_replacements if r.layer == "fc.weight")
+    with pytest.raises(KernelDirError, match="1 of 4 kernels do not match"):  # the reference refuses alike
+        lt.pruned(partly, run_id, artifacts=root)
+    assert torch.equal(lt.pruned(partly, run_id, artifacts=root, strict=False).fc.weight, partly.fc.weight)
+
+
+def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
+    root, run_id, x = searched
+    with pytest.raises(KernelDirError, match="emitted no kernels at sparsity 0.5; it has \\[0.7\\]"):
+        lt.sparsify(_model(), run_id, backend="host", artifacts=root, sparsity=0.5)
+    with pytest.raises(ValueError, match="unknown run option\\(s\\): topk"):
+        lt.search(_model(), x, artifacts=tmp_path, topk=3)
+    fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
+    with pytest.raises(ValueError, match="fc.weight: input has 31 features, the kernel takes 32"):
+        fast.fc(torch.randn(2, 31))
+    from lospmm.runtime import gpu_present
+
+    if not gpu_present():
+        with pytest.raises(RuntimeError, match="no CUDA device here for backend='cuda'; backend='host'"):
+            lt.sparsify(_model(), run_id, artifacts=root)
+
+
+def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
+    model = _model()
+    with torch.no_grad():
+        for m in (model.stem, model.pw, model.dilated, model.fc):
+            m.weight.mul_((torch.rand(m.weight.shape, generator=torch.Generator().manual_seed(0)) > 0.7).float())
+    path = lt.save_model(model, torch.randn(2, 3, 16, 16), tmp_path / "m.safetensors")
+    assert lt._zero_share(path) == pytest.approx(0.7, abs=0.02)
 
 
 def test_kernels_that_compute_something_else_are_refused(searched, tmp_path):
@@ -206,6 +235,8 @@ def test_a_module_under_two_names_is_replaced_under_both(searched):
     root, run_id, x = searched
     model = _model()
     model.head = model.fc  # one module, two names
+    found = {w.name: w for w in lt.layer_weights(model, x)}
+    assert found["fc.weight"].op == "linear" and "the same tensor as fc.weight" in found["head.weight"].reason
     model.table = nn.Embedding(10, 32)
     model.table.weight = model.fc.weight  # a table tied to a searched weight (a decoder tied to its embedding)
     fast, ref = lt.sparsify(model, run_id, backend="host", artifacts=root), lt.pruned(model, run_id, artifacts=root)
