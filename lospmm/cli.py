@@ -29,7 +29,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (LO-SpMM).",
                   no_args_is_help=True, add_completion=False)
-console = Console(width=None if sys.stdout.isatty() else 160)
+# piped output: 160 columns unless COLUMNS says otherwise (rich reads it when width is None)
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long: never wrapped
 
 # Exit codes of `lospmm run` and `rerun` (README: "Exit codes").

@@ -154,7 +154,8 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
                     "'estimate' = analytic model, not a measurement), search seconds")
     for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "timer",
               "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
-        t.add_column(c)
+        # a long layer name wraps: cut short it would name no layer (other cells may shorten)
+        t.add_column(c, overflow="fold" if c == "layer" else "ellipsis", min_width=12 if c == "layer" else None)
     for r in rows:
         fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
