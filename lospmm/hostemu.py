@@ -187,6 +187,10 @@ def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str
     root = Path(build_dir or Path(tempfile.gettempdir()) / "lospmm-hostemu")
     exe = root / f"{key}.bin"
     if exe.exists():
+        try:
+            os.utime(exe)  # recently used: the last to go when the cache is pruned
+        except OSError:
+            pass
         return exe
     root.mkdir(parents=True, exist_ok=True)
     src = root / f"{key}.cpp"
@@ -197,7 +201,31 @@ def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str
         raise EmulationError(f"{kernel.name}: host build failed (exit {proc.returncode}): {proc.stderr[-3000:]}",
                              transient=proc.returncode < 0)
     os.replace(tmp_exe, exe)
+    src.unlink(missing_ok=True)  # the program text is the key's input, not needed once built
+    pruned_cache(root)
     return exe
+
+
+HOST_CACHE_BYTES = 2 << 30  # the host-build cache's size limit: every checked kernel leaves a binary
+
+
+def pruned_cache(root: Path, max_bytes: int = HOST_CACHE_BYTES) -> int:
+    """Delete the least recently used builds under `root` until they take at most `max_bytes`
+    (over sessions an unbounded cache filled a shared disk); returns the bytes freed."""
+    entries = []
+    for f in root.glob("*.bin"):
+        try:
+            st = f.stat()
+        except OSError:  # another process pruned it
+            continue
+        entries.append((st.st_mtime, st.st_size, f))
+    total, freed = sum(size for _, size, _ in entries), 0
+    for _, size, f in sorted(entries, key=lambda e: e[0]):
+        if total - freed <= max_bytes:
+            break
+        f.unlink(missing_ok=True)
+        freed += size
+    return freed
 
 
 def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, sanitize: bool = False,
