@@ -38,14 +38,26 @@ def kernel_facts(kernel_dir: str | Path, required: tuple[str, ...] = ("kernel.js
         raise KernelDirError(f"{d}: {Path(e.filename).name} is missing (was the kernel compiled?)") from None
 
 
-class _Kernel:
-    """One kernel directory, launchable on a backend: the launch facts and a `launch(grid, args)`."""
+def checked_backend(backend: str) -> str:
+    """`backend` if it is one of BACKENDS, else ValueError naming them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend
 
-    def __init__(self, kernel_dir: str | Path, backend: str = "cuda"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-        self.dir, self.backend = Path(kernel_dir), backend
-        self.facts = kernel_facts(self.dir, ("kernel.json", "kernel.cubin" if backend == "cuda" else "kernel.cu"))
+
+def _launch_facts(kernel_dir: str | Path, backend: str) -> dict:
+    """kernel_facts of a directory with what `backend` runs: the cubin, or the source for the host."""
+    runs = "kernel.cubin" if checked_backend(backend) == "cuda" else "kernel.cu"
+    return kernel_facts(kernel_dir, ("kernel.json", runs))
+
+
+class _Kernel:
+    """One kernel directory, launchable on a backend: the launch facts and a `launch(grid, args)`.
+    `facts`: its kernel.json when the caller has just checked the directory (`load_kernel`)."""
+
+    def __init__(self, kernel_dir: str | Path, backend: str = "cuda", facts: dict | None = None):
+        self.dir, self.backend = Path(kernel_dir), checked_backend(backend)
+        self.facts = facts if facts is not None else _launch_facts(self.dir, backend)
         self.m, self.k = self.facts["m"], self.facts["k"]
         self.n1, self.grid_x = self.facts["n1"], self.facts["grid"]["x"]
         self.conv = self.facts.get("conv")
@@ -67,8 +79,8 @@ class _Kernel:
         grid = (self.grid_x, -(-columns // self.n1), 1)
         if self.backend == "cuda":
             (_, x), (_, y) = inputs, output
-            _, x_ptr, stream = _array_info(x)
-            _, y_ptr, _ = _array_info(y, with_stream=False)
+            x_ptr, stream = _array_info(x)
+            y_ptr, _ = _array_info(y, with_stream=False)
             self._kernel.launch(grid, self.n1, [("ptr", x_ptr), ("ptr", y_ptr), ("int", count[1])], 0, stream)
             return y
         from lospmm.hostemu import run_on_host
@@ -78,7 +90,7 @@ class _Kernel:
         got = run_on_host(self._source, {x_name: host_x.ravel(), y_name: np.empty(int(np.prod(y.shape)), np.float32),
                                          count[0]: count[1]}, grid, self.n1)[y_name]
         got = got.reshape(y.shape)
-        if type(y).__module__.split(".")[0] == "torch":
+        if _library(y) == "torch":
             import torch
 
             y.copy_(torch.from_numpy(got))
@@ -93,11 +105,11 @@ class _Kernel:
             raise type(e)(f"{self.facts['layer']}: {e}") from None
 
     def _empty(self, like, shape):
-        if type(like).__module__.split(".")[0] == "torch":
+        if _library(like) == "torch":
             import torch
 
             return torch.empty(shape, dtype=torch.float32, device=like.device)
-        if type(like).__module__.split(".")[0] == "cupy":
+        if _library(like) == "cupy":
             import cupy
 
             return cupy.empty(shape, dtype=cupy.float32)
@@ -133,12 +145,17 @@ class SpConv(_Kernel):
 def load_kernel(kernel_dir: str | Path, backend: str = "cuda") -> SpMM | SpConv:
     """The callable for one kernel directory: SpMM for a GEMM kernel, SpConv for an implicit-im2col
     convolution kernel (kernel.json has `conv`). `backend`: `cuda` or `host` (see the module doc)."""
-    facts = kernel_facts(kernel_dir)
-    return (SpConv if facts.get("conv") else SpMM)(kernel_dir, backend)
+    facts = _launch_facts(kernel_dir, backend)
+    return (SpConv if facts.get("conv") else SpMM)(kernel_dir, backend, facts)
+
+
+def _library(x) -> str:
+    """The top-level package of an array's type: "torch", "cupy", "numpy", …"""
+    return type(x).__module__.split(".")[0]
 
 
 def _host_array(x) -> np.ndarray:
-    if type(x).__module__.split(".")[0] == "torch":
+    if _library(x) == "torch":
         if x.device.type != "cpu":
             raise ValueError("the host backend takes CPU tensors")
         x = x.detach().numpy()
@@ -148,8 +165,8 @@ def _host_array(x) -> np.ndarray:
 
 
 def _array_info(x, with_stream: bool = True):
-    """(module, device pointer, stream handle or None) of a C-contiguous float32 CuPy or torch CUDA array."""
-    mod = type(x).__module__.split(".")[0]
+    """(device pointer, stream handle or None) of a C-contiguous float32 CuPy or torch CUDA array."""
+    mod = _library(x)
     if mod == "torch":
         import torch
 
@@ -157,13 +174,13 @@ def _array_info(x, with_stream: bool = True):
             raise ValueError(f"need a contiguous float32 CUDA tensor, got {x.dtype} on {x.device}")
         if x.device.index not in (None, 0):  # kernels are loaded in device 0's primary context
             raise ValueError(f"kernels run on cuda:0, got a tensor on {x.device}")
-        return torch, x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream if with_stream else None
+        return x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream if with_stream else None
     if mod == "cupy":
         import cupy
 
         if x.dtype != cupy.float32 or not x.flags.c_contiguous:
             raise ValueError("need a C-contiguous float32 CuPy array")
-        return cupy, x.data.ptr, cupy.cuda.get_current_stream().ptr if with_stream else None
+        return x.data.ptr, cupy.cuda.get_current_stream().ptr if with_stream else None
     raise TypeError(f"expected a CuPy array or a torch CUDA tensor, got {type(x).__name__}")
 
 

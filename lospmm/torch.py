@@ -33,7 +33,7 @@ except ImportError as e:  # the extra is optional: say which one
 
 from lospmm.flows.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
-from lospmm.loader import BACKENDS, KernelDirError, SpConv, SpMM, kernel_facts, load_kernel
+from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_facts, load_kernel
 from lospmm.stages.extract import GraphWeight, conv_output_size
 
 
@@ -334,11 +334,9 @@ def _matching(a, facts: dict, module: nn.Module, layer: str) -> str:
         if not mine.op:
             return f"{layer}: {mine.reason}"
         keys = ("cin", "kh", "kw", "stride", "pad", "dilation")
-        theirs = {"cin": g["cin"], "kh": g["kh"], "kw": g["kw"], "stride": g["stride"], "pad": g["pad"],
-                  "dilation": g["dilation"]}
-        if {k: mine.conv[k] for k in keys} != theirs:
-            return (f"{layer}: the kernel's convolution ({theirs}) is not the module's "
-                    f"({ {k: mine.conv[k] for k in keys} })")
+        theirs, ours = {k: g[k] for k in keys}, {k: mine.conv[k] for k in keys}
+        if ours != theirs:
+            return f"{layer}: the kernel's convolution ({theirs}) is not the module's ({ours})"
     w = _weight_matrix(module)
     if w.shape != a.shape:
         return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
@@ -382,9 +380,7 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
 
     The copy is for inference (an emitted kernel has no backward). A convolution's kernel reads the
     input size it was searched for (any batch); another size raises ValueError naming the layer."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend == "cuda":
+    if checked_backend(backend) == "cuda":
         from lospmm.runtime import gpu_present
 
         if not gpu_present():
