@@ -69,8 +69,8 @@ def main() -> None:
     stream = torch.cuda.current_stream().cuda_stream
     raw = [("ptr", b.data_ptr()), ("ptr", out.data_ptr()), ("int", 64)]
     rows = [
-        ("LoadedKernel.launch (the bare launch)", lambda: spmm._kernel.launch((spmm.grid_x, 1, 1), spmm.n1, raw, 0,
-                                                                              stream)),
+        ("LoadedKernel.launch (the bare launch)", lambda: spmm._kernel.launch(spmm.layout.grid(64), spmm.layout.block(),
+                                                                              raw, 0, stream)),
         ("SpMM(B) 64×64", lambda: spmm(b)),
         ("SpMM(B, out=C) 64×64", lambda: spmm(b, out=out)),
         ("torch.matmul 64×64 (cuBLAS)", lambda: torch.matmul(dense_a, b)),

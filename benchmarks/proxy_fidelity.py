@@ -47,7 +47,7 @@ def full_time(timer, a, tiles, row: dict) -> float:
         if out.status != "ok":
             return float("inf")
         launch = LaunchUnderTest(tiles, row["m"], row["k"], row["n"], n1, out.registers, out.thread_spill_bytes,
-                                 kernel=kernel.name, grid_x=kernel.grid_x, cubin=out.cubin)
+                                 kernel=kernel.name, layout=kernel.layout, cubin=out.cubin)
     return timer.time(launch).time_us
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from lospmm.flows.config import ConfigError, RunConfig, resolved
 from lospmm.flows.runs import RunStatus
 from lospmm.stages import STAGES
+from lospmm.stages.codegen import design_named
 from lospmm.stages.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES
 from lospmm.stages.search import DEFAULT_M1
@@ -59,6 +60,10 @@ def _expanded(argv: list[str]) -> list[str]:
     return out
 
 
+_DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional: tile-x|column-x (grid order), "
+                "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
+                "'baseline' (default) is tile-x,walks=1,v=1,based.")
+
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
@@ -87,6 +92,7 @@ def run(
                              "kernel compiles on that cluster; workers must see --artifacts at the same path."),
     im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
+    design: str = typer.Option("baseline", "--design", help=_DESIGN_HELP),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -99,7 +105,7 @@ def run(
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
-                    implicit_conv=not im2col)
+                    implicit_conv=not im2col, design=design)
     _run(cfg, refresh=[])
 
 
@@ -212,6 +218,8 @@ def kernel(
                                        "directly (no im2col matrix), write NCHW output; checked against a "
                                        "reference convolution."),
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into an --implicit-conv kernel."),
+    design: str = typer.Option("baseline", "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
+                               "as data read by one loop."),
     artifacts: str = _ARTIFACTS,
 ) -> None:
     """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
@@ -224,7 +232,7 @@ def kernel(
     try:
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
-                                  implicit_conv, relu)
+                                  implicit_conv, relu, design_named(design))
     except (LookupError, ValueError) as e:
         _fail(str(e))
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
@@ -235,7 +243,7 @@ def kernel(
               code=EXIT_RUN_FAILED)
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
-                  f"tile=({m1},{n1}) grid.x={facts['grid']['x']}")
+                  f"tile=({m1},{n1}) design {facts['design']['label']} grid {facts['grid']}")
     if c:
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")

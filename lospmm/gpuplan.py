@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.stages.codegen import LaunchLayout
 from lospmm.sparse_file import read_matrix, write_matrix  # noqa: F401  (gpuplan.read_matrix: the bundles' A)
 
 BUNDLE_DIR = ".gpu"
@@ -221,15 +222,14 @@ def _job(tag: str, base: dict, role: str, variant: str, m1: int, n1: int, rank: 
         work = proxy_work(cl, base["m"], base["k"], base["n"], n1, 0, smem_bytes)
         arrays = {"cluster_of": np.asarray(cl.cluster_of, np.int32),
                   "tile_rows": np.asarray(proxy_tile_rows(search.tiles[m1]), np.int32)}
-        grid_x = len(cl.cluster_of)
     else:
         work = full_kernel_work(search.tiles[m1], base["m"], base["k"], base["n"], n1, 0)
-        arrays, grid_x = {}, source.grid_x
+        arrays = {}
     arrays |= {"tile_loads": np.asarray(work.tile_loads, np.int64), "tile_fmas": np.asarray(work.tile_fmas, np.int64)}
     suffix = f"-{variant}" if variant else ""
     row = base | {"role": role, "variant": variant, "m1": m1, "n1": n1, "rank": rank, "smem_bytes": int(smem_bytes),
-                  "grid_x": int(grid_x), "prefetch": prefetch, "zero_blocks": int(work.zero_blocks),
-                  "kernel": source.name}
+                  "grid_x": int(source.layout.row_blocks), "launch": json.dumps(source.layout.facts()),
+                  "prefetch": prefetch, "zero_blocks": int(work.zero_blocks), "kernel": source.name}
     return LaunchJob(f"{tag}-{role[0]}{m1}x{n1}{suffix}", row, source, options, arrays)
 
 
@@ -532,14 +532,14 @@ def device_check_rows(rows: list[dict], ns=CHECK_NS, deadline: Deadline | None =
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
         cubin = (Path(r["path"]) / "kernel.cubin").read_bytes()
         a = read_matrix(Path(r["path"]) / "a.parquet")
-        g = conv_geometry_of(facts)
+        g, layout = conv_geometry_of(facts), LaunchLayout.of_facts(facts)
         if g is None:
-            cases = [(n, lambda n=n: check_full_kernel(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"], a,
-                                                       n=n, seed=n)) for n in sorted({*ns, r["n"]})]
+            cases = [(n, lambda n=n: check_full_kernel(cubin, facts["kernel"], layout, a, n=n, seed=n))
+                     for n in sorted({*ns, r["n"]})]
         else:
             batches = sorted({1, 3, max(1, r["n"] // (g.h_out * g.w_out))})
-            cases = [(g.n(b), lambda b=b: check_conv_kernel(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"],
-                                                            a, g, batch=b, seed=b)) for b in batches]
+            cases = [(g.n(b), lambda b=b: check_conv_kernel(cubin, facts["kernel"], layout, a, g, batch=b, seed=b))
+                     for b in batches]
         for n, check in cases:
             t0 = time.perf_counter()
             try:
@@ -624,12 +624,11 @@ def speedup_rows(rows: list[dict], deadline: Deadline | None = None, repeats: in
         facts = json.loads((Path(r["path"]) / "kernel.json").read_text())
         a = read_matrix(Path(r["path"]) / "a.parquet")
         cubin, g = (Path(r["path"]) / "kernel.cubin").read_bytes(), conv_geometry_of(facts)
+        layout = LaunchLayout.of_facts(facts)
         if g is None:
-            ours = time_full_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], r["m"], r["k"], r["n"],
-                                          facts["n1"], opts)
+            ours = time_full_kernel_cubin(cubin, facts["kernel"], layout, r["m"], r["k"], r["n"], opts)
         else:  # the conv kernel reads X itself; the GEMM baselines below are on the im2col shape
-            ours = time_conv_kernel_cubin(cubin, facts["kernel"], facts["grid"]["x"], facts["n1"], r["m"], g,
-                                          r["n"] // (g.h_out * g.w_out), opts)
+            ours = time_conv_kernel_cubin(cubin, facts["kernel"], layout, r["m"], g, r["n"] // (g.h_out * g.w_out), opts)
         row = {"model": r["model"], "layer": r["layer"], "m": r["m"], "k": r["k"], "n": r["n"], "nnz": r["nnz"],
                "sparsity": r["sparsity"], "tile": f"{r['m1']}×{r['n1']}", "ours_us": ours.time_us,
                "form": "gemm" if g is None else "implicit-conv",
@@ -698,11 +697,13 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
             r["measure_status"] = "stopped at the time budget"
         else:
             cubin = (folder / f"{r['id']}.cubin").read_bytes()
+            layout = (LaunchLayout(**json.loads(r["launch"])) if r.get("launch")
+                      else LaunchLayout(r["grid_x"], 0 if r["role"] == "proxy" else r["n1"]))  # a bundle from before
             if r["role"] == "proxy":
-                t = time_proxy_cubin(cubin, r["kernel"], r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
+                t = time_proxy_cubin(cubin, r["kernel"], layout, r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
                                      arrays["tile_rows"], r["smem_bytes"], opts)
             else:
-                t = time_full_kernel_cubin(cubin, r["kernel"], r["grid_x"], r["m"], r["k"], r["n"], r["n1"], opts)
+                t = time_full_kernel_cubin(cubin, r["kernel"], layout, r["m"], r["k"], r["n"], opts)
             r |= {"measured_us": t.time_us, "measure_status": str(t.status), "measure_message": t.message}
         # the estimate's work travels with the measurement, so a fit needs nothing but this table
         r |= {"tile_loads": arrays["tile_loads"].tolist(), "tile_fmas": arrays["tile_fmas"].tolist()}
@@ -754,7 +755,7 @@ def conv_bundle(out: Path, sparsity: float = 0.9, m1: int = 2, n1: int = 256, ar
             if c.status != "ok":
                 raise RuntimeError(f"conv case {label!r}: the {kind} kernel did not compile: {c.log[-300:]}")
             (dest / f"{i}-{kind}.cubin").write_bytes(c.cubin)
-            case[kind] = {"kernel": src.name, "grid_x": src.grid_x, "status": str(c.status), "registers": c.registers,
+            case[kind] = {"kernel": src.name, "launch": src.layout.facts(), "status": str(c.status), "registers": c.registers,
                           "spill_bytes": c.thread_spill_bytes, "compile_seconds": c.seconds}
         write_matrix(dest / f"{i}-a.parquet", a)
         cases.append(case)
@@ -783,15 +784,15 @@ def conv_rows(folder: Path, batches=(1, 3), timed_batch: int = 4, repeats: int =
                "conv_spill_bytes": conv["spill_bytes"], "gemm_spill_bytes": gemm["spill_bytes"]}
         try:
             cubin = (folder / f"{i}-conv.cubin").read_bytes()
-            errors = [check_conv_kernel(cubin, conv["kernel"], conv["grid_x"], case["n1"], a, g, case["bias"] or None,
+            conv_layout, gemm_layout = LaunchLayout(**conv["launch"]), LaunchLayout(**gemm["launch"])
+            errors = [check_conv_kernel(cubin, conv["kernel"], conv_layout, a, g, case["bias"] or None,
                                         case["relu"], batch=b, seed=b) for b in batches]
             row["max_rel_error"] = max(errors)
             row["status"] = "ok" if row["max_rel_error"] <= 1e-5 else "wrong"
-            row["conv_us"] = time_conv_kernel_cubin(cubin, conv["kernel"], conv["grid_x"], case["n1"], case["m"], g,
+            row["conv_us"] = time_conv_kernel_cubin(cubin, conv["kernel"], conv_layout, case["m"], g,
                                                     timed_batch, opts).time_us
             row["gemm_us"] = time_full_kernel_cubin((folder / f"{i}-gemm.cubin").read_bytes(), gemm["kernel"],
-                                                    gemm["grid_x"], case["m"], case["k"], g.n(timed_batch), case["n1"],
-                                                    opts).time_us
+                                                    gemm_layout, case["m"], case["k"], g.n(timed_batch), opts).time_us
             torch.backends.cudnn.allow_tf32 = False
             x = torch.randn(timed_batch, g.cin, g.h, g.w, device="cuda")
             w = torch.from_numpy(a.toarray().reshape(case["m"], g.cin, g.kh, g.kw)).cuda()

@@ -36,8 +36,37 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define LOSPMM_TILE_END
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
+#include <cstdio>
+#include <cstdlib>
+#define __trap() abort()
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+// a vector access the device would fault on (not aligned to its width) aborts here too
+static inline const float* lospmm_aligned(const float* p, unsigned bytes) {
+  if ((uintptr_t)p % bytes) { fprintf(stderr, "misaligned %u-byte access at %p\n", bytes, (const void*)p); abort(); }
+  return p;
+}
 static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }
+static inline float2 lospmm_ld2(const float* base, int off4, int n) {
+  const float* q = lospmm_aligned(base + (long long)(off4 / 4) * n, 8); return float2{q[0], q[1]};
+}
+static inline float4 lospmm_ld4(const float* base, int off4, int n) {
+  const float* q = lospmm_aligned(base + (long long)(off4 / 4) * n, 16); return float4{q[0], q[1], q[2], q[3]};
+}
+#define LOSPMM_LDC(v, p, n, DELTA4) (p += (long long)((DELTA4) / 4) * (n), v = *(p))
+#define LOSPMM_LDC2(v, p, n, DELTA4) (p += (long long)((DELTA4) / 4) * (n), v = float2{lospmm_aligned(p, 8)[0], (p)[1]})
+#define LOSPMM_LDC4(v, p, n, DELTA4) \
+  (p += (long long)((DELTA4) / 4) * (n), v = float4{lospmm_aligned(p, 16)[0], (p)[1], (p)[2], (p)[3]})
+#define LOSPMM_LDCR(v, p, n, delta4) LOSPMM_LDC(v, p, n, delta4)
+#define LOSPMM_LDCR2(v, p, n, delta4) LOSPMM_LDC2(v, p, n, delta4)
+#define LOSPMM_LDCR4(v, p, n, delta4) LOSPMM_LDC4(v, p, n, delta4)
 static inline void lospmm_st(float* base, int row, int n, float v) { base[(long long)row * n] = v; }
+static inline void lospmm_st2(float* base, int row, int n, float2 v) {
+  float* q = const_cast<float*>(lospmm_aligned(base + (long long)row * n, 8)); q[0] = v.x; q[1] = v.y;
+}
+static inline void lospmm_st4(float* base, int row, int n, float4 v) {
+  float* q = const_cast<float*>(lospmm_aligned(base + (long long)row * n, 16)); q[0] = v.x; q[1] = v.y; q[2] = v.z; q[3] = v.w;
+}
 static inline float lospmm_relu(float v) { return v > 0.0f ? v : 0.0f; }
 static inline unsigned lospmm_window_bits(int start, int step, int count, int limit) {
   unsigned bits = 0;
@@ -235,9 +264,20 @@ def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, s
     Raises EmulationError if any element is unwritten (still NaN) or the error exceeds `rtol`."""
     rng = np.random.default_rng(seed)
     b = rng.standard_normal((kernel.k, n)).astype(np.float32)
-    c = run_on_host(kernel, {"B": b.ravel(), "C": np.empty(kernel.m * n, np.float32), "N": n},
-                    kernel.grid(n), kernel.n1, sanitize=sanitize)["C"].reshape(kernel.m, n)
+    c = gemm_on_host(kernel, b, sanitize=sanitize)
     return _checked_error(kernel, c, matrix.astype(np.float64) @ b.astype(np.float64), rtol, row_axis=0)
+
+
+def gemm_on_host(kernel: KernelSource, b: np.ndarray, sanitize: bool = False) -> np.ndarray:
+    """C = A·B by a GEMM kernel on the host, launched as its layout says: B's N columns padded with
+    zeros to the N it is launched with (a multiple of its columns per thread), C cut back to N."""
+    n = b.shape[1]
+    launched = kernel.layout.launch_columns(n)
+    padded = np.zeros((kernel.k, launched), np.float32)
+    padded[:, :n] = b
+    c = run_on_host(kernel, {"B": padded.ravel(), "C": np.empty(kernel.m * launched, np.float32), "N": launched},
+                    kernel.layout.grid(n), kernel.layout.block(), sanitize=sanitize)["C"]
+    return c.reshape(kernel.m, launched)[:, :n]
 
 
 def _checked_error(kernel: KernelSource, out: np.ndarray, ref: np.ndarray, rtol: float, row_axis: int) -> float:
@@ -258,9 +298,10 @@ def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, tile_rows: np.ndar
     `n1`: "asan-ok", or "failed: ..." with the reason (a proxy's output is meaningless, its memory
     accesses are not)."""
     try:
+        n = kernel.layout.launch_columns(n)
         run_on_host(kernel, {"B": np.zeros(kernel.k * n, np.float32), "C": np.empty(kernel.m * n, np.float32),
                              "N": n, "cluster_of": cluster_of, "tile_rows": tile_rows},
-                    (len(cluster_of), -(-n // n1), 1), n1, sanitize=True)
+                    kernel.layout.grid(n, n1), n1, sanitize=True)
         return "asan-ok"
     except Exception as e:
         return f"failed: {e}"[:2000]
@@ -290,7 +331,7 @@ def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilo
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, g.cin, g.h, g.w)).astype(np.float32)
     y = run_on_host(kernel, {"X": x.ravel(), "Y": np.empty(batch * kernel.m * g.h_out * g.w_out, np.float32),
-                             "batch": batch}, kernel.grid(g.n(batch)), kernel.n1, sanitize=sanitize)["Y"]
+                             "batch": batch}, kernel.layout.grid(g.n(batch)), kernel.layout.block(), sanitize=sanitize)["Y"]
     y = y.reshape(batch, kernel.m, g.h_out, g.w_out)
     weight = matrix.toarray().reshape(kernel.m, g.cin, g.kh, g.kw)
     ref = reference_conv2d(x, weight, g, epilogue.bias if epilogue else None, bool(epilogue and epilogue.relu))

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lospmm.stages.codegen import KernelSource, LaunchLayout, design_of_facts
+
 BACKENDS = ("cuda", "host")
 
 
@@ -59,36 +61,44 @@ class _Kernel:
         self.dir, self.backend = Path(kernel_dir), checked_backend(backend)
         self.facts = facts if facts is not None else _launch_facts(self.dir, backend)
         self.m, self.k = self.facts["m"], self.facts["k"]
-        self.n1, self.grid_x = self.facts["n1"], self.facts["grid"]["x"]
         self.conv = self.facts.get("conv")
+        self.layout = LaunchLayout.of_facts(self.facts)  # the one launch description (kernel.json `launch`)
+        self.n1 = self.layout.threads
         if backend == "cuda":
             from lospmm.runtime import LoadedKernel
 
             self._kernel = LoadedKernel((self.dir / "kernel.cubin").read_bytes(), self.facts["kernel"])
         else:
-            from lospmm.stages.codegen import KernelSource
-
             f = self.facts
             self._source = KernelSource(f["kernel"], "conv" if self.conv else "full",
                                         ((self.dir / "kernel.cu").read_text(encoding="utf-8"),),
-                                        tuple(f["params"]), f["m"], f["k"], f["m1"], f["n1"], f["grid"]["x"], 0)
+                                        tuple(f["params"]), f["m"], f["k"], f["m1"], self.layout, 0, design_of_facts(f))
 
     def _launch(self, columns: int, inputs, output, count):
         """Launch over `columns` GEMM columns: `inputs` (pointer arg, array), `output` (pointer arg,
-        array), `count` (int arg name, value)."""
-        grid = (self.grid_x, -(-columns // self.n1), 1)
+        array), `count` (int arg name, value). A kernel that computes several columns per thread
+        runs on copies padded to its column multiple (and aligned) where the arrays are not."""
+        layout = self.layout
         if self.backend == "cuda":
             (_, x), (_, y) = inputs, output
+            launched = layout.launch_columns(columns)
+            width = 4 * layout.columns_per_thread
+            if launched != columns or any(_array_info(a, with_stream=False)[0] % width for a in (x, y)):
+                return self._launch_padded(columns, launched, x, y)
             x_ptr, stream = _array_info(x)
             y_ptr, _ = _array_info(y, with_stream=False)
-            self._kernel.launch(grid, self.n1, [("ptr", x_ptr), ("ptr", y_ptr), ("int", count[1])], 0, stream)
+            self._kernel.launch(layout.grid(columns), layout.block(), [("ptr", x_ptr), ("ptr", y_ptr),
+                                                                       ("int", count[1])], 0, stream)
             return y
-        from lospmm.hostemu import run_on_host
+        from lospmm.hostemu import gemm_on_host, run_on_host
 
         (x_name, x), (y_name, y) = inputs, output
         host_x = _host_array(x)
-        got = run_on_host(self._source, {x_name: host_x.ravel(), y_name: np.empty(int(np.prod(y.shape)), np.float32),
-                                         count[0]: count[1]}, grid, self.n1)[y_name]
+        if self.conv:
+            got = run_on_host(self._source, {x_name: host_x.ravel(), y_name: np.empty(int(np.prod(y.shape)), np.float32),
+                                             count[0]: count[1]}, layout.grid(columns), layout.block())[y_name]
+        else:
+            got = gemm_on_host(self._source, host_x)
         got = got.reshape(y.shape)
         if _library(y) == "torch":
             import torch
@@ -98,6 +108,16 @@ class _Kernel:
             y[...] = got
         return y
 
+    def _launch_padded(self, columns: int, launched: int, b, c):
+        """A GEMM kernel's launch on fresh K×`launched` and M×`launched` copies (zero columns past
+        `columns`), the result copied back into `c`."""
+        padded_b = self._zeros(b, (self.k, launched))
+        padded_b[:, :columns] = b
+        padded_c = self._empty(b, (self.m, launched))
+        self._launch(launched, ("B", padded_b), ("C", padded_c), ("N", launched))
+        c[...] = padded_c[:, :columns]
+        return c
+
     def _named(self, call):
         try:
             return call()
@@ -105,15 +125,22 @@ class _Kernel:
             raise type(e)(f"{self.facts['layer']}: {e}") from None
 
     def _empty(self, like, shape):
+        return self._allocated(like, shape, "empty")
+
+    def _zeros(self, like, shape):
+        return self._allocated(like, shape, "zeros")
+
+    @staticmethod
+    def _allocated(like, shape, how: str):
         if _library(like) == "torch":
             import torch
 
-            return torch.empty(shape, dtype=torch.float32, device=like.device)
+            return getattr(torch, how)(shape, dtype=torch.float32, device=like.device)
         if _library(like) == "cupy":
             import cupy
 
-            return cupy.empty(shape, dtype=cupy.float32)
-        return np.empty(shape, np.float32)
+            return getattr(cupy, how)(shape, dtype=cupy.float32)
+        return getattr(np, how)(shape, np.float32)
 
 
 class SpMM(_Kernel):

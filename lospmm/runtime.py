@@ -312,19 +312,30 @@ def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTim
         return Timing("cuda", float("nan"), Status.ERROR, f"dense baseline: {type(e).__name__}: {e}")
 
 
-def check_full_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, n: int = 77, seed: int = 0) -> float:
-    """Max |C − A·B| / max|A·B| of the full kernel on the device, fresh random B, C poisoned with NaN."""
+def _padded(b: np.ndarray, columns: int) -> np.ndarray:
+    """B (K×n) with zero columns up to `columns`: the N a kernel is launched with (LaunchLayout.launch_columns)."""
+    if b.shape[1] == columns:
+        return b
+    out = np.zeros((b.shape[0], columns), b.dtype)
+    out[:, :b.shape[1]] = b
+    return out
+
+
+def check_full_kernel(cubin: bytes, name: str, layout, matrix, n: int = 77, seed: int = 0) -> float:
+    """Max |C − A·B| / max|A·B| of the full kernel on the device, fresh random B, C poisoned with NaN;
+    launched as its `layout` (a codegen.LaunchLayout) says, B and C padded to the N it launches with."""
     rng = np.random.default_rng(seed)
     m, k = matrix.shape
     b = rng.standard_normal((k, n)).astype(np.float32)
+    launched = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
-    bb, cb = DeviceBuffer.of(b), DeviceBuffer.of(np.full((m, n), np.nan, np.float32))
+    bb, cb = DeviceBuffer.of(_padded(b, launched)), DeviceBuffer.of(np.full((m, launched), np.nan, np.float32))
     try:
-        kernel.launch((grid_x, -(-n // n1), 1), n1, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)])
+        kernel.launch(layout.grid(n), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", launched)])
         from cuda.bindings import driver
 
         _ck(driver.cuCtxSynchronize(), f"{name}")
-        c = cb.to_host(np.float32, m * n).reshape(m, n)
+        c = cb.to_host(np.float32, m * launched).reshape(m, launched)[:, :n]
     finally:
         bb.close()
         cb.close()
@@ -337,7 +348,7 @@ def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(got).all() else float("inf")
 
 
-def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geometry, bias=None, relu: bool = False,
+def check_conv_kernel(cubin: bytes, name: str, layout, matrix, geometry, bias=None, relu: bool = False,
                       batch: int = 2, seed: int = 0) -> float:
     """Max |Y − conv(X)| / max|conv(X)| of an implicit-im2col conv kernel on the device: a fresh
     random NCHW X, Y poisoned with NaN, against hostemu.reference_conv2d (float64); inf if an
@@ -352,7 +363,7 @@ def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geo
     kernel = LoadedKernel(cubin, name)
     xb, yb = DeviceBuffer.of(x), DeviceBuffer.of(np.full(batch * m * g.h_out * g.w_out, np.nan, np.float32))
     try:
-        kernel.launch((grid_x, -(-g.n(batch) // n1), 1), n1, [("ptr", xb.ptr), ("ptr", yb.ptr), ("int", batch)])
+        kernel.launch(layout.grid(g.n(batch)), layout.block(), [("ptr", xb.ptr), ("ptr", yb.ptr), ("int", batch)])
         _ck(driver.cuCtxSynchronize(), name)
         y = yb.to_host(np.float32, batch * m * g.h_out * g.w_out).reshape(batch, m, g.h_out, g.w_out)
     finally:
@@ -362,14 +373,14 @@ def check_conv_kernel(cubin: bytes, name: str, grid_x: int, n1: int, matrix, geo
     return _relative_error(y, reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, bias, relu))
 
 
-def time_conv_kernel_cubin(cubin: bytes, name: str, grid_x: int, n1: int, m: int, geometry, batch: int,
+def time_conv_kernel_cubin(cubin: bytes, name: str, layout, m: int, geometry, batch: int,
                            options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
     g = geometry
     kernel = LoadedKernel(cubin, name)
     xb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(batch * g.cin * g.h * g.w).astype(np.float32))
     yb = DeviceBuffer(4 * batch * m * g.h_out * g.w_out)
     try:
-        return timed_launch(kernel, (grid_x, -(-g.n(batch) // n1), 1), n1,
+        return timed_launch(kernel, layout.grid(g.n(batch)), layout.block(),
                             [("ptr", xb.ptr), ("ptr", yb.ptr), ("int", batch)], 0, options)
     finally:
         xb.close()
@@ -377,13 +388,15 @@ def time_conv_kernel_cubin(cubin: bytes, name: str, grid_x: int, n1: int, m: int
         kernel.close()
 
 
-def time_full_kernel_cubin(cubin: bytes, name: str, grid_x: int, m: int, k: int, n: int, n1: int,
+def time_full_kernel_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: int,
                            options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+    """The full kernel timed over n columns (launched with layout.launch_columns(n))."""
+    n = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
     bb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32))
     cb = DeviceBuffer(4 * m * n)
     try:
-        return timed_launch(kernel, (grid_x, -(-n // n1), 1), n1, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)],
+        return timed_launch(kernel, layout.grid(n), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)],
                             0, options)
     finally:
         bb.close()
@@ -391,16 +404,18 @@ def time_full_kernel_cubin(cubin: bytes, name: str, grid_x: int, m: int, k: int,
         kernel.close()
 
 
-def time_proxy_cubin(cubin: bytes, name: str, m: int, k: int, n: int, n1: int, cluster_of: np.ndarray,
+def time_proxy_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: int, n1: int, cluster_of: np.ndarray,
                      tile_rows: np.ndarray, smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
-    """The proxy of candidate (M1, N1) launched with its Eq. 6 dynamic shared memory."""
+    """The proxy of candidate (M1, N1) launched with its Eq. 6 dynamic shared memory, as its
+    `layout` says (N1 given here)."""
+    n = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
     bufs = [DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32)),
             DeviceBuffer(4 * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32)),
             DeviceBuffer.of(np.asarray(tile_rows, np.int32))]
     try:
         args = [("ptr", bufs[0].ptr), ("ptr", bufs[1].ptr), ("int", n), ("ptr", bufs[2].ptr), ("ptr", bufs[3].ptr)]
-        return timed_launch(kernel, (len(cluster_of), -(-n // n1), 1), n1, args, smem_bytes, options)
+        return timed_launch(kernel, layout.grid(n, n1), n1, args, smem_bytes, options)
     finally:
         for b in bufs:
             b.close()
@@ -422,18 +437,19 @@ class CudaTimer:
     def time(self, launch: LaunchUnderTest) -> Timing:
         if launch.cubin is None:
             return Timing(self.name, float("inf"), Status.ERROR, "no cubin to launch")
+        layout = launch.launch_layout
         if launch.clusters is not None:
             from lospmm.stages.codegen import proxy_tile_rows
 
-            return time_proxy_cubin(launch.cubin, launch.kernel, launch.m, launch.k, launch.n, launch.n1,
+            return time_proxy_cubin(launch.cubin, launch.kernel, layout, launch.m, launch.k, launch.n, launch.n1,
                                     launch.clusters.cluster_of, proxy_tile_rows(launch.tiles), launch.smem_bytes,
                                     self.options)
         if launch.conv is not None:
             g = launch.conv
-            return time_conv_kernel_cubin(launch.cubin, launch.kernel, launch.grid_x, launch.n1, launch.m, g,
+            return time_conv_kernel_cubin(launch.cubin, launch.kernel, layout, launch.m, g,
                                           launch.n // (g.h_out * g.w_out), self.options)
-        return time_full_kernel_cubin(launch.cubin, launch.kernel, launch.grid_x, launch.m, launch.k, launch.n,
-                                      launch.n1, self.options)
+        return time_full_kernel_cubin(launch.cubin, launch.kernel, layout, launch.m, launch.k, launch.n,
+                                      self.options)
 
     def dense(self, m: int, k: int, n: int) -> Timing:
         return dense_sgemm_time(m, k, n, self.options)
@@ -442,5 +458,5 @@ class CudaTimer:
         """Max relative error of the full kernel against scipy (a conv kernel: against a reference
         convolution of 2 images), run on this GPU."""
         if launch.conv is not None:
-            return check_conv_kernel(launch.cubin, launch.kernel, launch.grid_x, launch.n1, matrix, launch.conv)
-        return check_full_kernel(launch.cubin, launch.kernel, launch.grid_x, launch.n1, matrix, n)
+            return check_conv_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, launch.conv)
+        return check_full_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, n)

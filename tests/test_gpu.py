@@ -7,21 +7,24 @@ import numpy as np
 import pytest
 
 from lospmm.runtime import gpu_present
+from lospmm.stages.codegen import LaunchLayout
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no CUDA device")]
 
 
-def _kernel(tmp_path, m=96, k=64, sparsity=0.8, m1=8, n1=64):
+def _kernel(tmp_path, m=96, k=64, sparsity=0.8, m1=8, n1=64, design="baseline"):
     from lospmm.flows.kernels import emitted_kernel
     from lospmm.runtime import device_facts
+    from lospmm.stages.codegen import design_named
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
     a = random_pruned(m, k, sparsity, np.random.default_rng(0))
     arch = device_facts()["arch"]
-    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, m1), "test", sparsity, n1, arch,
-                           tmp_path / "k", verify=False)
-    return a, facts, tmp_path / "k"
+    out = tmp_path / design.replace(",", "_").replace("=", "")
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, m1), "test", sparsity, n1, arch, out, verify=False,
+                           design=design_named(design))
+    return a, facts, out
 
 
 def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
@@ -29,8 +32,26 @@ def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
 
     a, facts, d = _kernel(tmp_path)
     for n in (1, 63, 64, 200):
-        err = check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], facts["grid"]["x"], 64, a, n=n)
+        err = check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a, n=n)
         assert err < 1e-5
+
+
+@pytest.mark.parametrize("design", ["chained", "chained,column-x", "chained,walks=3", "chained,v=2", "chained,v=4",
+                                    "based,v=4,walks=2,column-x", "streamed", "streamed,chained,v=4,walks=2"])
+def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
+    """Each design's inline PTX (vector and chained loads, vector stores) runs only here: N of 1, 31
+    and 32 (padded to the design's column multiple), 4096 and an odd N, C poisoned with NaN."""
+    from lospmm.loader import load_kernel
+    from lospmm.runtime import check_full_kernel
+
+    a, facts, d = _kernel(tmp_path, m=130, k=200, sparsity=0.85, m1=4, n1=64, design=design)
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    for n in (1, 31, 32, 4096, 333):
+        assert check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a,
+                                 n=n, seed=n) < 1e-5, n
+    torch = pytest.importorskip("torch")
+    b = torch.randn(200, 77, device="cuda")
+    np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
@@ -48,8 +69,9 @@ def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
     b = np.random.default_rng(5).standard_normal((64, 50)).astype(np.float32)
     bb, cb = DeviceBuffer.of(b), DeviceBuffer.of(np.full((96, 50), np.nan, np.float32))
     with ThreadPoolExecutor(1) as pool:
-        pool.submit(kernel.launch, (facts["grid"]["x"], 1, 1), 64, [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", 50)]).result()
-        t = pool.submit(time_full_kernel_cubin, cubin, facts["kernel"], facts["grid"]["x"], 96, 64, 1000, 64).result()
+        layout = LaunchLayout.of_facts(facts)
+        pool.submit(kernel.launch, layout.grid(50), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", 50)]).result()
+        t = pool.submit(time_full_kernel_cubin, cubin, facts["kernel"], layout, 96, 64, 1000).result()
     _ck(driver.cuCtxSynchronize(), "sync")
     c = cb.to_host(np.float32, 96 * 50).reshape(96, 50)
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
@@ -65,7 +87,8 @@ def test_cuda_timer_measures(tmp_path):
     a, facts, d = _kernel(tmp_path)
     timer = CudaTimer(device_named("h100"), device_facts()["name"])
     launch = LaunchUnderTest(reordered_tiles(a, 8), 96, 64, 4096, 64, facts["compile"]["registers"],
-                             kernel=facts["kernel"], grid_x=facts["grid"]["x"], cubin=(d / "kernel.cubin").read_bytes())
+                             kernel=facts["kernel"], layout=LaunchLayout.of_facts(facts),
+                             cubin=(d / "kernel.cubin").read_bytes())
     t = timer.time(launch)
     assert t.timer == "cuda" and t.status == "ok" and 0 < t.time_us < 1e4 and t.repeats == 20
     assert timer.device_error(launch, a, 77) < 1e-5 and timer.measures and timer.runs_binary
@@ -181,4 +204,4 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     src = conv_kernel_source(a, reordered_tiles(a, 4), 32, g, Epilogue(bias, relu=True))
     c = compiled_kernel(src, kernel_options(device_facts()["arch"], 4))
     for batch in (1, 3):
-        assert check_conv_kernel(c.cubin, src.name, src.grid_x, 32, a, g, bias, True, batch=batch, seed=batch) < 1e-5
+        assert check_conv_kernel(c.cubin, src.name, src.layout, a, g, bias, True, batch=batch, seed=batch) < 1e-5

@@ -18,6 +18,7 @@ from lospmm.flows.onnx_model import is_onnx
 from lospmm.flows.sources import RankerRef, Source
 from lospmm.stages import STAGES
 from lospmm.stages.cluster import ClusterParams
+from lospmm.stages.codegen import BASELINE, KernelDesign, design_named
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
@@ -48,7 +49,8 @@ class RunConfig:
     dask="" (a Dask scheduler address: the flow's tasks and every kernel unit's compile run on that
     cluster through prefect-dask; its workers must see the artifact root at the same path),
     implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
-    and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
+    design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
+    codegen.design_named's tokens, `--design`), and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
     weights: str | None = None
@@ -74,6 +76,7 @@ class RunConfig:
     jobs: int = 0
     dask: str = ""
     implicit_conv: bool = True
+    design: str = "baseline"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -110,6 +113,7 @@ class RunPlan:
     proxy_check: ProxyCheck = field(default_factory=ProxyCheck)
     emit: EmitParams = field(default_factory=EmitParams)
     jobs: int = 1
+    design: KernelDesign = BASELINE
 
     @property
     def m1s(self) -> tuple[int, ...]:
@@ -138,7 +142,20 @@ def resolved(cfg: RunConfig) -> RunPlan:
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col), rank=rank,
-        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
+        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores(),
+        design=run_design(cfg.design))
+
+
+def run_design(text: str) -> KernelDesign:
+    """The kernel design of a run (`--design`), or ConfigError naming what cannot be read or searched."""
+    try:
+        design = design_named(text)
+    except ValueError as e:
+        raise ConfigError(f"--design: {e}") from None
+    if design.a_values == "streamed":
+        raise ConfigError("--design streamed: the search times proxies of baked kernels; build a streamed kernel "
+                          "with `lospmm kernel --design streamed` (or benchmarks/kernel_speed.py)")
+    return design
 
 
 def resolved_timer(timer: str, device: Device) -> Timer:
@@ -247,6 +264,7 @@ def _check_options(cfg: RunConfig) -> None:
             raise ConfigError(f"--sparsity {s}: {e}") from None
     if cfg.until not in STAGES:
         raise ConfigError(f"--until {cfg.until!r}: choose one of {', '.join(STAGES)}")
+    run_design(cfg.design)
     try:
         device_named(cfg.gpu)
     except ValueError as e:

@@ -21,7 +21,8 @@ from lospmm.flows.tasks.prune import csr_from_row
 from lospmm.flows.tasks.reorder import tiles_from_row
 from lospmm.sparse_file import write_matrix
 from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
-from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source, full_kernel_source
+from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,
+                                   conv_design, conv_kernel_source, design_of_facts, full_kernel_source)
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
@@ -32,7 +33,7 @@ from lospmm.stages.timing import LaunchUnderTest, Timer
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
-                      implicit_conv: bool = False, relu: bool = False) -> dict:
+                      implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE) -> dict:
     """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
     `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
     layer's geometry from the run's shapes and ReLU fused when `relu`."""
@@ -63,7 +64,8 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         conv = (conv_geometry(next(r for r in shapes if r["layer"] == layer)), Epilogue(relu=relu))
     elif relu:
         raise ValueError("--relu is fused only into an implicit-im2col convolution kernel (--implicit-conv)")
-    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify, conv=conv)
+    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify, conv=conv,
+                          design=design)
 
 
 def conv_geometry(shape_row: dict) -> ConvGeometry:
@@ -83,11 +85,16 @@ def conv_geometry(shape_row: dict) -> ConvGeometry:
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
                    measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
-                   compile_units: UnitCompiler | None = None, conv: tuple | None = None) -> dict:
+                   compile_units: UnitCompiler | None = None, conv: tuple | None = None,
+                   design: KernelDesign = BASELINE) -> dict:
     """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
     compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
-    what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check)."""
-    kernel = full_kernel_source(matrix, tiles, n1) if conv is None else conv_kernel_source(matrix, tiles, n1, *conv)
+    what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check). A
+    convolution's kernel takes the part of `design` it has (conv_design); kernel.json says which."""
+    if conv is None:
+        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design))
+    else:
+        kernel = conv_kernel_source(matrix, tiles, n1, *conv, CodegenParams(design=conv_design(design)))
     out.mkdir(parents=True, exist_ok=True)
     # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
     for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
@@ -99,7 +106,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv), **(extra or {})}
     cubin = None
     if compile_:
-        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1), compile_units)
+        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=kernel.design), compile_units)
         kept = ("status", "registers", "spill_stores", "spill_loads", "thread_spill_bytes", "stack_bytes", "seconds",
                 "cost_seconds", "wall_seconds", "link_seconds", "units", "units_compiled", "key", "options", "unit_keys")
         facts["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
@@ -148,7 +155,7 @@ def _json_safe(value):
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
                   params: EmitParams, logger, compile_units: UnitCompiler | None = None,
-                  conv: ConvGeometry | None = None) -> dict:
+                  conv: ConvGeometry | None = None, design: KernelDesign = BASELINE) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
@@ -169,7 +176,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             comp = facts["compile"]
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
                                    comp["thread_spill_bytes"], kernel=facts["kernel"],
-                                   grid_x=facts["grid"]["x"], cubin=cubin, conv=conv)
+                                   layout=LaunchLayout.of_facts(facts), cubin=cubin, conv=conv,
+                                   design=design_of_facts(facts))
             error, check = checked(timer.device_error(full, matrix, params.device_check_n),
                                    facts.get("host_check"), params)
             full_us = timer.time(full).time_us
@@ -183,7 +191,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
                                rtol=params.rtol, compile_units=compile_units,
-                               conv=None if conv is None else (conv, Epilogue()))
+                               conv=None if conv is None else (conv, Epilogue()), design=design)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,

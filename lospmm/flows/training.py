@@ -44,7 +44,7 @@ def candidate_time(timer: Timer) -> Callable[[SyntheticKernel, dict], float]:
             if out.status != Status.OK:
                 return float("inf")
             launch = LaunchUnderTest(c["_tiles"], sk.m, sk.k, sk.n, c["n1"], out.registers,
-                                     out.thread_spill_bytes, kernel=src.name, grid_x=src.grid_x,
+                                     out.thread_spill_bytes, kernel=src.name, layout=src.layout,
                                      cubin=out.cubin)
         return timer.time(launch).time_us
     return time_of

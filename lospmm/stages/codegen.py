@@ -17,6 +17,16 @@ nvJitLink into one cubin with one entry point (`KernelSource.units`; the entry u
 tile functions are `noreturn` (they end the thread with `exit`): a function that never returns
 saves no callee-saved registers, which otherwise cost ~30 spill stores and loads around every call.
 
+Designs (`KernelDesign`, issue 20: on the H100 time followed the straight-line code all blocks walk,
+so a tile's code should be fetched once and executed many times): the grid's order (tiles along x,
+today's, or column blocks along x, so that blocks dispatched together share a tile's code); a block
+walking several column blocks of its tile (a grid-stride loop around the tile's code); 2 or 4
+output columns per thread (float2/float4 loads of B: one load feeds that many multiply-adds of one
+literal); B addresses chained from the previous load (one IMAD.WIDE per load instead of an
+IMAD.WIDE and a 64-bit add); and A's values streamed from data by one loop (code O(1) per kernel)
+instead of baked into code. How a kernel is launched is one `LaunchLayout`, kept with the source
+and in kernel.json; every launcher reads it.
+
 The same text compiles with NVRTC and, under `hostemu.SHIM`, with the host C++ compiler: the host
 check compiles `source`, the units' concatenation, so it runs exactly the text compiled unit by unit.
 """
@@ -25,12 +35,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 
 from lospmm.stages.extract import conv_output_size
-from lospmm.stages.reorder import Tiles
+if TYPE_CHECKING:  # annotations only: the loader imports this module and need not load numba
+    from lospmm.stages.reorder import Tiles
 
 # Address arithmetic lives inside inline PTX: with thousands of `B + c * N + n` in straight-line
 # code, LLVM's straight-line strength reduction goes superlinear (4000 loads: 184 s in NVVM, 5.9 s
@@ -47,8 +59,43 @@ __device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
   asm("{ .reg .u64 a; mad.wide.s32 a, %1, %2, %3; ld.global.nc.f32 %0, [a]; }" : "=f"(v) : "r"(off4), "r"(n), "l"(base));
   return v;
 }
+__device__ __forceinline__ float2 lospmm_ld2(const float* base, int off4, int n) {
+  float2 v;
+  asm("{ .reg .u64 a; mad.wide.s32 a, %2, %3, %4; ld.global.nc.v2.f32 {%0, %1}, [a]; }" : "=f"(v.x), "=f"(v.y) : "r"(off4), "r"(n), "l"(base));
+  return v;
+}
+__device__ __forceinline__ float4 lospmm_ld4(const float* base, int off4, int n) {
+  float4 v;
+  asm("{ .reg .u64 a; mad.wide.s32 a, %4, %5, %6; ld.global.nc.v4.f32 {%0, %1, %2, %3}, [a]; }" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(off4), "r"(n), "l"(base));
+  return v;
+}
+// chained loads: p moves DELTA4 / 4 rows of B (DELTA4 a literal) and v is read there; ptxas makes
+// the multiply and the 64-bit add one IMAD.WIDE, so a load costs two instructions, not four
+#define LOSPMM_LDC(v, p, n, DELTA4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %2, " #DELTA4 "; add.s64 %1, %1, t; ld.global.nc.f32 %0, [%1]; }" : "=f"(v), "+l"(p) : "r"(n))
+#define LOSPMM_LDC2(v, p, n, DELTA4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %3, " #DELTA4 "; add.s64 %2, %2, t; ld.global.nc.v2.f32 {%0, %1}, [%2]; }" \
+      : "=f"(v.x), "=f"(v.y), "+l"(p) : "r"(n))
+#define LOSPMM_LDC4(v, p, n, DELTA4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %5, " #DELTA4 "; add.s64 %4, %4, t; ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4]; }" \
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w), "+l"(p) : "r"(n))
+// the same with the step in a register (the streamed design reads it from data)
+#define LOSPMM_LDCR(v, p, n, delta4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %2, %3; add.s64 %1, %1, t; ld.global.nc.f32 %0, [%1]; }" : "=f"(v), "+l"(p) : "r"(n), "r"(delta4))
+#define LOSPMM_LDCR2(v, p, n, delta4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %3, %4; add.s64 %2, %2, t; ld.global.nc.v2.f32 {%0, %1}, [%2]; }" \
+      : "=f"(v.x), "=f"(v.y), "+l"(p) : "r"(n), "r"(delta4))
+#define LOSPMM_LDCR4(v, p, n, delta4) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %5, %6; add.s64 %4, %4, t; ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4]; }" \
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w), "+l"(p) : "r"(n), "r"(delta4))
 __device__ __forceinline__ void lospmm_st(float* base, int row, int n, float v) {
   asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.f32 [a], %3; }" :: "r"(row), "r"(n), "l"(base), "f"(v) : "memory");
+}
+__device__ __forceinline__ void lospmm_st2(float* base, int row, int n, float2 v) {
+  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.v2.f32 [a], {%3, %4}; }" :: "r"(row), "r"(n), "l"(base), "f"(v.x), "f"(v.y) : "memory");
+}
+__device__ __forceinline__ void lospmm_st4(float* base, int row, int n, float4 v) {
+  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.v4.f32 [a], {%3, %4, %5, %6}; }" :: "r"(row), "r"(n), "l"(base), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 // implicit im2col: bit i of a window mask says whether start + i·step lies in 0..limit-1 (one mask for
 // the window's rows, one for its columns, made once per tile function: two registers, where keeping
@@ -72,13 +119,104 @@ __device__ __forceinline__ float lospmm_relu(float v) { return fmaxf(v, 0.0f); }
 
 
 @dataclass(frozen=True)
+class KernelDesign:
+    """How a full kernel (and its proxies) walks its tiles. Defaults are the kernel measured on the
+    H100 in earlier sessions (`baseline`), kept as the default until the device says which design wins.
+
+    order: "tile-x" (blockIdx.x is the tile: blocks dispatched together run different tiles' code)
+        or "column-x" (blockIdx.x is the column block: consecutive blocks share one tile's code).
+    column_walks: column blocks one block walks. Above 1 the tile's code is a grid-stride loop,
+        fetched once per block and executed up to this many times; the grid has
+        ceil(column blocks / column_walks) blocks per tile.
+    columns_per_thread: 1, 2 or 4 output columns per thread, read and written as float/float2/float4,
+        so one B load feeds that many multiply-adds of one literal. N must be a multiple of it
+        (`LaunchLayout.launch_columns`: the launchers pad B and C), B and C aligned to its width.
+    loads: "based" (each B address from the thread's column: IMAD.WIDE and a 64-bit add) or
+        "chained" (from the previous load's address: one IMAD.WIDE).
+    a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
+        "streamed" (one loop reads each tile's non-empty columns and values from data in the
+        cubin: code O(1) in the kernel's size, compile time too)."""
+
+    order: str = "tile-x"
+    column_walks: int = 1
+    columns_per_thread: int = 1
+    loads: str = "based"
+    a_values: str = "baked"
+
+    def __post_init__(self):
+        choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES}
+        for field_name, allowed in choices.items():
+            if getattr(self, field_name) not in allowed:
+                raise ValueError(f"design {field_name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, field_name)!r}")
+        if self.columns_per_thread not in VECTOR_WIDTHS:
+            raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
+        if self.column_walks < 1:
+            raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
+
+    @property
+    def looped(self) -> bool:
+        return self.column_walks > 1
+
+    @property
+    def code_key(self) -> tuple:
+        """What of the design shapes the code: the number of walks is a launch fact, only whether
+        there is a loop is in the text (a kernel looped for 4 walks runs any number)."""
+        return (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
+
+    @property
+    def code_label(self) -> str:
+        """The part of the label the code shows (a source's header): the walks' count is a launch fact."""
+        return f"{self.a_values},{self.loads},{self.order},{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}"
+
+    @property
+    def label(self) -> str:
+        """The design as `design_named` reads it back, e.g. "baked,chained,column-x,walks=4,v=4"."""
+        return f"{self.a_values},{self.loads},{self.order},walks={self.column_walks},v={self.columns_per_thread}"
+
+    def facts(self) -> dict:
+        return {"label": self.label, **vars(self)}
+
+
+ORDERS = ("tile-x", "column-x")
+LOADS = ("based", "chained")
+A_VALUES = ("baked", "streamed")
+VECTOR_WIDTHS = (1, 2, 4)
+BASELINE = KernelDesign()
+
+
+def design_named(text: str) -> KernelDesign:
+    """A design from its label's tokens in any order, each optional (the default's value otherwise):
+    `baked|streamed`, `based|chained`, `tile-x|column-x`, `walks=W`, `v=1|2|4`; "baseline" is the
+    default. ValueError naming the token it cannot read."""
+    values: dict = {}
+    for token in (t.strip() for t in text.split(",")):
+        if token in ("", "baseline"):
+            continue
+        if token in A_VALUES:
+            values["a_values"] = token
+        elif token in LOADS:
+            values["loads"] = token
+        elif token in ORDERS:
+            values["order"] = token
+        elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
+            key, value = token.split("=", 1)
+            values["column_walks" if key == "walks" else "columns_per_thread"] = int(value)
+        else:
+            raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained, "
+                             f"tile-x|column-x, walks=W, v=1|2|4)")
+    return KernelDesign(**values)
+
+
+@dataclass(frozen=True)
 class CodegenParams:
     """Defaults: prefetch=1 (B values loaded one column ahead, Alg. 2's b); shard_nnz=SHARD_NNZ
     (multiply-adds per compiled unit at most; a bigger tile is a unit of its own), chosen from
-    benchmarks/shard_compile.py."""
+    benchmarks/shard_compile.py; design=BASELINE (see KernelDesign)."""
 
     prefetch: int = 1
     shard_nnz: int = 4096
+    design: KernelDesign = BASELINE
 
     def __post_init__(self):
         if self.prefetch < 0:
@@ -88,20 +226,76 @@ class CodegenParams:
 
 
 @dataclass(frozen=True)
+class LaunchLayout:
+    """How a kernel is launched over N output columns: the one description the runtime, the loader,
+    the host emulation, lospmm.torch and the GPU benchmarks read (kernel.json's `launch`).
+
+    row_blocks: blocks along A (its tiles, plus a full kernel's zeroing blocks); threads: per block
+    (0 for a proxy, whose N1 under test is given at launch); each thread computes
+    columns_per_thread columns and each block walks column_walks column blocks; order says which
+    grid axis holds the tiles."""
+
+    row_blocks: int
+    threads: int
+    columns_per_thread: int = 1
+    column_walks: int = 1
+    order: str = "tile-x"
+
+    def block(self, threads: int | None = None) -> int:
+        block = threads or self.threads
+        if block < 1:
+            raise ValueError("a proxy's launch needs its N1 (threads per block)")
+        return block
+
+    def launch_columns(self, n: int) -> int:
+        """The N the kernel is launched with for n columns: a multiple of columns_per_thread (B and
+        C padded with columns beyond n when it is not n)."""
+        v = self.columns_per_thread
+        return -(-n // v) * v
+
+    def column_blocks(self, n: int, threads: int | None = None) -> int:
+        return -(-self.launch_columns(n) // (self.block(threads) * self.columns_per_thread))
+
+    def grid(self, n: int, threads: int | None = None) -> tuple[int, int, int]:
+        """The launch grid for n columns (a proxy takes the N1 under test as `threads`)."""
+        walkers = -(-self.column_blocks(n, threads) // self.column_walks)
+        return (self.row_blocks, walkers, 1) if self.order == "tile-x" else (walkers, self.row_blocks, 1)
+
+    def facts(self) -> dict:
+        return dict(vars(self))
+
+    def grid_formula(self, columns: str) -> dict:
+        """kernel.json's `grid`, for readers in C++: each axis as a number or a formula of `columns`."""
+        per_block = f"{self.threads * self.columns_per_thread}"
+        walkers = (f"ceil({columns} / {per_block})" if self.column_walks == 1
+                   else f"ceil(ceil({columns} / {per_block}) / {self.column_walks})")
+        x, y = (self.row_blocks, walkers) if self.order == "tile-x" else (walkers, self.row_blocks)
+        return {"x": x, "y": y, "z": 1}
+
+    @classmethod
+    def of_facts(cls, facts: dict) -> "LaunchLayout":
+        """The layout kernel.json records; a directory written before `launch` existed had the grid's
+        x and N1 only (tiles along x, one column per thread, one walk)."""
+        if "launch" in facts:
+            return cls(**facts["launch"])
+        return cls(row_blocks=int(facts["grid"]["x"]), threads=int(facts["n1"]))
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """Generated source plus what a launcher needs; `params` lists the C parameters in order.
     `units` are compiled separately and linked; the entry unit is last."""
 
     name: str
-    kind: str  # "full" | "proxy"
+    kind: str  # "full" | "conv" | "proxy"
     units: tuple[str, ...]
     params: tuple[str, ...]
     m: int
     k: int
     m1: int
-    n1: int  # 0 for a proxy: its block size is a launch argument
-    grid_x: int  # blocks along A (tiles, plus zeroing blocks for a full kernel)
+    layout: LaunchLayout
     num_tiles: int
+    design: KernelDesign = BASELINE
 
     @property
     def source(self) -> str:
@@ -112,10 +306,19 @@ class KernelSource:
     def sha256(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
+    @property
+    def n1(self) -> int:
+        """Threads per block (0 for a proxy: given at launch)."""
+        return self.layout.threads
+
+    @property
+    def grid_x(self) -> int:
+        """Blocks along A: tiles, plus zeroing blocks for a full kernel."""
+        return self.layout.row_blocks
+
     def grid(self, n: int, n1: int | None = None) -> tuple[int, int, int]:
         """Launch grid for N output columns (a proxy takes the N1 under test)."""
-        n1 = n1 or self.n1
-        return (self.grid_x, -(-n // n1), 1)
+        return self.layout.grid(n, n1)
 
 
 def kernel_name(prefix: str, *parts) -> str:
@@ -130,33 +333,173 @@ def float_literal(values: np.ndarray) -> list[str]:
             for v in np.asarray(values, dtype=np.float32)]
 
 
-def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
-                       params: CodegenParams = CodegenParams()) -> KernelSource:
-    """Alg. 2 for every A_tile of `tiles`, blocks of `n1` threads."""
-    a = sp.csr_matrix(matrix)
-    a.sort_indices()
+_VECTOR_TYPE = {1: "float", 2: "float2", 4: "float4"}
+_LANES = {1: ("",), 2: (".x", ".y"), 4: (".x", ".y", ".z", ".w")}
+_SUFFIX = {1: "", 2: "2", 4: "4"}
+
+
+def _zero_value(v: int) -> str:
+    return "0.0f" if v == 1 else f"{_VECTOR_TYPE[v]}{{{', '.join(['0.0f'] * v)}}}"
+
+
+def _design_parts(design: KernelDesign) -> tuple:
+    """The design's part of a kernel's name: nothing for the baseline, so its names (and compile-cache
+    entries) are those of the kernels before designs existed."""
+    return () if design.code_key == BASELINE.code_key else design.code_key
+
+
+def _checked_tile(n1: int) -> None:
     if n1 < 1 or n1 > 1024:
         raise ValueError(f"N1 must be in 1..1024, got {n1}")
+
+
+def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
+                       params: CodegenParams = CodegenParams()) -> KernelSource:
+    """Alg. 2 for every A_tile of `tiles`, blocks of `n1` threads, in `params.design`."""
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    _checked_tile(n1)
+    design = params.design
+    if design.a_values == "streamed":
+        return streamed_kernel_source(a, tiles, n1, params)
     m, k = a.shape
+    v = design.columns_per_thread
     name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz)
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
+                       *_design_parts(design))
     header = (f"// lospmm full kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
-              f"tiles={tiles.num_tiles} prefetch={params.prefetch}")
-    functions = [_tile_function(a, t, tiles.tile(t), params.prefetch) for t in range(tiles.num_tiles)]
+              f"tiles={tiles.num_tiles} prefetch={params.prefetch}"
+              + (f" design={design.code_label}" if design != BASELINE else ""))
+    functions = [_tile_function(a, t, tiles.tile(t), params.prefetch, design) for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
-    entry = _entry_unit(
-        header, tiles.num_tiles, "(const float* __restrict__ Bn, float* __restrict__ Cn, const int N)",
-        [("(float* __restrict__ Cn, const int N)", "".join(f"  lospmm_st(Cn, {r}, N, 0.0f);\n" for r in rows))
-         for rows in zero_blocks],
-        # No __launch_bounds__: with it NVRTC ignores --maxrregcount, which §3.2 relies on.
-        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"
-        f"  const int n = blockIdx.y * {n1} + threadIdx.x;\n"
-        f"  if (n >= N) return;\n"
-        f"  const float* Bn = B + n;\n"
-        f"  float* Cn = C + n;\n", "Bn, Cn, N", "Cn, N")
+    store = f"lospmm_st{_SUFFIX[v]}"
+    zero_functions = [("(float* __restrict__ Cn, const int N)",
+                       "".join(f"  {store}(Cn, {r}, N, {_zero_value(v)});\n" for r in rows)) for rows in zero_blocks]
+    tile_axis, column_axis = _axes(design)
+    per_block = n1 * v
+    head = [f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"]
+    if v > 1:  # never read past a row: the launcher pads N (LaunchLayout.launch_columns)
+        head.append(f"  if (N % {v} != 0) __trap();\n")
+    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
+    head.append(f"  const int n = blockIdx.{column_axis} * {per_block} + {thread};\n  if (n >= N) return;\n")
+    if design.looped:
+        head.append(f"  const int stride = gridDim.{column_axis} * {per_block};\n")
+        tile_args, zero_call = "B, C, N, n, stride", "for (int c = n; c < N; c += stride) zero_{z}(C + c, N)"
+    else:
+        head.append("  const float* Bn = B + n;\n  float* Cn = C + n;\n")
+        tile_args, zero_call = "Bn, Cn, N", "zero_{z}(Cn, N)"
+    entry = _entry_unit(header, tiles.num_tiles, _tile_signature(design), zero_functions, "".join(head), tile_args,
+                        zero_call, tile_axis)
     units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz) + [entry]
+    layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), n1, v, design.column_walks, design.order)
     return KernelSource(name, "full", tuple(units), ("const float* B", "float* C", "int N"), m, k,
-                        tiles.m1, n1, tiles.num_tiles + len(zero_blocks), tiles.num_tiles)
+                        tiles.m1, layout, tiles.num_tiles, design)
+
+
+def _axes(design: KernelDesign) -> tuple[str, str]:
+    """(the tile's grid axis, the column block's)."""
+    return ("x", "y") if design.order == "tile-x" else ("y", "x")
+
+
+def _tile_signature(design: KernelDesign) -> str:
+    if design.looped:
+        return "(const float* __restrict__ B, float* __restrict__ C, const int N, int n, const int stride)"
+    return "(const float* __restrict__ Bn, float* __restrict__ Cn, const int N)"
+
+
+def _walked(design: KernelDesign, body: list[str]) -> list[str]:
+    """A tile's body as its function runs it: once on the thread's columns, or (a looped design)
+    once per column block the block walks."""
+    if not design.looped:
+        return body
+    return ["  do {\n", "  const float* Bn = B + n;\n", "  float* Cn = C + n;\n", *body,
+            "  n += stride;\n", "  } while (n < N);\n"]
+
+
+def _b_loader(design: KernelDesign):
+    """load(j, column, previous column): the statement that defines b{j}, the B value(s) of `column`."""
+    v = design.columns_per_thread
+    kind, suffix = _VECTOR_TYPE[v], _SUFFIX[v]
+    if design.loads == "chained":
+        return lambda j, column, previous: (f"  {kind} b{j}; LOSPMM_LDC{suffix}(b{j}, p, N, "
+                                            f"{4 * (column - previous)});\n")
+    return lambda j, column, previous: f"  const {kind} b{j} = lospmm_ld{suffix}(Bn, {4 * column}, N);\n"
+
+
+def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int,
+                   design: KernelDesign = BASELINE) -> str:
+    v = design.columns_per_thread
+    store = f"lospmm_st{_SUFFIX[v]}"
+    body = [*(["  const float* p = Bn;\n"] if design.loads == "chained" else []),
+            *_tile_body(a, rows, prefetch, _b_loader(design), v),
+            *(f"  {store}(Cn, {r}, N, acc{i});\n" for i, r in enumerate(rows))]
+    return "".join([f"LOSPMM_TILE void tile_{t}{_tile_signature(design)} {{\n", *_walked(design, body),
+                    "  LOSPMM_TILE_END\n}\n"])
+
+
+def streamed_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, params: CodegenParams) -> KernelSource:
+    """The `streamed` design: A's tiles as data in the cubin, each block's non-empty columns (a byte
+    offset, or with chained loads the step from the previous one) and per column the M1 values of
+    its rows (0 where a row has none), read by one loop; rows of A with no nonzero are blocks with
+    no column. One unit of O(1) code whatever the layer's size; the block size is blockDim.x."""
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    _checked_tile(n1)
+    design = params.design
+    m, k = a.shape
+    m1, v = max(tiles.m1, 1), design.columns_per_thread
+    blocks = [tiles.tile(t) for t in range(tiles.num_tiles)] + _zero_blocks(tiles.empty_rows, m1)
+    colptr, offsets, values, rows = [0], [], [], []
+    for block_rows in blocks:
+        sub = a[block_rows].tocsc()
+        cols = np.flatnonzero(np.diff(sub.indptr))
+        dense = np.zeros((len(cols), m1), np.float32)
+        dense[:, :len(block_rows)] = sub[:, cols].toarray().T
+        steps = np.diff(cols, prepend=0) if design.loads == "chained" else cols
+        offsets.extend((4 * steps).tolist())
+        values.append(dense.ravel())
+        colptr.append(colptr[-1] + len(cols))
+        rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
+    name = kernel_name("lospmm_stream", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, *design.code_key)
+    tile_axis, column_axis = _axes(design)
+    kind, suffix, lanes = _VECTOR_TYPE[v], _SUFFIX[v], _LANES[v]
+    load = (f"{kind} b; LOSPMM_LDCR{suffix}(b, p, N, __ldg(cols + j));" if design.loads == "chained"
+            else f"const {kind} b = lospmm_ld{suffix}(Bn, __ldg(cols + j), N);")
+    data = "".join(f"__device__ const {ctype} {array}_{name}[] = {{{', '.join(items) or '0'}}};\n"
+                   for ctype, array, items in (
+                       ("int", "lospmm_colptr", map(str, colptr)), ("int", "lospmm_cols", map(str, offsets)),
+                       ("float", "lospmm_vals", float_literal(np.concatenate(values)) if values else []),
+                       ("int", "lospmm_rows", map(str, rows))))
+    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
+    source = "".join([
+        PREAMBLE,
+        f"// lospmm streamed kernel {name}: M={m} K={k} nnz={a.nnz} M1={m1} N1={n1} tiles={tiles.num_tiles} "
+        f"design={design.code_label}\n", data,
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n",
+        f"  if (N % {v} != 0) __trap();\n" if v > 1 else "",
+        f"  const int n0 = blockIdx.{column_axis} * (blockDim.x * {v}) + {thread};\n",
+        f"  const int stride = {f'gridDim.{column_axis} * blockDim.x * {v}' if design.looped else 'N'};\n",
+        f"  const int block = blockIdx.{tile_axis};\n",
+        f"  const int begin = __ldg(lospmm_colptr_{name} + block), end = __ldg(lospmm_colptr_{name} + block + 1);\n",
+        f"  const int* __restrict__ cols = lospmm_cols_{name};\n",
+        f"  const int* __restrict__ rows = lospmm_rows_{name} + block * {m1};\n",
+        "  for (int n = n0; n < N; n += stride) {\n",
+        "    const float* Bn = B + n;\n    float* Cn = C + n;\n",
+        *(["    const float* p = Bn;\n"] if design.loads == "chained" else []),
+        f"    {kind} " + ", ".join(f"acc{i} = {_zero_value(v)}" for i in range(m1)) + ";\n",
+        f"    const float* __restrict__ vals = lospmm_vals_{name} + (long long)begin * {m1};\n",
+        "#pragma unroll 4\n",
+        f"    for (int j = begin; j < end; ++j, vals += {m1}) {{\n      {load}\n",
+        *(f"      {{ const float a = __ldg(vals + {i}); "
+          + " ".join(f"acc{i}{lane} += b{lane} * a;" for lane in lanes) + " }\n" for i in range(m1)),
+        "    }\n",
+        *(f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{suffix}(Cn, r, N, acc{i}); }}\n"
+          for i in range(m1)),
+        "  }\n}\n"])
+    layout = LaunchLayout(len(blocks), n1, v, design.column_walks, design.order)
+    return KernelSource(name, "full", (source,), ("const float* B", "float* C", "int N"), m, k, tiles.m1, layout,
+                        tiles.num_tiles, design)
 
 
 @dataclass(frozen=True)
@@ -227,32 +570,39 @@ def conv_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, geometry: C
     """Alg. 2 for a convolution without im2col: each B value is read from the NCHW input X
     (zero outside it: the padding) and each output written to NCHW Y, with the epilogue fused.
     Parameters (X, Y, batch); launch with grid(geometry.n(batch)). Same tiles, units and shards as
-    full_kernel_source: the search's shapes are the im2col GEMM's."""
+    full_kernel_source: the search's shapes are the im2col GEMM's. Of the designs, only the grid's
+    order applies so far (its loads already take one instruction from the pixel's pointer)."""
     a = sp.csr_matrix(matrix)
     a.sort_indices()
     m, k = a.shape
+    design = params.design
+    if design != KernelDesign(order=design.order):
+        raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
+                         f"(tile-x or column-x) so far")
     if k != geometry.k:
         raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
     if epilogue.bias and len(epilogue.bias) != m:
         raise ValueError(f"bias has {len(epilogue.bias)} values for {m} output channels")
-    if n1 < 1 or n1 > 1024:
-        raise ValueError(f"N1 must be in 1..1024, got {n1}")
+    _checked_tile(n1)
     g = geometry
     hwo, chw = g.h_out * g.w_out, g.cin * g.h * g.w
     name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
-                       tuple(vars(g).values()), np.asarray(epilogue.bias, np.float32).tobytes(), epilogue.relu)
+                       tuple(vars(g).values()), np.asarray(epilogue.bias, np.float32).tobytes(), epilogue.relu,
+                       *_design_parts(design))
     header = (f"// lospmm conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
               f"stride={g.stride} pad={g.pad} dilation={g.dilation} -> {g.h_out}x{g.w_out}, nnz={a.nnz} "
-              f"M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} bias={bool(epilogue.bias)} relu={epilogue.relu}")
+              f"M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} bias={bool(epilogue.bias)} relu={epilogue.relu}"
+              + (f" design={design.code_label}" if design != BASELINE else ""))
     functions = [_conv_tile_function(a, t, tiles.tile(t), params.prefetch, g, epilogue) for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
+    tile_axis, column_axis = _axes(design)
     entry = _entry_unit(
         header, tiles.num_tiles, "(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, const int ix0)",
         [("(float* __restrict__ Yb)", "".join(f"  lospmm_st(Yb, {r}, {hwo}, {epilogue.of_zero(int(r))});\n"
                                              for r in rows)) for rows in zero_blocks],
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
-        f"  const int n = blockIdx.y * {n1} + threadIdx.x;\n"
+        f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
         f"  if (n >= batch * {hwo}) return;\n"
         f"  const int b = n / {hwo};\n"
         f"  const int p = n - b * {hwo};\n"
@@ -261,15 +611,16 @@ def conv_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, geometry: C
         f"  const float* Xb = X + (long long)b * {chw};\n"
         f"  float* Yb = Y + (long long)b * {m * hwo} + p;\n"
         f"  const int iy0 = oy * {g.stride} - {g.pad};\n"
-        f"  const int ix0 = ox * {g.stride} - {g.pad};\n", "Xb, Yb, iy0, ix0", "Yb")
+        f"  const int ix0 = ox * {g.stride} - {g.pad};\n", "Xb, Yb, iy0, ix0", "zero_{z}(Yb)", tile_axis)
     units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz) + [entry]
+    layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), n1, order=design.order)
     return KernelSource(name, "conv", tuple(units), ("const float* X", "float* Y", "int batch"), m, k,
-                        tiles.m1, n1, tiles.num_tiles + len(zero_blocks), tiles.num_tiles)
+                        tiles.m1, layout, tiles.num_tiles, design)
 
 
 def _conv_tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int, g: ConvGeometry,
                         epilogue: Epilogue) -> str:
-    def load(j: int, column: int) -> str:
+    def load(j: int, column: int, previous: int) -> str:
         ci, rest = divmod(column, g.kh * g.kw)
         ky, kx = divmod(rest, g.kw)
         off = ci * g.h * g.w + ky * g.dilation * g.w + kx * g.dilation
@@ -308,29 +659,24 @@ def _units(prefix: str, functions: list[str], costs: list[int], shard_nnz: int) 
             for g in shard_groups(costs, shard_nnz)]
 
 
-def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int) -> str:
-    return "".join([
-        f"LOSPMM_TILE void tile_{t}(const float* __restrict__ Bn, float* __restrict__ Cn, const int N) {{\n",
-        *_tile_body(a, rows, prefetch, lambda j, column: f"  const float b{j} = lospmm_ld(Bn, {4 * column}, N);\n"),
-        *(f"  lospmm_st(Cn, {r}, N, acc{i});\n" for i, r in enumerate(rows)),
-        "  LOSPMM_TILE_END\n}\n"])
-
-
-def _tile_body(a: sp.csr_matrix, rows: np.ndarray, prefetch: int, load) -> list[str]:
-    """A tile's accumulators, its B loads (`load(j, column)`: the statement that defines b{j})
-    issued `prefetch` columns ahead of their use, and one multiply-add per nonzero."""
+def _tile_body(a: sp.csr_matrix, rows: np.ndarray, prefetch: int, load, v: int = 1) -> list[str]:
+    """A tile's accumulators (`v` columns each), its B loads (`load(j, column, previous column)`:
+    the statement that defines b{j}) issued `prefetch` columns ahead of their use, and one
+    multiply-add per nonzero and column."""
     sub = a[rows].tocsc()
     sub.sort_indices()
     cols = np.flatnonzero(np.diff(sub.indptr))
     lits = float_literal(sub.data)
-    out = ["  float " + ", ".join(f"acc{i} = 0.0f" for i in range(len(rows))) + ";\n"]
-    loads = [load(j, int(c)) for j, c in enumerate(cols)]
+    lanes = _LANES[v]
+    out = [f"  {_VECTOR_TYPE[v]} " + ", ".join(f"acc{i} = {_zero_value(v)}" for i in range(len(rows))) + ";\n"]
+    loads = [load(j, int(c), int(cols[j - 1]) if j else 0) for j, c in enumerate(cols)]
     out.extend(loads[:prefetch])
     for j, c in enumerate(cols):
         if j + prefetch < len(loads):
             out.append(loads[j + prefetch])
         lo, hi = sub.indptr[c], sub.indptr[c + 1]
-        out.append("  " + " ".join(f"acc{sub.indices[p]} += b{j} * {lits[p]};" for p in range(lo, hi)) + "\n")
+        out.append("  " + " ".join(f"acc{sub.indices[p]}{lane} += b{j}{lane} * {lits[p]};"
+                                   for p in range(lo, hi) for lane in lanes) + "\n")
     return out
 
 
@@ -340,17 +686,18 @@ def _tile_costs(a: sp.csr_matrix, tiles: Tiles) -> list[int]:
 
 
 def _entry_unit(header: str, num_tiles: int, tile_signature: str, zero_functions: list[tuple[str, str]],
-                kernel_head: str, tile_args: str, zero_args: str) -> str:
+                kernel_head: str, tile_args: str, zero_call: str, tile_axis: str = "x") -> str:
     """The entry unit: the tile functions' declarations, the zeroing blocks' functions (signature,
-    body), and the kernel (`kernel_head`: its signature and per-thread set-up) dispatching on the block."""
+    body), and the kernel (`kernel_head`: its signature and per-thread set-up) dispatching on the
+    block's tile index (`blockIdx.<tile_axis>`); `zero_call` calls zero_{z}."""
     cases = [f"    case {t}: tile_{t}({tile_args}); break;\n" for t in range(num_tiles)]
-    cases += [f"    case {num_tiles + z}: zero_{z}({zero_args}); break;\n" for z in range(len(zero_functions))]
+    cases += [f"    case {num_tiles + z}: {zero_call.format(z=z)}; break;\n" for z in range(len(zero_functions))]
     return "".join([
         PREAMBLE, header, " (entry unit)\n",
         *(f"LOSPMM_TILE void tile_{t}{tile_signature};\n" for t in range(num_tiles)),
         *(f"__device__ __forceinline__ void zero_{z}{signature} {{\n{body}}}\n"
           for z, (signature, body) in enumerate(zero_functions)),
-        kernel_head, f"  switch (blockIdx.x) {{\n{''.join(cases)}    default: break;\n  }}\n}}\n"])
+        kernel_head, f"  switch (blockIdx.{tile_axis}) {{\n{''.join(cases)}    default: break;\n  }}\n}}\n"])
 
 
 def _zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
@@ -360,46 +707,78 @@ def _zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
 def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
     """The M1 proxy of §5.1: one kernel for every N1 (block size, grid and the tile -> cluster map
     are launch arguments), one block function per cluster, NNC_p iterations of one B load and CPL
-    multiply-adds each, results stored to the block's own rows (`tile_rows`, −1 padded)."""
+    multiply-adds each, results stored to the block's own rows (`tile_rows`, −1 padded). It follows
+    the design's grid order, walks, columns per thread and loads (a streamed kernel is its own proxy:
+    its code does not grow with the layer)."""
     m1 = clusters.m1
+    design = params.design
+    if design.a_values != "baked":
+        raise ValueError(f"design {design.label}: a streamed kernel has no proxy (time the kernel itself)")
+    v = design.columns_per_thread
+    lanes, store = _LANES[v], f"lospmm_st{_SUFFIX[v]}"
     name = kernel_name("lospmm_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
-                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch, params.shard_nnz)
+                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch, params.shard_nnz,
+                       *_design_parts(design))
     header = (f"// lospmm proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
-              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}")
-    signature = "(const float* __restrict__ Bn, float* __restrict__ Cn, const int N, const int* __restrict__ rows)"
+              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}"
+              + (f" design={design.code_label}" if design != BASELINE else ""))
+    signature = _tile_signature(design)[:-1] + ", const int* __restrict__ rows)"
+    load = _b_loader(design)
     functions = []
     for c in range(clusters.num_clusters):
         cols, cpl = clusters.columns[c], int(clusters.cpl[c])
-        out = [f"LOSPMM_TILE void proxy_{c}{signature} {{\n"]
-        out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
-        loads = [f"  const float b{j} = lospmm_ld(Bn, {4 * int(col)}, N);\n" for j, col in enumerate(cols)]
-        out.extend(loads[:params.prefetch])
+        body = ["  const float* p = Bn;\n"] if design.loads == "chained" else []
+        body.append(f"  {_VECTOR_TYPE[v]} " + ", ".join(f"acc{i} = {_zero_value(v)}" for i in range(m1)) + ";\n")
+        loads = [load(j, int(col), int(cols[j - 1]) if j else 0) for j, col in enumerate(cols)]
+        body.extend(loads[:params.prefetch])
         for j in range(len(cols)):
             if j + params.prefetch < len(loads):
-                out.append(loads[j + params.prefetch])
+                body.append(loads[j + params.prefetch])
             # distinct constants keep the multiply-adds from being folded together
-            out.append("  " + " ".join(f"acc{(j * cpl + q) % m1} += b{j} * {1 + ((j * cpl + q) % 97) / 128:.7f}f;"
-                                       for q in range(cpl)) + "\n")
-        out.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) lospmm_st(Cn, r, N, acc{i}); }}\n"
-                   for i in range(m1))
-        out.append("  LOSPMM_TILE_END\n}\n")
-        functions.append("".join(out))
+            body.append("  " + " ".join(f"acc{(j * cpl + q) % m1}{lane} += b{j}{lane} * {1 + ((j * cpl + q) % 97) / 128:.7f}f;"
+                                        for q in range(cpl) for lane in lanes) + "\n")
+        body.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) {store}(Cn, r, N, acc{i}); }}\n" for i in range(m1))
+        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{signature} {{\n", *_walked(design, body),
+                                  "  LOSPMM_TILE_END\n}\n"]))
     costs = [len(clusters.columns[c]) * int(clusters.cpl[c]) for c in range(clusters.num_clusters)]
-    cases = "".join(f"    case {c}: proxy_{c}(Bn, Cn, N, rows); break;\n" for c in range(clusters.num_clusters))
+    tile_axis, column_axis = _axes(design)
+    args = "B, C, N, n, stride, rows" if design.looped else "Bn, Cn, N, rows"
+    cases = "".join(f"    case {c}: proxy_{c}({args}); break;\n" for c in range(clusters.num_clusters))
+    per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"
+    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
     entry = (PREAMBLE + header + " (entry unit)\n"
              + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
              + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
              f"const int* __restrict__ cluster_of, const int* __restrict__ tile_rows) {{\n"
-             f"  const int n = blockIdx.y * blockDim.x + threadIdx.x;\n"
+             + (f"  if (N % {v} != 0) __trap();\n" if v > 1 else "")
+             + f"  const int n = blockIdx.{column_axis} * {per_block} + {thread};\n"
              f"  if (n >= N) return;\n"
-             f"  const float* Bn = B + n;\n"
-             f"  float* Cn = C + n;\n"
-             f"  const int* rows = tile_rows + blockIdx.x * {m1};\n"
-             f"  switch (cluster_of[blockIdx.x]) {{\n{cases}    default: break;\n  }}\n}}\n")
+             + (f"  const int stride = gridDim.{column_axis} * {per_block};\n" if design.looped
+                else "  const float* Bn = B + n;\n  float* Cn = C + n;\n")
+             + f"  const int* rows = tile_rows + blockIdx.{tile_axis} * {m1};\n"
+             f"  switch (cluster_of[blockIdx.{tile_axis}]) {{\n{cases}    default: break;\n  }}\n}}\n")
     units = _units("proxy", functions, costs, params.shard_nnz) + [entry]
     return KernelSource(name, "proxy", tuple(units),
                         ("const float* B", "float* C", "int N", "const int* cluster_of", "const int* tile_rows"),
-                        m, k, m1, 0, len(clusters.cluster_of), len(clusters.cluster_of))
+                        m, k, m1, proxy_layout(len(clusters.cluster_of), design), len(clusters.cluster_of), design)
+
+
+def conv_design(design: KernelDesign) -> KernelDesign:
+    """The part of `design` an implicit-im2col conv kernel has: the grid's order (its loads already
+    take one instruction from the pixel's pointer; walks and vector columns are not written yet)."""
+    return KernelDesign(order=design.order)
+
+
+def design_of_facts(facts: dict) -> KernelDesign:
+    """The design kernel.json records (the baseline for a directory written before designs)."""
+    design = dict(facts.get("design", {}))
+    design.pop("label", None)
+    return KernelDesign(**design)
+
+
+def proxy_layout(num_tiles: int, design: KernelDesign = BASELINE) -> LaunchLayout:
+    """How a proxy of `num_tiles` blocks along A is launched in `design` (its N1 given at launch)."""
+    return LaunchLayout(num_tiles, 0, design.columns_per_thread, design.column_walks, design.order)
 
 
 def proxy_tile_rows(tiles: Tiles) -> np.ndarray:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from lospmm.stages.codegen import BASELINE, KernelDesign
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.status import Status
 
@@ -56,10 +57,10 @@ class CompileOptions:
         return opts + list(self.extra)
 
 
-def kernel_options(arch: str, m1: int, ptxas_level: int = 1) -> CompileOptions:
-    """Options for the units of a full kernel or proxy of tile height M1: the §3.2 register
-    prediction caps every tile function, and so the linked kernel."""
-    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1), ptxas_level=ptxas_level,
+def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesign = BASELINE) -> CompileOptions:
+    """Options for the units of a full kernel or proxy of tile height M1 in `design`: the §3.2
+    register prediction caps every tile function, and so the linked kernel."""
+    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1, design=design), ptxas_level=ptxas_level,
                           relocatable=True)
 
 

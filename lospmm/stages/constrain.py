@@ -41,6 +41,7 @@ from typing import Mapping
 
 import numpy as np
 
+from lospmm.stages.codegen import BASELINE, KernelDesign
 from lospmm.stages.devices import Device
 from lospmm.stages.occupancy import block_registers
 from lospmm.stages.reorder import TileStats
@@ -53,7 +54,9 @@ REMOVED_BY = ("register", "utilisation", "load_balance", "empty", UPSTREAM_ERROR
 class ConstrainParams:
     """Defaults: th_row=0.25, th_col=0.25 (the paper's §3.4 thresholds), min_blocks_per_sm=0.5
     (Eq. 1 relaxed to SMs/2), prefetch_regs=2, overhead_regs=14, extra_regs_per_row=0.5,
-    min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none)."""
+    min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none),
+    vector_regs_per_column=8, loop_regs=8 (the designs' registers: the smallest caps without a
+    spill over M1 = 1..16 of a 96×512 layer at 0.7, ptxas -O1; `benchmarks/sass_efficiency.py --designs`)."""
 
     th_row: float = 0.25
     th_col: float = 0.25
@@ -63,6 +66,8 @@ class ConstrainParams:
     extra_regs_per_row: float = 0.5
     min_regs: int = 32
     fallback_keep: int = 10
+    vector_regs_per_column: int = 8
+    loop_regs: int = 8
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,17 @@ def n1_choices(device: Device) -> list[int]:
     return list(range(device.warp_size, device.max_threads_per_block + 1, device.warp_size))
 
 
-def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams()) -> int:
-    """Registers per thread of Alg. 2's thread tile (see the module docstring for the calibration)."""
-    regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
+def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams(), design: KernelDesign = BASELINE) -> int:
+    """Registers per thread of Alg. 2's thread tile (see the module docstring for the calibration),
+    for a kernel of `design`: with V columns per thread its accumulators and B values are V wide,
+    and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a looped
+    design carries the walk's column and stride and B and C (`loop_regs`)."""
+    v = design.columns_per_thread
+    if v == 1:
+        regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
+    else:
+        regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs
+    regs += params.loop_regs if design.looped else 0
     return max(params.min_regs, regs)
 
 
@@ -106,19 +119,23 @@ def constrained_candidates(
     tiles_by_m1: Mapping[int, TileStats],
     device: Device,
     params: ConstrainParams = ConstrainParams(),
+    design: KernelDesign = BASELINE,
 ) -> list[Candidate]:
-    """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`."""
+    """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`, for a
+    kernel of `design`: a block of N1 threads covers N1·V columns (V columns per thread) and walks
+    `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks."""
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
     out = []
+    width = design.columns_per_thread
     for m1 in sorted(tiles_by_m1):
         stats = tiles_by_m1[m1]
-        regs = predicted_registers(m1, params)
+        regs = predicted_registers(m1, params, design)
         for n1 in n1_choices(device):
-            num_b = -(-n // n1)
-            blocks = stats.num_tiles * num_b
+            num_b = -(-n // (n1 * width))
+            blocks = stats.num_tiles * -(-num_b // design.column_walks)
             block_regs = block_registers(regs, n1, device)
-            waste = (num_b * n1 - n) / (num_b * n1)
+            waste = (num_b * n1 * width - n) / (num_b * n1 * width)
             if stats.num_tiles == 0:
                 reason = "empty"
             elif (regs > device.max_regs_per_thread or block_regs > device.regs_per_sm
@@ -156,12 +173,13 @@ def with_fallback(candidates: list[Candidate], device: Device, params: Constrain
 
 
 def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Device,
-                     params: ConstrainParams = ConstrainParams(), empty: bool = False) -> list[Candidate]:
+                     params: ConstrainParams = ConstrainParams(), empty: bool = False,
+                     design: KernelDesign = BASELINE) -> list[Candidate]:
     """`constrained_candidates` for one layer; an all-zero layer (`empty`) has no tiles, so it
     stands as M1 = 1 with zero tiles and every N1 is removed as `empty`."""
     if empty:
         tiles_by_m1 = {1: TileStats(0, 0, 0.0, 0, 0, 0.0)}
-    return constrained_candidates(n, tiles_by_m1, device, params)
+    return constrained_candidates(n, tiles_by_m1, device, params, design)
 
 
 def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:

@@ -113,16 +113,19 @@ def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: floa
         facts.update(
             layout=(f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({kernel.m}×{g.h_out}×{g.w_out} per "
                     f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"),
-            grid={"x": kernel.grid_x, "y": f"ceil(batch * {g.h_out * g.w_out} / n1)", "z": 1},
+            grid=kernel.layout.grid_formula(f"batch * {g.h_out * g.w_out}"),
             conv={**vars(g), "h_out": g.h_out, "w_out": g.w_out},
             epilogue={"bias": bool(epilogue.bias), "relu": epilogue.relu})
     return facts
 
 
 def _gemm_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:
+    v = kernel.layout.columns_per_thread
     return {"kernel": kernel.name, "layer": layer, "sparsity": sparsity, "m": kernel.m, "k": kernel.k,
             "nnz": int(matrix.nnz), "m1": tiles.m1, "n1": kernel.n1, "params": list(kernel.params),
-            "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument",
-            "grid": {"x": kernel.grid_x, "y": "ceil(N / n1)", "z": 1}, "block": {"x": kernel.n1, "y": 1, "z": 1},
+            "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument"
+                      + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else ""),
+            "launch": kernel.layout.facts(), "design": kernel.design.facts(),
+            "grid": kernel.layout.grid_formula("N"), "block": {"x": kernel.n1, "y": 1, "z": 1},
             "dynamic_smem_bytes": 0, "arch": arch, "row_order": tiles.rows.tolist(),
             "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist()}

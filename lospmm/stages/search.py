@@ -14,7 +14,8 @@ from typing import Mapping
 import scipy.sparse as sp
 
 from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
-from lospmm.stages.codegen import KernelSource, full_kernel_source, proxy_kernel_source
+from lospmm.stages.codegen import (BASELINE, CodegenParams, KernelDesign, KernelSource, full_kernel_source,
+                                   proxy_kernel_source)
 from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates
 from lospmm.stages.devices import Device
 from lospmm.stages.emit import fastest_proxy
@@ -30,13 +31,15 @@ DEFAULT_M1 = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 @dataclass(frozen=True)
 class SearchParams:
-    """Every parameter of a layer's search. Defaults: M1 in DEFAULT_M1 and each stage's defaults."""
+    """Every parameter of a layer's search. Defaults: M1 in DEFAULT_M1, each stage's defaults and
+    the baseline kernel design (the constraints, proxies and full kernels follow `design`)."""
 
     m1s: tuple[int, ...] = DEFAULT_M1
     reorder: ReorderParams = field(default_factory=ReorderParams)
     constrain: ConstrainParams = field(default_factory=ConstrainParams)
     rank: RankParams = field(default_factory=RankParams)
     cluster: ClusterParams = field(default_factory=ClusterParams)
+    design: KernelDesign = BASELINE
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     tiles = layer_tiles(matrix, params.m1s, params.reorder)
     lap("reorder")
     candidates = layer_candidates(n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, params.constrain,
-                                  empty=matrix.nnz == 0)
+                                  empty=matrix.nnz == 0, design=params.design)
     kept = [c for c in candidates if c.kept]
     lap("constrain")
     scores, ranks, chosen = chosen_candidates([feature_row(c, sparsity, matrix.shape[1]) for c in kept], booster,
@@ -105,19 +108,21 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     clusters = {m1: proxy_clusters(matrix, tiles[m1], sparsity, proxy_active_blocks(group, device), params.cluster)
                 for m1, group in chosen_by_m1(picked).items()}
     lap("cluster")
-    launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device) for c in picked}
+    launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device, params.design)
+                for c in picked}
     lap("pad")
     return LayerSearch(tiles, candidates, ranked, clusters, launches, seconds)
 
 
-def proxy_sources(search: LayerSearch, m: int, k: int) -> dict[int, KernelSource]:
+def proxy_sources(search: LayerSearch, m: int, k: int, design: KernelDesign = BASELINE) -> dict[int, KernelSource]:
     """The proxy kernel of each chosen M1 (stage 8's input)."""
-    return {m1: proxy_kernel_source(m, k, cl) for m1, cl in search.clusters.items()}
+    return {m1: proxy_kernel_source(m, k, cl, CodegenParams(design=design)) for m1, cl in search.clusters.items()}
 
 
-def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) -> KernelSource:
+def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int,
+                design: KernelDesign = BASELINE) -> KernelSource:
     """The full Alg. 2 kernel of one tile (stage 10's output, or compile-all's every candidate)."""
-    return full_kernel_source(matrix, search.tiles[m1], n1)
+    return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=design))
 
 
 def choice(timings: Mapping[tuple[int, int], Timing]) -> tuple[int, int] | None:

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
+from lospmm.stages.codegen import BASELINE, KernelDesign, LaunchLayout
 from lospmm.stages.devices import Device
 from lospmm.stages.occupancy import resident_blocks
 from lospmm.stages.status import Status
@@ -168,9 +169,21 @@ class LaunchUnderTest:
     smem_bytes: int = 0
     clusters: object | None = None  # cluster.ProxyClusters for a proxy
     kernel: str = ""  # the symbol in the cubin
-    grid_x: int = 0  # full kernel: tiles plus zeroing blocks
+    layout: LaunchLayout | None = None  # how it is launched (KernelSource.layout); None: the baseline's
     cubin: bytes | None = None
     conv: object | None = None  # codegen.ConvGeometry of an implicit-im2col conv kernel (N = batch·h_out·w_out)
+    design: KernelDesign = BASELINE
+
+    @property
+    def launch_layout(self) -> LaunchLayout:
+        """`layout`, or the baseline design's: a proxy's blocks are its tiles' (N1 given at launch),
+        a full kernel's its tiles and zeroing blocks, N1 threads each."""
+        if self.layout is not None:
+            return self.layout
+        if self.clusters is not None:
+            return LaunchLayout(len(self.clusters.cluster_of), 0)
+        zero = -(-len(self.tiles.empty_rows) // max(self.tiles.m1, 1))
+        return LaunchLayout(self.tiles.num_tiles + zero, self.n1)
 
 
 class Timer(Protocol):

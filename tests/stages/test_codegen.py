@@ -1,5 +1,6 @@
 """The emitted kernel equals scipy's A·B, checked by running the exact CUDA text on the host."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -10,8 +11,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lospmm.hostemu import EmulationError, checked_against_scipy, host_program, run_on_host
 from lospmm.stages import compile as nv
 from lospmm.stages.cluster import proxy_clusters
-from lospmm.stages.codegen import (CodegenParams, float_literal, full_kernel_source, proxy_kernel_source,
-                                   proxy_tile_rows, shard_groups)
+from lospmm.stages.codegen import (BASELINE, CodegenParams, KernelDesign, LaunchLayout, design_named, float_literal,
+                                   full_kernel_source, proxy_kernel_source, proxy_tile_rows, shard_groups)
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import identity_tiles, reordered_tiles
 
@@ -51,7 +52,8 @@ def test_all_zero_matrix_writes_zeros():
 def test_an_unwritten_output_fails_the_check():
     a = sp.csr_matrix(np.eye(3, dtype=np.float32))
     kernel = full_kernel_source(a, reordered_tiles(a, 1), 32)
-    broken = kernel.__class__(**{**vars(kernel), "grid_x": kernel.grid_x - 1})  # drop the last tile's block
+    # drop the last tile's block
+    broken = dataclasses.replace(kernel, layout=dataclasses.replace(kernel.layout, row_blocks=kernel.grid_x - 1))
     with pytest.raises(EmulationError, match="never written"):
         checked_against_scipy(broken, a, 4)
 
@@ -105,6 +107,21 @@ def test_proxy_runs_in_bounds_under_host_emulation():
                       (tiles.num_tiles, -(-n // n1), 1), n1, sanitize=True)["C"].reshape(96, n)
     written = np.unique(tiles.rows)
     assert np.isfinite(out[written]).all()  # every tile row stored, nothing out of bounds
+
+
+@pytest.mark.parametrize("design", ["chained", "chained,column-x,walks=3", "based,v=2", "chained,v=4,walks=2"])
+def test_a_proxy_follows_its_design_and_stores_every_tile_row_in_bounds(design):
+    a = random_pruned(40, 64, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 4)
+    cl = proxy_clusters(a, tiles, 0.8, 2)
+    kernel = proxy_kernel_source(40, 64, cl, CodegenParams(design=design_named(design)))
+    n, n1 = kernel.layout.launch_columns(70), 8
+    out = run_on_host(kernel, {"B": np.ones(64 * n, np.float32), "C": np.empty(40 * n, np.float32), "N": n,
+                               "cluster_of": cl.cluster_of, "tile_rows": proxy_tile_rows(tiles)},
+                      kernel.layout.grid(n, n1), n1, sanitize=True)["C"].reshape(40, n)
+    assert np.isfinite(out[np.unique(tiles.rows)]).all()
+    assert bool(re.search(r"LOSPMM_LDC\d?\(b\d", kernel.source)) == ("chained" in design)
+    assert ("while (n < N)" in kernel.source) == ("walks" in design)
 
 
 def test_proxy_is_much_shorter_than_the_full_kernel_and_compiles():
@@ -208,3 +225,92 @@ def test_bad_conv_geometry_is_named():
     a = random_pruned(4, 10, 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="K=10 columns, the conv geometry needs cin·kh·kw = 9"):
         conv_kernel_source(a, reordered_tiles(a, 2), 32, ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3))
+
+
+# --- kernel designs (issue 20) ---
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 6), n1=st.sampled_from([1, 3, 32]), n=st.integers(1, 70),
+       prefetch=st.integers(0, 2), order=st.sampled_from(["tile-x", "column-x"]), walks=st.integers(1, 4),
+       width=st.sampled_from([1, 2, 4]), loads=st.sampled_from(["based", "chained"]),
+       values=st.sampled_from(["baked", "streamed"]))
+def test_every_design_equals_scipy(a, m1, n1, n, prefetch, order, walks, width, loads, values):
+    design = KernelDesign(order, walks, width, loads, values)
+    kernel = full_kernel_source(a, reordered_tiles(a, m1), n1, CodegenParams(prefetch=prefetch, design=design))
+    assert kernel.design == design and kernel.layout.columns_per_thread == width
+    assert checked_against_scipy(kernel, a, n, seed=n) <= 1e-4
+
+
+def test_designs_stay_in_bounds_and_aligned_under_the_sanitizer():
+    a = random_pruned(37, 50, 0.7, np.random.default_rng(4))
+    for design in ("chained,v=4,walks=3,column-x", "streamed,chained,v=2,walks=2", "based,v=4"):
+        kernel = full_kernel_source(a, reordered_tiles(a, 3), 16, CodegenParams(design=design_named(design)))
+        checked_against_scipy(kernel, a, 45, sanitize=True)  # padded to the column multiple by the launcher
+
+
+def test_a_vector_kernel_refuses_an_unpadded_n():
+    a = random_pruned(8, 8, 0.5, np.random.default_rng(0))
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 4, CodegenParams(design=design_named("v=4")))
+    with pytest.raises(EmulationError, match="host run failed"):  # N = 6 is no multiple of 4: the kernel traps
+        run_on_host(kernel, {"B": np.ones(8 * 6, np.float32), "C": np.empty(8 * 6, np.float32), "N": 6},
+                    kernel.layout.grid(6), 4)
+
+
+def test_the_baseline_design_is_the_kernel_before_designs():
+    """Same text and name as before designs existed: the A/B baseline and its compile-cache entries."""
+    a = sp.csr_matrix(np.array([[1, 0, 2, 0], [0, 0, 3, 0]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 64)
+    assert kernel.design == BASELINE and "design=" not in kernel.source and "LOSPMM_LDC(b" not in kernel.source
+    assert kernel.name == full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=KernelDesign())).name
+    walked = full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=design_named("walks=2")))
+    assert walked.name != kernel.name
+    # walks above 1 share one text: the number of walks is a launch fact
+    assert full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=design_named("walks=5"))).source \
+        == walked.source
+
+
+def test_chained_loads_step_from_the_previous_column():
+    a = sp.csr_matrix(np.array([[1, 0, 2, 0, 0, 4]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 1), 32, CodegenParams(design=design_named("chained")))
+    steps = [int(s) for s in re.findall(r"LOSPMM_LDC\(b\d+, p, N, (\d+)\)", kernel.source)]
+    assert steps == [0, 8, 12]  # columns 0, 2, 5: byte steps of 4·(column − previous column)
+
+
+def test_a_streamed_kernel_is_one_small_unit_whatever_the_layer():
+    small = random_pruned(16, 32, 0.8, np.random.default_rng(0))
+    large = random_pruned(256, 512, 0.8, np.random.default_rng(0))
+    design = CodegenParams(design=design_named("streamed"))
+    kernels = [full_kernel_source(a, reordered_tiles(a, 4), 32, design) for a in (small, large)]
+    code = [k.source[k.source.index("LOSPMM_KERNEL void"):] for k in kernels]
+    assert all(len(k.units) == 1 for k in kernels) and code[0].replace(kernels[0].name, "") == \
+        code[1].replace(kernels[1].name, "")  # the same loop; only the data differs
+
+
+@pytest.mark.parametrize("order, expected", [("tile-x", (7, 3, 1)), ("column-x", (3, 7, 1))])
+def test_the_launch_layout_is_the_one_grid(order, expected):
+    layout = LaunchLayout(row_blocks=7, threads=32, columns_per_thread=2, column_walks=2, order=order)
+    # 330 columns: padded to 330 (a multiple of 2), 6 column blocks of 64, walked 2 by each block
+    assert layout.launch_columns(331) == 332 and layout.grid(330) == expected
+    assert LaunchLayout.of_facts({"launch": layout.facts()}) == layout
+    assert LaunchLayout.of_facts({"grid": {"x": 9}, "n1": 64}) == LaunchLayout(9, 64)  # kernel.json before `launch`
+
+
+def test_design_names_read_back_and_bad_ones_are_named():
+    for design in (BASELINE, KernelDesign("column-x", 4, 2, "chained", "baked"), KernelDesign(a_values="streamed")):
+        assert design_named(design.label) == design
+    assert design_named("baseline") == BASELINE
+    for bad, match in (("v=3", "columns_per_thread"), ("warp", "cannot read 'warp'"), ("walks=0", "column_walks")):
+        with pytest.raises(ValueError, match=match):
+            design_named(bad)
+
+
+def test_a_conv_kernel_takes_only_the_grid_order():
+    from lospmm.stages.codegen import ConvGeometry, conv_kernel_source
+
+    g = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1)
+    a = random_pruned(4, g.k, 0.5, np.random.default_rng(0))
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("column-x")))
+    assert kernel.layout.order == "column-x" and kernel.grid(g.n(2))[1] == kernel.grid_x
+    with pytest.raises(ValueError, match="only the grid's order"):
+        conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))

@@ -12,7 +12,7 @@ from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.flows.units import run_compiler, waiting_on_units
 from lospmm.hostemu import proxy_check
-from lospmm.stages.codegen import proxy_kernel_source, proxy_tile_rows
+from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source, proxy_tile_rows
 from lospmm.stages.compile import ProxyCheck, kernel_options
 from lospmm.stages.status import Status
 
@@ -30,7 +30,7 @@ SCHEMA = pa.schema(
 
 @stage_task("compile")
 def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, arch: str, verify: bool,
-             check: ProxyCheck) -> dict:
+             check: ProxyCheck, design: KernelDesign) -> dict:
     def compute():
         table = ctx.read(inputs["cluster"])
         tiles = tiles_by_layer(ctx, inputs["reorder"]) if verify else {}
@@ -45,8 +45,8 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
                 return {**base, "status": info["status"], "message": info["message"]}
             try:
                 cl = clusters_from_row(table, i)
-                kernel = proxy_kernel_source(info["m"], info["k"], cl)
-                options = kernel_options(arch, info["m1"])
+                kernel = proxy_kernel_source(info["m"], info["k"], cl, CodegenParams(design=design))
+                options = kernel_options(arch, info["m1"], design=design)
                 result, hit = cached_kernel(ctx.root, kernel, options,
                                              run_compiler(ctx, ctx.unit_reporter("compile", label, info, table.num_rows)))
                 logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", where, i + 1,

@@ -7,6 +7,7 @@ import pyarrow as pa
 from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER, STATUS, STR
 from lospmm.flows.taskio import RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows, stage_task
 from lospmm.flows.tasks.reorder import SCHEMA as REORDERED
+from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
 from lospmm.stages.devices import Device
 from lospmm.stages.reorder import TileStats
@@ -25,7 +26,7 @@ SCHEMA = pa.schema(
 
 @stage_task("constrain")
 def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device: Device,
-              params: ConstrainParams) -> dict:
+              params: ConstrainParams, design: KernelDesign) -> dict:
     def one(layer: str, group: list[dict]) -> list[dict]:
         first = group[0]
         base = {**layer_fields(first, "sparsity"), "gpu": device.name, "arch": device.arch}
@@ -36,7 +37,8 @@ def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, 
                                     r["reordered_nnc_sum"], r["reordered_max_nnz"], r["reordered_cov_nnz"])
                  for r in group if r["status"] == Status.OK}
         try:
-            cands = layer_candidates(first["n"], stats, device, params, empty=first["status"] == Status.EMPTY)
+            cands = layer_candidates(first["n"], stats, device, params, empty=first["status"] == Status.EMPTY,
+                                     design=design)
         except Exception as e:
             return [{**failed_row(base, layer, e), "kept": False, "removed_by": UPSTREAM_ERROR}]
         return [{**base, **vars(c), "kept": c.kept, "status": first["status"], "message": first["message"]}

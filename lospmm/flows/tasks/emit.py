@@ -12,6 +12,7 @@ from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, ru
 from lospmm.flows.tasks.prune import matrices
 from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.flows.units import run_compiler, waiting_on_units
+from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
@@ -28,7 +29,7 @@ SCHEMA = pa.schema(
 
 @stage_task("emit")
 def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer: Timer, arch: str,
-         params: EmitParams) -> dict:
+         params: EmitParams, design: KernelDesign) -> dict:
     def compute():
         a, tiles = matrices(ctx, inputs["prune"]), tiles_by_layer(ctx, inputs["reorder"])
         kernels_root = artifact_path(ctx.root, "emit", label, key).with_suffix("")
@@ -40,7 +41,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             layer, group = item
             units = run_compiler(ctx, ctx.unit_reporter("emit", label, {"layer": layer}, len(layers)))
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
-                                 tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer))
+                                 tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer), design)
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.

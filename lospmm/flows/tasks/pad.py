@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from lospmm.flows.schemas import I32, LAYER_AT, STATUS, STR
 from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
+from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.devices import Device
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.status import Status
@@ -19,11 +20,12 @@ SCHEMA = pa.schema(
 
 
 @stage_task("pad")
-def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device: Device) -> dict:
+def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device: Device,
+        design: KernelDesign) -> dict:
     def one(c: dict) -> dict:
         base = {**layer_fields(c, "sparsity", "m1", "n1"), "gpu": device.name, "rank": c["rank"]}
         try:
-            launch = proxy_launch(c["num_a_tiles"], c["n"], c["m1"], c["n1"], c["pred_regs"], device)
+            launch = proxy_launch(c["num_a_tiles"], c["n"], c["m1"], c["n1"], c["pred_regs"], device, design)
         except Exception as e:
             return failed_row(base, f"{c['layer']} ({c['m1']},{c['n1']})", e)
         return {**base, "status": Status.OK, "message": "", "grid_x": launch.grid_x, "grid_y": launch.grid_y,

@@ -11,6 +11,7 @@ from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, STR
 from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.stages.codegen import KernelDesign, proxy_layout
 from lospmm.stages.status import Status
 from lospmm.stages.timing import LaunchUnderTest, Timer, Timing, untimed_reason
 
@@ -24,7 +25,7 @@ SCHEMA = pa.schema(
 
 
 @stage_task("time")
-def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer: Timer) -> dict:
+def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer: Timer, design: KernelDesign) -> dict:
     def compute():
         compiled = {(r["layer"], r["m1"]): r for r in ctx.read(inputs["compile"]).to_pylist()}
         clusters = ctx.read(inputs["cluster"])
@@ -41,11 +42,12 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
                 return {**base, "status": Status.SKIPPED, "message": f"{where}: {why}", "time_us": float("inf")}
             t0 = clock.perf_counter()
             spill = int(p["thread_spill_bytes"])  # what one thread executes, not the units' total
+            proxy_clusters = clusters_from_row(clusters, cluster_row[at])
             t = timer.time(LaunchUnderTest(
                 tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
-                c["smem_bytes"],
-                clusters=clusters_from_row(clusters, cluster_row[at]), kernel=p["kernel"],
-                cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None))
+                c["smem_bytes"], clusters=proxy_clusters, kernel=p["kernel"],
+                layout=proxy_layout(len(proxy_clusters.cluster_of), design),
+                cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None, design=design))
             return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
                     "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
                     "rank": c.get("rank"), "seconds": clock.perf_counter() - t0}
