@@ -244,21 +244,31 @@ def report(args) -> None:
 
 
 def calibrate(args) -> None:
-    """Fit the estimate to the measured launches at --train-sparsity, report before/after on them
-    and on the launches at every other sparsity (held out: other matrices, other kernels), and
-    print the values to ship in lospmm.stages.timing.CALIBRATIONS."""
+    """Fit the estimate's physical parameters (timing.PHYSICAL_BOUNDS) to measured launches and
+    report before/after on the launches it was fitted on and on those held out, and print the
+    values to ship in lospmm.stages.timing.CALIBRATIONS. `--split layer` (default) holds out half of
+    the layers (by a hash of model and layer: other matrices, other shapes) at every sparsity;
+    `--split sparsity` trains on --train-sparsity and holds out the others."""
+    import zlib
+
     import pyarrow.parquet as pq
 
     from lospmm.stages.devices import device_named
     from lospmm.stages.timing import CALIBRATED_DEVICE, CALIBRATED_PARAMS, EstimateParams, calibrated_estimate
 
     device, params = device_named(args.gpu), EstimateParams()
+
+    def trains(r: dict) -> bool:
+        if args.split == "sparsity":
+            return r["sparsity"] in args.train_sparsity
+        return zlib.crc32(f"{r['model']}/{r['layer']}".encode()) % 2 == 0
+
     sets: dict[str, list[dict]] = {}
     for path in args.launches:  # launch lists, or speedup tables (their emitted kernels)
         rows = pq.read_table(path).to_pylist()
         rows = gpuplan.speedup_launch_rows(rows) if Path(path).stem.startswith("speedup") else rows
         for r in rows:
-            split = "train" if r["sparsity"] in args.train_sparsity else "held-out"
+            split = "train" if trains(r) else "held-out"
             sets.setdefault(f"{split} {Path(path).parent.name}/{Path(path).stem} s{r['sparsity']:g}", []).append(r)
     sets = dict(sorted(sets.items()))
     train = [r for name, rows in sets.items() if name.startswith("train") for r in rows
@@ -266,8 +276,10 @@ def calibrate(args) -> None:
     t0 = time.perf_counter()
     fitted_device, fitted_params = calibrated_estimate([gpuplan.launch_work(r) for r in train],
                                                        [r["measured_us"] for r in train], device, params)
-    print(f"fitted on {len(train)} launches at sparsity {', '.join(map(str, args.train_sparsity))} "
-          f"in {time.perf_counter() - t0:.1f} s")
+    layers = {(r["model"], r["layer"]) for r in train}
+    print(f"fitted on {len(train)} launches of {len(layers)} layers ({args.split} split"
+          + (f" at sparsity {', '.join(map(str, args.train_sparsity))}" if args.split == "sparsity" else "")
+          + f") in {time.perf_counter() - t0:.1f} s")
     values = {f: round(float(getattr(fitted_params, f)), 4) for f in CALIBRATED_PARAMS}
     values |= {f: round(float(getattr(fitted_device, f)), 4) for f in CALIBRATED_DEVICE}
     print(f"calibrated values for {args.gpu}: {values}")
@@ -313,6 +325,8 @@ def main() -> None:
     p.add_argument("--train-sparsity", type=float, nargs="+", default=[0.9],
                    help="launches at these sparsities train the fit; all others are held out")
     p.add_argument("--gpu", default="h100", help="the device table entry the fit starts from")
+    p.add_argument("--split", choices=("layer", "sparsity"), default="layer",
+                   help="hold out half of the layers (default) or the sparsities other than --train-sparsity")
     p.set_defaults(fn=calibrate)
     args = ap.parse_args()
     args.fn(args)

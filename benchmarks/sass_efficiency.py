@@ -45,7 +45,8 @@ OPCODE = r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
 BODY = {"FFMA", "FMUL", "LDG", "STG", "LDL", "STL", "IMAD", "IADD3", "LEA", "NOP", "BRA"}
 
 
-def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
+def _by_function(cubin: bytes) -> dict[str, list[str]]:
+    """Each function's opcodes (nvdisasm)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -54,6 +55,16 @@ def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
     for chunk in re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)[1:]:
         name = chunk.split(",", 1)[0].strip()
         by_function[name] = [o.split(".")[0] for o in re.findall(OPCODE, chunk, flags=re.M)]
+    return by_function
+
+
+def function_sizes(cubin: bytes) -> dict[str, int]:
+    """Instructions per function of a cubin (16 bytes each on sm_70 and later)."""
+    return {name: len(ops) for name, ops in _by_function(cubin).items()}
+
+
+def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
+    by_function = _by_function(cubin)
     base = [o for ops in by_function.values() for o in ops]
     tile_other = sum(1 for name, ops in by_function.items() if name != entry for o in ops if o not in BODY)
     return {"FFMA": base.count("FFMA") + base.count("FMUL"), "LDG": base.count("LDG"), "STG": base.count("STG"),

@@ -295,6 +295,41 @@ def torch_timed(fn, options: CudaTimerOptions = CudaTimerOptions()) -> float:
     return float(np.median(times))
 
 
+def graph_timed(fn, launches: int = 20, repeats: int = 3, flush_l2: bool = True) -> tuple[float, float, list[float]]:
+    """Device time of `fn()` (it launches on torch's current stream: our kernels through
+    LoadedKernel.launch(stream=torch.cuda.current_stream().cuda_stream), a library through torch)
+    with the host out of the figure: `launches` calls captured in one CUDA graph, each after an L2
+    flush (a memset of twice the L2 in the same stream) and between two external timing events
+    (event-record nodes), the graph replayed `repeats` times. Returns (the median of the repeats'
+    medians in µs, the repeats' spread (max − min) / median, each repeat's median)."""
+    import torch
+
+    flush = torch.empty(2 * device_facts()["l2_bytes"] // 4, device="cuda") if flush_l2 else None
+    stream = torch.cuda.Stream()
+    starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(launches)]
+    ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(launches)]
+    with torch.cuda.stream(stream):  # warm-up on the capture stream: workspaces and modules made outside capture
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for start, end in zip(starts, ends):
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            fn()
+            end.record()
+    medians = []
+    for _ in range(repeats):
+        graph.replay()
+        torch.cuda.synchronize()
+        medians.append(float(np.median([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)])))
+    del graph
+    middle = float(np.median(medians))
+    return middle, (max(medians) - min(medians)) / middle if middle > 0 else float("nan"), medians
+
+
 def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
     """cuBLAS SGEMM with TF32 off (through torch) on the layer's M×K·K×N: the dense baseline a
     kernel's speedup is quoted against. Status SKIPPED when torch is not installed."""

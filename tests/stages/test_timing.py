@@ -89,7 +89,7 @@ def test_calibration_recovers_a_device_whose_parameters_it_was_not_told():
     from lospmm.stages.timing import EstimateParams, calibrated_estimate
 
     true_device = replace(H100, l2_gbps=2500.0, mem_latency_cycles=900)
-    true_params = replace(EstimateParams(), launch_us=6.0, sass_bytes_per_instr=120, addr_instr_per_load=5)
+    true_params = replace(EstimateParams(), launch_us=6.0, fetch_bytes_per_sm_cycle=1.5)
     works = [_work(m=m, k=k, n=n, m1=m1, n1=n1, sparsity=s, seed=i)
              for i, (m, k, n, m1, n1, s) in enumerate([(256, 256, 1024, 8, 128, 0.9), (512, 256, 4096, 1, 128, 0.9),
                                                        (512, 512, 196, 2, 32, 0.8), (128, 512, 12544, 4, 256, 0.95),
@@ -109,6 +109,46 @@ def test_calibration_recovers_a_device_whose_parameters_it_was_not_told():
     assert error(fitted_device, fitted_params, works[1::2], measured[1::2]) < before / 3  # launches it never saw
 
 
+def test_a_calibration_stays_inside_the_physical_bounds():
+    """Measurements no physical device makes (every launch 1000× slower than the model): the fit
+    ends on the bounds, not beyond them (an issue rate above 4 per SM-cycle, say)."""
+    from lospmm.stages.timing import CALIBRATED_DEVICE, CALIBRATED_PARAMS, PHYSICAL_BOUNDS, calibrated_estimate
+
+    works = [_work(m=256, k=256, n=n, seed=i) for i, n in enumerate((256, 1024, 4096, 16384))]
+    measured = [1000 * estimated_timing(w, H100).time_us for w in works]
+    device, params = calibrated_estimate(works, measured, H100, starts=2)
+    for name in CALIBRATED_PARAMS + CALIBRATED_DEVICE:
+        _, low, high = PHYSICAL_BOUNDS[name]
+        value = getattr(params if name in CALIBRATED_PARAMS else device, name)
+        assert low * 0.999 <= value <= high * 1.001, name
+    assert params.issue_per_sm_cycle == 4  # the hardware's, never fitted
+
+
+def test_the_estimate_follows_the_kernel_design():
+    """Fetch-bound (the datasheet's instruction supply slowed to the H100's measured rate): chained
+    addresses and more columns per thread need fewer instructions, a looped block fetches a small
+    tile's code once, and the grid's order is not modelled."""
+    from dataclasses import replace
+
+    from lospmm.stages.codegen import design_named
+    from lospmm.stages.timing import EstimateParams
+
+    params = replace(EstimateParams(), fetch_bytes_per_sm_cycle=1.0)
+
+    def timed(design: str, model: EstimateParams = params):
+        w = _work(m=1024, k=1024, n=16384, m1=2, n1=128)
+        return estimated_timing(replace(w, design=design_named(design)), H100, model)
+
+    base = timed("baseline").time_us
+    assert timed("chained").time_us < base and timed("chained,v=4").time_us < timed("chained").time_us
+    # 8 walks per fetch of a ~1 KB tile: an eighth of the code fetched (other terms may bind then)
+    assert timed("chained,walks=8").fetch_us == pytest.approx(timed("chained").fetch_us / 8, rel=0.02)
+    assert timed("chained,walks=8").time_us < timed("chained").time_us
+    assert timed("chained,column-x").time_us == timed("chained").time_us
+    no_tile_fits = replace(params, icache_bytes=1024)  # walking again fetches again
+    assert timed("chained,walks=8", no_tile_fits).fetch_us == pytest.approx(timed("chained").fetch_us, rel=0.02)
+
+
 def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
     from lospmm.stages.timing import CALIBRATIONS, EstimateParams, estimate_timer
 
@@ -117,7 +157,7 @@ def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
     assert calibrated.params.launch_us == dict(CALIBRATIONS["h100"].params)["launch_us"]
     assert calibrated.device.l2_gbps == dict(CALIBRATIONS["h100"].device)["l2_gbps"]
     assert calibrated.device.sms == H100.sms and calibrated.device.arch == H100.arch  # only throughput facts change
-    assert calibrated.name == "estimate:h100-2026-11-22"  # every row it times names the calibration
+    assert calibrated.name == f"estimate:{CALIBRATIONS['h100'].label}"  # every row it times names the calibration
     assert estimate_timer(H100, calibrated=False) == EstimateTimer(H100)
     a100 = device_named("a100")
     assert "a100" not in CALIBRATIONS and estimate_timer(a100) == EstimateTimer(a100)

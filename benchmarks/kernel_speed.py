@@ -1,0 +1,522 @@
+"""Kernel speed on the device (issue 20): today's kernel against the new designs on the same tiles,
+the diagnosis microbenchmarks, and the headline table against cuBLAS.
+
+    # here, no GPU: kernels compiled for sm_90 into a bundle (.gpu/ is git-ignored), SASS statistics
+    python benchmarks/kernel_speed.py build ab --bundle .gpu/ks-ab --jobs 2        # designs × layers at 0.9
+    python benchmarks/kernel_speed.py build micro --bundle .gpu/ks-micro           # diagnosis kernels
+    python benchmarks/kernel_speed.py sass --bundle .gpu/ks-ab                     # per-design SASS table
+    # the headline set (every zoo GEMM layer at 0.7/0.9/0.95, CNN batch 4 and 32, BERT 32×128) in one
+    # design, tiles chosen by the search's estimate; compiled where it runs (16 cores on the GPU machine)
+    python benchmarks/kernel_speed.py build headline --design chained --bundle .gpu/ks-head --jobs 16
+    # on the GPU: every kernel checked (N in 1, 31, 32, 4096 and the layer's N, C poisoned with NaN),
+    # ours and cuBLAS FP32 (TF32 off), TF32 and FP16 timed the same way (runtime.graph_timed)
+    python benchmarks/kernel_speed.py run OUT --bundle .gpu/ks-ab --budget-s 500
+    python benchmarks/kernel_speed.py report OUT/kernel-speed-ks-ab.parquet
+
+A bundle is a folder: kernels.parquet (a row per kernel: its layer, tile, design, launch layout,
+compile and SASS facts), <id>.cubin, and the pruned A of every layer under a/ (for the device
+check). `run` writes OUT/kernel-speed-<bundle>.parquet with the issue's columns (model, layer, m,
+k, n, nnz, sparsity, design, ours_us, sgemm_us, tf32_us, fp16_us, spread) and OUT/checks-<bundle>.parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from lospmm.gpuplan import Deadline, geomean
+from lospmm.sparse_file import read_matrix, write_matrix
+from lospmm.stages.codegen import CodegenParams, KernelSource, LaunchLayout, design_named, full_kernel_source
+from lospmm.stages.extract import LayerShape, ZooParams, folded_duplicates, zoo_shapes
+from lospmm.stages.reorder import reordered_tiles
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
+CHECK_NS = (1, 31, 32, 4096)
+WORK_BOUND_US = 15.0  # the issue's work-bound layers: cuBLAS SGEMM at least this long at that N
+
+# The A/B set: the worst and best rows of the committed H100 results at 0.9 (per-nonzero
+# efficiency against cuBLAS, call l) and the largest layers, each on the tile measured there.
+AB_LAYERS = (
+    ("bert-base", "pooler.dense"), ("resnet50", "layer4.0.conv2"), ("resnet50", "layer4.0.conv3"),
+    ("resnet50", "conv1"), ("resnet50", "layer1.0.conv2"), ("resnet50", "layer2.0.conv2"),
+    ("resnet50", "layer3.0.downsample.0"), ("mobilenetv2", "features.18"), ("mobilenetv2", "features.7.conv.2"),
+    ("bert-base", "encoder.layer.0.attention.self.query"), ("bert-base", "encoder.layer.0.intermediate.dense"),
+)
+AB_TILES_FROM = ROOT / "benchmarks/results/gpu-h100/l/speedup.parquet"
+AB_DESIGNS = ("baseline", "chained", "chained,column-x", "chained,walks=4", "chained,walks=16", "chained,v=2",
+              "chained,v=4", "chained,v=4,walks=4", "streamed,chained", "streamed,chained,v=4")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One kernel to build: a layer's pruned A on a tile in a design."""
+
+    id: str
+    set: str
+    model: str
+    layer: str
+    m: int
+    k: int
+    n: int
+    sparsity: float
+    batch: int
+    design: str
+    m1: int
+    n1: int
+    matrix: str  # file under a/
+    chosen_by: str
+
+
+# --- the sets -------------------------------------------------------------------------------------
+
+
+def gemm_shapes(model: str, cnn_batch: int = 4) -> list[LayerShape]:
+    """The zoo model's distinct GEMM layers (dense convolutions and linear layers) at `cnn_batch`."""
+    shapes = folded_duplicates(zoo_shapes(model, ZooParams(cnn_batch=cnn_batch)))
+    return [s for s in shapes if s.ok and (s.op == "linear" or (s.op == "conv" and s.groups == 1))]
+
+
+def pruned(shape: LayerShape, sparsity: float) -> sp.csr_matrix:
+    """The layer's A as the flow prunes a zoo layer (seeded random, PruneParams' defaults)."""
+    from lospmm.stages.prune import pruned_layer
+
+    return pruned_layer(shape, sparsity).matrix
+
+
+def _tile_of(text: str) -> tuple[int, int]:
+    m1, n1 = (int(x) for x in text.replace("x", "×").split("×"))
+    return m1, n1
+
+
+def _id(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts))[:120]
+
+
+def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list[Planned]:
+    """Every design on each A/B layer's tile as measured in the committed results (today's kernel's)."""
+    import pyarrow.parquet as pq
+
+    measured = {(r["model"], r["layer"]): r for r in pq.read_table(AB_TILES_FROM).to_pylist()
+                if r["sparsity"] == sparsity}
+    out = []
+    for model, layer in layers:
+        shape = next(s for s in gemm_shapes(model) if s.layer == layer)
+        m1, n1 = _tile_of(measured[(model, layer)]["tile"])
+        for design in designs:
+            out.append(Planned(_id("ab", model, layer, design), "ab", model, layer, shape.m, shape.k, shape.n, sparsity,
+                               4 if model != "bert-base" else 32, design_named(design).label, m1, n1,
+                               _id(model, layer, sparsity), f"today's tile (H100 call l, {AB_TILES_FROM.parent.name})"))
+    return out
+
+
+def micro_plan(n: int = 65536) -> list[Planned]:
+    """The diagnosis kernels (synthetic A, M1 = 2, N1 = 128, chained loads):
+    - footprint: one tile of 2 rows whose code grows from ~12 KB to ~0.8 MB, walked once by each of
+      N/128 blocks (walks=1) or 16 column blocks by each block (walks=16): where the second is no
+      faster per walk, the tile's code no longer fits the cache that served the repeats;
+    - sharing: 32 tiles of 2,048 nonzeros, blocks of one tile dispatched together (column-x) or
+      apart (tile-x), walked once or 16 times."""
+    out = []
+    for nnz in (256, 512, 1024, 2048, 4096, 16384):  # one function: ptxas is superlinear past ~16k
+        for walks in (1, 16):
+            design = design_named(f"chained,walks={walks}").label
+            out.append(Planned(_id("micro-footprint", nnz, walks), "micro", "synthetic", f"footprint-{nnz}", 2,
+                               4 * nnz, n, 0.75, 0, design, 2, 128, _id("synthetic-footprint", nnz), "fixed"))
+    for order in ("tile-x", "column-x"):
+        for walks in (1, 16):
+            design = design_named(f"chained,{order},walks={walks}").label
+            out.append(Planned(_id("micro-sharing", order, walks), "micro", "synthetic", "sharing-32x2048", 64,
+                               4096, n, 0.5, 0, design, 2, 128, "synthetic-sharing", "fixed"))
+    return out
+
+
+def micro_matrix(name: str) -> sp.csr_matrix:
+    """The synthetic A of a micro kernel: `footprint-NNZ` is 2 rows × 4·NNZ/2 columns at density 1/4
+    (NNZ nonzeros, one tile); `sharing` is 64 rows × 4096 at density 1/2 (32 tiles of ~4,096)."""
+    from lospmm.stages.prune import random_pruned
+
+    if name.startswith("synthetic-footprint"):
+        nnz = int(name.rsplit("-", 1)[1])
+        return random_pruned(2, 4 * nnz, 0.75, np.random.default_rng(nnz))
+    return random_pruned(64, 4096, 0.5, np.random.default_rng(64))
+
+
+def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), models=MODELS,
+                  gpu: str = "h100") -> list[Planned]:
+    """Every distinct zoo GEMM layer at each sparsity and CNN batch (BERT at 32×128 once), in
+    `design`, on the tile the search chooses: the shipped ranker's top-10, timed by the estimate
+    (the flow's choice without a GPU; registers predicted, not compiled)."""
+    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.search import SearchParams, choice, layer_search
+    from lospmm.stages.timing import LaunchUnderTest, estimate_timer
+
+    device, kernel_design = device_named(gpu), design_named(design)
+    timer = estimate_timer(device)
+    booster, _ = load_ranker()
+    params = SearchParams(design=kernel_design)
+    out = []
+    for model in models:
+        for batch in (batches if model != "bert-base" else (32,)):
+            for shape in gemm_shapes(model, batch):
+                for sparsity in sparsities:
+                    a = pruned(shape, sparsity)
+                    if a is None or a.nnz == 0:
+                        continue
+                    search = layer_search(a, shape.n, sparsity, device, booster, params)
+                    timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
+                        search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
+                        smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
+                        design=kernel_design)) for c in search.chosen}
+                    tile = choice(timings)
+                    if tile is None:
+                        continue
+                    out.append(Planned(_id("head", model, shape.layer, sparsity, batch, kernel_design.label),
+                                       "headline", model, shape.layer, shape.m, shape.k, shape.n, sparsity, batch,
+                                       kernel_design.label, tile[0], tile[1], _id(model, shape.layer, sparsity),
+                                       f"search: ranker top-{params.rank.top_k}, proxies timed by {timer.name}"))
+    return out
+
+
+# --- build: compile into a bundle (no GPU) --------------------------------------------------------
+
+
+def matrix_of(p: Planned) -> sp.csr_matrix:
+    if p.model == "synthetic":
+        return micro_matrix(p.matrix)
+    shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
+    return pruned(shape, p.sparsity)
+
+
+def source_of(p: Planned, a: sp.csr_matrix) -> KernelSource:
+    return full_kernel_source(a, reordered_tiles(a, p.m1), p.n1, CodegenParams(design=design_named(p.design)))
+
+
+def build(plan: list[Planned], bundle: Path, jobs: int = 2, arch: str = "sm_90", cache: Path | None = None,
+          sass: bool = True, say=print) -> Path:
+    """Compile every planned kernel (through the compile cache under `cache`, units on `jobs`
+    threads) into `bundle`; a kernel that fails to compile is a row with its status. Returns the
+    bundle's kernels.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.compile_cache import cached_kernel
+    from lospmm.flows.units import threads
+    from lospmm.stages.compile import kernel_options
+
+    bundle.mkdir(parents=True, exist_ok=True)
+    (bundle / "a").mkdir(exist_ok=True)
+    cache = cache or ROOT / ".gpu" / "compile-cache"
+    units = threads(jobs)
+    matrices: dict[str, sp.csr_matrix] = {}
+    rows = []
+    for i, p in enumerate(plan):
+        if p.matrix not in matrices:
+            matrices[p.matrix] = matrix_of(p)
+            write_matrix(bundle / "a" / f"{p.matrix}.parquet", matrices[p.matrix])
+        a = matrices[p.matrix]
+        t0 = time.perf_counter()
+        row = {**vars(p), "nnz": int(a.nnz)}
+        try:
+            src = source_of(p, a)
+            design = design_named(p.design)
+            result, hit = cached_kernel(cache, src, kernel_options(arch, p.m1, design=design), units)
+            row |= {"kernel": src.name, "launch": json.dumps(src.layout.facts()), "status": str(result["status"]),
+                    "message": "" if result["status"] == "ok" else result["log"][-500:],
+                    "registers": int(result["registers"]), "spill_bytes": int(result["thread_spill_bytes"]),
+                    "compile_seconds": float(result["cost_seconds"]), "tiles": src.num_tiles}
+            if result["status"] == "ok":
+                cubin = (Path(cache) / result["paths"]["cubin"]).read_bytes()
+                (bundle / f"{p.id}.cubin").write_bytes(cubin)
+                if sass:
+                    row |= sass_facts(cubin, src, a)
+        except Exception as e:  # one kernel's failure is its row
+            row |= {"status": "error", "message": f"{type(e).__name__}: {e}"[:500]}
+        rows.append(row)
+        say(f"[{i + 1}/{len(plan)}] {p.id}: {row['status']}, {row.get('registers', '?')} registers, "
+            f"{row.get('instructions', '?')} instructions, {time.perf_counter() - t0:.1f} s")
+    table = bundle / "kernels.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), table)
+    return table
+
+
+def sass_facts(cubin: bytes, src: KernelSource, a: sp.csr_matrix) -> dict:
+    """The SASS statistics of a kernel (nvdisasm): instructions in all, per useful multiply-add
+    (nnz × columns per thread), FFMA and LDG counts, and code bytes per tile function (16 bytes an
+    instruction): the mean and the largest. {} when nvdisasm is missing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sass_efficiency import function_sizes, sass_counts
+
+    try:
+        counts = sass_counts(cubin, src.name)
+        sizes = [size for name, size in function_sizes(cubin).items() if name.startswith("tile_")]
+    except (SystemExit, OSError):
+        return {}
+    useful = a.nnz * src.layout.columns_per_thread
+    return {"instructions": counts["total"], "instructions_per_fma": counts["total"] / max(useful, 1),
+            "ffma": counts["FFMA"], "ldg": counts["LDG"], "spill_instructions": counts["LDL"] + counts["STL"],
+            "code_bytes": 16 * counts["total"],
+            "tile_code_bytes_mean": 16 * float(np.mean(sizes)) if sizes else 16.0 * counts["total"],
+            "tile_code_bytes_max": 16 * int(max(sizes)) if sizes else 16 * counts["total"]}
+
+
+def sass_table(kernels: Path) -> list[dict]:
+    """Per design: median instructions per useful multiply-add, code bytes per tile, registers, spills."""
+    import pyarrow.parquet as pq
+
+    rows = [r for r in pq.read_table(kernels).to_pylist() if r["status"] == "ok" and r.get("instructions")]
+    out = []
+    for design in dict.fromkeys(r["design"] for r in rows):
+        mine = [r for r in rows if r["design"] == design]
+        out.append({"design": design, "kernels": len(mine),
+                    "instructions/fma (median)": float(np.median([r["instructions_per_fma"] for r in mine])),
+                    "tile code KB (median)": float(np.median([r["tile_code_bytes_mean"] for r in mine])) / 1024,
+                    "largest tile code KB": max(r["tile_code_bytes_max"] for r in mine) / 1024,
+                    "registers (median)": float(np.median([r["registers"] for r in mine])),
+                    "kernels spilling": sum(r["spill_bytes"] > 0 for r in mine),
+                    "compile s (sum)": sum(r["compile_seconds"] for r in mine)})
+    return out
+
+
+# --- run: on the device ---------------------------------------------------------------------------
+
+
+def bundle_rows(bundle: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(bundle / "kernels.parquet").to_pylist()
+
+
+def checked(row: dict, bundle: Path, ns=CHECK_NS) -> list[dict]:
+    """The kernel against scipy at each N (fresh B, C poisoned with NaN): a row per N."""
+    from lospmm.runtime import check_full_kernel
+
+    cubin, layout = (bundle / f"{row['id']}.cubin").read_bytes(), LaunchLayout(**json.loads(row["launch"]))
+    a = read_matrix(bundle / "a" / f"{row['matrix']}.parquet")
+    out = []
+    for n in sorted({*ns, row["n"]}):
+        try:
+            error, message = check_full_kernel(cubin, row["kernel"], layout, a, n=n, seed=n), ""
+        except Exception as e:
+            error, message = float("inf"), f"{type(e).__name__}: {e}"[:300]
+        out.append({"id": row["id"], "n": n, "max_rel_error": error,
+                    "status": "ok" if error <= 1e-5 else ("error" if message else "wrong"), "message": message})
+    return out
+
+
+def timed_ours(row: dict, bundle: Path, launches: int, repeats: int) -> tuple[float, float]:
+    """(median µs, spread) of the kernel at the layer's N, by runtime.graph_timed."""
+    import torch
+
+    from lospmm.runtime import LoadedKernel, graph_timed
+
+    layout = LaunchLayout(**json.loads(row["launch"]))
+    n = layout.launch_columns(row["n"])
+    kernel = LoadedKernel((bundle / f"{row['id']}.cubin").read_bytes(), row["kernel"])
+    b = torch.randn(row["k"], n, device="cuda")
+    c = torch.empty(row["m"], n, device="cuda")
+    args = [("ptr", b.data_ptr()), ("ptr", c.data_ptr()), ("int", n)]
+    grid, block = layout.grid(n), layout.block()
+    us, spread, _ = graph_timed(lambda: kernel.launch(grid, block, args, 0, torch.cuda.current_stream().cuda_stream),
+                                launches, repeats)
+    return us, spread
+
+
+def timed_cublas(m: int, k: int, n: int, launches: int, repeats: int) -> dict:
+    """cuBLAS on the dense M×K·K×N through torch, timed as ours: FP32 (TF32 off), TF32 and FP16."""
+    import torch
+
+    from lospmm.runtime import graph_timed
+
+    out = {}
+    for name, dtype, tf32 in (("sgemm", torch.float32, False), ("tf32", torch.float32, True),
+                              ("fp16", torch.float16, False)):
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+            c = torch.empty(m, n, device="cuda", dtype=dtype)
+            out[f"{name}_us"], out[f"{name}_spread"], _ = graph_timed(lambda: torch.matmul(a, b, out=c), launches,
+                                                                      repeats)
+        except Exception as e:  # one failing library is a NaN and its message
+            out[f"{name}_us"], out[f"{name}_spread"] = float("nan"), float("nan")
+            out[f"{name}_message"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+    return out
+
+
+def run(bundle: Path, out: Path, budget_s: float = 500.0, launches: int = 20, repeats: int = 3,
+        max_spread: float = 0.05, say=print) -> Path:
+    """Check and time every kernel of the bundle (a kernel whose repeats spread more than
+    `max_spread` is timed once more; if it still does, `spread_flag` says so), cuBLAS on each
+    distinct shape; stops at the budget. Writes kernel-speed-<bundle>.parquet and checks-<bundle>.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch  # noqa: F401  (before anything loads NVRTC: see runtime.SPIN_PTX)
+
+    deadline = Deadline.after(budget_s)
+    rows, checks, baselines = [], [], {}
+    kernels = bundle_rows(bundle)
+    for i, row in enumerate(kernels):
+        if deadline.over():
+            say(f"stopped at the time budget after {i} of {len(kernels)} kernels")
+            break
+        result = {k: row.get(k) for k in ("id", "set", "model", "layer", "m", "k", "n", "nnz", "sparsity", "batch",
+                                          "design", "m1", "n1", "registers", "spill_bytes", "instructions",
+                                          "instructions_per_fma", "tile_code_bytes_mean", "chosen_by")}
+        if row["status"] != "ok":
+            rows.append(result | {"status": "not compiled", "ours_us": float("inf")})
+            continue
+        mine = checked(row, bundle)
+        checks.extend(mine)
+        if any(c["status"] != "ok" for c in mine):
+            rows.append(result | {"status": "failed check", "ours_us": float("inf")})
+            continue
+        try:
+            us, spread = timed_ours(row, bundle, launches, repeats)
+            if spread > max_spread:
+                us, spread = timed_ours(row, bundle, launches, repeats)
+        except Exception as e:
+            rows.append(result | {"status": "error", "ours_us": float("inf"), "message": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        shape = (row["m"], row["k"], row["n"])
+        if shape not in baselines and row["set"] != "micro":
+            baselines[shape] = timed_cublas(*shape, launches, repeats)
+        result |= {"status": "ok", "ours_us": us, "spread": spread, "spread_flag": spread > max_spread,
+                   **baselines.get(shape, {})}
+        rows.append(result)
+        say(f"[{i + 1}/{len(kernels)}] {row['id']}: {us:.2f} us (spread {spread:.1%})"
+            + (f", sgemm {result['sgemm_us']:.2f} us" if "sgemm_us" in result else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    speed = out / f"kernel-speed-{bundle.name}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), speed)
+    if checks:
+        pq.write_table(pa.Table.from_pylist(checks), out / f"checks-{bundle.name}.parquet")
+    return speed
+
+
+# --- report: anywhere -----------------------------------------------------------------------------
+
+
+def efficiency(r: dict) -> float:
+    """Per-nonzero efficiency: our useful FLOP/s over cuBLAS SGEMM's dense FLOP/s on the same shape."""
+    return r["nnz"] * r["sgemm_us"] / (r["m"] * r["k"] * r["ours_us"])
+
+
+def headline_summary(rows: list[dict], peak_tflops: float = 66.9) -> list[dict]:
+    """Per sparsity over the work-bound rows (SGEMM ≥ 15 µs; the fastest design of each layer and N):
+    median per-nonzero efficiency, geomean speedup over SGEMM, TF32 and FP16, slower-than-SGEMM count,
+    and the largest layers' share of FP32 peak; then the same over every row."""
+    best: dict = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("sgemm_us") and math.isfinite(r["ours_us"]):
+            key = (r["model"], r["layer"], r["sparsity"], r["n"])
+            if key not in best or r["ours_us"] < best[key]["ours_us"]:
+                best[key] = r
+    out = []
+    for scope, keep in (("work-bound", lambda r: r["sgemm_us"] >= WORK_BOUND_US), ("all", lambda r: True)):
+        for s in sorted({r["sparsity"] for r in best.values()}):
+            xs = [r for r in best.values() if r["sparsity"] == s and keep(r)]
+            if not xs:
+                continue
+            useful = [2 * r["nnz"] * r["n"] / (r["ours_us"] * 1e-6) / 1e12 for r in xs]
+            out.append({"scope": scope, "sparsity": s, "layers": len(xs),
+                        "efficiency (median)": float(np.median([efficiency(r) for r in xs])),
+                        "vs SGEMM (geomean)": geomean([r["sgemm_us"] / r["ours_us"] for r in xs]),
+                        "vs TF32": geomean([r["tf32_us"] / r["ours_us"] for r in xs if r.get("tf32_us")]),
+                        "vs FP16": geomean([r["fp16_us"] / r["ours_us"] for r in xs if r.get("fp16_us")]),
+                        "slower than SGEMM": sum(r["ours_us"] > r["sgemm_us"] for r in xs),
+                        "% FP32 peak (max)": 100 * max(useful) / peak_tflops})
+    return out
+
+
+def ab_summary(rows: list[dict]) -> list[dict]:
+    """Per A/B layer: today's kernel's µs and each design's time over it (< 1: faster)."""
+    by_layer: dict = {}
+    for r in rows:
+        if r.get("set") == "ab":
+            by_layer.setdefault((r["model"], r["layer"]), {})[r["design"]] = r
+    baseline = design_named("baseline").label
+    out = []
+    for (model, layer), designs in by_layer.items():
+        base = designs.get(baseline, {}).get("ours_us", float("nan"))
+        out.append({"model": model, "layer": layer, "baseline_us": base,
+                    **{d: designs[d]["ours_us"] / base for d in designs if d != baseline}})
+    return out
+
+
+def _print(title: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "") for v in
+                        (r.get(c) for c in columns)])
+    Console(width=200).print(table)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile a set into a bundle (no GPU)")
+    b.add_argument("set", choices=("ab", "micro", "headline"))
+    b.add_argument("--bundle", type=Path, required=True)
+    b.add_argument("--design", default="chained", help="headline: the design (design_named's tokens)")
+    b.add_argument("--designs", nargs="+", default=list(AB_DESIGNS), help="ab: the designs")
+    b.add_argument("--sparsity", type=float, nargs="+", default=[0.7, 0.9, 0.95], help="headline")
+    b.add_argument("--batch", type=int, nargs="+", default=[4, 32], help="headline: CNN batches")
+    b.add_argument("--models", nargs="+", default=list(MODELS), help="headline")
+    b.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    b.add_argument("--no-sass", action="store_true", help="skip nvdisasm's statistics")
+    s = sub.add_parser("sass", help="the per-design SASS table of a bundle")
+    s.add_argument("--bundle", type=Path, required=True)
+    r = sub.add_parser("run", help="on the GPU: check and time a bundle's kernels and cuBLAS")
+    r.add_argument("out", type=Path)
+    r.add_argument("--bundle", type=Path, required=True)
+    r.add_argument("--budget-s", type=float, default=500.0)
+    r.add_argument("--launches", type=int, default=20)
+    r.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("report", help="the tables of a run's kernel-speed parquet")
+    p.add_argument("files", type=Path, nargs="+")
+    args = ap.parse_args(argv)
+    if args.command == "build":
+        plan = {"ab": lambda: ab_plan(args.designs), "micro": micro_plan,
+                "headline": lambda: headline_plan(args.design, args.sparsity, args.batch, args.models)}[args.set]()
+        table = build(plan, args.bundle, args.jobs, sass=not args.no_sass)
+        _print(f"SASS per design ({table})", sass_table(table))
+    elif args.command == "sass":
+        _print(f"SASS per design ({args.bundle})", sass_table(args.bundle / "kernels.parquet"))
+    elif args.command == "run":
+        speed = run(args.bundle, args.out, args.budget_s, args.launches, args.repeats)
+        main(["report", str(speed)])
+    else:
+        import pyarrow.parquet as pq
+
+        rows = [r for f in args.files for r in pq.read_table(f).to_pylist()]
+        if any(r.get("set") == "ab" for r in rows):
+            _print("A/B: each design's time over today's kernel on the same tile (< 1 is faster)", ab_summary(rows))
+        if any(r.get("set") == "micro" for r in rows):
+            _print("Diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
+                                                                      "tile_code_bytes_mean")}
+                                             for r in rows if r.get("set") == "micro"])
+        _print("Against cuBLAS (the fastest design per layer and N)", headline_summary(rows))
+
+
+if __name__ == "__main__":
+    main()
