@@ -126,8 +126,8 @@ def micro_plan(n: int = 65536) -> list[Planned]:
     - footprint: one tile of 2 rows whose code grows from ~12 KB to ~0.8 MB, walked once by each of
       N/128 blocks (walks=1) or 16 column blocks by each block (walks=16): where the second is no
       faster per walk, the tile's code no longer fits the cache that served the repeats;
-    - sharing: 32 tiles of 2,048 nonzeros, blocks of one tile dispatched together (column-x) or
-      apart (tile-x), walked once or 16 times."""
+    - sharing: 32 tiles of ~512 nonzeros (~24 KB of code each), blocks of one tile dispatched
+      together (column-x) or apart (tile-x), walked once or 16 times."""
     out = []
     for nnz in (256, 512, 1024, 2048, 4096, 16384):  # one function: ptxas is superlinear past ~16k
         for walks in (1, 16):
@@ -137,20 +137,20 @@ def micro_plan(n: int = 65536) -> list[Planned]:
     for order in ("tile-x", "column-x"):
         for walks in (1, 16):
             design = design_named(f"chained,{order},walks={walks}").label
-            out.append(Planned(_id("micro-sharing", order, walks), "micro", "synthetic", "sharing-32x2048", 64,
-                               4096, n, 0.5, 0, design, 2, 128, "synthetic-sharing", "fixed"))
+            out.append(Planned(_id("micro-sharing", order, walks), "micro", "synthetic", "sharing-32x512", 64,
+                               4096, n, 0.9375, 0, design, 2, 128, "synthetic-sharing", "fixed"))
     return out
 
 
 def micro_matrix(name: str) -> sp.csr_matrix:
     """The synthetic A of a micro kernel: `footprint-NNZ` is 2 rows × 4·NNZ/2 columns at density 1/4
-    (NNZ nonzeros, one tile); `sharing` is 64 rows × 4096 at density 1/2 (32 tiles of ~4,096)."""
+    (NNZ nonzeros, one tile); `sharing` is 64 rows × 4096 at density 1/16 (32 tiles of ~512)."""
     from lospmm.stages.prune import random_pruned
 
     if name.startswith("synthetic-footprint"):
         nnz = int(name.rsplit("-", 1)[1])
         return random_pruned(2, 4 * nnz, 0.75, np.random.default_rng(nnz))
-    return random_pruned(64, 4096, 0.5, np.random.default_rng(64))
+    return random_pruned(64, 4096, 0.9375, np.random.default_rng(64))
 
 
 def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), models=MODELS,

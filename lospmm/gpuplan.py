@@ -214,14 +214,12 @@ class LaunchJob:
 
 def _job(tag: str, base: dict, role: str, variant: str, m1: int, n1: int, rank: int, source, options, search,
          smem_bytes: int = 0, prefetch: int = 1) -> LaunchJob:
-    from lospmm.stages.codegen import proxy_tile_rows
     from lospmm.stages.timing import full_kernel_work, proxy_work
 
     if role == "proxy":
         cl = search.clusters[m1]
         work = proxy_work(cl, base["m"], base["k"], base["n"], n1, 0, smem_bytes)
-        arrays = {"cluster_of": np.asarray(cl.cluster_of, np.int32),
-                  "tile_rows": np.asarray(proxy_tile_rows(search.tiles[m1]), np.int32)}
+        arrays = {"cluster_of": np.asarray(cl.cluster_of, np.int32)}
     else:
         work = full_kernel_work(search.tiles[m1], base["m"], base["k"], base["n"], n1, 0)
         arrays = {}
@@ -701,7 +699,7 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
                       else LaunchLayout(r["grid_x"], 0 if r["role"] == "proxy" else r["n1"]))  # a bundle from before
             if r["role"] == "proxy":
                 t = time_proxy_cubin(cubin, r["kernel"], layout, r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
-                                     arrays["tile_rows"], r["smem_bytes"], opts)
+                                     r["smem_bytes"], opts)
             else:
                 t = time_full_kernel_cubin(cubin, r["kernel"], layout, r["m"], r["k"], r["n"], opts)
             r |= {"measured_us": t.time_us, "measure_status": str(t.status), "measure_message": t.message}

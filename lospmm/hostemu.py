@@ -293,14 +293,14 @@ def _checked_error(kernel: KernelSource, out: np.ndarray, ref: np.ndarray, rtol:
     return err
 
 
-def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, tile_rows: np.ndarray, n: int, n1: int) -> str:
+def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, n: int, n1: int) -> str:
     """Run a proxy on the host under AddressSanitizer with zero B and N = `n` columns in blocks of
     `n1`: "asan-ok", or "failed: ..." with the reason (a proxy's output is meaningless, its memory
     accesses are not)."""
     try:
         n = kernel.layout.launch_columns(n)
         run_on_host(kernel, {"B": np.zeros(kernel.k * n, np.float32), "C": np.empty(kernel.m * n, np.float32),
-                             "N": n, "cluster_of": cluster_of, "tile_rows": tile_rows},
+                             "N": n, "cluster_of": cluster_of},
                     kernel.layout.grid(n, n1), n1, sanitize=True)
         return "asan-ok"
     except Exception as e:

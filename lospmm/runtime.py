@@ -440,16 +440,15 @@ def time_full_kernel_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: i
 
 
 def time_proxy_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: int, n1: int, cluster_of: np.ndarray,
-                     tile_rows: np.ndarray, smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+                     smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
     """The proxy of candidate (M1, N1) launched with its Eq. 6 dynamic shared memory, as its
     `layout` says (N1 given here)."""
     n = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
     bufs = [DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32)),
-            DeviceBuffer(4 * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32)),
-            DeviceBuffer.of(np.asarray(tile_rows, np.int32))]
+            DeviceBuffer(4 * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32))]
     try:
-        args = [("ptr", bufs[0].ptr), ("ptr", bufs[1].ptr), ("int", n), ("ptr", bufs[2].ptr), ("ptr", bufs[3].ptr)]
+        args = [("ptr", bufs[0].ptr), ("ptr", bufs[1].ptr), ("int", n), ("ptr", bufs[2].ptr)]
         return timed_launch(kernel, layout.grid(n, n1), n1, args, smem_bytes, options)
     finally:
         for b in bufs:
@@ -474,11 +473,8 @@ class CudaTimer:
             return Timing(self.name, float("inf"), Status.ERROR, "no cubin to launch")
         layout = launch.launch_layout
         if launch.clusters is not None:
-            from lospmm.stages.codegen import proxy_tile_rows
-
             return time_proxy_cubin(launch.cubin, launch.kernel, layout, launch.m, launch.k, launch.n, launch.n1,
-                                    launch.clusters.cluster_of, proxy_tile_rows(launch.tiles), launch.smem_bytes,
-                                    self.options)
+                                    launch.clusters.cluster_of, launch.smem_bytes, self.options)
         if launch.conv is not None:
             g = launch.conv
             return time_conv_kernel_cubin(launch.cubin, launch.kernel, layout, launch.m, g,

@@ -707,9 +707,12 @@ def _zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
 def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
     """The M1 proxy of §5.1: one kernel for every N1 (block size, grid and the tile -> cluster map
     are launch arguments), one block function per cluster, NNC_p iterations of one B load and CPL
-    multiply-adds each, results stored to the block's own rows (`tile_rows`, −1 padded). It follows
-    the design's grid order, walks, columns per thread and loads (a streamed kernel is its own proxy:
-    its code does not grow with the layer)."""
+    multiply-adds each, results stored to rows tile·M1 + i of C (rows past M skipped): the row index
+    is made from the block index after the multiply-adds, so no register holds it through them
+    (a table of each tile's rows, read at the end, made ptxas keep its pointer and the rows live and
+    spill 40-250 bytes per thread where the full kernel spills none). It follows the design's grid
+    order, walks, columns per thread and loads (a streamed kernel is its own proxy: its code does
+    not grow with the layer)."""
     m1 = clusters.m1
     design = params.design
     if design.a_values != "baked":
@@ -722,7 +725,7 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     header = (f"// lospmm proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
               f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}"
               + (f" design={design.code_label}" if design != BASELINE else ""))
-    signature = _tile_signature(design)[:-1] + ", const int* __restrict__ rows)"
+    signature = _tile_signature(design)
     load = _b_loader(design)
     functions = []
     for c in range(clusters.num_clusters):
@@ -737,29 +740,30 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
             # distinct constants keep the multiply-adds from being folded together
             body.append("  " + " ".join(f"acc{(j * cpl + q) % m1}{lane} += b{j}{lane} * {1 + ((j * cpl + q) % 97) / 128:.7f}f;"
                                         for q in range(cpl) for lane in lanes) + "\n")
-        body.extend(f"  {{ const int r = rows[{i}]; if (r >= 0) {store}(Cn, r, N, acc{i}); }}\n" for i in range(m1))
+        body.append(f"  {{ const int r0 = blockIdx.{_axes(design)[0]} * {m1};\n")
+        body.extend(f"  if (r0 + {i} < {m}) {store}(Cn, r0 + {i}, N, acc{i});\n" for i in range(m1))
+        body.append("  }\n")
         functions.append("".join([f"LOSPMM_TILE void proxy_{c}{signature} {{\n", *_walked(design, body),
                                   "  LOSPMM_TILE_END\n}\n"]))
     costs = [len(clusters.columns[c]) * int(clusters.cpl[c]) for c in range(clusters.num_clusters)]
     tile_axis, column_axis = _axes(design)
-    args = "B, C, N, n, stride, rows" if design.looped else "Bn, Cn, N, rows"
+    args = "B, C, N, n, stride" if design.looped else "Bn, Cn, N"
     cases = "".join(f"    case {c}: proxy_{c}({args}); break;\n" for c in range(clusters.num_clusters))
     per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"
     thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
     entry = (PREAMBLE + header + " (entry unit)\n"
              + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
              + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
-             f"const int* __restrict__ cluster_of, const int* __restrict__ tile_rows) {{\n"
+             f"const int* __restrict__ cluster_of) {{\n"
              + (f"  if (N % {v} != 0) __trap();\n" if v > 1 else "")
              + f"  const int n = blockIdx.{column_axis} * {per_block} + {thread};\n"
              f"  if (n >= N) return;\n"
              + (f"  const int stride = gridDim.{column_axis} * {per_block};\n" if design.looped
                 else "  const float* Bn = B + n;\n  float* Cn = C + n;\n")
-             + f"  const int* rows = tile_rows + blockIdx.{tile_axis} * {m1};\n"
-             f"  switch (cluster_of[blockIdx.{tile_axis}]) {{\n{cases}    default: break;\n  }}\n}}\n")
+             + f"  switch (cluster_of[blockIdx.{tile_axis}]) {{\n{cases}    default: break;\n  }}\n}}\n")
     units = _units("proxy", functions, costs, params.shard_nnz) + [entry]
     return KernelSource(name, "proxy", tuple(units),
-                        ("const float* B", "float* C", "int N", "const int* cluster_of", "const int* tile_rows"),
+                        ("const float* B", "float* C", "int N", "const int* cluster_of"),
                         m, k, m1, proxy_layout(len(clusters.cluster_of), design), len(clusters.cluster_of), design)
 
 
@@ -779,12 +783,3 @@ def design_of_facts(facts: dict) -> KernelDesign:
 def proxy_layout(num_tiles: int, design: KernelDesign = BASELINE) -> LaunchLayout:
     """How a proxy of `num_tiles` blocks along A is launched in `design` (its N1 given at launch)."""
     return LaunchLayout(num_tiles, 0, design.columns_per_thread, design.column_walks, design.order)
-
-
-def proxy_tile_rows(tiles: Tiles) -> np.ndarray:
-    """The `tile_rows` argument of a proxy: each tile's rows, padded with −1 to M1."""
-    out = np.full((tiles.num_tiles, tiles.m1), -1, dtype=np.int32)
-    for t in range(tiles.num_tiles):
-        rows = tiles.tile(t)
-        out[t, :len(rows)] = rows
-    return out

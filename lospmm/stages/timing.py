@@ -195,7 +195,7 @@ class LaunchUnderTest:
     """Everything a timer may need to time one launch of a proxy (`clusters` set) or of a full
     kernel (`clusters` None). `cubin` is only read by timers that run it (`Timer.runs_binary`)."""
 
-    tiles: object  # reorder.Tiles of the candidate's M1
+    tiles: object  # reorder.Tiles of the candidate's M1 (None for a proxy: its clusters say what it runs)
     m: int
     k: int
     n: int

@@ -74,7 +74,7 @@ def test_the_cuda_timer_needs_a_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(ConfigError, match="no CUDA device"):
         resolved_timer("cuda", device_named("h100"))
-    assert resolved_timer("auto", device_named("h100")).name == "estimate:h100-2026-11-22"  # the H100's calibration
+    assert resolved_timer("auto", device_named("h100")).name == "estimate:h100-2026-11-23"  # the H100's calibration
     assert resolved_timer("auto", device_named("a100")).name == "estimate"
 
 

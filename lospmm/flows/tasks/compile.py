@@ -1,5 +1,5 @@
-"""Adapter of stage 8, compile: 06_clusters (+ 03_reordered for --verify) -> 08_compiled, one proxy
-per layer and chosen M1, through the content-addressed compile cache, on `jobs` threads."""
+"""Adapter of stage 8, compile: 06_clusters -> 08_compiled, one proxy per layer and chosen M1,
+through the content-addressed compile cache, on `jobs` threads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from lospmm.flows.compile_cache import cached_kernel
 from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER_AT, LAYER_COLUMNS, STATUS, STR
 from lospmm.flows.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
-from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.flows.units import run_compiler, waiting_on_units
 from lospmm.hostemu import proxy_check
-from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source, proxy_tile_rows
+from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
 from lospmm.stages.status import Status
 
@@ -33,7 +32,6 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
              check: ProxyCheck, design: KernelDesign) -> dict:
     def compute():
         table = ctx.read(inputs["cluster"])
-        tiles = tiles_by_layer(ctx, inputs["reorder"]) if verify else {}
         logger = run_logger()  # fetched here: pool threads do not carry Prefect's run context
 
         def one(i: int) -> dict:
@@ -53,8 +51,7 @@ def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, a
                             table.num_rows, result["status"], result["registers"], result["spill_stores"],
                             result["seconds"], " (compile cache)" if hit else "")
                 ok = result["status"] == Status.OK
-                verified = (proxy_check(kernel, cl.cluster_of, proxy_tile_rows(tiles[info["layer"]][info["m1"]]),
-                                        check.n, check.n1) if verify and ok else "not run")
+                verified = proxy_check(kernel, cl.cluster_of, check.n, check.n1) if verify and ok else "not run"
                 return {**base, **compile_row(result, hit), "status": result["status"],
                         "message": "" if ok else f"{where}: NVRTC failed", "kernel": kernel.name,
                         "source_sha256": kernel.sha256, "arch": arch, "maxrregcount": options.maxrregcount,

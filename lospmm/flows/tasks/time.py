@@ -1,5 +1,5 @@
-"""Adapter of stage 9, time: 07_launch, 08_compiled, 06_clusters (+ 03_reordered) -> 09_timed, each
-chosen candidate's proxy timed by the run's Timer, one at a time."""
+"""Adapter of stage 9, time: 07_launch, 08_compiled, 06_clusters -> 09_timed, each chosen
+candidate's proxy timed by the run's Timer, one at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pyarrow as pa
 from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, STR
 from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
 from lospmm.flows.tasks.cluster import clusters_from_row
-from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.stages.codegen import KernelDesign, proxy_layout
 from lospmm.stages.status import Status
 from lospmm.stages.timing import LaunchUnderTest, Timer, Timing, untimed_reason
@@ -31,7 +30,6 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         clusters = ctx.read(inputs["cluster"])
         cluster_row = {(clusters.column("layer")[i].as_py(), clusters.column("m1")[i].as_py()): i
                        for i in range(clusters.num_rows) if clusters.column("status")[i].as_py() == Status.OK}
-        tiles = tiles_by_layer(ctx, inputs["reorder"]) if timer.runs_binary else {}  # a model needs none
 
         def one(c: dict) -> dict:
             base = {**layer_fields(c, "sparsity", "m1", "n1"), "kind": "proxy", "timer": timer.name}
@@ -43,8 +41,8 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             t0 = clock.perf_counter()
             spill = int(p["thread_spill_bytes"])  # what one thread executes, not the units' total
             proxy_clusters = clusters_from_row(clusters, cluster_row[at])
-            t = timer.time(LaunchUnderTest(
-                tiles.get(c["layer"], {}).get(c["m1"]), c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
+            t = timer.time(LaunchUnderTest(  # a proxy's launch needs its clusters, not the layer's tiles
+                None, c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
                 c["smem_bytes"], clusters=proxy_clusters, kernel=p["kernel"],
                 layout=proxy_layout(len(proxy_clusters.cluster_of), design),
                 cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None, design=design))
