@@ -13,12 +13,12 @@ stalls, and the SM's instruction caches (ICC hit rate, GCC instruction misses).
     # the process ncu profiles (no torch): one kernel of a bundle, launched R times
     python benchmarks/kernel_counters.py launch BUNDLE ID [--n N] [--repeats 3]
     # ncu over the chosen kernels: OUT/counters.parquet (rows id, metric, unit, value) and a table
-    python benchmarks/kernel_counters.py profile BUNDLE OUT [--ids ID ...] [--role ROLE] [--limit K]
+    python benchmarks/kernel_counters.py profile BUNDLE OUT [--ids ID ...] [--set SET] [--limit K]
                                                        [--collect metrics|sections] [--timeout-s 300]
     # the table again, anywhere
     python benchmarks/kernel_counters.py report OUT [--bundle BUNDLE]
 
-A bundle is a folder with kernels.parquet (id, model, layer, m, k, n, kernel, launch, role,
+A bundle is a folder with kernels.parquet (id, set, model, layer, m, k, n, kernel, launch,
 instructions, ...) and <id>.cubin per row; its kernels take (const float* B, float* C, int N).
 
 Metric names: Nsight Compute's Kernel Profiling Guide (Warp Stall Reasons, Metrics Reference) and
@@ -183,15 +183,15 @@ def kernel_rows(bundle: Path) -> list[dict]:
     return pq.read_table(Path(bundle) / "kernels.parquet").to_pylist()
 
 
-def chosen_rows(rows: list[dict], ids: Sequence[str] = (), role: str | None = None,
+def chosen_rows(rows: list[dict], ids: Sequence[str] = (), kernel_set: str | None = None,
                 limit: int | None = None) -> tuple[list[dict], list[str]]:
     """The rows to profile (ids in the order given, else the bundle's order) and the ids asked
     for that the bundle does not hold."""
     by_id = {str(r["id"]): r for r in rows}
     missing = [i for i in ids if i not in by_id]
     picked = [by_id[i] for i in ids if i in by_id] if ids else list(rows)
-    if role:
-        picked = [r for r in picked if str(r.get("role")) == role]
+    if kernel_set:  # kernel_speed.py's sets: ab, micro, headline
+        picked = [r for r in picked if str(r.get("set")) == kernel_set]
     return (picked[:limit] if limit else picked), missing
 
 
@@ -454,7 +454,7 @@ def profile(args) -> None:
     if not (bundle / "kernels.parquet").is_file():
         print(f"{bundle}: no kernels.parquet (a bundle holds kernels.parquet and one <id>.cubin per row)")
         raise SystemExit(2)
-    rows, missing = chosen_rows(kernel_rows(bundle), args.ids or (), args.role, args.limit)
+    rows, missing = chosen_rows(kernel_rows(bundle), args.ids or (), args.set, args.limit)
     from lospmm.stages.status import Status
 
     profiler = Profiler(ncu, bundle, options)
@@ -643,8 +643,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = sub.add_parser("profile", help="ncu over the chosen kernels: OUT/counters.parquet and a table")
     p.add_argument("bundle")
     p.add_argument("out")
-    p.add_argument("--ids", nargs="*", default=None, help="kernel ids; default every row (after --role, --limit)")
-    p.add_argument("--role", default=None, help="only rows of this role")
+    p.add_argument("--ids", nargs="*", default=None, help="kernel ids; default every row (after --set, --limit)")
+    p.add_argument("--set", default=None, help="only rows of this set (kernel_speed.py's ab, micro, headline)")
     p.add_argument("--limit", type=int, default=None, help="at most this many kernels")
     p.add_argument("--n", type=int, default=None, help="output columns for every kernel; default each layer's N")
     p.add_argument("--repeats", type=int, default=ProfileOptions.repeats,

@@ -5,12 +5,14 @@ the diagnosis microbenchmarks, and the headline table against cuBLAS.
     python benchmarks/kernel_speed.py build ab --bundle .gpu/ks-ab --jobs 2        # designs × layers at 0.9
     python benchmarks/kernel_speed.py build micro --bundle .gpu/ks-micro           # diagnosis kernels
     python benchmarks/kernel_speed.py sass --bundle .gpu/ks-ab                     # per-design SASS table
+    python benchmarks/kernel_speed.py pack .gpu/ks-ab .gpu/ks-micro --into .gpu/carry  # xz: ~13× smaller, to carry
     # the headline set (every zoo GEMM layer at 0.7/0.9/0.95, CNN batch 4 and 32, BERT 32×128) in one
     # design, tiles chosen by the search's estimate; compiled where it runs (16 cores on the GPU machine)
     python benchmarks/kernel_speed.py build headline --design chained --bundle .gpu/ks-head --jobs 16
-    # on the GPU: every kernel checked (N in 1, 31, 32, 4096 and the layer's N, C poisoned with NaN),
-    # ours and cuBLAS FP32 (TF32 off), TF32 and FP16 timed the same way (runtime.graph_timed)
-    python benchmarks/kernel_speed.py run OUT --bundle .gpu/ks-ab --budget-s 500
+    # on the GPU (carry .gpu/carry): every kernel checked (N in 1, 31, 32, 4096 and the layer's N, C
+    # poisoned with NaN), ours and cuBLAS FP32 (TF32 off), TF32 and FP16 timed the same way
+    # (runtime.graph_timed); a bundle may be a folder or its .tar.xz
+    python benchmarks/kernel_speed.py run OUT --bundle .gpu/carry/ks-ab.tar.xz --budget-s 500
     python benchmarks/kernel_speed.py report OUT/kernel-speed-ks-ab.parquet
 
 A bundle is a folder: kernels.parquet (a row per kernel: its layer, tile, design, launch layout,
@@ -26,7 +28,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from lospmm.gpuplan import Deadline, geomean
+from lospmm.gpuplan import Deadline, geomean, packed
 from lospmm.sparse_file import read_matrix, write_matrix
 from lospmm.stages.codegen import CodegenParams, KernelSource, LaunchLayout, design_named, full_kernel_source
 from lospmm.stages.extract import LayerShape, ZooParams, folded_duplicates, zoo_shapes
@@ -133,7 +134,7 @@ def micro_plan(n: int = 65536) -> list[Planned]:
         for walks in (1, 16):
             design = design_named(f"chained,walks={walks}").label
             out.append(Planned(_id("micro-footprint", nnz, walks), "micro", "synthetic", f"footprint-{nnz}", 2,
-                               4 * nnz, n, 0.75, 0, design, 2, 128, _id("synthetic-footprint", nnz), "fixed"))
+                               2 * nnz, n, 0.75, 0, design, 2, 128, _id("synthetic-footprint", nnz), "fixed"))
     for order in ("tile-x", "column-x"):
         for walks in (1, 16):
             design = design_named(f"chained,{order},walks={walks}").label
@@ -143,13 +144,13 @@ def micro_plan(n: int = 65536) -> list[Planned]:
 
 
 def micro_matrix(name: str) -> sp.csr_matrix:
-    """The synthetic A of a micro kernel: `footprint-NNZ` is 2 rows × 4·NNZ/2 columns at density 1/4
+    """The synthetic A of a micro kernel: `footprint-NNZ` is 2 rows × 2·NNZ columns at density 1/4
     (NNZ nonzeros, one tile); `sharing` is 64 rows × 4096 at density 1/16 (32 tiles of ~512)."""
     from lospmm.stages.prune import random_pruned
 
     if name.startswith("synthetic-footprint"):
         nnz = int(name.rsplit("-", 1)[1])
-        return random_pruned(2, 4 * nnz, 0.75, np.random.default_rng(nnz))
+        return random_pruned(2, 2 * nnz, 0.75, np.random.default_rng(nnz))
     return random_pruned(64, 4096, 0.9375, np.random.default_rng(64))
 
 
@@ -256,20 +257,21 @@ def sass_facts(cubin: bytes, src: KernelSource, a: sp.csr_matrix) -> dict:
     """The SASS statistics of a kernel (nvdisasm): instructions in all, per useful multiply-add
     (nnz × columns per thread), FFMA and LDG counts, and code bytes per tile function (16 bytes an
     instruction): the mean and the largest. {} when nvdisasm is missing."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from sass_efficiency import function_sizes, sass_counts
+    from lospmm.sass import BYTES_PER_INSTRUCTION, NvdisasmMissing, function_sizes, sass_counts
 
     try:
         counts = sass_counts(cubin, src.name)
         sizes = [size for name, size in function_sizes(cubin).items() if name.startswith("tile_")]
-    except (SystemExit, OSError):
+    except (NvdisasmMissing, OSError):
         return {}
     useful = a.nnz * src.layout.columns_per_thread
+    size = BYTES_PER_INSTRUCTION
     return {"instructions": counts["total"], "instructions_per_fma": counts["total"] / max(useful, 1),
             "ffma": counts["FFMA"], "ldg": counts["LDG"], "spill_instructions": counts["LDL"] + counts["STL"],
-            "code_bytes": 16 * counts["total"],
-            "tile_code_bytes_mean": 16 * float(np.mean(sizes)) if sizes else 16.0 * counts["total"],
-            "tile_code_bytes_max": 16 * int(max(sizes)) if sizes else 16 * counts["total"]}
+            "code_bytes": size * counts["total"],
+            # a streamed kernel has no tile functions: its one loop is all its code
+            "tile_code_bytes_mean": size * float(np.mean(sizes)) if sizes else float(size * counts["total"]),
+            "tile_code_bytes_max": size * int(max(sizes)) if sizes else size * counts["total"]}
 
 
 def sass_table(kernels: Path) -> list[dict]:
@@ -291,6 +293,20 @@ def sass_table(kernels: Path) -> list[dict]:
 
 
 # --- run: on the device ---------------------------------------------------------------------------
+
+
+def opened(bundle: Path, into: Path = Path("/tmp/lospmm-kernel-speed")) -> Path:
+    """A bundle folder, or the folder a .tar.xz bundle unpacks to under `into`."""
+    if bundle.is_dir():
+        return bundle
+    import tarfile
+
+    with tarfile.open(bundle, "r:xz") as tar:
+        tar.extractall(into, filter="data")
+        top = {Path(name).parts[0] for name in tar.getnames()}
+    if len(top) != 1:
+        raise SystemExit(f"{bundle}: not one bundle folder inside ({sorted(top)})")
+    return into / top.pop()
 
 
 def bundle_rows(bundle: Path) -> list[dict]:
@@ -486,6 +502,9 @@ def main(argv=None) -> None:
     b.add_argument("--no-sass", action="store_true", help="skip nvdisasm's statistics")
     s = sub.add_parser("sass", help="the per-design SASS table of a bundle")
     s.add_argument("--bundle", type=Path, required=True)
+    k = sub.add_parser("pack", help="bundles as .tar.xz archives, to carry to the GPU machine")
+    k.add_argument("bundles", type=Path, nargs="+")
+    k.add_argument("--into", type=Path, required=True)
     r = sub.add_parser("run", help="on the GPU: check and time a bundle's kernels and cuBLAS")
     r.add_argument("out", type=Path)
     r.add_argument("--bundle", type=Path, required=True)
@@ -502,8 +521,12 @@ def main(argv=None) -> None:
         _print(f"SASS per design ({table})", sass_table(table))
     elif args.command == "sass":
         _print(f"SASS per design ({args.bundle})", sass_table(args.bundle / "kernels.parquet"))
+    elif args.command == "pack":
+        for bundle in args.bundles:
+            archive = packed(bundle, args.into / f"{bundle.name}.tar.xz")
+            print(f"{archive}: {archive.stat().st_size / 2**20:.1f} MiB")
     elif args.command == "run":
-        speed = run(args.bundle, args.out, args.budget_s, args.launches, args.repeats)
+        speed = run(opened(args.bundle), args.out, args.budget_s, args.launches, args.repeats)
         main(["report", str(speed)])
     else:
         import pyarrow.parquet as pq

@@ -12,64 +12,17 @@ The ideal is 1, 1, 0.
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from lospmm.sass import sass_counts
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import CompileOptions, compiled_kernel
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
-
-
-def nvdisasm() -> str:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    import nvidia  # pip nvidia-cuda-nvdisasm installs nvidia/cu13/bin/nvdisasm
-
-    for base in nvidia.__path__:
-        for p in Path(base).glob("*/bin/nvdisasm"):
-            return str(p)
-    raise SystemExit("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-
-
-OPCODE = r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
-BODY = {"FFMA", "FMUL", "LDG", "STG", "LDL", "STL", "IMAD", "IADD3", "LEA", "NOP", "BRA"}
-
-
-def _by_function(cubin: bytes) -> dict[str, list[str]]:
-    """Each function's opcodes (nvdisasm)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
-    by_function = {}
-    for chunk in re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)[1:]:
-        name = chunk.split(",", 1)[0].strip()
-        by_function[name] = [o.split(".")[0] for o in re.findall(OPCODE, chunk, flags=re.M)]
-    return by_function
-
-
-def function_sizes(cubin: bytes) -> dict[str, int]:
-    """Instructions per function of a cubin (16 bytes each on sm_70 and later)."""
-    return {name: len(ops) for name, ops in _by_function(cubin).items()}
-
-
-def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
-    by_function = _by_function(cubin)
-    base = [o for ops in by_function.values() for o in ops]
-    tile_other = sum(1 for name, ops in by_function.items() if name != entry for o in ops if o not in BODY)
-    return {"FFMA": base.count("FFMA") + base.count("FMUL"), "LDG": base.count("LDG"), "STG": base.count("STG"),
-            "LDL": base.count("LDL"), "STL": base.count("STL"), "total": len(base),
-            "entry": len(by_function.get(entry, [])), "tile_other": tile_other}
 
 
 def main() -> None:

@@ -209,10 +209,3 @@ def _array_info(x, with_stream: bool = True):
             raise ValueError("need a C-contiguous float32 CuPy array")
         return x.data.ptr, cupy.cuda.get_current_stream().ptr if with_stream else None
     raise TypeError(f"expected a CuPy array or a torch CUDA tensor, got {type(x).__name__}")
-
-
-def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda"):
-    """A torch.nn.Module computing x @ W.T + bias with W the kernel's pruned weight (out × in)."""
-    from lospmm.torch import SparseLinear
-
-    return SparseLinear(load_kernel(kernel_dir, backend), bias)

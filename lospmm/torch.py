@@ -211,6 +211,11 @@ def _inference_only(x, kernel) -> None:
                            f"run the sparsified model for inference, under torch.no_grad()")
 
 
+def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":
+    """A torch.nn.Module computing x @ W.T + bias with W the kernel's pruned weight (out × in)."""
+    return SparseLinear(load_kernel(kernel_dir, backend), bias)
+
+
 class SparseLinear(nn.Module):
     """x @ A.T + bias with A baked into an emitted GEMM kernel (out × in)."""
 

@@ -1,5 +1,6 @@
-"""The package's module-level imports form no cycle (config and weights used to import each other),
-and stages never import Prefect or the flows."""
+"""The package's imports form no cycle, at module level or inside functions (config and weights
+used to import each other; loader and torch did in a function), and stages never import Prefect
+or the flows."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def _module_imports() -> dict[str, set[str]]:
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
         name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
         deps = set()
-        for node in ast.parse(path.read_text()).body:  # module level: what importing the module runs
+        for node in ast.walk(ast.parse(path.read_text())):  # every import, in functions too
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lospmm"):
                 deps.add(node.module)
                 # `from lospmm.flows import schemas` imports the module lospmm.flows.schemas

@@ -101,7 +101,7 @@ def test_no_table_is_no_rows():
 
 
 ROW = {"id": "k7", "kernel": "lospmm_bert_fc1_m8", "launch": json.dumps({"row_blocks": 12, "threads": 128}),
-       "m": 96, "k": 64, "n": 200, "role": "full", "instructions": 900}
+       "m": 96, "k": 64, "n": 200, "set": "ab", "instructions": 900}
 
 
 def _after(cmd: list[str], flag: str) -> str:

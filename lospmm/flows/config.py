@@ -146,6 +146,24 @@ def resolved(cfg: RunConfig) -> RunPlan:
         design=run_design(cfg.design))
 
 
+def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:
+    """"" when a Dask scheduler accepts a connection at `address` within `timeout_s`, else why not,
+    in one line: checked before the Prefect server and the flow start, not a minute into the run."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout_s)
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+        return ""
+    except Exception as e:  # refused, unreachable, timed out, a bad host name
+        return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
 def run_design(text: str) -> KernelDesign:
     """The kernel design of a run (`--design`), or ConfigError naming what cannot be read or searched."""
     try:
@@ -291,6 +309,9 @@ def _check_options(cfg: RunConfig) -> None:
             import prefect_dask  # noqa: F401
         except ImportError:
             raise ConfigError("--dask needs prefect-dask: pip install 'lospmm[dask]'") from None
+        problem = scheduler_problem(cfg.dask)
+        if problem:
+            raise ConfigError(f"--dask {cfg.dask}: no Dask scheduler answers there ({problem})")
     if cfg.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
     if cfg.ranker:

@@ -14,7 +14,6 @@ import re
 import struct
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from lospmm.stages.codegen import BASELINE, KernelDesign
 from lospmm.stages.constrain import predicted_registers
@@ -308,13 +307,3 @@ def _blob(prog, size_fn, get_fn) -> bytes:
     (err,) = get_fn(prog, buf)
     _check(err, get_fn.__name__)
     return bytes(buf)
-
-
-@lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether NVRTC can be loaded here (the cuda-python bindings and the NVRTC library)."""
-    try:
-        nvrtc_version()
-        return True
-    except Exception:
-        return False

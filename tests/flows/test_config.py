@@ -178,3 +178,19 @@ def test_im2col_reaches_the_emit_parameters(tmp_path):
     for implicit in (True, False):
         plan = resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(tmp_path), implicit_conv=implicit))
         assert plan.emit.implicit_conv is implicit
+
+
+def test_an_unreachable_dask_scheduler_is_one_line_before_anything_starts(tmp_path):
+    """Tried as a new user would: no scheduler at the address. The run is refused at validation
+    (before Prefect's server), naming the address and the cause, within the connect timeout."""
+    import socket
+    import time
+
+    pytest.importorskip("prefect_dask")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"--dask tcp://127.0.0.1:{port}: no Dask scheduler answers there") as e:
+        resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(tmp_path), dask=f"tcp://127.0.0.1:{port}"))
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 30

@@ -1,0 +1,92 @@
+"""benchmarks/kernel_speed.py without a GPU: the A/B and diagnosis plans, a bundle built and its
+kernels right on the host, and the report's figures computed from rows as the issue defines them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("kernel_speed", ROOT / "benchmarks" / "kernel_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ks = _module()
+
+
+def test_the_ab_plan_puts_every_design_on_todays_tile():
+    plan = ks.ab_plan()
+    assert len(plan) == len(ks.AB_LAYERS) * len(ks.AB_DESIGNS) and len({p.id for p in plan}) == len(plan)
+    query = [p for p in plan if p.layer == "encoder.layer.0.attention.self.query"]
+    assert {(p.m1, p.n1) for p in query} == {(12, 512)}  # the tile measured in the committed call l
+    assert {p.design for p in query} == {ks.design_named(d).label for d in ks.AB_DESIGNS}
+    assert all(p.matrix == query[0].matrix for p in query)  # one pruned A, shared by the designs
+
+
+def test_a_bundle_holds_launchable_kernels_that_are_right(tmp_path):
+    """Two diagnosis kernels built into a bundle: each row's cubin, its launch layout and the A it
+    bakes in; the same source run on the host equals A·B."""
+    from lospmm.hostemu import checked_against_scipy
+    from lospmm.sparse_file import read_matrix
+
+    plan = [p for p in ks.micro_plan(n=4096) if p.layer == "footprint-256"]
+    table = ks.build(plan, tmp_path / "bundle", jobs=1, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    rows = pq.read_table(table).to_pylist()
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    for r, p in zip(rows, plan):
+        assert (tmp_path / "bundle" / f"{r['id']}.cubin").read_bytes()[:4] == b"\x7fELF"
+        layout = ks.LaunchLayout(**json.loads(r["launch"]))
+        assert layout.column_walks == ks.design_named(p.design).column_walks
+        a = read_matrix(tmp_path / "bundle" / "a" / f"{r['matrix']}.parquet")
+        assert a.nnz == r["nnz"] == 256
+        assert checked_against_scipy(ks.source_of(p, a), a, 300) <= 1e-5
+
+
+def _row(ours, sgemm, sparsity=0.9, design="d", layer="l", nnz=100, **extra):
+    return {"set": "headline", "model": "m", "layer": layer, "m": 10, "k": 100, "n": 64, "nnz": nnz,
+            "sparsity": sparsity, "design": design, "status": "ok", "ours_us": ours, "sgemm_us": sgemm,
+            "tf32_us": sgemm / 2, "fp16_us": sgemm / 4, **extra}
+
+
+def test_efficiency_and_the_headline_figures_follow_the_issue():
+    # useful FLOP/s over SGEMM's dense FLOP/s: nnz/(m·k) · sgemm/ours
+    assert ks.efficiency(_row(ours=10.0, sgemm=20.0)) == pytest.approx(0.1 * 2.0)
+    rows = [_row(10.0, 20.0, layer="a"), _row(40.0, 20.0, layer="b"), _row(30.0, 20.0, layer="b", design="e"),
+            _row(5.0, 10.0, layer="c")]  # c is launch-bound (SGEMM under 15 µs): only in "all"
+    work_bound, every = ks.headline_summary(rows)
+    assert work_bound["layers"] == 2 and every["layers"] == 3  # layer b's fastest design only
+    assert work_bound["vs SGEMM (geomean)"] == pytest.approx(math.sqrt(2.0 * 20 / 30))
+    assert work_bound["slower than SGEMM"] == 1
+    assert work_bound["vs TF32"] == pytest.approx(work_bound["vs SGEMM (geomean)"] / 2)
+
+
+def test_the_ab_summary_is_each_design_over_todays_kernel():
+    base = ks.design_named("baseline").label
+    rows = [{"set": "ab", "model": "m", "layer": "l", "design": base, "ours_us": 20.0},
+            {"set": "ab", "model": "m", "layer": "l", "design": "x", "ours_us": 5.0}]
+    (row,) = ks.ab_summary(rows)
+    assert row["baseline_us"] == 20.0 and row["x"] == 0.25
+
+
+def test_the_headline_plan_chooses_tiles_with_the_search(monkeypatch):
+    """One small layer: the tile is one of the search's kept candidates, in the design asked for."""
+    from lospmm.stages.extract import LayerShape
+
+    shape = LayerShape("bert-base", "pooler.dense", "linear", 768, 32, 768)
+    monkeypatch.setattr(ks, "gemm_shapes", lambda model, batch=4: [shape])
+    (p,) = ks.headline_plan("chained,v=2", sparsities=(0.95,), models=("bert-base",))
+    assert p.design == ks.design_named("chained,v=2").label and p.m1 >= 1 and p.n1 % 32 == 0
+    assert "search" in p.chosen_by and np.isclose(p.sparsity, 0.95)
