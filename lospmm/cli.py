@@ -19,9 +19,8 @@ from lospmm.flows.config import ConfigError, RunConfig, resolved
 from lospmm.flows.runs import RunStatus
 from lospmm.stages import STAGES
 from lospmm.stages.codegen import design_named
-from lospmm.stages.devices import device_named
+from lospmm.stages.devices import DEVICES, device_named
 from lospmm.stages.extract import ZOO_NAMES
-from lospmm.stages.search import DEFAULT_M1
 from lospmm.stages.status import Status
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
@@ -64,35 +63,38 @@ _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional
                 "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
                 "'baseline' (default) is tile-x,walks=1,v=1,based.")
 
+_RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfig)
+
+
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
-    tokens: int = typer.Option(4096, "--tokens", help="N (tokens) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic)."),
-    sparsity: list[float] = typer.Option([0.9], "--sparsity", help="One or more sparsities in (0, 1)."),
-    until: str = typer.Option("emit", "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
+    tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic)."),
+    sparsity: list[float] = typer.Option(list(_RUN.sparsities), "--sparsity", help="One or more sparsities in (0, 1)."),
+    until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
-    gpu: str = typer.Option("h100", "--gpu", help="Built-in device table: h100, h200, a100, v100, 2080ti."),
-    seed: int = typer.Option(0, "--seed"),
+    gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
+    seed: int = typer.Option(_RUN.seed, "--seed"),
     prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is); default: random for the zoo, magnitude for weights."),
-    batch: int = typer.Option(32, "--batch", help="BERT batch size."),
-    seq_len: int = typer.Option(128, "--seq-len", help="BERT sequence length."),
-    cnn_batch: int = typer.Option(4, "--cnn-batch", help="CNN batch size."),
-    image_size: int = typer.Option(224, "--image-size"),
-    m1: list[int] = typer.Option(list(DEFAULT_M1), "--m1", help="Candidate M1 values (rows per thread)."),
-    th_row: float = typer.Option(0.25, "--th-row", help="Load-balance threshold on COV_row."),
-    th_col: float = typer.Option(0.25, "--th-col", help="Load-balance threshold on WASTE_col."),
-    verify: bool = typer.Option(False, "--verify", help="Run every compiled proxy on the host under AddressSanitizer."),
-    timer: str = typer.Option("auto", "--timer", help="auto (cuda with a GPU, else estimate) | estimate | cuda."),
-    top_k: int = typer.Option(10, "--top-k", help="Candidates the ranker passes on to proxy timing."),
+    batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size."),
+    seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
+    cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size."),
+    image_size: int = typer.Option(_RUN.image_size, "--image-size"),
+    m1: list[int] = typer.Option(list(_RUN.m1s), "--m1", help="Candidate M1 values (rows per thread)."),
+    th_row: float = typer.Option(_RUN.th_row, "--th-row", help="Load-balance threshold on COV_row."),
+    th_col: float = typer.Option(_RUN.th_col, "--th-col", help="Load-balance threshold on WASTE_col."),
+    verify: bool = typer.Option(_RUN.verify, "--verify", help="Run every compiled proxy on the host under AddressSanitizer."),
+    timer: str = typer.Option(_RUN.timer, "--timer", help="auto (cuda with a GPU, else estimate) | estimate | cuda."),
+    top_k: int = typer.Option(_RUN.top_k, "--top-k", help="Candidates the ranker passes on to proxy timing."),
     no_rank: bool = typer.Option(False, "--no-rank", help="Time every kept candidate (LO-SpMM without the ranker)."),
     ranker: Optional[Path] = typer.Option(None, "--ranker", help="Ranker model (from train-ranker); default: shipped."),
-    jobs: int = typer.Option(0, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
-    dask: str = typer.Option("", "--dask", help="Dask scheduler address (tcp://host:8786): run the tasks and "
+    jobs: int = typer.Option(_RUN.jobs, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
+    dask: str = typer.Option(_RUN.dask, "--dask", help="Dask scheduler address (tcp://host:8786): run the tasks and "
                              "kernel compiles on that cluster; workers must see --artifacts at the same path."),
     im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
-    design: str = typer.Option("baseline", "--design", help=_DESIGN_HELP),
+    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -113,9 +115,9 @@ def run(
 def train_ranker_cmd(
     out: Path = typer.Option(Path("ranker"), "--out", help="Model path stem: writes OUT.txt and OUT.json."),
     samples: int = typer.Option(500, "--samples", help="Synthetic kernels (groups) drawn from Table 3's ranges."),
-    gpu: str = typer.Option("h100", "--gpu", help="Device table for constraints and the estimate timer."),
-    timer: str = typer.Option("auto", "--timer", help="auto | estimate | cuda (times every kept candidate)."),
-    seed: int = typer.Option(0, "--seed"),
+    gpu: str = typer.Option(_RUN.gpu, "--gpu", help="Device table for constraints and the estimate timer."),
+    timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
+    seed: int = typer.Option(_RUN.seed, "--seed"),
 ) -> None:
     """Build the ranker's training set by timing synthetic kernels, fit LambdaMART, write a model."""
     from rich.progress import Progress
@@ -218,7 +220,7 @@ def kernel(
                                        "directly (no im2col matrix), write NCHW output; checked against a "
                                        "reference convolution."),
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into an --implicit-conv kernel."),
-    design: str = typer.Option("baseline", "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
+    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
                                "as data read by one loop."),
     artifacts: str = _ARTIFACTS,
 ) -> None:

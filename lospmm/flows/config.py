@@ -17,8 +17,7 @@ from typing import Any
 from lospmm.flows.onnx_model import is_onnx
 from lospmm.flows.sources import RankerRef, Source
 from lospmm.stages import STAGES
-from lospmm.stages.cluster import ClusterParams
-from lospmm.stages.codegen import BASELINE, KernelDesign, design_named
+from lospmm.stages.codegen import KernelDesign, design_named
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
@@ -27,8 +26,7 @@ from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_r
                                    used_zoo_params)
 from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method
 from lospmm.stages.rank import RankParams
-from lospmm.stages.reorder import ReorderParams
-from lospmm.stages.search import DEFAULT_M1
+from lospmm.stages.search import DEFAULT_M1, SearchParams
 from lospmm.stages.timing import Timer, estimate_timer
 
 TIMERS = ("auto", "estimate", "cuda")
@@ -106,18 +104,10 @@ class RunPlan:
     timer: Timer
     ranker: RankerRef
     prune: dict[str, PruneParams]  # per source kind
-    reorder: ReorderParams = field(default_factory=ReorderParams)
-    constrain: ConstrainParams = field(default_factory=ConstrainParams)
-    rank: RankParams = field(default_factory=RankParams)
-    cluster: ClusterParams = field(default_factory=ClusterParams)
+    search: SearchParams = field(default_factory=SearchParams)  # stages 3-7 and the kernel design, as the benchmarks take them
     proxy_check: ProxyCheck = field(default_factory=ProxyCheck)
     emit: EmitParams = field(default_factory=EmitParams)
     jobs: int = 1
-    design: KernelDesign = BASELINE
-
-    @property
-    def m1s(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.config.m1s)))
 
     @property
     def sparsities(self) -> tuple[float, ...]:
@@ -141,9 +131,9 @@ def resolved(cfg: RunConfig) -> RunPlan:
         timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
-        constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col), rank=rank,
-        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores(),
-        design=run_design(cfg.design))
+        search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
+                            rank=rank, design=run_design(cfg.design)),
+        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
 
 
 def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:

@@ -37,34 +37,32 @@ class Node:
 
     @property
     def task(self):
-        return getattr(importlib.import_module(self.adapter_module), ADAPTER_FUNCTIONS[self.stage])
+        return getattr(importlib.import_module(self.adapter_module), self.stage)
 
     @property
     def per_sparsity(self) -> bool:
         return self.stage != "extract"
 
 
-# the adapter's function name where it is not the stage's own (`compile` and `time` are builtins/modules)
-ADAPTER_FUNCTIONS = {s: s for s in STAGES} | {"compile": "compile_"}
 
 DAG: tuple[Node, ...] = (
     Node("extract", (), lambda plan, src, s: {"source": src}),
     Node("prune", ("extract",), lambda plan, src, s: {"source": src, "sparsity": s, "params": plan.prune[src.kind]}),
-    Node("reorder", ("prune",), lambda plan, src, s: {"m1s": plan.m1s, "params": plan.reorder}),
+    Node("reorder", ("prune",), lambda plan, src, s: {"m1s": plan.search.m1s, "params": plan.search.reorder}),
     Node("constrain", ("reorder",),
-         lambda plan, src, s: {"device": plan.device, "params": plan.constrain, "design": plan.design}),
-    Node("rank", ("constrain",), lambda plan, src, s: {"params": plan.rank, "ranker": plan.ranker}),
+         lambda plan, src, s: {"device": plan.device, "params": plan.search.constrain, "design": plan.search.design}),
+    Node("rank", ("constrain",), lambda plan, src, s: {"params": plan.search.rank, "ranker": plan.ranker}),
     Node("cluster", ("prune", "reorder", "rank"),
-         lambda plan, src, s: {"device": plan.device, "sparsity": s, "params": plan.cluster}),
-    Node("pad", ("rank",), lambda plan, src, s: {"device": plan.device, "design": plan.design}),
+         lambda plan, src, s: {"device": plan.device, "sparsity": s, "params": plan.search.cluster}),
+    Node("pad", ("rank",), lambda plan, src, s: {"device": plan.device, "design": plan.search.design}),
     Node("compile", ("cluster",),
          lambda plan, src, s: {"arch": plan.device.arch, "verify": plan.config.verify, "check": plan.proxy_check,
-                               "design": plan.design}),
+                               "design": plan.search.design}),
     Node("time", ("pad", "compile", "cluster"),
-         lambda plan, src, s: {"timer": plan.timer, "design": plan.design}),
+         lambda plan, src, s: {"timer": plan.timer, "design": plan.search.design}),
     Node("emit", ("time", "prune", "reorder", "extract"),
          lambda plan, src, s: {"timer": plan.timer, "arch": plan.device.arch, "params": plan.emit,
-                               "design": plan.design}),
+                               "design": plan.search.design}),
 )
 NODES = {n.stage: n for n in DAG}
 assert tuple(NODES) == STAGES, "the DAG lists every stage once, in order"

@@ -25,19 +25,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# Artifact layers, numbered as in the design's DAG (lospmm.stages.STAGES).
-STAGE_LAYERS = {
-    "extract": "01_shapes",
-    "prune": "02_pruned",
-    "reorder": "03_reordered",
-    "constrain": "04_candidates",
-    "rank": "05_ranked",
-    "cluster": "06_clusters",
-    "pad": "07_launch",
-    "compile": "08_compiled",
-    "time": "09_timed",
-    "emit": "10_kernels",
-}
+from lospmm.stages import STAGE_LAYERS
 
 
 class ArtifactError(RuntimeError):

@@ -20,16 +20,32 @@ Shared by several: `search` (one layer's whole search, for the benchmarks; train
 `status` (the one Status enum).
 """
 
-STAGES = ("extract", "prune", "reorder", "constrain", "rank", "cluster", "pad", "compile", "time", "emit")
-STAGE_MODULES = {
-    "extract": "lospmm.stages.extract",
-    "prune": "lospmm.stages.prune",
-    "reorder": "lospmm.stages.reorder",
-    "constrain": "lospmm.stages.constrain",
-    "rank": "lospmm.stages.rank",
-    "cluster": "lospmm.stages.cluster",
-    "pad": "lospmm.stages.pad",
-    "compile": "lospmm.stages.compile",
-    "time": "lospmm.stages.timing",
-    "emit": "lospmm.stages.emit",
-}
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage's facts, stated once: its name, its artifact layer (the folder under the artifact
+    root) and the module that holds its logic. Its adapter is `lospmm.flows.tasks.<name>` (a task
+    function of the same name); its inputs and parameters are its node in `lospmm.flows.dag`."""
+
+    name: str
+    layer: str
+    module: str
+
+
+STAGE_TABLE: tuple[Stage, ...] = (
+    Stage("extract", "01_shapes", "lospmm.stages.extract"),
+    Stage("prune", "02_pruned", "lospmm.stages.prune"),
+    Stage("reorder", "03_reordered", "lospmm.stages.reorder"),
+    Stage("constrain", "04_candidates", "lospmm.stages.constrain"),
+    Stage("rank", "05_ranked", "lospmm.stages.rank"),
+    Stage("cluster", "06_clusters", "lospmm.stages.cluster"),
+    Stage("pad", "07_launch", "lospmm.stages.pad"),
+    Stage("compile", "08_compiled", "lospmm.stages.compile"),
+    Stage("time", "09_timed", "lospmm.stages.timing"),
+    Stage("emit", "10_kernels", "lospmm.stages.emit"),
+)
+STAGES = tuple(s.name for s in STAGE_TABLE)
+STAGE_MODULES = {s.name: s.module for s in STAGE_TABLE}
+STAGE_LAYERS = {s.name: s.layer for s in STAGE_TABLE}

@@ -18,9 +18,9 @@ from lospmm.stages.timing import EstimateTimer
 def test_a_plan_holds_typed_values():
     plan = resolved(RunConfig(zoo=("bert-base", "resnet50"), gpu="A100", th_row=0.3, top_k=4, seed=7, m1s=(8, 2, 8)))
     assert plan.device is device_named("a100")
-    assert plan.constrain.th_row == 0.3 and plan.rank.top_k == 4 and plan.emit.chosen_by.endswith("top-4")
+    assert plan.search.constrain.th_row == 0.3 and plan.search.rank.top_k == 4 and plan.emit.chosen_by.endswith("top-4")
     assert plan.prune["zoo"].method == "random" and plan.prune["weights"].method == "magnitude"
-    assert plan.prune["zoo"].seed == 7 and plan.m1s == (2, 8)
+    assert plan.prune["zoo"].seed == 7 and plan.search.m1s == (2, 8)
     assert [s.name for s in plan.sources] == ["bert-base", "resnet50"] and plan.sources[0].kind == "zoo"
     assert plan.ranker.version == ranker_metadata()["version"]
     assert plan.jobs >= 1 and plan.root.is_absolute()

@@ -28,7 +28,7 @@ SCHEMA = pa.schema(
 
 
 @stage_task("compile")
-def compile_(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, arch: str, verify: bool,
+def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, arch: str, verify: bool,
              check: ProxyCheck, design: KernelDesign) -> dict:
     def compute():
         table = ctx.read(inputs["cluster"])
