@@ -25,8 +25,8 @@ from scipy.stats import spearmanr
 
 from lospmm.flows.config import resolved_timer
 from lospmm.flows.taskio import RunContext
-from lospmm.flows.tasks.prune import matrices
-from lospmm.flows.tasks.reorder import tiles_by_layer
+from lospmm.flows.catalog.pruned import matrices
+from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import predicted_registers

@@ -96,7 +96,7 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
     pruned A, into `out/<name>/` (the first `max_kernels` of them when set). Returns the folder, or None when no run emitted them."""
     from lospmm.flows.store import manifest_problem, write_manifest
     from lospmm.flows.taskio import RunContext
-    from lospmm.flows.tasks.prune import matrices
+    from lospmm.flows.catalog.pruned import matrices
 
     found = emitted_run(artifacts, model, sparsity, run_id)
     if found is None:

@@ -72,8 +72,10 @@ RUNTIME_ONLY = ("lospmm.flows.progress",)
 
 
 def artifact_schemas() -> dict[str, pa.Schema]:
-    """Each stage's artifact schema (defined beside its adapter), in DAG order."""
-    return {n.stage: importlib.import_module(n.adapter_module).SCHEMA for n in DAG}
+    """Each stage's artifact schema (declared in the catalog), in DAG order."""
+    from lospmm.flows.catalog import schema
+
+    return {n.stage: schema(n.stage) for n in DAG}
 
 
 def list_columns() -> set[str]:

@@ -17,8 +17,8 @@ from lospmm.flows.units import UnitCompiler
 from lospmm.flows.schemas import LAYER_COLUMNS
 from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_manifest
 from lospmm.flows.taskio import failed_row, is_transient
-from lospmm.flows.tasks.prune import csr_from_row
-from lospmm.flows.tasks.reorder import tiles_from_row
+from lospmm.flows.catalog.pruned import csr_from_row
+from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.sparse_file import write_matrix
 from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
 from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,

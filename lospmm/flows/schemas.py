@@ -1,8 +1,9 @@
 """The Arrow building blocks every artifact schema is made of, and tables from rows.
 
-Each artifact's schema is defined once, beside the adapter that writes it
-(`lospmm.flows.tasks.<stage>.SCHEMA`; artifacts/README.md documents every column), so that editing
-one stage's columns changes that stage's code version and its dependants', never an upstream one.
+Each artifact's schema is declared once, in its catalog module (`lospmm.flows.catalog.<layer>.SCHEMA`;
+artifacts/README.md documents every column), which its writer and readers import, so that editing
+one artifact's columns changes the code version of the stages that write or read it, never an
+upstream one.
 """
 
 from __future__ import annotations

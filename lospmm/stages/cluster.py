@@ -55,6 +55,15 @@ def proxy_active_blocks(candidates, device: Device) -> int:
                for c in candidates)
 
 
+def chosen_proxy_clusters(matrix: sp.csr_matrix, tiles: Tiles, chosen, sparsity: float, device: Device,
+                          params: ClusterParams = ClusterParams()) -> tuple[ProxyClusters, int]:
+    """The proxy of one M1 for its `chosen` candidates (objects or rows): its clusters, sized for
+    the busiest candidate's active blocks (returned with them). The flow's cluster stage and
+    search.layer_search both call this."""
+    atb = proxy_active_blocks(chosen, device)
+    return proxy_clusters(matrix, tiles, sparsity, atb, params), atb
+
+
 def cluster_count(num_tiles: int, max_active_blocks: int, params: ClusterParams = ClusterParams()) -> int:
     """3 · max(NUM_ATB), capped by the tile count."""
     return max(1, min(num_tiles, params.clusters_per_active_block * max(1, max_active_blocks)))

@@ -27,6 +27,16 @@ class RankParams:
 
 
 @dataclass(frozen=True)
+class RankedCandidate:
+    """A kept candidate (a constrain.Candidate) with its score and rank; `chosen`: in the top-K."""
+
+    candidate: object
+    score: float
+    rank: int
+    chosen: bool
+
+
+@dataclass(frozen=True)
 class SyntheticParams:
     """Table 3's ranges. Defaults: m_exp=(6, 11), k_exp=(6, 11), n_exp=(10, 11) (powers of two),
     sparsity=(0.5, 0.98) uniform, m1=(2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128) (Table 3: 2..2^7);

@@ -13,14 +13,14 @@ from typing import Mapping
 
 import scipy.sparse as sp
 
-from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
+from lospmm.stages.cluster import ClusterParams, ProxyClusters, chosen_proxy_clusters
 from lospmm.stages.codegen import (BASELINE, CodegenParams, KernelDesign, KernelSource, full_kernel_source,
                                    proxy_kernel_source)
 from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates
 from lospmm.stages.devices import Device
 from lospmm.stages.emit import fastest_proxy
 from lospmm.stages.pad import ProxyLaunch, proxy_launch
-from lospmm.stages.rank import RankParams, chosen_candidates, feature_row
+from lospmm.stages.rank import RankedCandidate, RankParams, chosen_candidates, feature_row
 from lospmm.stages.reorder import ReorderParams, Tiles, distinct_m1s, reordered_tiles, tile_stats
 from lospmm.stages.timing import Timing
 
@@ -40,14 +40,6 @@ class SearchParams:
     rank: RankParams = field(default_factory=RankParams)
     cluster: ClusterParams = field(default_factory=ClusterParams)
     design: KernelDesign = BASELINE
-
-
-@dataclass(frozen=True)
-class RankedCandidate:
-    candidate: Candidate
-    score: float
-    rank: int
-    chosen: bool
 
 
 @dataclass(frozen=True)
@@ -105,7 +97,7 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     ranked = [RankedCandidate(c, float(s), int(r), bool(ch)) for c, s, r, ch in zip(kept, scores, ranks, chosen)]
     picked = [r.candidate for r in ranked if r.chosen]
     lap("rank")
-    clusters = {m1: proxy_clusters(matrix, tiles[m1], sparsity, proxy_active_blocks(group, device), params.cluster)
+    clusters = {m1: chosen_proxy_clusters(matrix, tiles[m1], group, sparsity, device, params.cluster)[0]
                 for m1, group in chosen_by_m1(picked).items()}
     lap("cluster")
     launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device, params.design)

@@ -174,7 +174,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
         assert (d / "kernel.cubin").read_bytes()[:4] == b"\x7fELF" and (d / "kernel.cu").exists()
     # the flow decides as one layer's search does (train-ranker and the benchmarks call that)
     from lospmm.flows.ranker_store import load_ranker
-    from lospmm.flows.tasks.prune import csr_from_row
+    from lospmm.flows.catalog.pruned import csr_from_row
     from lospmm.stages.devices import device_named
     from lospmm.stages.rank import RankParams
     from lospmm.stages.search import SearchParams, layer_search

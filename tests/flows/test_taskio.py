@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lospmm.flows import progress, schemas
 from lospmm.flows.store import artifact_path
-from lospmm.flows.tasks.pad import SCHEMA as LAUNCH
+from lospmm.flows.catalog.launch import SCHEMA as LAUNCH
 from lospmm.flows.taskio import RunContext, failed_row, grouped, in_parallel, layer_fields, run_logger, run_stage
 from lospmm.stages.status import Status
 

@@ -5,25 +5,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import pyarrow as pa
-
-from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, list_values
 from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
-from lospmm.flows.tasks.prune import matrices
-from lospmm.flows.tasks.reorder import tiles_by_layer
-from lospmm.stages.cluster import ClusterParams, ProxyClusters, proxy_active_blocks, proxy_clusters
+from lospmm.flows.catalog.clusters import SCHEMA, clusters_row
+from lospmm.flows.catalog.pruned import matrices
+from lospmm.flows.catalog.reordered import tiles_by_layer
+from lospmm.stages.cluster import ClusterParams, chosen_proxy_clusters
 from lospmm.stages.devices import Device
 from lospmm.stages.status import Status
-
-# 06_clusters (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER_AT + STATUS
-    + [("num_tiles", I32), ("max_active_blocks", I32), ("num_clusters", I32),
-       ("cluster_of", pa.list_(I32)), ("medoid", pa.list_(I32)), ("centroid_nnc", pa.list_(F64)),
-       ("centroid_nnz", pa.list_(F64)), ("nnc_p", pa.list_(I32)), ("cpl", pa.list_(I32)),
-       ("columns", pa.list_(I32)), ("seconds", F64)]
-)
 
 
 @stage_task("cluster")
@@ -37,8 +25,7 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
             base = {**layer_fields(group[0], "sparsity"), "m1": m1}
             t0 = time.perf_counter()
             try:
-                atb = proxy_active_blocks(group, device)
-                cl = proxy_clusters(a[layer], tiles[layer][m1], sparsity, atb, params)
+                cl, atb = chosen_proxy_clusters(a[layer], tiles[layer][m1], group, sparsity, device, params)
                 rows.append({**base, **clusters_row(cl), "status": Status.OK, "message": "",
                              "num_tiles": tiles[layer][m1].num_tiles, "max_active_blocks": atb,
                              "seconds": time.perf_counter() - t0})
@@ -47,20 +34,3 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
         return rows
 
     return run_stage("cluster", SCHEMA, key, ctx, label, force, compute, inputs)
-
-
-def clusters_row(cl: ProxyClusters) -> dict:
-    """A cluster.ProxyClusters as 06_clusters' columns (`columns` concatenated, split by nnc_p)."""
-    return {"num_clusters": cl.num_clusters, "cluster_of": cl.cluster_of, "medoid": cl.medoid,
-            "centroid_nnc": cl.centroid_nnc, "centroid_nnz": cl.centroid_nnz, "nnc_p": cl.nnc_p, "cpl": cl.cpl,
-            "columns": np.concatenate(cl.columns)}
-
-
-def clusters_from_row(table, i: int) -> ProxyClusters:
-    """Row i of a 06_clusters table as the cluster stage's ProxyClusters (`columns` split by nnc_p)."""
-    lv = lambda c: list_values(table, c, i)  # noqa: E731
-    nnc_p = lv("nnc_p").astype(np.int32)
-    columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
-    return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32),
-                         lv("medoid").astype(np.int32), lv("centroid_nnc"), lv("centroid_nnz"), nnc_p,
-                         lv("cpl").astype(np.int32), columns)

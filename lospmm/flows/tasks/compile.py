@@ -3,28 +3,16 @@ through the content-addressed compile cache, on `jobs` threads."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-
+from lospmm.flows.catalog.clusters import clusters_from_row
+from lospmm.flows.catalog.compiled import SCHEMA, compile_row
 from lospmm.flows.compile_cache import cached_kernel
-from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER_AT, LAYER_COLUMNS, STATUS, STR
+from lospmm.flows.schemas import LAYER_COLUMNS
 from lospmm.flows.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
-from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.flows.units import run_compiler, waiting_on_units
 from lospmm.hostemu import proxy_check
 from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
 from lospmm.stages.status import Status
-
-# 08_compiled (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER_AT + STATUS
-    + [("kind", STR), ("kernel", STR), ("source_sha256", STR), ("compile_key", STR), ("arch", STR),
-       ("maxrregcount", I32), ("registers", I32), ("spill_stores", I32), ("spill_loads", I32), ("thread_spill_bytes", I32),
-       ("stack_bytes", I32), ("smem_bytes", I32), ("compile_seconds", F64), ("cost_seconds", F64), ("from_cache", BOOL),
-       ("units", I32), ("units_compiled", I32), ("link_seconds", F64),
-       ("source_bytes", I64), ("source_path", STR), ("cubin_path", STR),
-       ("verified", STR), ("log", STR)]
-)
 
 
 @stage_task("compile")
@@ -63,14 +51,3 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
             return in_parallel(one, range(table.num_rows), ctx.jobs, ctx.reporter("compile", label))
 
     return run_stage("compile", SCHEMA, key, ctx, label, force, compute, inputs)
-
-
-def compile_row(result: dict, from_cache: bool) -> dict:
-    """A compile-cache result as 08_compiled's columns."""
-    return {"compile_key": result["key"], "registers": result["registers"], "spill_stores": result["spill_stores"],
-            "spill_loads": result["spill_loads"],
-            "thread_spill_bytes": result["thread_spill_bytes"], "stack_bytes": result["stack_bytes"],
-            "smem_bytes": result["smem_bytes"], "compile_seconds": result["seconds"], "cost_seconds": result["cost_seconds"], "from_cache": from_cache,
-            "units": result["units"], "units_compiled": result["units_compiled"],
-            "link_seconds": result["link_seconds"], "source_path": result["paths"]["source"],
-            "cubin_path": result["paths"]["cubin"], "log": result["log"][-4000:]}

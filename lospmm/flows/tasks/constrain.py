@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER, STATUS, STR
+from lospmm.flows.catalog.candidates import SCHEMA
+from lospmm.flows.catalog.reordered import SCHEMA as REORDERED
 from lospmm.flows.taskio import RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows, stage_task
-from lospmm.flows.tasks.reorder import SCHEMA as REORDERED
 from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
 from lospmm.stages.devices import Device
 from lospmm.stages.reorder import TileStats
 from lospmm.stages.status import Status
-
-# 04_candidates (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER + [("sparsity", F64), ("gpu", STR), ("arch", STR)]
-    + [("m1", I32), ("n1", I32), ("num_a_tiles", I32), ("num_b_tiles", I32), ("block_num", I64),
-       ("threads", I32), ("pred_regs", I32), ("block_regs", I64), ("cov_row", F64), ("waste_col", F64),
-       ("nnc_sum", I64), ("nnz_max", I64), ("max_nnc", I64), ("kept", BOOL), ("removed_by", STR),
-       ("fallback", BOOL)]
-    + STATUS
-)
 
 
 @stage_task("constrain")

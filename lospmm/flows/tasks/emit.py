@@ -3,28 +3,17 @@ tile as a full kernel directory beside the artifact, compiled, checked and timed
 
 from __future__ import annotations
 
-import pyarrow as pa
-
+from lospmm.flows.catalog.kernels import SCHEMA
+from lospmm.flows.catalog.pruned import matrices
+from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.flows.kernels import conv_geometry, emitted_layer
-from lospmm.flows.schemas import F64, I32, LAYER, STATUS, STR
 from lospmm.flows.store import artifact_path
 from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
-from lospmm.flows.tasks.prune import matrices
-from lospmm.flows.tasks.reorder import tiles_by_layer
 from lospmm.flows.units import run_compiler, waiting_on_units
 from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
-
-# 10_kernels (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER + [("sparsity", F64)] + STATUS
-    + [("m1", I32), ("n1", I32), ("form", STR), ("chosen_by", STR), ("timer", STR), ("proxy_time_us", F64),
-       ("full_time_us", F64), ("dense_time_us", F64), ("speedup_vs_dense", F64), ("kernel", STR),
-       ("kernel_dir", STR), ("registers", I32), ("spill_bytes", I32), ("compile_seconds", F64), ("check", STR),
-       ("max_rel_error", F64), ("candidates_timed", I32), ("seconds", F64)]
-)
 
 
 @stage_task("emit")

@@ -3,22 +3,12 @@ its layers' geometry) or an ONNX model -> 01_shapes."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from lospmm.flows.schemas import I32, LAYER, STATUS, STR
+from lospmm.flows.catalog.shapes import SCHEMA, shape_row
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, run_stage, stage_task
 from lospmm.flows.onnx_model import graph_weights, is_onnx
 from lospmm.flows.weights import saved_graph, tensor_infos
-from lospmm.stages.extract import LayerShape, ModelConfig, graph_shapes, weight_shapes, zoo_shapes
-
-# 01_shapes (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER + [("layers", pa.list_(STR))]
-    + [(f, I32) for f in ("cin", "cout", "kh", "kw", "stride", "pad", "groups", "h_in", "w_in", "h_out", "w_out",
-                                  "dilation")]
-    + [("source", STR), ("source_sha256", STR)] + STATUS
-)
+from lospmm.stages.extract import ModelConfig, graph_shapes, weight_shapes, zoo_shapes
 
 
 @stage_task("extract")
@@ -36,13 +26,3 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
         return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
 
     return run_stage("extract", SCHEMA, key, ctx, label, force, compute, inputs)
-
-
-def shape_row(s: LayerShape, source: str, source_sha256: str) -> dict:
-    row = {f: getattr(s, f) for f in SCHEMA.names if hasattr(s, f)}
-    return {**row, "layers": list(s.layers), "source": source, "source_sha256": source_sha256}
-
-
-def shape_from_row(row: dict) -> LayerShape:
-    fields = LayerShape.__dataclass_fields__
-    return LayerShape(**{k: (tuple(v) if k == "layers" else v) for k, v in row.items() if k in fields})

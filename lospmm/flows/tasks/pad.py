@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from lospmm.flows.schemas import I32, LAYER_AT, STATUS, STR
+from lospmm.flows.catalog.launch import SCHEMA
 from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
 from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.devices import Device
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.status import Status
-
-# 07_launch (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER_AT + [("n1", I32)] + STATUS
-    + [("gpu", STR), ("grid_x", I32), ("grid_y", I32), ("block", I32), ("pred_regs", I32),
-       ("num_atb", I32), ("smem_bytes", I32), ("rank", I32)]
-)
 
 
 @stage_task("pad")

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import time
 
-import pyarrow as pa
-import scipy.sparse as sp
-
-from lospmm.flows.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
+from lospmm.flows.catalog.pruned import SCHEMA
+from lospmm.flows.catalog.shapes import shape_from_row
 from lospmm.flows.sources import Source
 from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
-from lospmm.flows.tasks.extract import shape_from_row
 from lospmm.flows.onnx_model import graph_weight_matrix, is_onnx
 from lospmm.flows.weights import load_tensor
 from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
 from lospmm.stages.status import Status
-
-# 02_pruned (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER + [("sparsity_requested", F64), ("sparsity_achieved", F64), ("method", STR), ("nnz", I64)] + STATUS
-    + [("indptr", pa.list_(I32)), ("indices", pa.list_(I32)), ("data", pa.list_(F32)), ("seconds", F64)]
-)
 
 
 @stage_task("prune")
@@ -57,17 +48,3 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
         return [one(r, threshold) for r in rows]
 
     return run_stage("prune", SCHEMA, key, ctx, label, force, compute, inputs)
-
-
-def csr_from_row(table, i: int) -> sp.csr_matrix:
-    """Row i of a 02_pruned table as the layer's A (CSR)."""
-    m, k = table.column("m")[i].as_py(), table.column("k")[i].as_py()
-    return sp.csr_matrix((list_values(table, "data", i), list_values(table, "indices", i),
-                          list_values(table, "indptr", i)), shape=(m, k))
-
-
-def matrices(ctx: RunContext, pruned: dict) -> dict:
-    """layer -> its pruned A (CSR), for the layers that pruned ok."""
-    table = ctx.read(pruned)
-    return {table.column("layer")[i].as_py(): csr_from_row(table, i)
-            for i in range(table.num_rows) if table.column("status")[i].as_py() == Status.OK}

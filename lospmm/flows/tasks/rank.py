@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import time
 
-import pyarrow as pa
-
+from lospmm.flows.catalog.ranked import SCHEMA
 from lospmm.flows.ranker_store import load_ranker
-from lospmm.flows.schemas import BOOL, F64, I32, STR
 from lospmm.flows.sources import RankerRef
 from lospmm.flows.taskio import RunContext, grouped, run_stage, stage_task
-from lospmm.flows.tasks.constrain import SCHEMA as CANDIDATES
 from lospmm.stages.rank import RankParams, chosen_candidates, ranker_tag
-
-# 05_ranked (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    list(zip(CANDIDATES.names, CANDIDATES.types))
-    + [("score", F64), ("rank", I32), ("chosen", BOOL), ("ranker", STR), ("seconds", F64)]
-)
 
 
 @stage_task("rank")

@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import time as clock
 
-import pyarrow as pa
-
-from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, STR
+from lospmm.flows.catalog.clusters import clusters_from_row
+from lospmm.flows.catalog.timed import SCHEMA, timing_row
 from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
-from lospmm.flows.tasks.cluster import clusters_from_row
 from lospmm.stages.codegen import KernelDesign, proxy_layout
 from lospmm.stages.status import Status
-from lospmm.stages.timing import LaunchUnderTest, Timer, Timing, untimed_reason
-
-# 09_timed (artifacts/README.md documents every column)
-SCHEMA = pa.schema(
-    LAYER_AT + [("n1", I32)] + STATUS
-    + [("kind", STR), ("timer", STR), ("time_us", F64), ("compute_us", F64), ("memory_us", F64),
-       ("latency_us", F64), ("active_blocks", I32), ("repeats", I32), ("registers", I32),
-       ("spill_bytes", I32), ("smem_bytes", I32), ("rank", I32), ("seconds", F64)]
-)
+from lospmm.stages.timing import LaunchUnderTest, Timer, untimed_reason
 
 
 @stage_task("time")
@@ -54,9 +44,3 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         return in_parallel(one, ctx.read(inputs["pad"]).to_pylist(), 1, ctx.reporter("time", label))
 
     return run_stage("time", SCHEMA, key, ctx, label, force, compute, inputs)
-
-
-def timing_row(t: Timing) -> dict:
-    """A timing.Timing as 09_timed's columns."""
-    return {"status": t.status, "time_us": t.time_us, "compute_us": t.compute_us, "memory_us": t.memory_us,
-            "latency_us": t.latency_us, "active_blocks": t.active_blocks, "repeats": t.repeats}
