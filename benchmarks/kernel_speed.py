@@ -158,7 +158,7 @@ def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), mod
     """Every distinct zoo GEMM layer at each sparsity and CNN batch (BERT at 32×128 once), in
     `design`, on the tile the search chooses: the shipped ranker's top-10, timed by the estimate
     (the flow's choice without a GPU; registers predicted, not compiled)."""
-    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.devices import device_named
     from lospmm.stages.search import SearchParams, choice, layer_search
     from lospmm.stages.timing import LaunchUnderTest, estimate_timer
@@ -212,8 +212,8 @@ def build(plan: list[Planned], bundle: Path, jobs: int = 2, arch: str = "sm_90",
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lospmm.flows.compile_cache import cached_kernel
-    from lospmm.flows.units import threads
+    from lospmm.flows.storage.compile_cache import cached_kernel
+    from lospmm.flows.execution.units import threads
     from lospmm.stages.compile import kernel_options
 
     bundle.mkdir(parents=True, exist_ok=True)

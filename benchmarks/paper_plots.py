@@ -22,7 +22,7 @@ CONSTRAINTS = ("register", "utilisation", "load_balance")  # constrain's order (
 
 def run_record(root: Path, run_id: str | None) -> dict:
     """The named run (an id or a unique prefix) or the latest, as `lospmm inspect` finds it."""
-    from lospmm.flows.runs import run_record as record_of
+    from lospmm.flows.storage.runs import run_record as record_of
 
     try:
         return record_of(root, run_id)

@@ -24,7 +24,7 @@ from rich.table import Table
 from scipy.stats import spearmanr
 
 from lospmm.flows.config import resolved_timer
-from lospmm.flows.taskio import RunContext
+from lospmm.flows.execution.taskio import RunContext
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.stages.codegen import full_kernel_source

@@ -77,7 +77,7 @@ def _warm_up(device) -> None:
 
 def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str = "h100") -> dict:
     """The three strategies' seconds for one kernel (see the module docstring)."""
-    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.compile import compiled_kernel, kernel_options
     from lospmm.stages.devices import device_named
     from lospmm.stages.extract import zoo_shapes

@@ -91,7 +91,7 @@ def emitted_rows(artifacts: str, run_id: str) -> list[dict]:
     """The run's 10_kernels rows: each layer's form, tile, check, error and (cuda timer) times."""
     import pyarrow.parquet as pq
 
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     emit = next(e for e in run_record(artifacts, run_id)["entries"] if e["stage"] == "emit")
     keep = ("layer", "m", "n", "k", "form", "m1", "n1", "status", "check", "max_rel_error", "full_time_us",

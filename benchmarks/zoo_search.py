@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from lospmm.flows.runs import RunStatus
+from lospmm.flows.storage.runs import RunStatus
 
 STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved
-from lospmm.flows.runs import RunStatus
+from lospmm.flows.storage.runs import RunStatus
 from lospmm.stages import STAGES
 from lospmm.stages.codegen import design_named
 from lospmm.stages.devices import DEVICES, device_named
@@ -148,7 +148,7 @@ def rerun(
     artifacts: str = _ARTIFACTS,
 ) -> None:
     """Recompute one stage and everything downstream of it for an earlier run's inputs."""
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     if stage not in STAGES:
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
@@ -174,10 +174,10 @@ def inspect(
     artifacts: str = _ARTIFACTS,
 ) -> None:
     """List runs; a run's artifacts; or one stage's artifact contents."""
-    from lospmm.flows import inspection
-    from lospmm.flows.runs import damaged_records, run_record, run_records
+    from lospmm.flows.reports import inspection
+    from lospmm.flows.storage.runs import damaged_records, run_record, run_records
 
-    from lospmm.flows.store import ArtifactError
+    from lospmm.flows.storage.store import ArtifactError
 
     if run_id is None and stage is None:
         records, damaged = run_records(artifacts), damaged_records(artifacts)
@@ -226,9 +226,9 @@ def kernel(
 ) -> None:
     """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
     from lospmm.flows.kernels import write_full_kernel
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
-    from lospmm.flows.store import ArtifactError
+    from lospmm.flows.storage.store import ArtifactError
 
     existed = out.exists()
     try:
@@ -263,13 +263,13 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
         plan = resolved(cfg)  # the one validation: the flow gets the typed plan
     except ConfigError as e:
         _fail(str(e))
-    from lospmm.flows import inspection
+    from lospmm.flows.reports import inspection
     from lospmm.flows.pipeline import new_run_id, run_plan
 
     from prefect.exceptions import TerminationSignal
 
-    from lospmm.flows.server import detach_embedded_api
-    from lospmm.flows.taskio import Interrupted
+    from lospmm.flows.execution.server import detach_embedded_api
+    from lospmm.flows.execution.taskio import Interrupted
 
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
@@ -286,7 +286,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
         else:
             err.print(f"[yellow]interrupted:[/] run {run_id} stopped before it started; nothing was written")
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     record = run_record(cfg.artifacts, result["run_id"])
     console.print(inspection.run_table(record))
@@ -304,7 +304,7 @@ def _stops_cleanly():
     """SIGINT (Ctrl-C) and SIGTERM stop the run: tasks stop at their next item, a stage that did not
     finish writes nothing, the embedded API is stopped, the record says `interrupted`. A second
     signal exits at once."""
-    from lospmm.flows.taskio import POLLING_STOP, STOP
+    from lospmm.flows.execution.taskio import POLLING_STOP, STOP
 
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
@@ -335,7 +335,7 @@ def _stops_cleanly():
 
 def _record_interrupted(root: Path, run_id: str) -> bool:
     """Mark the run's record interrupted; False when it has none (stopped before the flow began)."""
-    from lospmm.flows.runs import run_record, write_run_record
+    from lospmm.flows.storage.runs import run_record, write_run_record
 
     try:
         record = run_record(root, run_id)

@@ -77,7 +77,7 @@ def unpacked(bundle_dir: Path, into: Path) -> list[Path]:
 def emitted_run(artifacts: Path, model: str, sparsity: float, run_id: str | None = None):
     """(run record, {stage: artifact path}) of the latest completed run (or `run_id`) that emitted
     (model, sparsity), or None."""
-    from lospmm.flows.runs import run_records
+    from lospmm.flows.storage.runs import run_records
 
     records = [r for r in run_records(artifacts) if r.get("status") == "completed"
                and (run_id is None or r["run_id"].startswith(run_id))]
@@ -94,8 +94,8 @@ def emitted_bundle(artifacts: Path, model: str, sparsity: float, out: Path, run_
     """The emitted kernels of (model, sparsity) with at least `min_nnz` nonzeros, from the latest
     completed run that has them (or `run_id`), each checked against its manifest, copied with its
     pruned A, into `out/<name>/` (the first `max_kernels` of them when set). Returns the folder, or None when no run emitted them."""
-    from lospmm.flows.store import manifest_problem, write_manifest
-    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.storage.store import manifest_problem, write_manifest
+    from lospmm.flows.execution.taskio import RunContext
     from lospmm.flows.catalog.pruned import matrices
 
     found = emitted_run(artifacts, model, sparsity, run_id)
@@ -289,7 +289,7 @@ def sample_bundle(params: SampleParams, out: Path, workers: int = 2, say=print) 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.devices import device_named
     from lospmm.stages.extract import zoo_shapes
     from lospmm.stages.status import Status

@@ -28,7 +28,7 @@ class KernelDirError(ValueError):
 def kernel_facts(kernel_dir: str | Path, required: tuple[str, ...] = ("kernel.json",)) -> dict:
     """kernel.json of a directory that passes its checksums (every file emit wrote, unchanged) and
     has `required`; KernelDirError naming the directory otherwise."""
-    from lospmm.flows.store import manifest_problem
+    from lospmm.flows.storage.store import manifest_problem
 
     d = Path(kernel_dir)
     problem = manifest_problem(d, required=required)  # as emit wrote them, or nothing

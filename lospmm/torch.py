@@ -31,7 +31,7 @@ try:
 except ImportError as e:  # the extra is optional: say which one
     raise ImportError(f"lospmm.torch needs PyTorch: pip install 'lospmm[torch]' ({e})") from None
 
-from lospmm.flows.weights import GRAPH_METADATA
+from lospmm.flows.inputs.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
 from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_facts, load_kernel
 from lospmm.stages.extract import GraphWeight, conv_output_size
@@ -149,7 +149,7 @@ def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
     metadata, for `lospmm run --weights PATH`. Written atomically; returns the path."""
     from safetensors.numpy import save_file
 
-    from lospmm.flows.store import atomic_write
+    from lospmm.flows.storage.store import atomic_write
 
     weights = layer_weights(model, example_input)
     state = model.state_dict()
@@ -291,8 +291,8 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         if not found:
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
-    from lospmm.flows.runs import run_record
-    from lospmm.flows.store import read_artifact
+    from lospmm.flows.storage.runs import run_record
+    from lospmm.flows.storage.store import read_artifact
 
     try:
         record = run_record(artifacts, str(source))

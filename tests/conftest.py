@@ -50,7 +50,7 @@ def run_directly(plan, sparsity: float, wrap=None, force: tuple[str, ...] = ()) 
     this process without Prefect (keys derived as the flow derives them); stage -> manifest.
     `wrap(stage, call)` runs `call()` (e.g. under a profiler); `force` recomputes those stages."""
     from lospmm.flows.dag import DAG, node_key
-    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.execution.taskio import RunContext
 
     ctx = RunContext(str(plan.root), "", 1)
     src, done = plan.sources[0], {}

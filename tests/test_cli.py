@@ -54,7 +54,7 @@ def test_run_inspect_and_rerun(tmp_path):
 
     listing = runner.invoke(app, ["inspect", *common])
     assert listing.exit_code == 0 and "bert-base" in listing.output
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     run_id = run_record(root)["run_id"]
     detail = runner.invoke(app, ["inspect", run_id[:15], *common])
@@ -77,7 +77,7 @@ def test_run_inspect_and_rerun(tmp_path):
 def test_train_ranker_writes_a_usable_model(tmp_path):
     import json
 
-    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.flows.storage.ranker_store import load_ranker
 
     out = tmp_path / "my-ranker"
     result = runner.invoke(app, ["train-ranker", "--samples", "30", "--out", str(out), "--timer", "estimate"])
@@ -104,7 +104,7 @@ def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
 
 def test_every_stage_has_an_inspect_view():
     from lospmm.flows.dag import artifact_schemas
-    from lospmm.flows.inspection import VIEW_COLUMNS
+    from lospmm.flows.reports.inspection import VIEW_COLUMNS
     from lospmm.stages import STAGES
 
     for stage in STAGES:
@@ -153,7 +153,7 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     assert nothing.exit_code == 3 and "tall (no kept candidate)" in nothing.output, nothing.output
 
     # an artifact deleted after the run: inspect names it and how to rebuild it, no traceback
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     record = run_record(tmp_path / "art")
     (tmp_path / "art" / next(e["path"] for e in record["entries"] if e["stage"] == "constrain")).unlink()
@@ -196,7 +196,7 @@ def test_a_layer_failing_for_a_passing_cause_is_reported_and_retried_on_the_next
 
 def test_an_interrupted_run_is_recorded_so_and_one_stopped_before_it_began_says_nothing_was_written(tmp_path):
     from lospmm.cli import _record_interrupted
-    from lospmm.flows.runs import RunStatus, run_record, write_run_record
+    from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
 
     assert _record_interrupted(tmp_path, "20260101-000000-abcdef") is False  # no record: the flow never began
     write_run_record(tmp_path, {"run_id": "20260101-000000-abcdef", "status": RunStatus.RUNNING, "config": {}})

@@ -118,7 +118,7 @@ def test_whole_search_with_the_cuda_timer(tmp_path):
     from safetensors.numpy import save_file
 
     from lospmm.flows import pipeline as pl
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
     from lospmm.runtime import device_facts
 
     rng = np.random.default_rng(0)

@@ -12,8 +12,8 @@ import pytest
 import scipy.sparse as sp
 
 from lospmm import gpuplan
-from lospmm.flows.runs import write_run_record
-from lospmm.flows.store import write_artifact
+from lospmm.flows.storage.runs import write_run_record
+from lospmm.flows.storage.store import write_artifact
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import random_pruned
 
@@ -55,7 +55,7 @@ def test_an_emitted_bundle_travels_with_its_matrices_and_verifies_on_arrival(tmp
     for r in rows:
         a = gpuplan.read_matrix(f"{r['path']}/a.parquet")
         assert (a != matrices[r["layer"]]).nnz == 0 and r["nnz"] == matrices[r["layer"]].nnz
-        from lospmm.flows.store import manifest_problem
+        from lospmm.flows.storage.store import manifest_problem
 
         assert manifest_problem(tmp_path / "there" / unpacked.name / r["dir"], required=("kernel.cubin",)) is None
     assert gpuplan.emitted_bundle(tmp_path / "art", "m", 0.5, tmp_path / "staging") is None  # never emitted

@@ -19,7 +19,7 @@ def _module_imports() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):  # every import, in functions too
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lospmm"):
                 deps.add(node.module)
-                # `from lospmm.flows import schemas` imports the module lospmm.flows.schemas
+                # `from lospmm.flows.storage import schemas` imports the module lospmm.flows.storage.schemas
                 deps |= {f"{node.module}.{a.name}" for a in node.names
                          if (PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py").exists()}
             elif isinstance(node, ast.Import):

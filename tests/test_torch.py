@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import lospmm.torch as lt  # noqa: E402
-from lospmm.flows.weights import saved_graph, tensor_infos  # noqa: E402
+from lospmm.flows.inputs.weights import saved_graph, tensor_infos  # noqa: E402
 from lospmm.loader import KernelDirError, load_kernel  # noqa: E402
 from lospmm.sparse_file import read_matrix  # noqa: E402
 from lospmm.stages.extract import graph_shapes  # noqa: E402
@@ -144,7 +144,7 @@ def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
 def test_every_conv_layer_of_the_run_was_emitted_as_an_implicit_conv_kernel(searched):
     import pyarrow.parquet as pq
 
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     root, run_id, _ = searched
     record = run_record(root, run_id)
@@ -211,7 +211,7 @@ def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
 
 def test_kernels_that_compute_something_else_are_refused(searched, tmp_path):
     from lospmm.flows.kernels import write_full_kernel
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     root, run_id, _ = searched
     fused = tmp_path / "stem-relu"  # same weights, ReLU fused: the model's BN comes before its ReLU
@@ -257,7 +257,7 @@ def test_the_sparsified_model_is_for_inference(searched):
 
 def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tmp_path):
     from lospmm.flows.kernels import write_full_kernel
-    from lospmm.flows.runs import run_record
+    from lospmm.flows.storage.runs import run_record
 
     root, run_id, x = searched
     out = tmp_path / "stem-gemm"

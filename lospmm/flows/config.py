@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lospmm.flows.onnx_model import is_onnx
-from lospmm.flows.sources import RankerRef, Source
+from lospmm.flows.inputs.onnx_model import is_onnx
+from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
 from lospmm.stages.codegen import KernelDesign, design_named
 from lospmm.stages.compile import ProxyCheck
@@ -218,7 +218,7 @@ def _cores() -> int:
 def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
-    from lospmm.flows.ranker_store import RankerError, load_ranker
+    from lospmm.flows.storage.ranker_store import RankerError, load_ranker
 
     try:
         _, meta = load_ranker(cfg.ranker)  # the model itself, not only its metadata: a bad file fails here
@@ -232,7 +232,7 @@ def _sources(cfg: RunConfig) -> list[Source]:
                                                                          cfg.image_size)))
            for name in dict.fromkeys(cfg.zoo)]
     if cfg.weights:
-        from lospmm.flows.store import file_sha256
+        from lospmm.flows.storage.store import file_sha256
 
         path = str(Path(cfg.weights).resolve())
         onnx = is_onnx(path)
@@ -305,14 +305,14 @@ def _check_options(cfg: RunConfig) -> None:
     if cfg.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {cfg.top_k}")
     if cfg.ranker:
-        from lospmm.flows.ranker_store import ranker_files
+        from lospmm.flows.storage.ranker_store import ranker_files
 
         lacking = [str(f) for f in ranker_files(Path(cfg.ranker)) if not f.is_file()]
         if lacking:
             raise ConfigError(f"--ranker {cfg.ranker}: no {' and no '.join(lacking)} (a ranker is the .txt model and "
                               f"its .json metadata, both written by `lospmm train-ranker`)")
     if cfg.weights and is_onnx(cfg.weights):
-        from lospmm.flows.onnx_model import OnnxModelError, graph_weights
+        from lospmm.flows.inputs.onnx_model import OnnxModelError, graph_weights
 
         try:
             found = graph_weights(cfg.weights)
@@ -322,7 +322,7 @@ def _check_options(cfg: RunConfig) -> None:
             raise ConfigError(f"{cfg.weights}: no MatMul, Gemm or Conv weight initializer to search "
                               f"({len(found)} initializers)")
     elif cfg.weights:
-        from lospmm.flows.weights import WeightsFileError, saved_graph, tensor_infos
+        from lospmm.flows.inputs.weights import WeightsFileError, saved_graph, tensor_infos
 
         try:
             infos = tensor_infos(cfg.weights)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from lospmm.flows.config import RunPlan, Source
-from lospmm.flows.store import artifact_key, module_closure, module_closure_hash
+from lospmm.flows.storage.store import artifact_key, module_closure, module_closure_hash
 from lospmm.stages import STAGES
 
 
@@ -68,7 +68,7 @@ NODES = {n.stage: n for n in DAG}
 assert tuple(NODES) == STAGES, "the DAG lists every stage once, in order"
 
 # Modules that only report (progress): they compute no artifact, so they are no stage's version.
-RUNTIME_ONLY = ("lospmm.flows.progress",)
+RUNTIME_ONLY = ("lospmm.flows.execution.progress",)
 
 
 def artifact_schemas() -> dict[str, pa.Schema]:
@@ -80,7 +80,7 @@ def artifact_schemas() -> dict[str, pa.Schema]:
 
 def list_columns() -> set[str]:
     """Every list-typed (payload) column name of any stage's artifact."""
-    from lospmm.flows.schemas import list_columns as of
+    from lospmm.flows.storage.schemas import list_columns as of
 
     return set().union(*(of(s) for s in artifact_schemas().values()))
 

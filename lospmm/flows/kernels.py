@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lospmm.flows.compile_cache import cached_kernel
-from lospmm.flows.units import UnitCompiler
-from lospmm.flows.schemas import LAYER_COLUMNS
-from lospmm.flows.store import MANIFEST, atomic_write, read_artifact, write_manifest
-from lospmm.flows.taskio import failed_row, is_transient
+from lospmm.flows.storage.compile_cache import cached_kernel
+from lospmm.flows.execution.units import UnitCompiler
+from lospmm.flows.storage.schemas import LAYER_COLUMNS
+from lospmm.flows.storage.store import MANIFEST, atomic_write, read_artifact, write_manifest
+from lospmm.flows.execution.taskio import failed_row, is_transient
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.sparse_file import write_matrix

@@ -19,13 +19,13 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
-from lospmm.flows import progress
+from lospmm.flows.execution import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, node_key
-from lospmm.flows.runs import RunStatus, process_fields, write_run_record
-from lospmm.flows.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
-from lospmm.flows.summary import layer_outcomes, write_summary
-from lospmm.flows.taskio import POLLING_STOP, STOP, RunContext
+from lospmm.flows.storage.runs import RunStatus, process_fields, write_run_record
+from lospmm.flows.storage.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
+from lospmm.flows.reports.summary import layer_outcomes, write_summary
+from lospmm.flows.execution.taskio import POLLING_STOP, STOP, RunContext
 
 
 def new_run_id() -> str:

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from lospmm.flows.ranker_store import save_ranker
+from lospmm.flows.storage.ranker_store import save_ranker
 from lospmm.stages.codegen import full_kernel_source
 from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import layer_candidates

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from lospmm.flows import compile_cache as cc, units
+from lospmm.flows.execution import units
+from lospmm.flows.storage import compile_cache as cc
 from lospmm.stages import compile as nv
 
 
@@ -69,7 +70,7 @@ def test_failures_are_cached_with_their_log(tmp_path):
 
 
 def _compile_in_child(root: str, queue) -> None:
-    from lospmm.flows import compile_cache
+    from lospmm.flows.storage import compile_cache
 
     result, hit = compile_cache.cached_kernel(root, _slow_kernel(), OPTIONS)
     queue.put((hit, result["key"], result["units_compiled"]))

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved, resolved_timer
-from lospmm.flows.ranker_store import ranker_metadata
+from lospmm.flows.storage.ranker_store import ranker_metadata
 from lospmm.runtime import gpu_present
 from lospmm.stages.devices import device_named
 from lospmm.stages.timing import EstimateTimer
@@ -125,7 +125,7 @@ def test_a_garbage_ranker_file_is_named_before_any_work(tmp_path):
     ("shipped", None, "no .*e.json"),
 ])
 def test_a_bad_ranker_names_the_file_at_fault(tmp_path, model, metadata, named):
-    from lospmm.flows.ranker_store import SHIPPED
+    from lospmm.flows.storage.ranker_store import SHIPPED
 
     (tmp_path / "e.txt").write_text(SHIPPED.with_suffix(".txt").read_text())
     if metadata is not None:

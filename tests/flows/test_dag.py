@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from lospmm.flows import store
+from lospmm.flows.storage import store
 from lospmm.flows.config import RunConfig, resolved
 from lospmm.flows.dag import DAG, NODES, key_form, node_key, stage_version, version_modules
 from lospmm.stages import STAGE_MODULES, STAGES
@@ -146,7 +146,7 @@ def test_every_module_a_stage_runs_is_in_its_version(tmp_path):
     def profiled(stage, call):
         result = {}
         ran = _executed_modules(lambda: result.update(call()))
-        allowed = version_modules(stage) | {"lospmm.flows.progress"}  # progress reports, computes nothing
+        allowed = version_modules(stage) | {"lospmm.flows.execution.progress"}  # progress reports, computes nothing
         # the parameter objects' own code (a Timer's model) enters the key through key_form
         allowed |= {type(v).__module__ for v in NODES[stage].params(plan, plan.sources[0], 0.8).values()}
         assert ran - allowed == set(), stage

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-from lospmm.flows import units
-from lospmm.flows.compile_cache import cached_kernel
+from lospmm.flows.execution import units
+from lospmm.flows.storage.compile_cache import cached_kernel
 from lospmm.stages.codegen import CodegenParams, full_kernel_source
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.reorder import reordered_tiles
@@ -53,7 +53,7 @@ def test_units_compile_on_every_dask_worker_into_the_same_cubin(tmp_path, prefec
 
 def _stage_like(root: str, address: str, seed: int) -> dict:
     """What the compile and emit tasks do on a worker: wait for their units, which run on the same cluster."""
-    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.execution.taskio import RunContext
 
     a = sp.random(64, 128, density=0.2, format="csr", random_state=np.random.default_rng(seed), dtype=np.float32)
     kernel = full_kernel_source(a, reordered_tiles(a, 4), 64, CodegenParams(shard_nnz=100))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from lospmm.flows.inspection import problems_table
+from lospmm.flows.reports.inspection import problems_table
 
 
 def _text(table) -> str:

@@ -50,7 +50,7 @@ def test_without_a_compile_nothing_is_measured(tmp_path):
 def test_kernel_json_is_strict_json_and_the_directory_carries_its_checksums(tmp_path):
     import hashlib
 
-    from lospmm.flows.store import MANIFEST, manifest_problem
+    from lospmm.flows.storage.store import MANIFEST, manifest_problem
     from lospmm.loader import KernelDirError, SpMM
 
     a = random_pruned(32, 32, 0.8, np.random.default_rng(2))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lospmm.flows.store import sidecar_path, valid_sidecar
+from lospmm.flows.storage.store import sidecar_path, valid_sidecar
 
 
 def _cmd(root: Path) -> list[str]:

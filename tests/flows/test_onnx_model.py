@@ -11,7 +11,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved  # noqa: E402
-from lospmm.flows.onnx_model import graph_weight_matrix, graph_weights  # noqa: E402
+from lospmm.flows.inputs.onnx_model import graph_weight_matrix, graph_weights  # noqa: E402
 from lospmm.stages.extract import graph_shapes  # noqa: E402
 from tests.conftest import run_directly  # noqa: E402
 

@@ -8,8 +8,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from lospmm.flows import pipeline as pl
-from lospmm.flows.runs import run_record
-from lospmm.flows.store import valid_sidecar
+from lospmm.flows.storage.runs import run_record
+from lospmm.flows.storage.store import valid_sidecar
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -173,7 +173,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
         assert facts["timer"].startswith("estimate") and facts["m1"] == r["m1"] and facts["chosen_by"]
         assert (d / "kernel.cubin").read_bytes()[:4] == b"\x7fELF" and (d / "kernel.cu").exists()
     # the flow decides as one layer's search does (train-ranker and the benchmarks call that)
-    from lospmm.flows.ranker_store import load_ranker
+    from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.flows.catalog.pruned import csr_from_row
     from lospmm.stages.devices import device_named
     from lospmm.stages.rank import RankParams

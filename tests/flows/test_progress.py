@@ -1,4 +1,4 @@
-from lospmm.flows import progress
+from lospmm.flows.execution import progress
 
 
 def test_progress_is_the_weighted_share_of_items_done_and_never_goes_back():

@@ -11,7 +11,7 @@ import lightgbm
 import numpy as np
 import pytest
 
-from lospmm.flows.ranker_store import SHIPPED, RankerError, load_ranker, ranker_metadata, save_ranker
+from lospmm.flows.storage.ranker_store import SHIPPED, RankerError, load_ranker, ranker_metadata, save_ranker
 
 _FEATURES = ["a", "b", "c"]
 

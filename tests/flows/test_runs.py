@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from lospmm.flows.runs import run_record, run_records, runs_dir, write_run_record
+from lospmm.flows.storage.runs import run_record, run_records, runs_dir, write_run_record
 
 # run ids sort by time (pipeline.new_run_id: date-time then random hex)
 _IDS = ["20250101-090000-aaaaaa", "20250101-100000-bbbbbb", "20250102-080000-bbcccc"]
@@ -75,7 +75,7 @@ def test_an_unreadable_record_is_skipped(tmp_path):
 
 
 def test_a_truncated_record_is_named_not_taken_for_no_runs(tmp_path):
-    from lospmm.flows.runs import damaged_records
+    from lospmm.flows.storage.runs import damaged_records
 
     write_run_record(tmp_path, {"run_id": "20260101-000000-aaaaaa", "status": "completed"})
     good = (runs_dir(tmp_path) / "20260101-000000-aaaaaa.json").read_text()
@@ -98,7 +98,7 @@ def test_a_run_left_running_by_a_process_that_is_gone_shows_as_killed():
     import socket
     import subprocess
 
-    from lospmm.flows.runs import RunStatus, process_fields, shown_status
+    from lospmm.flows.storage.runs import RunStatus, process_fields, shown_status
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: its pid names no process now

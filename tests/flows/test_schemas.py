@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lospmm.flows import schemas
+from lospmm.flows.storage import schemas
 from lospmm.flows.dag import artifact_schemas, list_columns
-from lospmm.flows.summary import SUMMARY
+from lospmm.flows.reports.summary import SUMMARY
 
 SCHEMAS = artifact_schemas()
 PRUNED, SHAPES, CLUSTERS = SCHEMAS["prune"], SCHEMAS["extract"], SCHEMAS["cluster"]

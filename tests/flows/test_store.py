@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lospmm.flows.store import (
+from lospmm.flows.storage.store import (
     ArtifactError, artifact_key, artifact_path, module_closure, module_closure_hash, read_artifact, valid_sidecar,
     write_artifact,
 )

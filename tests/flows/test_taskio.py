@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lospmm.flows import progress, schemas
-from lospmm.flows.store import artifact_path
+from lospmm.flows.execution import progress
+from lospmm.flows.storage import schemas
+from lospmm.flows.storage.store import artifact_path
 from lospmm.flows.catalog.launch import SCHEMA as LAUNCH
-from lospmm.flows.taskio import RunContext, failed_row, grouped, in_parallel, layer_fields, run_logger, run_stage
+from lospmm.flows.execution.taskio import RunContext, failed_row, grouped, in_parallel, layer_fields, run_logger, run_stage
 from lospmm.stages.status import Status
 
 _KEY = "ab" * 32
@@ -195,7 +196,7 @@ def test_two_writers_of_one_key_compute_it_once(tmp_path):
 def test_an_artifact_built_on_an_incomplete_one_is_incomplete_too(tmp_path):
     """A transient failure upstream (a proxy that failed to compile for lack of disk) must not leave
     a downstream artifact (its candidate skipped) that the next run would reuse."""
-    from lospmm.flows.store import valid_sidecar
+    from lospmm.flows.storage.store import valid_sidecar
 
     ctx = RunContext(root=str(tmp_path))
     built = run_stage("pad", LAUNCH, _KEY, ctx, "m", False, lambda: [_launch_row("a")],

@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from lospmm.flows.config import RunConfig, resolved
-from lospmm.flows.store import valid_sidecar
+from lospmm.flows.storage.store import valid_sidecar
 from tests.conftest import run_directly
 
 NAMES = ("enc.0", "enc_0", "enc 0", "ü", "ß", "block." + "x" * 300)

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from lospmm.flows import progress, units
-from lospmm.flows.taskio import RunContext
+from lospmm.flows.execution import progress, units
+from lospmm.flows.execution.taskio import RunContext
 from lospmm.stages.compile import CompileOptions
 
 

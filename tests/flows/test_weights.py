@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from lospmm.flows.weights import WeightsFileError, load_tensor, tensor_infos
+from lospmm.flows.inputs.weights import WeightsFileError, load_tensor, tensor_infos
 
 # numpy dtype -> the safetensors header's name for it
 _DTYPES = {np.float32: "F32", np.float64: "F64", np.float16: "F16", np.int8: "I8", np.int32: "I32",
@@ -78,7 +78,7 @@ def test_bfloat16_weights_load_as_the_same_float32_values(tmp_path):
     header = json_.dumps({"w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, bf16.nbytes]}}).encode()
     path = tmp_path / "bf16.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + bf16.tobytes())
-    from lospmm.flows.weights import load_tensor, tensor_infos
+    from lospmm.flows.inputs.weights import load_tensor, tensor_infos
 
     assert [(t.name, t.shape) for t in tensor_infos(path)] == [("w", (2, 3))]
     out = load_tensor(path, "w")

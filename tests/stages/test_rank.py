@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lospmm.flows.ranker_store import load_ranker, save_ranker
+from lospmm.flows.storage.ranker_store import load_ranker, save_ranker
 from lospmm.stages.rank import (FEATURES, RankerParams, feature_matrix, ndcg_at, ranked, relevance,
                                 synthetic_kernels, trained_ranker)
 

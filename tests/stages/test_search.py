@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lospmm.flows.ranker_store import load_ranker
+from lospmm.flows.storage.ranker_store import load_ranker
 from lospmm.stages.cluster import proxy_active_blocks
 from lospmm.stages.devices import device_named
 from lospmm.stages.pad import proxy_launch

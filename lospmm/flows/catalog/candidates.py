@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.schemas import BOOL, F64, I32, I64, LAYER, STATUS, STR
+from lospmm.flows.storage.schemas import BOOL, F64, I32, I64, LAYER, STATUS, STR
 from lospmm.stages.constrain import Candidate
 
 # 04_candidates (artifacts/README.md documents every column)

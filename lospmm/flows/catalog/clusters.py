@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from lospmm.flows.schemas import F64, I32, LAYER_AT, STATUS, list_values
+from lospmm.flows.storage.schemas import F64, I32, LAYER_AT, STATUS, list_values
 from lospmm.stages.cluster import ProxyClusters
 
 # 06_clusters (artifacts/README.md documents every column)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.schemas import F64, I32, LAYER, STATUS, STR
+from lospmm.flows.storage.schemas import F64, I32, LAYER, STATUS, STR
 
 # 10_kernels (artifacts/README.md documents every column)
 SCHEMA = pa.schema(

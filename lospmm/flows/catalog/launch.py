@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.schemas import I32, LAYER_AT, STATUS, STR
+from lospmm.flows.storage.schemas import I32, LAYER_AT, STATUS, STR
 from lospmm.stages.pad import ProxyLaunch
 
 # 07_launch (artifacts/README.md documents every column)

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import scipy.sparse as sp
 
-from lospmm.flows.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
+from lospmm.flows.storage.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
 from lospmm.stages.status import Status
 
 if TYPE_CHECKING:  # a reader takes the flow's context; the catalog itself needs no Prefect
-    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.execution.taskio import RunContext
 
 # 02_pruned (artifacts/README.md documents every column)
 SCHEMA = pa.schema(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lospmm.flows.catalog.candidates import SCHEMA as CANDIDATES
-from lospmm.flows.schemas import BOOL, F64, I32, STR
+from lospmm.flows.storage.schemas import BOOL, F64, I32, STR
 from lospmm.stages.rank import RankedCandidate
 
 # 05_ranked (artifacts/README.md documents every column)

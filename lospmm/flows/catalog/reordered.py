@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from lospmm.flows.schemas import F64, I32, I64, LAYER, STATUS, list_values
+from lospmm.flows.storage.schemas import F64, I32, I64, LAYER, STATUS, list_values
 from lospmm.stages.reorder import Tiles, TileStats
 from lospmm.stages.status import Status
 
 if TYPE_CHECKING:  # a reader takes the flow's context; the catalog itself needs no Prefect
-    from lospmm.flows.taskio import RunContext
+    from lospmm.flows.execution.taskio import RunContext
 
 # 03_reordered (artifacts/README.md documents every column)
 _GROUPING_STATS = ["max_nnc", "mean_nnc", "nnc_sum", "max_nnz", "cov_nnz"]

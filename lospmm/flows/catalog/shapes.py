@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lospmm.flows.schemas import I32, LAYER, STATUS, STR
+from lospmm.flows.storage.schemas import I32, LAYER, STATUS, STR
 from lospmm.stages.extract import LayerShape
 
 # 01_shapes (artifacts/README.md documents every column)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
 from lospmm.flows.catalog.clusters import SCHEMA, clusters_row
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from lospmm.flows.catalog.clusters import clusters_from_row
 from lospmm.flows.catalog.compiled import SCHEMA, compile_row
-from lospmm.flows.compile_cache import cached_kernel
-from lospmm.flows.schemas import LAYER_COLUMNS
-from lospmm.flows.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
-from lospmm.flows.units import run_compiler, waiting_on_units
+from lospmm.flows.storage.compile_cache import cached_kernel
+from lospmm.flows.storage.schemas import LAYER_COLUMNS
+from lospmm.flows.execution.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
+from lospmm.flows.execution.units import run_compiler, waiting_on_units
 from lospmm.hostemu import proxy_check
 from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source
 from lospmm.stages.compile import ProxyCheck, kernel_options

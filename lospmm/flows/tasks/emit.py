@@ -7,9 +7,9 @@ from lospmm.flows.catalog.kernels import SCHEMA
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.flows.kernels import conv_geometry, emitted_layer
-from lospmm.flows.store import artifact_path
-from lospmm.flows.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
-from lospmm.flows.units import run_compiler, waiting_on_units
+from lospmm.flows.storage.store import artifact_path
+from lospmm.flows.execution.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
+from lospmm.flows.execution.units import run_compiler, waiting_on_units
 from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id

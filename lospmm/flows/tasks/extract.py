@@ -4,10 +4,10 @@ its layers' geometry) or an ONNX model -> 01_shapes."""
 from __future__ import annotations
 
 from lospmm.flows.catalog.shapes import SCHEMA, shape_row
-from lospmm.flows.sources import Source
-from lospmm.flows.taskio import RunContext, run_stage, stage_task
-from lospmm.flows.onnx_model import graph_weights, is_onnx
-from lospmm.flows.weights import saved_graph, tensor_infos
+from lospmm.flows.inputs.sources import Source
+from lospmm.flows.execution.taskio import RunContext, run_stage, stage_task
+from lospmm.flows.inputs.onnx_model import graph_weights, is_onnx
+from lospmm.flows.inputs.weights import saved_graph, tensor_infos
 from lospmm.stages.extract import ModelConfig, graph_shapes, weight_shapes, zoo_shapes
 
 

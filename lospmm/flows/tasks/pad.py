@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lospmm.flows.catalog.launch import SCHEMA
-from lospmm.flows.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
 from lospmm.stages.codegen import KernelDesign
 from lospmm.stages.devices import Device
 from lospmm.stages.pad import proxy_launch

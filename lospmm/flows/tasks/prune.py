@@ -6,10 +6,10 @@ import time
 
 from lospmm.flows.catalog.pruned import SCHEMA
 from lospmm.flows.catalog.shapes import shape_from_row
-from lospmm.flows.sources import Source
-from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
-from lospmm.flows.onnx_model import graph_weight_matrix, is_onnx
-from lospmm.flows.weights import load_tensor
+from lospmm.flows.inputs.sources import Source
+from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.inputs.onnx_model import graph_weight_matrix, is_onnx
+from lospmm.flows.inputs.weights import load_tensor
 from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
 from lospmm.stages.status import Status
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from lospmm.flows.catalog.ranked import SCHEMA
-from lospmm.flows.ranker_store import load_ranker
-from lospmm.flows.sources import RankerRef
-from lospmm.flows.taskio import RunContext, grouped, run_stage, stage_task
+from lospmm.flows.storage.ranker_store import load_ranker
+from lospmm.flows.inputs.sources import RankerRef
+from lospmm.flows.execution.taskio import RunContext, grouped, run_stage, stage_task
 from lospmm.stages.rank import RankParams, chosen_candidates, ranker_tag
 
 

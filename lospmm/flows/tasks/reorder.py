@@ -6,8 +6,8 @@ import time
 
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import SCHEMA, prefixed, tiles_row
-from lospmm.flows.schemas import LAYER_COLUMNS
-from lospmm.flows.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.storage.schemas import LAYER_COLUMNS
+from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.stages.reorder import ReorderParams, distinct_m1s, identity_tiles, reordered_tiles, tile_stats
 from lospmm.stages.status import Status
 

@@ -7,7 +7,7 @@ import time as clock
 
 from lospmm.flows.catalog.clusters import clusters_from_row
 from lospmm.flows.catalog.timed import SCHEMA, timing_row
-from lospmm.flows.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
 from lospmm.stages.codegen import KernelDesign, proxy_layout
 from lospmm.stages.status import Status
 from lospmm.stages.timing import LaunchUnderTest, Timer, untimed_reason

@@ -22,7 +22,7 @@ from typing import Callable
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from lospmm.flows.taskio import stop_requested
+from lospmm.flows.execution.taskio import stop_requested
 from lospmm.stages.compile import CompileOptions, compiled
 
 UnitJob = tuple[str, str, CompileOptions]  # source, name, options

@@ -16,10 +16,10 @@ import json
 import time
 from pathlib import Path
 
-from lospmm.flows.store import atomic_write, file_sha256, locked
-from lospmm.flows.taskio import stop_requested
+from lospmm.flows.storage.store import atomic_write, file_sha256, locked
+from lospmm.flows.execution.taskio import stop_requested
 from lospmm.stages.codegen import KernelSource
-from lospmm.flows.units import UnitCompiler, threads
+from lospmm.flows.execution.units import UnitCompiler, threads
 from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
 from lospmm.stages.status import Status
 

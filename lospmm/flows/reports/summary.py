@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from lospmm.flows import schemas
+from lospmm.flows.storage import schemas
 from lospmm.flows.dag import artifact_schemas
-from lospmm.flows.schemas import F64, I32, LAYER, STR
-from lospmm.flows.store import read_artifact, write_artifact
-from lospmm.flows.taskio import layer_fields
+from lospmm.flows.storage.schemas import F64, I32, LAYER, STR
+from lospmm.flows.storage.store import read_artifact, write_artifact
+from lospmm.flows.execution.taskio import layer_fields
 from lospmm.stages.status import Status
 
 SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")

@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 from prefect import task
 
-from lospmm.flows import progress, schemas
-from lospmm.flows.store import (artifact_path, locked, manifest_hash, read_artifact, valid_sidecar,
+from lospmm.flows.execution import progress
+from lospmm.flows.storage import schemas
+from lospmm.flows.storage.store import (artifact_path, locked, manifest_hash, read_artifact, valid_sidecar,
                                  write_artifact)
 from lospmm.stages.status import Status
 

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from lospmm.flows.store import atomic_write
+from lospmm.flows.storage.store import atomic_write
 
 
 class RunStatus(enum.StrEnum):

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from lospmm.flows.dag import list_columns
-from lospmm.flows.runs import shown_status
-from lospmm.flows.store import read_artifact
+from lospmm.flows.storage.runs import shown_status
+from lospmm.flows.storage.store import read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.stages.status import Status
 

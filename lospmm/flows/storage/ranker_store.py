@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "ranker"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "ranker"  # lospmm/models/ranker.{txt,json}
 
 
 class RankerError(RuntimeError):

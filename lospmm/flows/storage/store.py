@@ -67,7 +67,7 @@ def _imports_under(prefix: str, source: str, module_name: str, is_package: bool)
                 base = f"{package}.{base}" if base else package
             if base == prefix or base.startswith(prefix + "."):
                 yield base
-                if _is_package(base):  # `from lospmm.flows import schemas` imports a module too
+                if _is_package(base):  # `from lospmm.flows.storage import schemas` imports a module too
                     for alias in node.names:
                         if importlib.util.find_spec(f"{base}.{alias.name}") is not None:
                             yield f"{base}.{alias.name}"
