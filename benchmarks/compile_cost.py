@@ -5,9 +5,9 @@ Alg. 2 kernel (N1 = 128) and of the M1 proxy (clusters sized for the busiest N1'
 not), each compile in its own process with a time limit. A full kernel that runs past the limit is
 reported as '> limit', not as a number.
 
-    python benchmarks/compile_cost.py [--sparsity 0.9] [--m1 8 32] [--limit 300]
-    python benchmarks/compile_cost.py --scaling    # full-kernel compile seconds and memory vs nnz
-    python benchmarks/compile_cost.py --counts     # kernels to compile and source bytes, with vs without proxies
+    python -m benchmarks.compile_cost [--sparsity 0.9] [--m1 8 32] [--limit 300]
+    python -m benchmarks.compile_cost --scaling    # full-kernel compile seconds and memory vs nnz
+    python -m benchmarks.compile_cost --counts     # kernels to compile and source bytes, with vs without proxies
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Issue 14's plan for a lent GPU: prepare here (no GPU), run there, read the tables anywhere.
 
     # here, once (no GPU): wheels the GPU machine lacks, emitted kernels of a run, a compiled sample
-    python benchmarks/gpu_plan.py wheels
-    python benchmarks/gpu_plan.py prepare --artifacts ARTIFACTS [--emitted shufflenetv2:0.9 ...]
+    python -m benchmarks.gpu_plan wheels
+    python -m benchmarks.gpu_plan prepare --artifacts ARTIFACTS [--emitted shufflenetv2:0.9 ...]
     # on the GPU machine, in the checkout (bundles in .gpu/, wheels in .whl/): every step, or some
-    python benchmarks/gpu_plan.py run OUT [--steps env pytest check loader speedup launches] [--budget-s 540]
+    python -m benchmarks.gpu_plan run OUT [--steps env pytest check loader speedup launches] [--budget-s 540]
     # anywhere, on a run's Parquet files: the tables again, and the estimate's calibration
-    python benchmarks/gpu_plan.py report OUT
-    python benchmarks/gpu_plan.py calibrate OUT/launches-*.parquet OUT/speedup.parquet [--train-sparsity 0.9]
+    python -m benchmarks.gpu_plan report OUT
+    python -m benchmarks.gpu_plan calibrate OUT/launches-*.parquet OUT/speedup.parquet [--train-sparsity 0.9]
 
 Steps (each writes OUT/<step>.parquet or .json and prints its table; the plan stops by itself at
 --budget-s, and a step cut short says how far it got):
@@ -37,9 +37,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from lospmm import gpuplan  # noqa: E402
+from benchmarks import gpuplan
 
 STEPS = ("env", "pytest", "check", "loader", "speedup", "launches", "conv")
 DEFAULT_EMITTED = ("shufflenetv2:0.9", "mobilenetv2:0.9", "resnet50:0.9", "bert-base:0.9", "bert-base:0.5:1000000:1")

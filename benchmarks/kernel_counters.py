@@ -9,14 +9,14 @@ achieved occupancy, the stall reasons in cycles per issued instruction and as sh
 stalls, and the SM's instruction caches (ICC hit rate, GCC instruction misses).
 
     # on the GPU machine, first: are the metric names below known to this ncu for this chip?
-    python benchmarks/kernel_counters.py list-metrics [--chip gh100]
+    python -m benchmarks.kernel_counters list-metrics [--chip gh100]
     # the process ncu profiles (no torch): one kernel of a bundle, launched R times
-    python benchmarks/kernel_counters.py launch BUNDLE ID [--n N] [--repeats 3]
+    python -m benchmarks.kernel_counters launch BUNDLE ID [--n N] [--repeats 3]
     # ncu over the chosen kernels: OUT/counters.parquet (rows id, metric, unit, value) and a table
-    python benchmarks/kernel_counters.py profile BUNDLE OUT [--ids ID ...] [--set SET] [--limit K]
+    python -m benchmarks.kernel_counters profile BUNDLE OUT [--ids ID ...] [--set SET] [--limit K]
                                                        [--collect metrics|sections] [--timeout-s 300]
     # the table again, anywhere
-    python benchmarks/kernel_counters.py report OUT [--bundle BUNDLE]
+    python -m benchmarks.kernel_counters report OUT [--bundle BUNDLE]
 
 A bundle is a folder with kernels.parquet (id, set, model, layer, m, k, n, kernel, launch,
 instructions, ...) and <id>.cubin per row; its kernels take (const float* B, float* C, int N).
@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SCRIPT = Path(__file__).resolve()
 
@@ -273,7 +272,9 @@ def ncu_command(ncu: str, bundle: Path, row: dict, options: ProfileOptions = Pro
         metrics = [m for m in metrics if m in ICACHE_METRICS]
     if metrics:
         cmd += ["--metrics", ",".join(metrics)]
-    cmd += [python, str(SCRIPT), "launch", str(bundle), str(row["id"]), "--repeats", str(options.repeats)]
+    # as a module from the checkout's root (run_command's cwd): lospmm and this package import from there
+    cmd += [python, "-m", "benchmarks.kernel_counters", "launch", str(Path(bundle).resolve()), str(row["id"]),
+            "--repeats", str(options.repeats)]
     if options.n:
         cmd += ["--n", str(options.n)]
     return cmd
@@ -292,7 +293,7 @@ def run_command(cmd: Sequence[str], timeout_s: float) -> Ran:
     """Run `cmd` in its own process group, so that at the time limit ncu and the launch process it
     started both end (killing ncu alone would leave the launch process running)."""
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, cwd=ROOT)
     try:
         out, err = proc.communicate(timeout=timeout_s)
         return Ran(proc.returncode, out, err)

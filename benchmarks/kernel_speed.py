@@ -2,18 +2,18 @@
 the diagnosis microbenchmarks, and the headline table against cuBLAS.
 
     # here, no GPU: kernels compiled for sm_90 into a bundle (.gpu/ is git-ignored), SASS statistics
-    python benchmarks/kernel_speed.py build ab --bundle .gpu/ks-ab --jobs 2        # designs × layers at 0.9
-    python benchmarks/kernel_speed.py build micro --bundle .gpu/ks-micro           # diagnosis kernels
-    python benchmarks/kernel_speed.py sass --bundle .gpu/ks-ab                     # per-design SASS table
-    python benchmarks/kernel_speed.py pack .gpu/ks-ab .gpu/ks-micro --into .gpu/carry  # xz: ~13× smaller, to carry
+    python -m benchmarks.kernel_speed build ab --bundle .gpu/ks-ab --jobs 2        # designs × layers at 0.9
+    python -m benchmarks.kernel_speed build micro --bundle .gpu/ks-micro           # diagnosis kernels
+    python -m benchmarks.kernel_speed sass --bundle .gpu/ks-ab                     # per-design SASS table
+    python -m benchmarks.kernel_speed pack .gpu/ks-ab .gpu/ks-micro --into .gpu/carry  # xz: ~13× smaller, to carry
     # the headline set (every zoo GEMM layer at 0.7/0.9/0.95, CNN batch 4 and 32, BERT 32×128) in one
     # design, tiles chosen by the search's estimate; compiled where it runs (16 cores on the GPU machine)
-    python benchmarks/kernel_speed.py build headline --design chained --bundle .gpu/ks-head --jobs 16
+    python -m benchmarks.kernel_speed build headline --design chained --bundle .gpu/ks-head --jobs 16
     # on the GPU (carry .gpu/carry): every kernel checked (N in 1, 31, 32, 4096 and the layer's N, C
     # poisoned with NaN), ours and cuBLAS FP32 (TF32 off), TF32 and FP16 timed the same way
     # (runtime.graph_timed); a bundle may be a folder or its .tar.xz
-    python benchmarks/kernel_speed.py run OUT --bundle .gpu/carry/ks-ab.tar.xz --budget-s 500
-    python benchmarks/kernel_speed.py report OUT/kernel-speed-ks-ab.parquet
+    python -m benchmarks.kernel_speed run OUT --bundle .gpu/carry/ks-ab.tar.xz --budget-s 500
+    python -m benchmarks.kernel_speed report OUT/kernel-speed-ks-ab.parquet
 
 A bundle is a folder: kernels.parquet (a row per kernel: its layer, tile, design, launch layout,
 compile and SASS facts), <id>.cubin, and the pruned A of every layer under a/ (for the device
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from lospmm.gpuplan import Deadline, geomean, packed
+from benchmarks.gpuplan import Deadline, geomean, packed
 from lospmm.sparse_file import read_matrix, write_matrix
 from lospmm.stages.codegen import CodegenParams, KernelSource, LaunchLayout, design_named, full_kernel_source
 from lospmm.stages.extract import LayerShape, ZooParams, folded_duplicates, zoo_shapes

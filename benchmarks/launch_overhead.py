@@ -3,14 +3,13 @@ SpConv on torch CUDA tensors, the bare LoadedKernel.launch, and torch's own dens
 shapes, each in a loop of small launches whose GPU time is far below the host's. Prints µs per call
 (median of 5 loops).
 
-    python benchmarks/launch_overhead.py [--calls 2000]
+    python -m benchmarks.launch_overhead [--calls 2000]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # last: a lospmm on PYTHONPATH (an older commit, say) is the one measured
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -3,7 +3,7 @@ the search-space funnel per model (candidates after each constraint, the ranker'
 kernel: Fig. 3's shape), compile seconds against nonzeros (proxies and full kernels), and a table
 per model and sparsity (layers, outcomes, seconds by stage). PNGs land in <artifacts>/plots/.
 
-    python benchmarks/paper_plots.py --artifacts artifacts [--run RUN_ID]
+    python -m benchmarks.paper_plots --artifacts artifacts [--run RUN_ID]
 """
 
 from __future__ import annotations

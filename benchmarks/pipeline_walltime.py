@@ -2,7 +2,7 @@
 artifact root) and cached re-run, each as a fresh `lospmm run` process on Prefect's ephemeral
 API (so each includes the API's start-up).
 
-    python benchmarks/pipeline_walltime.py [--artifacts /tmp/lospmm-bench]
+    python -m benchmarks.pipeline_walltime [--artifacts /tmp/lospmm-bench]
 """
 
 from __future__ import annotations

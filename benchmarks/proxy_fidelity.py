@@ -7,7 +7,7 @@ register prediction, and the proxy times in 09_timed are estimates too: every fi
 With `--timer cuda` (on a GPU) each candidate's full kernel is compiled and timed on the device; the
 proxy times then come from a run made with the cuda timer.
 
-    python benchmarks/proxy_fidelity.py --artifacts artifacts [--run RUN_ID] [--timer estimate]
+    python -m benchmarks.proxy_fidelity --artifacts artifacts [--run RUN_ID] [--timer estimate]
 """
 
 from __future__ import annotations
@@ -27,28 +27,16 @@ from lospmm.flows.config import resolved_timer
 from lospmm.flows.execution.taskio import RunContext
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
-from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.compile import compiled_kernel, kernel_options
-from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.devices import device_named
-from lospmm.stages.timing import LaunchUnderTest
+from lospmm.stages.search import full_kernel_time
 
-from paper_plots import run_record  # benchmarks/ is on sys.path when a script here runs
+from benchmarks.paper_plots import run_record
 
 
 def full_time(timer, a, tiles, row: dict) -> float:
-    """µs of the candidate's full kernel: compiled and run when the timer runs binaries, else
-    estimated at the register prediction (what the search assumes)."""
-    m1, n1 = row["m1"], row["n1"]
-    launch = LaunchUnderTest(tiles, row["m"], row["k"], row["n"], n1, predicted_registers(m1))
-    if timer.runs_binary:
-        kernel = full_kernel_source(a, tiles, n1)
-        out = compiled_kernel(kernel, kernel_options(timer.device.arch, m1))
-        if out.status != "ok":
-            return float("inf")
-        launch = LaunchUnderTest(tiles, row["m"], row["k"], row["n"], n1, out.registers, out.thread_spill_bytes,
-                                 kernel=kernel.name, layout=kernel.layout, cubin=out.cubin)
-    return timer.time(launch).time_us
+    """µs of the candidate's full kernel (search.full_kernel_time: compiled and run when the timer
+    runs binaries, else estimated at the register prediction, as the search assumes)."""
+    return full_kernel_time(timer, a, tiles, row["m"], row["k"], row["n"], row["n1"])
 
 
 def main() -> None:

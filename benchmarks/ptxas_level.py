@@ -1,7 +1,7 @@
 """Registers, spills and compile seconds of full kernels at ptxas -O1 vs -O3, uncapped and capped
 at the §3.2 register prediction (NVRTC, sm_90, no GPU needed).
 
-    python benchmarks/ptxas_level.py [--rows 128] [--m1 2 4 8 16 32 64 128]
+    python -m benchmarks.ptxas_level [--rows 128] [--m1 2 4 8 16 32 64 128]
 """
 
 from __future__ import annotations

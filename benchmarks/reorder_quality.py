@@ -5,7 +5,7 @@ Alg. 1 minimises) for identity, our Algorithm 1, and KaHyPar (connectivity objec
 nodes weighted by nnz, columns as nets, k = 32, ε = 0.03), with each one's run time.
 
     pip install -e '.[bench]'   # kahypar
-    python benchmarks/reorder_quality.py --kahypar-config km1_kKaHyPar_sea20.ini
+    python -m benchmarks.reorder_quality --kahypar-config km1_kKaHyPar_sea20.ini
 
 KaHyPar needs one of its preset .ini files (config/ in the KaHyPar repository); without
 --kahypar-config its columns are left out, and the table says so.

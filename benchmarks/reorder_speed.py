@@ -1,6 +1,6 @@
 """Reorder speed: Algorithm 1 on a 3072×768 matrix at 50% sparsity, per M1 (median of repeats).
 
-    python benchmarks/reorder_speed.py [--repeats 7]
+    python -m benchmarks.reorder_speed [--repeats 7]
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ spills, and the call overhead per tile: the entry's instructions (dispatch and c
 each tile function's instructions that are neither FFMA, LDG, STG, spill nor address arithmetic.
 The ideal is 1, 1, 0.
 
-    python benchmarks/sass_efficiency.py [--sparsity 0.9] [--m1 8 16 32]
-    python benchmarks/sass_efficiency.py --calibrate   # spills at the prediction over 30 layer × M1 cases
-    python benchmarks/sass_efficiency.py --conv        # implicit-im2col conv kernels against the GEMM kernels
+    python -m benchmarks.sass_efficiency [--sparsity 0.9] [--m1 8 16 32]
+    python -m benchmarks.sass_efficiency --calibrate   # spills at the prediction over 30 layer × M1 cases
+    python -m benchmarks.sass_efficiency --conv        # implicit-im2col conv kernels against the GEMM kernels
 """
 
 from __future__ import annotations

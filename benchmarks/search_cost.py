@@ -15,8 +15,8 @@ rest is an ESTIMATE from the fit, and the fit's leave-one-out error is printed.
 Registers: for each measured compile, ptxas's count under `--maxrregcount` = the §3.2 prediction
 vs the prediction (exact match, under-use, spills), per group and weighted by kept candidates.
 
-    python benchmarks/search_cost.py [--budget 3600] [--limit 600] [--log search_cost.jsonl]
-    python benchmarks/search_cost.py --report-only --log search_cost.jsonl
+    python -m benchmarks.search_cost [--budget 3600] [--limit 600] [--log search_cost.jsonl]
+    python -m benchmarks.search_cost --report-only --log search_cost.jsonl
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from compile_cost import in_child  # benchmarks/ is on sys.path when a script here runs
+from benchmarks.compile_cost import in_child
 from lospmm.stages.compile import CompileOptions, compiled_kernel, kernel_options
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.devices import device_named

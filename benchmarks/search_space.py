@@ -1,7 +1,7 @@
 """Search-space reduction (the paper's Fig. 3 in numbers): per zoo layer, (M1, N1) candidates
 before and after each constraint, and per-model totals. Calls the stages directly.
 
-    python benchmarks/search_space.py [--sparsity 0.9] [--gpu h100] [--per-layer]
+    python -m benchmarks.search_space [--sparsity 0.9] [--gpu h100] [--per-layer]
 """
 
 from __future__ import annotations

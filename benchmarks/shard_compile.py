@@ -3,10 +3,10 @@ small layer, a 512-tile M1 = 1 layer and a >= 1M-nonzero layer; and compile seco
 (the fitted exponent). Every compile runs in a child process (its peak RSS is the child's
 ru_maxrss), units one after another, so the seconds are the CPU cost of the whole kernel.
 
-    python benchmarks/shard_compile.py              # the split table
-    python benchmarks/shard_compile.py --sweep      # seconds against nnz at the default split
-    python benchmarks/shard_compile.py --mono       # add the one-function kernel (slow: minutes)
-    python benchmarks/shard_compile.py --proxy bert-base encoder.layer.0.output.dense 12   # one zoo proxy
+    python -m benchmarks.shard_compile              # the split table
+    python -m benchmarks.shard_compile --sweep      # seconds against nnz at the default split
+    python -m benchmarks.shard_compile --mono       # add the one-function kernel (slow: minutes)
+    python -m benchmarks.shard_compile --proxy bert-base encoder.layer.0.output.dense 12   # one zoo proxy
 """
 
 from __future__ import annotations

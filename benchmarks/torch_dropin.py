@@ -3,7 +3,7 @@
 whole-model latency against the dense model on cuDNN/cuBLAS in FP32, run eagerly and replayed as a
 CUDA graph (which leaves out Python's per-layer launch cost on both sides).
 
-    python benchmarks/torch_dropin.py [--model resnet18|tiny] [--sparsity 0.9] [--batch 8] [--image 224]
+    python -m benchmarks.torch_dropin [--model resnet18|tiny] [--sparsity 0.9] [--batch 8] [--image 224]
                                       [--serve-batches 1 8 32] [--artifacts DIR] [--out FILE.json]
 
 The model is a ResNet-18 (torchvision's when installed, else the same architecture defined here),
@@ -17,13 +17,11 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def resnet18():

@@ -3,9 +3,9 @@ after constrain and after rank, read from the run summaries (`summary/<run_id>.p
 `lospmm run` writes. With `--run`, first runs each model (a fresh `lospmm run` process each) into
 the artifact root.
 
-    python benchmarks/zoo_search.py --run --models shufflenetv2 mobilenetv2 resnet50 bert-base
-    python benchmarks/zoo_search.py --artifacts /tmp/lospmm-zoo-search      # report only
-    python benchmarks/zoo_search.py --summary benchmarks/results/zoo_search-*.parquet
+    python -m benchmarks.zoo_search --run --models shufflenetv2 mobilenetv2 resnet50 bert-base
+    python -m benchmarks.zoo_search --artifacts /tmp/lospmm-zoo-search      # report only
+    python -m benchmarks.zoo_search --summary benchmarks/results/zoo_search-*.parquet
 
 Stage seconds are per layer and summed over layers. With --jobs > 1 compile and emit run on
 threads, so their sums are thread-seconds and can exceed the wall time.

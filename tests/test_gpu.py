@@ -149,7 +149,7 @@ def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_
     import json
 
 
-    from lospmm import gpuplan
+    from benchmarks import gpuplan
 
     a, facts, d = _kernel(tmp_path)
     gpuplan.write_matrix(d / "a.parquet", a)
@@ -167,7 +167,7 @@ def test_the_gpu_plans_steps_launch_an_emitted_conv_kernel_as_a_convolution(tmp_
     steps must launch them with an NCHW X, not as a GEMM on B."""
     import json
 
-    from lospmm import gpuplan
+    from benchmarks import gpuplan
     from lospmm.flows.kernels import emitted_kernel
     from lospmm.runtime import device_facts
     from lospmm.stages.codegen import ConvGeometry, Epilogue

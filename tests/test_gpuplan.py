@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import scipy.sparse as sp
 
-from lospmm import gpuplan
+from benchmarks import gpuplan
 from lospmm.flows.storage.runs import write_run_record
 from lospmm.flows.storage.store import write_artifact
 from lospmm.stages.extract import zoo_shapes

@@ -4,29 +4,19 @@ summary's stall shares, and a missing ncu as one line and exit 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import stat
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks import kernel_counters as kc
+
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("kernel_counters", ROOT / "benchmarks" / "kernel_counters.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-kc = _module()
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
@@ -118,7 +108,8 @@ def test_metrics_command_profiles_the_second_launch_of_exactly_this_kernel():
     assert _after(cmd, "--metrics").split(",") == list(kc.DEFAULT_METRICS)
     assert "smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio" in kc.DEFAULT_METRICS
     assert "--section" not in cmd
-    assert cmd[cmd.index("/py"):] == ["/py", str(kc.SCRIPT), "launch", "/b", "k7", "--repeats", "3"]
+    assert cmd[cmd.index("/py"):] == ["/py", "-m", "benchmarks.kernel_counters", "launch", str(Path("/b").resolve()), "k7",
+                                      "--repeats", "3"]
 
 
 def test_sections_command_reads_the_raw_page_and_adds_only_the_icache_metrics():

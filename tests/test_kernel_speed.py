@@ -3,28 +3,17 @@ kernels right on the host, and the report's figures computed from rows as the is
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks import kernel_speed as ks
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("kernel_speed", ROOT / "benchmarks" / "kernel_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ks = _module()
 
 
 def test_the_ab_plan_puts_every_design_on_todays_tile():

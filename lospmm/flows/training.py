@@ -10,16 +10,13 @@ from typing import Callable
 import numpy as np
 
 from lospmm.flows.storage.ranker_store import save_ranker
-from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import (RankerParams, SyntheticKernel, SyntheticParams, feature_row, synthetic_kernels,
                                 trained_ranker, training_rows)
 from lospmm.stages.reorder import tile_stats
-from lospmm.stages.search import layer_tiles
-from lospmm.stages.status import Status
-from lospmm.stages.timing import LaunchUnderTest, Timer
+from lospmm.stages.search import full_kernel_time, layer_tiles
+from lospmm.stages.timing import Timer
 
 
 def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = SyntheticParams()) -> list[dict]:
@@ -34,19 +31,10 @@ def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = Synthe
 
 
 def candidate_time(timer: Timer) -> Callable[[SyntheticKernel, dict], float]:
-    """µs of a candidate's full kernel, registers = the §3.2 prediction; compiled first when the
-    timer runs binaries (a failed compile times as inf)."""
+    """µs of a candidate's full kernel (search.full_kernel_time: compiled first when the timer runs
+    binaries, a failed compile times as inf; else estimated at the register prediction)."""
     def time_of(sk: SyntheticKernel, c: dict) -> float:
-        launch = LaunchUnderTest(c["_tiles"], sk.m, sk.k, sk.n, c["n1"], c["pred_regs"])
-        if timer.runs_binary:
-            src = full_kernel_source(c["_matrix"], c["_tiles"], c["n1"])
-            out = compiled_kernel(src, kernel_options(timer.device.arch, c["m1"]))
-            if out.status != Status.OK:
-                return float("inf")
-            launch = LaunchUnderTest(c["_tiles"], sk.m, sk.k, sk.n, c["n1"], out.registers,
-                                     out.thread_spill_bytes, kernel=src.name, layout=src.layout,
-                                     cubin=out.cubin)
-        return timer.time(launch).time_us
+        return full_kernel_time(timer, c["_matrix"], c["_tiles"], sk.m, sk.k, sk.n, c["n1"])
     return time_of
 
 

@@ -9,20 +9,22 @@ from __future__ import annotations
 import time
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import scipy.sparse as sp
 
 from lospmm.stages.cluster import ClusterParams, ProxyClusters, chosen_proxy_clusters
 from lospmm.stages.codegen import (BASELINE, CodegenParams, KernelDesign, KernelSource, full_kernel_source,
                                    proxy_kernel_source)
-from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates
+from lospmm.stages.compile import compiled_kernel, kernel_options
+from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates, predicted_registers
 from lospmm.stages.devices import Device
 from lospmm.stages.emit import fastest_proxy
 from lospmm.stages.pad import ProxyLaunch, proxy_launch
 from lospmm.stages.rank import RankedCandidate, RankParams, chosen_candidates, feature_row
 from lospmm.stages.reorder import ReorderParams, Tiles, distinct_m1s, reordered_tiles, tile_stats
-from lospmm.stages.timing import Timing
+from lospmm.stages.status import Status
+from lospmm.stages.timing import LaunchUnderTest, Timer, Timing
 
 # M1 (rows of a thread's output tile): 1 to 256. The register constraint removes the tallest
 # (M1 = 256 needs > 255 registers); Table 3 of the paper trains on 2..128.
@@ -122,3 +124,42 @@ def choice(timings: Mapping[tuple[int, int], Timing]) -> tuple[int, int] | None:
     rows = [{"m1": m1, "n1": n1, "time_us": t.time_us, "status": t.status} for (m1, n1), t in timings.items()]
     best = fastest_proxy(rows)
     return None if best is None else (best["m1"], best["n1"])
+
+
+def full_kernel_time(timer: Timer, matrix: sp.csr_matrix, tiles: Tiles, m: int, k: int, n: int, n1: int,
+                     design: KernelDesign = BASELINE) -> float:
+    """µs of the full kernel of `tiles` in blocks of `n1`: compiled and run where the timer runs
+    binaries (inf if it does not compile), else the timer's estimate at the §3.2 register
+    prediction (what the search assumes). train-ranker and the proxy-fidelity benchmark time
+    candidates with it."""
+    launch = LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=design), design=design)
+    if timer.runs_binary:
+        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design))
+        out = compiled_kernel(kernel, kernel_options(timer.device.arch, tiles.m1, design=design))
+        if out.status != Status.OK:
+            return float("inf")
+        launch = LaunchUnderTest(tiles, m, k, n, n1, out.registers, out.thread_spill_bytes, kernel=kernel.name,
+                                 layout=kernel.layout, cubin=out.cubin, design=design)
+    return timer.time(launch).time_us
+
+
+def proxy_timings(search: LayerSearch, m: int, k: int, n: int, timer: Timer,
+                  compiled_of: Callable | None = None, design: KernelDesign = BASELINE) -> dict[tuple[int, int], Timing]:
+    """Stages 8 and 9 for one layer, as the flow runs them: each chosen M1's proxy compiled
+    (`compiled_of(kernel, m1)`, default compile.compiled_kernel at the register prediction) and every
+    chosen candidate of that M1 timed by `timer` with its Eq. 6 shared memory; a proxy that does not
+    compile times none of its candidates."""
+    compiled_of = compiled_of or (lambda kernel, m1: compiled_kernel(kernel, kernel_options(
+        timer.device.arch, m1, design=design)))
+    out = {}
+    for m1, kernel in proxy_sources(search, m, k, design).items():
+        compiled = compiled_of(kernel, m1)
+        if compiled.status != Status.OK:
+            continue
+        for (cm1, n1), launch in search.launches.items():
+            if cm1 == m1:
+                out[(m1, n1)] = timer.time(LaunchUnderTest(
+                    None, m, k, n, n1, compiled.registers, compiled.thread_spill_bytes, launch.smem_bytes,
+                    clusters=search.clusters[m1], kernel=kernel.name, layout=kernel.layout,
+                    cubin=compiled.cubin if timer.runs_binary else None, design=design))
+    return out

@@ -2,24 +2,25 @@
 device call, a–m, each with the log of the command that made it). Prints Markdown; nothing here
 is typed in.
 
-    python benchmarks/results/gpu-h100/summarize.py > benchmarks/results/gpu-h100/SUMMARY.md
+    PYTHONPATH=. python benchmarks/results/gpu-h100/summarize.py > benchmarks/results/gpu-h100/SUMMARY.md
+
+(from the repository's root: it reads benchmarks.gpuplan; its estimate columns are those of the
+calibration current when it runs, not of the session's.)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+from benchmarks import gpuplan
+from lospmm.stages.devices import device_named
+from lospmm.stages.timing import estimate_timer, estimated_timing
 
-from lospmm import gpuplan  # noqa: E402
-from lospmm.stages.devices import device_named  # noqa: E402
-from lospmm.stages.timing import estimate_timer, estimated_timing  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 BASELINES = ("cublas_fp32", "cublas_tf32", "cublas_fp16", "cusparse_csr", "torch_csr")
 BUSY_WAIT_CALLS = "cdefghl"  # calls a and b timed the libraries without the busy wait (host dispatch included)
