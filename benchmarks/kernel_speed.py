@@ -294,6 +294,44 @@ def sass_table(kernels: Path) -> list[dict]:
 # --- run: on the device ---------------------------------------------------------------------------
 
 
+def packed_parts(bundle: Path, into: Path, max_mib: float = 28.0, ratio: float = 5.0) -> list[Path]:
+    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins,
+    5-13 on the A/B bundle, the big BERT kernels the least): one archive if it fits, else parts
+    `<name>-<i>of<n>`, each a bundle of its own (its rows' cubins and matrices), split at row
+    boundaries in the bundle's order."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = bundle_rows(bundle)
+    size = [(bundle / f"{r['id']}.cubin").stat().st_size if r["status"] == "ok" else 0 for r in rows]
+    budget = max_mib * 2**20 * ratio
+    if sum(size) <= budget:
+        return [packed(bundle, into / f"{bundle.name}.tar.xz")]
+    groups, current, total = [], [], 0
+    for r, s in zip(rows, size):
+        if current and total + s > budget:
+            groups.append(current)
+            current, total = [], 0
+        current.append(r)
+        total += s
+    groups.append(current)
+    out = []
+    for i, group in enumerate(groups, 1):
+        part = Path("/tmp/lospmm-kernel-speed-parts") / f"{bundle.name}-{i}of{len(groups)}"
+        shutil.rmtree(part, ignore_errors=True)
+        (part / "a").mkdir(parents=True)
+        for r in group:
+            if r["status"] == "ok":
+                shutil.copyfile(bundle / f"{r['id']}.cubin", part / f"{r['id']}.cubin")
+            shutil.copyfile(bundle / "a" / f"{r['matrix']}.parquet", part / "a" / f"{r['matrix']}.parquet")
+        pq.write_table(pa.Table.from_pylist(group), part / "kernels.parquet")
+        out.append(packed(part, into / f"{part.name}.tar.xz"))
+        shutil.rmtree(part)
+    return out
+
+
 def opened(bundle: Path, into: Path = Path("/tmp/lospmm-kernel-speed")) -> Path:
     """A bundle folder, or the folder a .tar.xz bundle unpacks to under `into`."""
     if bundle.is_dir():
@@ -504,6 +542,8 @@ def main(argv=None) -> None:
     k = sub.add_parser("pack", help="bundles as .tar.xz archives, to carry to the GPU machine")
     k.add_argument("bundles", type=Path, nargs="+")
     k.add_argument("--into", type=Path, required=True)
+    k.add_argument("--max-mib", type=float, default=28.0,
+                   help="split a bundle whose archive would be larger into parts (a device call carries 64 MiB in all)")
     r = sub.add_parser("run", help="on the GPU: check and time a bundle's kernels and cuBLAS")
     r.add_argument("out", type=Path)
     r.add_argument("--bundle", type=Path, required=True)
@@ -522,8 +562,8 @@ def main(argv=None) -> None:
         _print(f"SASS per design ({args.bundle})", sass_table(args.bundle / "kernels.parquet"))
     elif args.command == "pack":
         for bundle in args.bundles:
-            archive = packed(bundle, args.into / f"{bundle.name}.tar.xz")
-            print(f"{archive}: {archive.stat().st_size / 2**20:.1f} MiB")
+            for archive in packed_parts(bundle, args.into, args.max_mib):
+                print(f"{archive}: {archive.stat().st_size / 2**20:.1f} MiB")
     elif args.command == "run":
         speed = run(opened(args.bundle), args.out, args.budget_s, args.launches, args.repeats)
         main(["report", str(speed)])

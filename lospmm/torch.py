@@ -5,6 +5,7 @@ by the same flow as any weights file, and the model served back on the emitted k
     run_id = lt.search(model, example_input, sparsity=0.9)   # magnitude-pruned, all ten stages
     fast = lt.sparsify(model, run_id)                         # nn.Linear/nn.Conv2d -> emitted kernels
     ref = lt.pruned(model, run_id)                            # the same pruned weights, dense
+    folded = lt.fold_batchnorm(model)                         # inference: BatchNorm folded into the convs
 
 `layer_weights(model, example_input)` is the importer: it runs the model once with forward hooks,
 so every nn.Linear gets its N (the input's rows) and every nn.Conv2d its input size, stride,
@@ -21,6 +22,7 @@ import json
 import os
 import secrets
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,25 @@ from lospmm.flows.inputs.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
 from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_facts, load_kernel
 from lospmm.stages.extract import GraphWeight, conv_output_size
+
+
+# --- inference transforms -----------------------------------------------------------------------
+
+
+def fold_batchnorm(model: nn.Module) -> nn.Module:
+    """An inference copy of `model` (eval mode) with every BatchNorm that directly follows a
+    convolution folded into that convolution's weight and bias (torch.fx's `fuse`, the usual
+    inference transform). Search the folded model, so that the pruning and the baked-in weights are
+    the folded ones; `sparsify` then serves its convolutions with the folded bias. A BatchNorm after
+    anything else, or after a convolution whose output is also used elsewhere, stays. The model must
+    be traceable by torch.fx (torchvision's CNNs are); ValueError says so otherwise."""
+    from torch.fx.experimental.optimization import fuse
+
+    try:
+        return fuse(copy.deepcopy(model).eval(), inplace=True)
+    except Exception as e:  # data-dependent control flow and the like: fx cannot trace it
+        raise ValueError(f"fold_batchnorm: torch.fx cannot trace the model ({type(e).__name__}: {e}); fold "
+                         f"each Conv2d/BatchNorm2d pair with torch.nn.utils.fusion.fuse_conv_bn_eval") from None
 
 
 # --- importer ------------------------------------------------------------------------------------
@@ -211,6 +232,53 @@ def _inference_only(x, kernel) -> None:
                            f"run the sparsified model for inference, under torch.no_grad()")
 
 
+# --- the kernels as registered operators ------------------------------------------------------------
+#
+# A kernel is named by a string, "<backend>|<kernel directory>": the operator loads it once per process
+# (the cubin and its launch layout, cached) and its fake implementation reads only kernel.json, so that
+# torch.compile traces the model without a device (and torch.export keeps the name). Launches go on
+# torch's current stream: eagerly, under torch.cuda.graph capture and under torch.compile's CUDA graphs.
+
+
+def kernel_name(kernel: SpMM | SpConv) -> str:
+    """The operators' name of a loaded kernel."""
+    return f"{kernel.backend}|{kernel.dir.resolve()}"
+
+
+@lru_cache(maxsize=None)
+def _loaded(name: str) -> SpMM | SpConv:
+    backend, directory = name.split("|", 1)
+    return load_kernel(directory, backend)
+
+
+@lru_cache(maxsize=None)
+def _facts(name: str) -> dict:
+    return kernel_facts(name.split("|", 1)[1])
+
+
+@torch.library.custom_op("lospmm::spmm", mutates_args=())
+def spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
+    """C = A·B by the GEMM kernel `kernel` (kernel_name): B is K×N float32, C is M×N."""
+    return _loaded(kernel)(b)
+
+
+@spmm.register_fake
+def _(b: torch.Tensor, kernel: str) -> torch.Tensor:
+    return b.new_empty((_facts(kernel)["m"], b.shape[1]))
+
+
+@torch.library.custom_op("lospmm::conv", mutates_args=())
+def conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
+    """Y = conv(X) by the implicit-im2col kernel `kernel` (kernel_name): X and Y NCHW float32."""
+    return _loaded(kernel)(x)
+
+
+@conv.register_fake
+def _(x: torch.Tensor, kernel: str) -> torch.Tensor:
+    facts = _facts(kernel)
+    return x.new_empty((x.shape[0], facts["m"], facts["conv"]["h_out"], facts["conv"]["w_out"]))
+
+
 def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":
     """A torch.nn.Module computing x @ W.T + bias with W the kernel's pruned weight (out × in)."""
     return SparseLinear(load_kernel(kernel_dir, backend), bias)
@@ -219,9 +287,10 @@ def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "
 class SparseLinear(nn.Module):
     """x @ A.T + bias with A baked into an emitted GEMM kernel (out × in)."""
 
-    def __init__(self, spmm: SpMM, bias=None):
+    def __init__(self, kernel: SpMM, bias=None):
         super().__init__()
-        self.kernel, self.in_features, self.out_features = spmm, spmm.k, spmm.m
+        self.kernel, self.in_features, self.out_features = kernel, kernel.k, kernel.m
+        self.name = kernel_name(kernel)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
     def forward(self, x):
@@ -230,7 +299,7 @@ class SparseLinear(nn.Module):
             raise ValueError(f"{self.kernel.facts['layer']}: input has {x.shape[-1]} features, the kernel "
                              f"takes {self.in_features}")
         lead = x.shape[:-1]
-        y = self.kernel(x.reshape(-1, self.in_features).t().contiguous()).t()  # C = A·Xᵀ is out × tokens
+        y = spmm(x.reshape(-1, self.in_features).t().contiguous(), self.name).t()  # C = A·Xᵀ is out × tokens
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
@@ -246,6 +315,7 @@ class SparseConv2d(nn.Module):
     def __init__(self, kernel: SpMM | SpConv, conv: nn.Conv2d, geometry: dict):
         super().__init__()
         self.kernel, self.geometry = kernel, geometry
+        self.name = kernel_name(kernel)
         self.out_channels = conv.out_channels
         self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False) if conv.bias is not None else None
 
@@ -253,14 +323,14 @@ class SparseConv2d(nn.Module):
         _inference_only(x, self.kernel)
         g = self.geometry
         if isinstance(self.kernel, SpConv):
-            y = self.kernel(x.contiguous())
+            y = conv(x.contiguous(), self.name)
         else:  # C = A · im2col(X): K × (batch·h_out·w_out), columns image-major
             cols = nn.functional.unfold(x, (g["kh"], g["kw"]), dilation=g["dilation"], padding=g["pad"],
                                         stride=g["stride"])  # batch × K × L
             b = cols.permute(1, 0, 2).reshape(cols.shape[1], -1).contiguous()
             h_out, w_out = (conv_output_size(x.shape[i], g[w], g["stride"], g["pad"], g["dilation"])
                             for i, w in ((2, "kh"), (3, "kw")))
-            y = self.kernel(b).reshape(self.out_channels, x.shape[0], h_out, w_out).permute(1, 0, 2, 3)
+            y = spmm(b, self.name).reshape(self.out_channels, x.shape[0], h_out, w_out).permute(1, 0, 2, 3)
         if self.bias is not None:
             y = y + self.bias.view(1, -1, 1, 1)
         return y.contiguous()

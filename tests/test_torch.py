@@ -284,3 +284,71 @@ def test_sparsify_on_the_device(tmp_path, prefect_server):
         got, want = fast(x.cuda()).cpu(), ref(x)
     assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "pw", "dilated"))
     assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-4
+    # the registered operators launch on torch's current stream: a CUDA graph captures them, and
+    # torch.compile's CUDA graphs (reduce-overhead) replay them
+    static_x = x.cuda()
+    with torch.no_grad():
+        fast(static_x)  # warm-up: modules loaded outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = fast(static_x)
+        static_x.copy_(x.cuda() * 2)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(static_y.cpu(), fast(x.cuda() * 2).cpu())
+        compiled = torch.compile(fast, fullgraph=True, mode="reduce-overhead")
+        for _ in range(3):  # recorded, then replayed
+            out = compiled(x.cuda())
+        torch.testing.assert_close(out.cpu(), got)
+
+
+def test_batchnorm_folds_into_the_preceding_convolution():
+    """The inference transform: the folded copy computes what the model computes in eval mode, has
+    no BatchNorm after a convolution, and its convolutions carry the folded scale and bias, so a
+    search of it prunes and bakes the folded weights. An untraceable model is one clear error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 25, 3))
+    for bn in (model[1], model[4]):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.uniform_(-1, 1)
+    model.train()
+    folded = lt.fold_batchnorm(model)
+    x = torch.randn(2, 3, 5, 5)
+    assert model.training  # the model itself is left as it was
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    torch.testing.assert_close(folded(x), model.eval()(x), rtol=1e-5, atol=1e-5)
+    convs = [m for m in folded.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 2 and all(c.bias is not None for c in convs)
+    assert not torch.equal(convs[0].weight, model[0].weight)  # scaled by gamma / sqrt(var + eps)
+    names = {w.name for w in lt.layer_weights(folded, x) if w.op in ("conv", "linear")}
+    assert len(names) == 3
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x  # data-dependent: fx cannot trace it
+
+    with pytest.raises(ValueError, match="torch.fx cannot trace the model"):
+        lt.fold_batchnorm(Branchy())
+
+
+def test_the_kernels_are_registered_operators_that_torch_compile_traces_whole(searched):
+    """torch.ops.lospmm.spmm / conv: a fake implementation from kernel.json alone (shapes without
+    running a kernel), opcheck's schema and fake checks, and a sparsified model under
+    torch.compile(fullgraph=True) — no graph break — computing what it computes eagerly."""
+    root, run_id, x = searched
+    fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
+    name = fast.fc.name
+    assert name.startswith("host|") and name.endswith(fast.fc.kernel.dir.name)
+    b = torch.randn(32, 5)
+    torch.library.opcheck(torch.ops.lospmm.spmm.default, (b, name),
+                          test_utils=("test_schema", "test_faketensor"))
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fake = torch.ops.lospmm.conv(torch.empty(7, 3, 16, 16), fast.stem.name)
+    assert tuple(fake.shape) == (7, *fast.stem(x).shape[1:])  # the stem's stride 2 read from kernel.json
+    torch._dynamo.reset()
+    compiled = torch.compile(fast, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), fast(x))

@@ -113,3 +113,24 @@ def test_a_layer_below_every_n1_keeps_its_least_bad_candidates_as_a_fallback():
     assert not any(c.fallback for c in constrained_candidates(4096, {8: _stats()}, H100))
     assert not any(c.fallback for c in layer_candidates(4, {8: _stats()}, H100, empty=True))
     assert not any(c.kept for c in constrained_candidates(4, {256: _stats(num_tiles=4)}, H100))
+
+
+def test_the_constraints_follow_the_kernel_design():
+    """A block of N1 threads covers N1·V columns and walks W column blocks: fewer blocks, column
+    waste on N1·V wide B tiles, and the design's registers (V-wide accumulators, the loop's)."""
+    import numpy as np
+
+    from lospmm.stages.codegen import design_named
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles, tile_stats
+
+    a = random_pruned(256, 256, 0.9, np.random.default_rng(0))
+    stats = {8: tile_stats(reordered_tiles(a, 8))}
+    base = {(c.m1, c.n1): c for c in constrained_candidates(1000, stats, H100)}
+    wide = {(c.m1, c.n1): c for c in constrained_candidates(1000, stats, H100, design=design_named("v=4,walks=2"))}
+    b, w = base[(8, 128)], wide[(8, 128)]
+    assert b.num_b_tiles == 8 and w.num_b_tiles == 2  # ceil(1000 / 128) vs ceil(1000 / 512)
+    assert w.block_num == b.num_a_tiles * 1  # two column blocks walked by one block
+    assert w.waste_col == pytest.approx((2 * 512 - 1000) / 1024)
+    assert w.pred_regs == predicted_registers(8, design=design_named("v=4,walks=2")) > b.pred_regs
+    assert predicted_registers(8, design=design_named("walks=2")) > predicted_registers(8) >= 32
