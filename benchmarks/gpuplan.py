@@ -77,13 +77,12 @@ def unpacked(bundle_dir: Path, into: Path) -> list[Path]:
 def emitted_run(artifacts: Path, model: str, sparsity: float, run_id: str | None = None):
     """(run record, {stage: artifact path}) of the latest completed run (or `run_id`) that emitted
     (model, sparsity), or None."""
-    from lospmm.flows.storage.runs import run_records
+    from lospmm.flows.storage.runs import artifacts_of, run_records
 
     records = [r for r in run_records(artifacts) if r.get("status") == "completed"
                and (run_id is None or r["run_id"].startswith(run_id))]
     for record in reversed(records):
-        paths = {e["stage"]: e["path"] for e in record["entries"]
-                 if e.get("model") == model and e.get("sparsity") == sparsity}
+        paths = {e["stage"]: e["path"] for e in artifacts_of(record, model=model, sparsity=sparsity)}
         if "emit" in paths and "prune" in paths:
             return record, paths
     return None

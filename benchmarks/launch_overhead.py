@@ -75,6 +75,16 @@ def main() -> None:
         ("SpConv(X) 16×8×8, 3×3", lambda: conv(x)),
         ("F.conv2d 16×8×8, 3×3 (cuDNN)", lambda: torch.nn.functional.conv2d(x, weight, None, 1, 1)),
     ]
+    try:  # the registered operators (lospmm.torch), as a served model calls them
+        import lospmm.torch as lt
+
+        gemm_name, conv_name = lt.kernel_name(spmm), lt.kernel_name(conv)
+        xt = torch.randn(64, 64, device="cuda")
+        rows += [("torch.ops.lospmm.spmm(B) 64×64", lambda: torch.ops.lospmm.spmm(b, gemm_name)),
+                 ("F.linear 64×64 (cuBLAS)", lambda: torch.nn.functional.linear(xt, dense_a)),
+                 ("torch.ops.lospmm.conv(X) 16×8×8, 3×3", lambda: torch.ops.lospmm.conv(x, conv_name))]
+    except AttributeError:  # a lospmm from before the operators (PYTHONPATH=<older checkout>)
+        pass
     print(f"lospmm from {Path(lospmm.__file__).parent}; {torch.cuda.get_device_name()}; {args.calls} calls a loop")
     for name, fn in rows:
         print(f"{name:45s} {per_call_us(fn, args.calls):7.2f} µs per call", flush=True)

@@ -30,21 +30,23 @@ def run_record(root: Path, run_id: str | None) -> dict:
         raise SystemExit(f"{root}: {e}") from None
 
 
-def artifacts_of(root: Path, record: dict, stage: str) -> list[Path]:
-    return [root / e["path"] for e in record["entries"] if e["stage"] == stage and e.get("path")]
+def artifact_paths(root: Path, record: dict, stage: str) -> list[Path]:
+    from lospmm.flows.storage.runs import artifacts_of
+
+    return [root / e["path"] for e in artifacts_of(record, stage)]
 
 
 def funnel(root: Path, record: dict) -> dict[str, list[int]]:
     """Per model: candidates, left after each constraint, chosen by the ranker, emitted."""
     steps: dict[str, Counter] = defaultdict(Counter)
-    for path in artifacts_of(root, record, "constrain"):
+    for path in artifact_paths(root, record, "constrain"):
         for row in pq.read_table(path, columns=["model", "removed_by"]).to_pylist():
             steps[row["model"]]["all"] += 1
             steps[row["model"]][row["removed_by"] or "kept"] += 1
-    for path in artifacts_of(root, record, "rank"):
+    for path in artifact_paths(root, record, "rank"):
         for row in pq.read_table(path, columns=["model", "chosen"]).to_pylist():
             steps[row["model"]]["chosen"] += bool(row["chosen"])
-    for path in artifacts_of(root, record, "emit"):
+    for path in artifact_paths(root, record, "emit"):
         for row in pq.read_table(path, columns=["model", "status"]).to_pylist():
             steps[row["model"]]["emitted"] += row["status"] == "ok"
     out = {}
@@ -61,12 +63,12 @@ def compile_points(root: Path, record: dict) -> tuple[list, list]:
     """(nnz, seconds) of every proxy (08_compiled) and full kernel (10_kernels) compiled in the run
     (cache hits carry the seconds of their first compile)."""
     nnz = {}
-    for path in artifacts_of(root, record, "prune"):
+    for path in artifact_paths(root, record, "prune"):
         for row in pq.read_table(path, columns=["model", "layer", "sparsity_requested", "nnz"]).to_pylist():
             nnz[(row["model"], row["layer"], round(row["sparsity_requested"], 4))] = row["nnz"]
     proxies, fulls = [], []
     for stage, dest in (("compile", proxies), ("emit", fulls)):
-        for path in artifacts_of(root, record, stage):
+        for path in artifact_paths(root, record, stage):
             for row in pq.read_table(path, columns=["model", "layer", "sparsity", "status", "compile_seconds"]).to_pylist():
                 n = nnz.get((row["model"], row["layer"], round(row["sparsity"], 4)))
                 if row["status"] == "ok" and n and row["compile_seconds"]:

@@ -361,14 +361,14 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         if not found:
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
-    from lospmm.flows.storage.runs import run_record
+    from lospmm.flows.storage.runs import artifacts_of, run_record
     from lospmm.flows.storage.store import read_artifact
 
     try:
         record = run_record(artifacts, str(source))
     except (LookupError, ValueError) as e:
         raise KernelDirError(f"{source}: neither a kernel directory nor a run under {artifacts} ({e})") from None
-    emits = [e for e in record["entries"] if e["stage"] == "emit" and e.get("path")]
+    emits = artifacts_of(record, "emit")
     if sparsity is not None:
         there = sorted({e.get("sparsity") for e in emits})
         emits = [e for e in emits if e.get("sparsity") == sparsity]

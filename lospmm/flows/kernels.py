@@ -15,6 +15,7 @@ from typing import Callable
 from lospmm.flows.storage.compile_cache import cached_kernel
 from lospmm.flows.execution.units import UnitCompiler
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
+from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.store import MANIFEST, atomic_write, read_artifact, write_manifest
 from lospmm.flows.execution.taskio import failed_row, is_transient
 from lospmm.flows.catalog.pruned import csr_from_row
@@ -37,7 +38,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
     `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
     layer's geometry from the run's shapes and ReLU fused when `relu`."""
-    entries = {(e["stage"], e.get("sparsity")): e for e in record["entries"] if e.get("path")}
+    entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
         if len(sparsities) != 1:

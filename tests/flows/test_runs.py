@@ -108,3 +108,17 @@ def test_a_run_left_running_by_a_process_that_is_gone_shows_as_killed():
     assert shown_status({**here, "pid": gone.pid, "host": socket.gethostname() + "-elsewhere"}) == RunStatus.RUNNING
     assert shown_status({**here, "pid": gone.pid, "status": RunStatus.COMPLETED}) == RunStatus.COMPLETED
     assert shown_status({"run_id": "old", "status": RunStatus.RUNNING}) == RunStatus.RUNNING  # older records
+
+
+def test_a_records_artifacts_are_found_by_stage_model_and_sparsity():
+    from lospmm.flows.storage.runs import artifacts_of
+
+    record = {"entries": [{"stage": "extract", "model": "m", "path": "01/a"},
+                          {"stage": "prune", "model": "m", "sparsity": 0.9, "path": "02/b"},
+                          {"stage": "prune", "model": "m", "sparsity": 0.7, "path": "02/c"},
+                          {"stage": "prune", "model": "n", "sparsity": 0.9, "path": None},  # failed: no artifact
+                          {"stage": "emit", "model": "m", "sparsity": 0.9, "path": "10/d"}]}
+    assert [e["path"] for e in artifacts_of(record)] == ["01/a", "02/b", "02/c", "10/d"]
+    assert [e["path"] for e in artifacts_of(record, "prune", sparsity=0.9)] == ["02/b"]
+    assert [e["path"] for e in artifacts_of(record, model="m", sparsity=None)] == ["01/a"]
+    assert artifacts_of(record, "prune", model="n") == []

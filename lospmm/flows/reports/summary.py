@@ -12,6 +12,7 @@ import pyarrow as pa
 from lospmm.flows.storage import schemas
 from lospmm.flows.dag import artifact_schemas
 from lospmm.flows.storage.schemas import F64, I32, LAYER, STR
+from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.store import read_artifact, write_artifact
 from lospmm.flows.execution.taskio import layer_fields
 from lospmm.stages.status import Status
@@ -34,8 +35,8 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     from prefect.artifacts import create_table_artifact
 
     by = {}
-    for e in record["entries"]:
-        if e.get("path") and "sparsity" in e:
+    for e in artifacts_of(record):
+        if "sparsity" in e:
             # the scalar columns only: the CSR and tile payloads are not needed here
             cols = schemas.scalar_columns(SCHEMAS[e["stage"]])
             by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = \
@@ -107,7 +108,7 @@ def layer_outcomes(root: Path, record: dict, rows: list[dict]) -> dict:
                                   {"model": e.get("model"), "sparsity": e.get("sparsity"), "layer": p["layer"],
                                    "status": p["status"], "message": p["message"]})
     if until == "extract":
-        total = {(e["model"], None, r["layer"]) for e in record["entries"] if e["stage"] == "extract" and e.get("path")
+        total = {(e["model"], None, r["layer"]) for e in artifacts_of(record, "extract")
                  for r in read_artifact(root / e["path"], columns=["layer", "status"]).to_pylist()
                  if r["status"] != Status.SKIPPED}
     else:

@@ -103,3 +103,14 @@ def run_record(root: str | Path, run_id: str | None = None) -> dict[str, Any]:
         return matches[0]
     known = ", ".join(r["run_id"] for r in records[-5:])
     raise LookupError(f"run {run_id!r} matches {len(matches)} runs; recent: {known}")
+
+
+_ANY = object()
+
+
+def artifacts_of(record: dict[str, Any], stage: str | None = None, model: str | None = None,
+                 sparsity: Any = _ANY) -> list[dict[str, Any]]:
+    """The record's entries that wrote an artifact (those with a path), of `stage`, `model` and
+    `sparsity` where given (sparsity None: the per-model stages, extract)."""
+    return [e for e in record["entries"] if e.get("path") and (stage is None or e["stage"] == stage)
+            and (model is None or e.get("model") == model) and (sparsity is _ANY or e.get("sparsity") == sparsity)]
