@@ -256,6 +256,9 @@ def calibrate(args) -> None:
     from lospmm.stages.timing import CALIBRATED_DEVICE, CALIBRATED_PARAMS, EstimateParams, calibrated_estimate
 
     device, params = device_named(args.gpu), EstimateParams()
+    if args.train_sparsity is not None and args.split != "sparsity":
+        raise SystemExit("--train-sparsity goes with --split sparsity (--split layer holds out layers at every sparsity)")
+    args.train_sparsity = args.train_sparsity or [0.9]
 
     def trains(r: dict) -> bool:
         if args.split == "sparsity":
@@ -321,8 +324,9 @@ def main() -> None:
     p.set_defaults(fn=report)
     p = sub.add_parser("calibrate", help="fit the estimate to measured launches (no GPU)")
     p.add_argument("launches", nargs="+", help="launches-*.parquet and speedup.parquet files from `run`")
-    p.add_argument("--train-sparsity", type=float, nargs="+", default=[0.9],
-                   help="launches at these sparsities train the fit; all others are held out")
+    p.add_argument("--train-sparsity", type=float, nargs="+", default=None,
+                   help="with --split sparsity: launches at these sparsities (default 0.9) train the fit, all "
+                        "others are held out")
     p.add_argument("--gpu", default="h100", help="the device table entry the fit starts from")
     p.add_argument("--split", choices=("layer", "sparsity"), default="layer",
                    help="hold out half of the layers (default) or the sparsities other than --train-sparsity")

@@ -112,7 +112,8 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
 
         excluded = [0.0]
         t0 = time.perf_counter()
-        timed = proxy_timings(search, shape.m, shape.k, shape.n, timer, compiled_of)  # stages 8-9, as the flow runs them
+        # stages 8-9 as the flow runs them; time_s: the proxies' generation and timing (their compiles apart)
+        timed = proxy_timings(search, shape.m, shape.k, shape.n, timer, compiled_of)
         out["time_s"] = time.perf_counter() - t0 - excluded[0]
         picked = choice(timed)
         out |= {"proxy_compile_s": proxy_s, "proxies": len(search.clusters), "candidates": len(search.launches),

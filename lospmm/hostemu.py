@@ -38,12 +38,14 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __ldg(p) (*(p))
 #include <cstdio>
 #include <cstdlib>
-#define __trap() abort()
+// a kernel's own refusal (N not a multiple of its columns per thread) and a misaligned vector access
+// exit with a message and a code of their own: a deterministic failure, not a crash to retry
+#define __trap() (fprintf(stderr, "__trap: N is not a multiple of the kernel's columns per thread\n"), exit(24))
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 // a vector access the device would fault on (not aligned to its width) aborts here too
 static inline const float* lospmm_aligned(const float* p, unsigned bytes) {
-  if ((uintptr_t)p % bytes) { fprintf(stderr, "misaligned %u-byte access at %p\n", bytes, (const void*)p); abort(); }
+  if ((uintptr_t)p % bytes) { fprintf(stderr, "misaligned %u-byte access at %p\n", bytes, (const void*)p); exit(25); }
   return p;
 }
 static inline float lospmm_ld(const float* base, int off4, int n) { return base[(long long)(off4 / 4) * n]; }

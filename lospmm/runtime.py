@@ -304,6 +304,10 @@ def graph_timed(fn, launches: int = 20, repeats: int = 3, flush_l2: bool = True)
     medians in µs, the repeats' spread (max − min) / median, each repeat's median)."""
     import torch
 
+    try:  # event-record nodes in a captured graph: torch.cuda.Event(external=True), torch 2.8 and later
+        torch.cuda.Event(enable_timing=True, external=True)
+    except TypeError:
+        raise RuntimeError(f"graph_timed needs torch >= 2.8 (external events in CUDA graphs), not {torch.__version__}") from None
     flush = torch.empty(2 * device_facts()["l2_bytes"] // 4, device="cuda") if flush_l2 else None
     stream = torch.cuda.Stream()
     starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(launches)]

@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -240,20 +239,29 @@ def _inference_only(x, kernel) -> None:
 # torch's current stream: eagerly, under torch.cuda.graph capture and under torch.compile's CUDA graphs.
 
 
+_KERNELS: dict[str, SpMM | SpConv] = {}  # name -> the kernel a served module loaded (one module load each)
+
+
 def kernel_name(kernel: SpMM | SpConv) -> str:
-    """The operators' name of a loaded kernel."""
-    return f"{kernel.backend}|{kernel.dir.resolve()}"
+    """The operators' name of a loaded kernel, which the operators then launch (the latest loaded
+    under a name wins: a directory emitted again and loaded again is served anew)."""
+    name = f"{kernel.backend}|{kernel.dir.resolve()}"
+    _KERNELS[name] = kernel
+    return name
 
 
-@lru_cache(maxsize=None)
 def _loaded(name: str) -> SpMM | SpConv:
-    backend, directory = name.split("|", 1)
-    return load_kernel(directory, backend)
+    """The kernel of `name`: the one a module registered, else loaded now (a model exported and run
+    in another process names its kernels only)."""
+    if name not in _KERNELS:
+        backend, directory = name.split("|", 1)
+        _KERNELS[name] = load_kernel(directory, backend)
+    return _KERNELS[name]
 
 
-@lru_cache(maxsize=None)
 def _facts(name: str) -> dict:
-    return kernel_facts(name.split("|", 1)[1])
+    """kernel.json of `name`: the registered kernel's, else read (not loaded: a fake needs no device)."""
+    return _KERNELS[name].facts if name in _KERNELS else kernel_facts(name.split("|", 1)[1])
 
 
 @torch.library.custom_op("lospmm::spmm", mutates_args=())

@@ -41,7 +41,10 @@ def test_a_bundle_holds_launchable_kernels_that_are_right(tmp_path):
         assert layout.column_walks == ks.design_named(p.design).column_walks
         a = read_matrix(tmp_path / "bundle" / "a" / f"{r['matrix']}.parquet")
         assert a.nnz == r["nnz"] == 256
-        assert checked_against_scipy(ks.source_of(p, a), a, 300) <= 1e-5
+        source = ks.source_of(p, a)
+        assert source.name == r["kernel"]  # the cubin beside it is this source's (its symbol, its hash)
+        assert source.name.encode() in (tmp_path / "bundle" / f"{r['id']}.cubin").read_bytes()
+        assert checked_against_scipy(source, a, 300) <= 1e-5
 
 
 def _row(ours, sgemm, sparsity=0.9, design="d", layer="l", nnz=100, **extra):

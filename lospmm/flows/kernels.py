@@ -23,7 +23,7 @@ from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.sparse_file import write_matrix
 from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
 from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,
-                                   conv_design, conv_kernel_source, design_of_facts, full_kernel_source)
+                                   conv_kernel_source, design_of_facts, full_kernel_source)
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
@@ -91,11 +91,11 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
     compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check). A
-    convolution's kernel takes the part of `design` it has (conv_design); kernel.json says which."""
+    convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise)."""
     if conv is None:
         kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design))
     else:
-        kernel = conv_kernel_source(matrix, tiles, n1, *conv, CodegenParams(design=conv_design(design)))
+        kernel = conv_kernel_source(matrix, tiles, n1, *conv, CodegenParams(design=design))  # ValueError: no such design
     out.mkdir(parents=True, exist_ok=True)
     # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
     for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):

@@ -59,6 +59,32 @@ __device__ __forceinline__ float lospmm_ld(const float* base, int off4, int n) {
   asm("{ .reg .u64 a; mad.wide.s32 a, %1, %2, %3; ld.global.nc.f32 %0, [a]; }" : "=f"(v) : "r"(off4), "r"(n), "l"(base));
   return v;
 }
+__device__ __forceinline__ void lospmm_st(float* base, int row, int n, float v) {
+  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.f32 [a], %3; }" :: "r"(row), "r"(n), "l"(base), "f"(v) : "memory");
+}
+// implicit im2col: bit i of a window mask says whether start + i·step lies in 0..limit-1 (one mask for
+// the window's rows, one for its columns, made once per tile function: two registers, where keeping
+// each offset's bound check live cost a tile of M1 = 16 over 400 bytes of spill)
+__device__ __forceinline__ unsigned lospmm_window_bits(int start, int step, int count, int limit) {
+  unsigned bits = 0;
+  for (int i = 0; i < count; ++i) bits |= ((unsigned)(start + i * step) < (unsigned)limit ? 1u : 0u) << i;
+  return bits;
+}
+// v = the input element at byte offset OFF4 (a literal) from xp if its row bit and column bit are
+// set, else 0 (the padding): one load with an immediate offset from the pixel's pointer
+#define LOSPMM_LDX(v, xp, OFF4, rows, cols, RBIT, CBIT) \
+  asm("{ .reg .pred in; .reg .b32 t; and.b32 t, %2, " #RBIT "; setp.ne.u32 in, t, 0; and.b32 t, %3, " #CBIT "; " \
+      "@in setp.ne.u32 in, t, 0; mov.f32 %0, 0f00000000; @in ld.global.nc.f32 %0, [%1+" #OFF4 "]; }" \
+      : "=f"(v) : "l"(xp), "r"(rows), "r"(cols))
+__device__ __forceinline__ float lospmm_relu(float v) { return fmaxf(v, 0.0f); }
+#define LOSPMM_TILE extern "C" __device__ __noinline__ __attribute__((noreturn))
+#define LOSPMM_TILE_END asm volatile("exit;"); __builtin_unreachable();
+#endif
+"""
+# The designs' loads and stores (vector and chained), in the units of a kernel of another design than
+# the baseline only: the baseline's text stays the text measured before designs existed.
+DESIGN_PREAMBLE = r"""#if !defined(LOSPMM_HOST_EMULATION) && !defined(LOSPMM_DESIGN_PREAMBLE)
+#define LOSPMM_DESIGN_PREAMBLE
 __device__ __forceinline__ float2 lospmm_ld2(const float* base, int off4, int n) {
   float2 v;
   asm("{ .reg .u64 a; mad.wide.s32 a, %2, %3, %4; ld.global.nc.v2.f32 {%0, %1}, [a]; }" : "=f"(v.x), "=f"(v.y) : "r"(off4), "r"(n), "l"(base));
@@ -88,32 +114,12 @@ __device__ __forceinline__ float4 lospmm_ld4(const float* base, int off4, int n)
 #define LOSPMM_LDCR4(v, p, n, delta4) \
   asm("{ .reg .s64 t; mul.wide.s32 t, %5, %6; add.s64 %4, %4, t; ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4]; }" \
       : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w), "+l"(p) : "r"(n), "r"(delta4))
-__device__ __forceinline__ void lospmm_st(float* base, int row, int n, float v) {
-  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.f32 [a], %3; }" :: "r"(row), "r"(n), "l"(base), "f"(v) : "memory");
-}
 __device__ __forceinline__ void lospmm_st2(float* base, int row, int n, float2 v) {
   asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.v2.f32 [a], {%3, %4}; }" :: "r"(row), "r"(n), "l"(base), "f"(v.x), "f"(v.y) : "memory");
 }
 __device__ __forceinline__ void lospmm_st4(float* base, int row, int n, float4 v) {
   asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 2; add.s64 a, a, %2; st.global.v4.f32 [a], {%3, %4, %5, %6}; }" :: "r"(row), "r"(n), "l"(base), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
-// implicit im2col: bit i of a window mask says whether start + i·step lies in 0..limit-1 (one mask for
-// the window's rows, one for its columns, made once per tile function: two registers, where keeping
-// each offset's bound check live cost a tile of M1 = 16 over 400 bytes of spill)
-__device__ __forceinline__ unsigned lospmm_window_bits(int start, int step, int count, int limit) {
-  unsigned bits = 0;
-  for (int i = 0; i < count; ++i) bits |= ((unsigned)(start + i * step) < (unsigned)limit ? 1u : 0u) << i;
-  return bits;
-}
-// v = the input element at byte offset OFF4 (a literal) from xp if its row bit and column bit are
-// set, else 0 (the padding): one load with an immediate offset from the pixel's pointer
-#define LOSPMM_LDX(v, xp, OFF4, rows, cols, RBIT, CBIT) \
-  asm("{ .reg .pred in; .reg .b32 t; and.b32 t, %2, " #RBIT "; setp.ne.u32 in, t, 0; and.b32 t, %3, " #CBIT "; " \
-      "@in setp.ne.u32 in, t, 0; mov.f32 %0, 0f00000000; @in ld.global.nc.f32 %0, [%1+" #OFF4 "]; }" \
-      : "=f"(v) : "l"(xp), "r"(rows), "r"(cols))
-__device__ __forceinline__ float lospmm_relu(float v) { return fmaxf(v, 0.0f); }
-#define LOSPMM_TILE extern "C" __device__ __noinline__ __attribute__((noreturn))
-#define LOSPMM_TILE_END asm volatile("exit;"); __builtin_unreachable();
 #endif
 """
 
@@ -179,6 +185,7 @@ class KernelDesign:
 
 
 ORDERS = ("tile-x", "column-x")
+MAX_GRID_Y = 65535
 LOADS = ("based", "chained")
 A_VALUES = ("baked", "streamed")
 VECTOR_WIDTHS = (1, 2, 4)
@@ -241,6 +248,10 @@ class LaunchLayout:
     column_walks: int = 1
     order: str = "tile-x"
 
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"launch order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+
     def block(self, threads: int | None = None) -> int:
         block = threads or self.threads
         if block < 1:
@@ -259,7 +270,12 @@ class LaunchLayout:
     def grid(self, n: int, threads: int | None = None) -> tuple[int, int, int]:
         """The launch grid for n columns (a proxy takes the N1 under test as `threads`)."""
         walkers = -(-self.column_blocks(n, threads) // self.column_walks)
-        return (self.row_blocks, walkers, 1) if self.order == "tile-x" else (walkers, self.row_blocks, 1)
+        grid = (self.row_blocks, walkers, 1) if self.order == "tile-x" else (walkers, self.row_blocks, 1)
+        if grid[1] > MAX_GRID_Y:  # the hardware's limit on y (x takes 2^31 - 1)
+            along = "column blocks" if self.order == "tile-x" else "blocks along A"
+            raise ValueError(f"{grid[1]} {along} exceed the grid's y limit of {MAX_GRID_Y} ({self.order}; "
+                             f"{'more walks or a wider N1' if self.order == 'tile-x' else 'use tile-x or a taller M1'})")
+        return grid
 
     def facts(self) -> dict:
         return dict(vars(self))
@@ -388,9 +404,10 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     else:
         head.append("  const float* Bn = B + n;\n  float* Cn = C + n;\n")
         tile_args, zero_call = "Bn, Cn, N", "zero_{z}(Cn, N)"
+    preamble = _preamble(design)
     entry = _entry_unit(header, tiles.num_tiles, _tile_signature(design), zero_functions, "".join(head), tile_args,
-                        zero_call, tile_axis)
-    units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz) + [entry]
+                        zero_call, tile_axis, preamble)
+    units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz, preamble) + [entry]
     layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), n1, v, design.column_walks, design.order)
     return KernelSource(name, "full", tuple(units), ("const float* B", "float* C", "int N"), m, k,
                         tiles.m1, layout, tiles.num_tiles, design)
@@ -473,7 +490,7 @@ def streamed_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, params:
                        ("int", "lospmm_rows", map(str, rows))))
     thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
     source = "".join([
-        PREAMBLE,
+        PREAMBLE, DESIGN_PREAMBLE,
         f"// lospmm streamed kernel {name}: M={m} K={k} nnz={a.nnz} M1={m1} N1={n1} tiles={tiles.num_tiles} "
         f"design={design.code_label}\n", data,
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n",
@@ -652,10 +669,17 @@ def shard_groups(costs: list[int], shard_nnz: int) -> list[list[int]]:
     return groups
 
 
-def _units(prefix: str, functions: list[str], costs: list[int], shard_nnz: int) -> list[str]:
+def _preamble(design: KernelDesign) -> str:
+    """The helpers a kernel of `design` uses: the baseline's alone for the baseline (and a
+    convolution's grid orders), the designs' loads and stores besides for any other."""
+    return PREAMBLE if design.code_key == BASELINE.code_key or design == KernelDesign(order=design.order) \
+        else PREAMBLE + DESIGN_PREAMBLE
+
+
+def _units(prefix: str, functions: list[str], costs: list[int], shard_nnz: int, preamble: str = PREAMBLE) -> list[str]:
     # A unit's text depends on its own functions only, so a kernel in which one tile changed shares
     # every other unit (and its compile-cache entry) with the kernel before the change.
-    return [PREAMBLE + f"// lospmm unit: {prefix}_{g[0]}..{prefix}_{g[-1]}\n" + "".join(functions[i] for i in g)
+    return [preamble + f"// lospmm unit: {prefix}_{g[0]}..{prefix}_{g[-1]}\n" + "".join(functions[i] for i in g)
             for g in shard_groups(costs, shard_nnz)]
 
 
@@ -686,14 +710,14 @@ def _tile_costs(a: sp.csr_matrix, tiles: Tiles) -> list[int]:
 
 
 def _entry_unit(header: str, num_tiles: int, tile_signature: str, zero_functions: list[tuple[str, str]],
-                kernel_head: str, tile_args: str, zero_call: str, tile_axis: str = "x") -> str:
+                kernel_head: str, tile_args: str, zero_call: str, tile_axis: str = "x", preamble: str = PREAMBLE) -> str:
     """The entry unit: the tile functions' declarations, the zeroing blocks' functions (signature,
     body), and the kernel (`kernel_head`: its signature and per-thread set-up) dispatching on the
     block's tile index (`blockIdx.<tile_axis>`); `zero_call` calls zero_{z}."""
     cases = [f"    case {t}: tile_{t}({tile_args}); break;\n" for t in range(num_tiles)]
     cases += [f"    case {num_tiles + z}: {zero_call.format(z=z)}; break;\n" for z in range(len(zero_functions))]
     return "".join([
-        PREAMBLE, header, " (entry unit)\n",
+        preamble, header, " (entry unit)\n",
         *(f"LOSPMM_TILE void tile_{t}{tile_signature};\n" for t in range(num_tiles)),
         *(f"__device__ __forceinline__ void zero_{z}{signature} {{\n{body}}}\n"
           for z, (signature, body) in enumerate(zero_functions)),
@@ -721,7 +745,7 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     lanes, store = _LANES[v], f"lospmm_st{_SUFFIX[v]}"
     name = kernel_name("lospmm_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
                        b"".join(c.tobytes() for c in clusters.columns), params.prefetch, params.shard_nnz,
-                       *_design_parts(design))
+                       "rows from the block index", *_design_parts(design))
     header = (f"// lospmm proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
               f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}"
               + (f" design={design.code_label}" if design != BASELINE else ""))
@@ -751,7 +775,8 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     cases = "".join(f"    case {c}: proxy_{c}({args}); break;\n" for c in range(clusters.num_clusters))
     per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"
     thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
-    entry = (PREAMBLE + header + " (entry unit)\n"
+    preamble = _preamble(design)
+    entry = (preamble + header + " (entry unit)\n"
              + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
              + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
              f"const int* __restrict__ cluster_of) {{\n"
@@ -761,7 +786,7 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
              + (f"  const int stride = gridDim.{column_axis} * {per_block};\n" if design.looped
                 else "  const float* Bn = B + n;\n  float* Cn = C + n;\n")
              + f"  switch (cluster_of[blockIdx.{tile_axis}]) {{\n{cases}    default: break;\n  }}\n}}\n")
-    units = _units("proxy", functions, costs, params.shard_nnz) + [entry]
+    units = _units("proxy", functions, costs, params.shard_nnz, preamble) + [entry]
     return KernelSource(name, "proxy", tuple(units),
                         ("const float* B", "float* C", "int N", "const int* cluster_of"),
                         m, k, m1, proxy_layout(len(clusters.cluster_of), design), len(clusters.cluster_of), design)

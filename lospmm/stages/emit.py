@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lospmm.stages.codegen import KernelSource
+from lospmm.stages.codegen import BASELINE, KernelDesign, KernelSource, conv_design
 from lospmm.stages.rank import RankParams
 from lospmm.stages.status import Status
 
@@ -91,11 +91,12 @@ def checked(device_error: float | None, host_check: dict | None,
     return float("nan"), "not run"
 
 
-def kernel_form(shape: dict, params: EmitParams = EmitParams()) -> str:
+def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
     """`implicit-conv` for a dense (groups = 1) convolution with its geometry when params ask for
-    it, else `gemm` (a linear layer, or a convolution on an im2col B)."""
+    it and the kernel design has a conv kernel (codegen.conv_design: the grid's order alone), else
+    `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
     conv = shape.get("op") == "conv" and shape.get("groups") == 1 and shape.get("h_in", 0) > 0
-    return "implicit-conv" if params.implicit_conv and conv else "gemm"
+    return "implicit-conv" if params.implicit_conv and conv and conv_design(design) == design else "gemm"
 
 
 def emit_failed(compile_status: str, check: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lospmm.stages.codegen import BASELINE, KernelDesign, LaunchLayout
+from lospmm.stages.codegen import BASELINE, KernelDesign, proxy_layout
 from lospmm.stages.devices import Device
 from lospmm.stages.occupancy import active_blocks_per_sm
 
@@ -35,7 +35,8 @@ def proxy_launch(num_tiles: int, n: int, m1: int, n1: int, regs_per_thread: int,
     whichever grid axis holds them)."""
     if num_tiles < 1 or n < 1 or n1 < 1:
         raise ValueError(f"need tiles, N and N1 >= 1, got {num_tiles}, {n}, {n1}")
-    grid_y = LaunchLayout(num_tiles, n1, design.columns_per_thread, design.column_walks).grid(n)[1]
+    layout = proxy_layout(num_tiles, design)
+    grid_y = -(-layout.column_blocks(n, n1) // layout.column_walks)  # blocks along N, whichever axis holds them
     atb = active_blocks_per_sm(num_tiles * grid_y, regs_per_thread, n1, device)
     smem = device.smem_per_sm // atb - device.reserved_smem_per_block
     smem = max(0, min(smem, device.max_smem_per_block))

@@ -54,6 +54,7 @@ class LayerSearch:
     clusters: dict[int, ProxyClusters]  # per M1 of a chosen candidate (cluster)
     launches: dict[tuple[int, int], ProxyLaunch]  # per chosen (M1, N1) (pad)
     seconds: dict[str, float] = field(default_factory=dict, compare=False)  # wall seconds per stage (reorder … pad)
+    design: KernelDesign = BASELINE  # the kernel design it searched for: its proxies and full kernels are in it
 
     @property
     def kept(self) -> list[Candidate]:
@@ -105,18 +106,18 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     launches = {(c.m1, c.n1): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device, params.design)
                 for c in picked}
     lap("pad")
-    return LayerSearch(tiles, candidates, ranked, clusters, launches, seconds)
+    return LayerSearch(tiles, candidates, ranked, clusters, launches, seconds, params.design)
 
 
-def proxy_sources(search: LayerSearch, m: int, k: int, design: KernelDesign = BASELINE) -> dict[int, KernelSource]:
-    """The proxy kernel of each chosen M1 (stage 8's input)."""
-    return {m1: proxy_kernel_source(m, k, cl, CodegenParams(design=design)) for m1, cl in search.clusters.items()}
+def proxy_sources(search: LayerSearch, m: int, k: int) -> dict[int, KernelSource]:
+    """The proxy kernel of each chosen M1 in the search's design (stage 8's input)."""
+    return {m1: proxy_kernel_source(m, k, cl, CodegenParams(design=search.design)) for m1, cl in search.clusters.items()}
 
 
-def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int,
-                design: KernelDesign = BASELINE) -> KernelSource:
-    """The full Alg. 2 kernel of one tile (stage 10's output, or compile-all's every candidate)."""
-    return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=design))
+def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) -> KernelSource:
+    """The full Alg. 2 kernel of one tile in the search's design (stage 10's output, or compile-all's
+    every candidate)."""
+    return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=search.design))
 
 
 def choice(timings: Mapping[tuple[int, int], Timing]) -> tuple[int, int] | None:
@@ -144,15 +145,16 @@ def full_kernel_time(timer: Timer, matrix: sp.csr_matrix, tiles: Tiles, m: int, 
 
 
 def proxy_timings(search: LayerSearch, m: int, k: int, n: int, timer: Timer,
-                  compiled_of: Callable | None = None, design: KernelDesign = BASELINE) -> dict[tuple[int, int], Timing]:
+                  compiled_of: Callable | None = None) -> dict[tuple[int, int], Timing]:
     """Stages 8 and 9 for one layer, as the flow runs them: each chosen M1's proxy compiled
     (`compiled_of(kernel, m1)`, default compile.compiled_kernel at the register prediction) and every
     chosen candidate of that M1 timed by `timer` with its Eq. 6 shared memory; a proxy that does not
     compile times none of its candidates."""
+    design = search.design
     compiled_of = compiled_of or (lambda kernel, m1: compiled_kernel(kernel, kernel_options(
         timer.device.arch, m1, design=design)))
     out = {}
-    for m1, kernel in proxy_sources(search, m, k, design).items():
+    for m1, kernel in proxy_sources(search, m, k).items():
         compiled = compiled_of(kernel, m1)
         if compiled.status != Status.OK:
             continue

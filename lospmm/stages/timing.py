@@ -6,8 +6,8 @@ timer (measured, on a GPU) lives in `lospmm.runtime`; both fill the same `Timing
 
 The model, per launch of a full kernel or proxy with tile (M1, N1) in a kernel design
 (codegen.KernelDesign: V columns per thread, W column walks per block, based or chained B
-addresses) over N columns. Every parameter is a physical quantity with a hardware bound
-(PHYSICAL_BOUNDS); a calibration moves them only inside it.
+addresses) over N columns. Every parameter is a physical quantity; those a calibration fits have a
+hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the SASS or the datasheet.
 - Work per walk of A_tile t by one warp: loads_t B loads (its non-empty columns, or NNC_p for a
   proxy), fmas_t·V multiply-adds, M1 stores. Instructions: fmas_t·V + (1 + addr)·loads_t +
   store·M1 + block overhead + call (+ the loop per walk of a looped design); addr = 3 for based
@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from lospmm.stages.codegen import BASELINE, KernelDesign, LaunchLayout
+from lospmm.stages.codegen import BASELINE, KernelDesign, LaunchLayout, proxy_layout
 from lospmm.stages.devices import Device
 from lospmm.stages.occupancy import resident_blocks
 from lospmm.stages.status import Status
@@ -81,6 +81,11 @@ class KernelWork:
     zero_blocks: int = 0  # full kernel: blocks that zero empty rows
     prefetch: int = 1
     design: KernelDesign = BASELINE
+
+    @property
+    def row_blocks(self) -> int:
+        """Blocks along A: the tiles and the zeroing blocks."""
+        return len(self.tile_loads) + self.zero_blocks
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,8 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     walks_per_block = column_blocks / blocks_per_tile
     code = params.sass_bytes_per_instr * instr
     fetches = blocks_per_tile * np.where(code > params.icache_bytes, walks_per_block, 1.0)
-    fetched = float((code * fetches).sum()) + params.sass_bytes_per_instr * zero_instr * work.zero_blocks * column_blocks
+    # a zeroing block's few instructions stay cached over its walks
+    fetched = float((code * fetches).sum()) + params.sass_bytes_per_instr * zero_instr * work.zero_blocks * blocks_per_tile
     fetch_s = fetched / (device.sms * params.fetch_bytes_per_sm_cycle * clock_hz)
 
     threads_per_row = n // v
@@ -212,14 +218,15 @@ class LaunchUnderTest:
 
     @property
     def launch_layout(self) -> LaunchLayout:
-        """`layout`, or the baseline design's: a proxy's blocks are its tiles' (N1 given at launch),
-        a full kernel's its tiles and zeroing blocks, N1 threads each."""
+        """`layout`, or the one its design gives: a proxy's blocks are its tiles' (N1 given at
+        launch), a full kernel's its tiles and zeroing blocks, N1 threads each."""
         if self.layout is not None:
             return self.layout
         if self.clusters is not None:
-            return LaunchLayout(len(self.clusters.cluster_of), 0)
-        zero = -(-len(self.tiles.empty_rows) // max(self.tiles.m1, 1))
-        return LaunchLayout(self.tiles.num_tiles + zero, self.n1)
+            return proxy_layout(len(self.clusters.cluster_of), self.design)
+        d = self.design
+        return LaunchLayout(full_kernel_work(self.tiles, self.m, self.k, self.n, self.n1, 0).row_blocks, self.n1,
+                            d.columns_per_thread, d.column_walks, d.order)
 
 
 class Timer(Protocol):
@@ -291,8 +298,7 @@ def _with(device: Device, params: EstimateParams, x: np.ndarray) -> tuple[Device
 
 
 def calibrated_estimate(works: list[KernelWork], measured_us, device: Device,
-                        params: EstimateParams = EstimateParams(), starts: int = 8,
-                        bounds: dict[str, tuple[str, float, float]] = PHYSICAL_BOUNDS) -> tuple[Device, EstimateParams]:
+                        params: EstimateParams = EstimateParams(), starts: int = 8) -> tuple[Device, EstimateParams]:
     """The device's and the model's physical parameters (PHYSICAL_BOUNDS) that minimise the squared
     log error of the estimate against `measured_us`, each inside its bounds. The model is a max of
     terms, flat where another term binds, so the fit (scipy's least_squares over log-parameters,
@@ -304,6 +310,7 @@ def calibrated_estimate(works: list[KernelWork], measured_us, device: Device,
     keep = np.isfinite(measured) & (measured > 0)
     works = [w for w, k in zip(works, keep) if k]
     target = np.log(measured[keep])
+    bounds = PHYSICAL_BOUNDS
     lo = np.log([low for _, low, _ in bounds.values()])
     hi = np.log([high for _, _, high in bounds.values()])
     start = np.log([float(getattr(params if where == "params" else device, k)) for k, (where, *_) in bounds.items()])

@@ -264,17 +264,30 @@ def test_designs_stay_in_bounds_and_aligned_under_the_sanitizer():
 def test_a_vector_kernel_refuses_an_unpadded_n():
     a = random_pruned(8, 8, 0.5, np.random.default_rng(0))
     kernel = full_kernel_source(a, reordered_tiles(a, 2), 4, CodegenParams(design=design_named("v=4")))
-    with pytest.raises(EmulationError, match="host run failed"):  # N = 6 is no multiple of 4: the kernel traps
+    with pytest.raises(EmulationError, match="not a multiple of the kernel's columns per thread") as e:
         run_on_host(kernel, {"B": np.ones(8 * 6, np.float32), "C": np.empty(8 * 6, np.float32), "N": 6},
-                    kernel.layout.grid(6), 4)
+                    kernel.layout.grid(6), 4)  # N = 6 is no multiple of 4: the kernel traps
+    assert not e.value.transient  # the kernel's own refusal: never retried as a crash
 
 
 def test_the_baseline_design_is_the_kernel_before_designs():
-    """Same text and name as before designs existed: the A/B baseline and its compile-cache entries."""
+    """The same text, byte for byte, as the kernels generated before designs existed (commit d25b3a0,
+    the kernels measured on the H100): the A/B's baseline, and its compile-cache entries still hit."""
+    import hashlib
+
+    from lospmm.stages.codegen import ConvGeometry, conv_kernel_source
+
+    a = random_pruned(40, 36, 0.7, np.random.default_rng(7))
+    tiles = reordered_tiles(a, 4)
+    full = full_kernel_source(a, tiles, 64)
+    conv = conv_kernel_source(a, tiles, 64, ConvGeometry(cin=4, h=6, w=6, kh=3, kw=3, pad=1))
+    assert (full.name, hashlib.sha256(full.source.encode()).hexdigest()) == (
+        "lospmm_full_1dc503d7bfd3b65f", "66bb0d3a6772782c8108d8b5bf6827ceffc160f1c412490a4038d3fe0137a5c9")
+    assert (conv.name, hashlib.sha256(conv.source.encode()).hexdigest()) == (
+        "lospmm_conv_5a68034b8d1b3cd9", "b17d893a1ba2fdb1f8cf6b23d5347b052b0de81fd1964d76d5eb338e90eb9e84")
     a = sp.csr_matrix(np.array([[1, 0, 2, 0], [0, 0, 3, 0]], dtype=np.float32))
     kernel = full_kernel_source(a, reordered_tiles(a, 2), 64)
-    assert kernel.design == BASELINE and "design=" not in kernel.source and "LOSPMM_LDC(b" not in kernel.source
-    assert kernel.name == full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=KernelDesign())).name
+    assert kernel.design == BASELINE and "LOSPMM_DESIGN_PREAMBLE" not in kernel.source
     walked = full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=design_named("walks=2")))
     assert walked.name != kernel.name
     # walks above 1 share one text: the number of walks is a launch fact
@@ -306,6 +319,10 @@ def test_the_launch_layout_is_the_one_grid(order, expected):
     assert layout.launch_columns(331) == 332 and layout.grid(330) == expected
     assert LaunchLayout.of_facts({"launch": layout.facts()}) == layout
     assert LaunchLayout.of_facts({"grid": {"x": 9}, "n1": 64}) == LaunchLayout(9, 64)  # kernel.json before `launch`
+    with pytest.raises(ValueError, match="exceed the grid's y limit of 65535"):  # the tiles on y: at most 65535
+        LaunchLayout(row_blocks=70000, threads=32, order="column-x").grid(32)
+    with pytest.raises(ValueError, match="launch order must be one of"):
+        LaunchLayout(1, 32, order="diagonal")
 
 
 def test_design_names_read_back_and_bad_ones_are_named():

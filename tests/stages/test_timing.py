@@ -121,7 +121,6 @@ def test_a_calibration_stays_inside_the_physical_bounds():
         _, low, high = PHYSICAL_BOUNDS[name]
         value = getattr(params if name in CALIBRATED_PARAMS else device, name)
         assert low * 0.999 <= value <= high * 1.001, name
-    assert params.issue_per_sm_cycle == 4  # the hardware's, never fitted
 
 
 def test_the_estimate_follows_the_kernel_design():

@@ -24,7 +24,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         kernels_root = artifact_path(ctx.root, "emit", label, key).with_suffix("")
         logger = run_logger()
         convs = {r["layer"]: conv_geometry(r) for r in ctx.read(inputs["extract"]).to_pylist()
-                 if kernel_form(r, params) == "implicit-conv"}
+                 if kernel_form(r, params, design) == "implicit-conv"}
 
         def one(item) -> dict:
             layer, group = item
