@@ -121,13 +121,12 @@ MIN_FREE_BYTES = 256 * 2**20  # below this a run would fail writing artifacts or
 def resolved(cfg: RunConfig) -> RunPlan:
     """The plan for `cfg`, or ConfigError naming the problem, before any work. Reads only headers
     and metadata (and writes one probe file to the artifact root)."""
-    _check_options(cfg)
+    device, told = _check_options(cfg)
     checked_root(Path(cfg.artifacts))
-    device = device_named(cfg.gpu)
     stages = cfg.stages()
     rank = RankParams(top_k=cfg.top_k, use_rank=cfg.rank)
     return RunPlan(
-        config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=tuple(_sources(cfg)), device=device,
+        config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=tuple(_sources(cfg, told)), device=device,
         timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
@@ -227,7 +226,9 @@ def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
         raise ConfigError(f"--ranker: {e}") from None
 
 
-def _sources(cfg: RunConfig) -> list[Source]:
+def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[Source]:
+    """The run's sources; `model_config`: what the config.json beside --weights says (read once, by
+    the validation)."""
     out = [Source("zoo", name, name, zoo=used_zoo_params(name, ZooParams(cfg.batch, cfg.seq_len, cfg.cnn_batch,
                                                                          cfg.image_size)))
            for name in dict.fromkeys(cfg.zoo)]
@@ -238,7 +239,7 @@ def _sources(cfg: RunConfig) -> list[Source]:
         onnx = is_onnx(path)
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
                           sha256=file_sha256(Path(path)), tokens=cfg.tokens,
-                          model_config=None if onnx else model_config(path), images=cfg.cnn_batch if onnx else 0))
+                          model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0))
     return out
 
 
@@ -257,7 +258,10 @@ def model_config(weights: str | Path) -> ModelConfig | None:
     return ModelConfig.from_dict(data)
 
 
-def _check_options(cfg: RunConfig) -> None:
+def _check_options(cfg: RunConfig) -> tuple[Device, ModelConfig | None]:
+    """ConfigError naming the first bad option or file; else the device and the weights' config.json
+    (what the checks had to read, so that the plan reads neither again)."""
+    told = None
     if not cfg.zoo and not cfg.weights:
         raise ConfigError("nothing to run: give --zoo NAME or --weights FILE")
     for name in cfg.zoo:
@@ -274,7 +278,7 @@ def _check_options(cfg: RunConfig) -> None:
         raise ConfigError(f"--until {cfg.until!r}: choose one of {', '.join(STAGES)}")
     run_design(cfg.design)
     try:
-        device_named(cfg.gpu)
+        device = device_named(cfg.gpu)
     except ValueError as e:
         raise ConfigError(f"--gpu: {e}") from None
     if cfg.prune is not None and cfg.prune not in METHODS:
@@ -329,12 +333,13 @@ def _check_options(cfg: RunConfig) -> None:
             graph = saved_graph(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
+        told = model_config(cfg.weights)
         if graph is not None:
             if not any(w.op for w in graph):
                 raise ConfigError(f"{cfg.weights}: no nn.Linear or nn.Conv2d weight to search ({len(graph)} tensors)")
-            return
-        told = model_config(cfg.weights) or ModelConfig()
-        reasons = [excluded_reason(t, told) for t in infos]
+            return device, told
+        reasons = [excluded_reason(t, told or ModelConfig()) for t in infos]
         if all(reasons):  # extract would find no layer: say so before any work
             counts = ", ".join(f"{n} {r}" for r, n in Counter(reasons).most_common())
             raise ConfigError(f"{cfg.weights}: no GEMM weight to search ({len(infos)} tensors: {counts or 'none'})")
+    return device, told

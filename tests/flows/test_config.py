@@ -194,3 +194,27 @@ def test_an_unreachable_dask_scheduler_is_one_line_before_anything_starts(tmp_pa
     with pytest.raises(ConfigError, match=rf"--dask tcp://127.0.0.1:{port}: no Dask scheduler answers there") as e:
         resolved(RunConfig(zoo=("shufflenetv2",), artifacts=str(tmp_path), dask=f"tcp://127.0.0.1:{port}"))
     assert "\n" not in str(e.value) and time.monotonic() - t0 < 30
+
+
+def test_a_checkpoints_config_json_and_the_device_are_read_once(tmp_path, monkeypatch):
+    """The validation reads what it must (the config.json beside --weights, the device table) and
+    the plan takes those, instead of reading them again."""
+    import json
+
+    from lospmm.flows import config
+
+    weights = tmp_path / "w.safetensors"
+    save_file({"fc.weight": np.ones((8, 8), np.float32)}, str(weights))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 30522}))
+    calls = {"model_config": 0, "device_named": 0}
+    for name in calls:
+        real = getattr(config, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(config, name, counted)
+    plan = resolved(RunConfig(zoo=(), weights=str(weights), artifacts=str(tmp_path / "a")))
+    assert calls == {"model_config": 1, "device_named": 1}
+    assert plan.sources[0].model_config is not None and plan.sources[0].model_config.vocab_size == 30522
