@@ -394,10 +394,7 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     tile_axis, column_axis = _axes(design)
     per_block = n1 * v
     head = [f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"]
-    if v > 1:  # never read past a row: the launcher pads N (LaunchLayout.launch_columns)
-        head.append(f"  if (N % {v} != 0) __trap();\n")
-    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
-    head.append(f"  const int n = blockIdx.{column_axis} * {per_block} + {thread};\n  if (n >= N) return;\n")
+    head.append(_first_column(design, str(per_block)) + "  if (n >= N) return;\n")
     if design.looped:
         head.append(f"  const int stride = gridDim.{column_axis} * {per_block};\n")
         tile_args, zero_call = "B, C, N, n, stride", "for (int c = n; c < N; c += stride) zero_{z}(C + c, N)"
@@ -411,6 +408,16 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), n1, v, design.column_walks, design.order)
     return KernelSource(name, "full", tuple(units), ("const float* B", "float* C", "int N"), m, k,
                         tiles.m1, layout, tiles.num_tiles, design)
+
+
+def _first_column(design: KernelDesign, per_block: str, variable: str = "n") -> str:
+    """The kernel's first lines: a thread's first column (`variable`) from the column block's grid
+    axis, blocks of `per_block` columns; with V > 1 columns per thread, first a trap on an N that is
+    no multiple of V (never read past a row: the launcher pads N, LaunchLayout.launch_columns)."""
+    v = design.columns_per_thread
+    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
+    return ((f"  if (N % {v} != 0) __trap();\n" if v > 1 else "")
+            + f"  const int {variable} = blockIdx.{_axes(design)[1]} * {per_block} + {thread};\n")
 
 
 def _axes(design: KernelDesign) -> tuple[str, str]:
@@ -488,15 +495,14 @@ def streamed_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, params:
                        ("int", "lospmm_colptr", map(str, colptr)), ("int", "lospmm_cols", map(str, offsets)),
                        ("float", "lospmm_vals", float_literal(np.concatenate(values)) if values else []),
                        ("int", "lospmm_rows", map(str, rows))))
-    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
+    per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"  # the block size is a launch argument
     source = "".join([
         PREAMBLE, DESIGN_PREAMBLE,
         f"// lospmm streamed kernel {name}: M={m} K={k} nnz={a.nnz} M1={m1} N1={n1} tiles={tiles.num_tiles} "
         f"design={design.code_label}\n", data,
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n",
-        f"  if (N % {v} != 0) __trap();\n" if v > 1 else "",
-        f"  const int n0 = blockIdx.{column_axis} * (blockDim.x * {v}) + {thread};\n",
-        f"  const int stride = {f'gridDim.{column_axis} * blockDim.x * {v}' if design.looped else 'N'};\n",
+        _first_column(design, per_block, "n0"),
+        f"  const int stride = {f'gridDim.{column_axis} * {per_block}' if design.looped else 'N'};\n",
         f"  const int block = blockIdx.{tile_axis};\n",
         f"  const int begin = __ldg(lospmm_colptr_{name} + block), end = __ldg(lospmm_colptr_{name} + block + 1);\n",
         f"  const int* __restrict__ cols = lospmm_cols_{name};\n",
@@ -774,15 +780,12 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     args = "B, C, N, n, stride" if design.looped else "Bn, Cn, N"
     cases = "".join(f"    case {c}: proxy_{c}({args}); break;\n" for c in range(clusters.num_clusters))
     per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"
-    thread = "threadIdx.x" if v == 1 else f"threadIdx.x * {v}"
     preamble = _preamble(design)
     entry = (preamble + header + " (entry unit)\n"
              + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
              + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
              f"const int* __restrict__ cluster_of) {{\n"
-             + (f"  if (N % {v} != 0) __trap();\n" if v > 1 else "")
-             + f"  const int n = blockIdx.{column_axis} * {per_block} + {thread};\n"
-             f"  if (n >= N) return;\n"
+             + _first_column(design, per_block) + "  if (n >= N) return;\n"
              + (f"  const int stride = gridDim.{column_axis} * {per_block};\n" if design.looped
                 else "  const float* Bn = B + n;\n  float* Cn = C + n;\n")
              + f"  switch (cluster_of[blockIdx.{tile_axis}]) {{\n{cases}    default: break;\n  }}\n}}\n")

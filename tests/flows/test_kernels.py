@@ -86,3 +86,22 @@ def test_a_kernel_written_over_another_never_vouches_for_the_old_files(tmp_path)
     assert not (out / "kernel.cubin").exists()  # A's cubin is gone, not left beside B's kernel.json
     with pytest.raises(KernelDirError, match="does not list kernel.cubin"):
         SpMM(out)
+
+
+def test_a_kernel_directory_of_another_design_records_its_launch_and_loads_padded(tmp_path):
+    """kernel.json carries the design and its launch layout; the loader reads them, and a kernel of
+    4 columns per thread serves an N that is no multiple of 4 (B and C padded for the launch)."""
+    from lospmm.loader import load_kernel
+    from lospmm.stages.codegen import LaunchLayout, design_named
+
+    a = random_pruned(24, 40, 0.7, np.random.default_rng(3))
+    design = design_named("chained,v=4,walks=2,column-x")
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "x", 0.7, 32, "sm_90", tmp_path / "k",
+                           verify=False, design=design)
+    assert facts["design"]["label"] == design.label and facts["compile"]["status"] == "ok"
+    layout = LaunchLayout.of_facts(facts)
+    assert (layout.columns_per_thread, layout.column_walks, layout.order) == (4, 2, "column-x")
+    spmm = load_kernel(tmp_path / "k", backend="host")
+    assert spmm.layout == layout
+    b = np.random.default_rng(4).standard_normal((40, 7)).astype(np.float32)
+    np.testing.assert_allclose(spmm(b), a @ b, rtol=1e-5, atol=1e-5)
