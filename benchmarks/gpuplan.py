@@ -748,7 +748,7 @@ def conv_bundle(out: Path, sparsity: float = 0.9, m1: int = 2, n1: int = 256, ar
         tiles = reordered_tiles(a, m1)
         case = {"label": label, "geometry": fields, "bias": list(b), "relu": relu, "m": cout, "k": g.k,
                 "nnz": int(a.nnz), "m1": m1, "n1": n1}
-        for kind, src in (("conv", conv_kernel_source(a, tiles, n1, g, Epilogue(b, relu))),
+        for kind, src in (("conv", conv_kernel_source(a, tiles, n1, g, Epilogue(b, "relu" if relu else ""))),
                           ("gemm", full_kernel_source(a, tiles, n1))):
             c = compiled_kernel(src, kernel_options(arch, m1))
             if c.status != "ok":
@@ -768,7 +768,7 @@ def conv_rows(folder: Path, batches=(1, 3), timed_batch: int = 4, repeats: int =
     (im2col itself not timed) and cuDNN's dense FP32 convolution (torch, TF32 off), median µs."""
     from lospmm.runtime import (CudaTimerOptions, check_conv_kernel, time_conv_kernel_cubin, time_full_kernel_cubin,
                                 torch_timed)
-    from lospmm.stages.codegen import ConvGeometry
+    from lospmm.stages.codegen import ConvGeometry, Epilogue
 
     import torch  # noqa: F401  (before anything loads NVRTC: see runtime.SPIN_PTX)
 
@@ -785,8 +785,9 @@ def conv_rows(folder: Path, batches=(1, 3), timed_batch: int = 4, repeats: int =
             cubin = (folder / f"{i}-conv.cubin").read_bytes()
             conv_layout, gemm_layout = (LaunchLayout(**k["launch"]) if "launch" in k else LaunchLayout(k["grid_x"], case["n1"])
                                         for k in (conv, gemm))  # cases.json from before: the baseline's layout
-            errors = [check_conv_kernel(cubin, conv["kernel"], conv_layout, a, g, case["bias"] or None,
-                                        case["relu"], batch=b, seed=b) for b in batches]
+            epilogue = Epilogue(tuple(case["bias"]), "relu" if case["relu"] else "")
+            errors = [check_conv_kernel(cubin, conv["kernel"], conv_layout, a, g, epilogue, batch=b, seed=b)
+                      for b in batches]
             row["max_rel_error"] = max(errors)
             row["status"] = "ok" if row["max_rel_error"] <= 1e-5 else "wrong"
             row["conv_us"] = time_conv_kernel_cubin(cubin, conv["kernel"], conv_layout, case["m"], g,

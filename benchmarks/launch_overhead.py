@@ -46,7 +46,7 @@ def main() -> None:
     from lospmm.flows.kernels import emitted_kernel
     from lospmm.loader import load_kernel
     from lospmm.runtime import device_facts
-    from lospmm.stages.codegen import ConvGeometry, Epilogue
+    from lospmm.stages.codegen import ConvGeometry
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
@@ -57,7 +57,7 @@ def main() -> None:
     g = ConvGeometry(cin=16, h=8, w=8, kh=3, kw=3, stride=1, pad=1)
     c = random_pruned(16, g.k, 0.9, np.random.default_rng(1))
     emitted_kernel(str(tmp), c, reordered_tiles(c, 4), "conv", 0.9, 64, arch, tmp / "conv", verify=False,
-                   conv=(g, Epilogue()))
+                   conv=g)
     spmm, conv = load_kernel(tmp / "gemm"), load_kernel(tmp / "conv")
     b = torch.randn(64, 64, device="cuda")
     out = torch.empty(64, 64, device="cuda")

@@ -98,7 +98,7 @@ def conv_cost(sparsity: float, m1s: list[int]) -> None:
             tiles = reordered_tiles(a, m1)
             cols = int(tiles.tile_nnc.sum())
             for kind, kernel in (("GEMM (im2col B)", full_kernel_source(a, tiles, 128)),
-                                 ("conv (implicit)", conv_kernel_source(a, tiles, 128, g, Epilogue(relu=True)))):
+                                 ("conv (implicit)", conv_kernel_source(a, tiles, 128, g, Epilogue(activation="relu")))):
                 t0 = time.perf_counter()
                 out = compiled_kernel(kernel, CompileOptions(arch="sm_90", maxrregcount=predicted_registers(m1),
                                                              relocatable=True))

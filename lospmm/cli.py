@@ -70,14 +70,14 @@ _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfi
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
-    tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic)."),
+    tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
     sparsity: list[float] = typer.Option(list(_RUN.sparsities), "--sparsity", help="One or more sparsities in (0, 1)."),
     until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
     seed: int = typer.Option(_RUN.seed, "--seed"),
     prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is); default: random for the zoo, magnitude for weights."),
-    batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size."),
+    batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
     seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
     cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size."),
     image_size: int = typer.Option(_RUN.image_size, "--image-size"),
@@ -95,6 +95,9 @@ def run(
     im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP),
+    input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
+                                          "fixed before shape inference, as trtexec --shapes takes them: "
+                                          "NAME:1x3x640x640 (repeatable): convolutions after a symbolic H/W get their sizes."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -107,7 +110,7 @@ def run(
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
-                    implicit_conv=not im2col, design=design)
+                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape))
     _run(cfg, refresh=[])
 
 
@@ -219,7 +222,7 @@ def kernel(
     implicit_conv: bool = typer.Option(False, "--implicit-conv", help="For a convolution: read the NCHW input "
                                        "directly (no im2col matrix), write NCHW output; checked against a "
                                        "reference convolution."),
-    relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into an --implicit-conv kernel."),
+    relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
                                "as data read by one loop."),
     artifacts: str = _ARTIFACTS,
@@ -293,6 +296,9 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     problems = inspection.problems_table(record)
     if problems is not None:
         console.print(problems)
+    skipped = inspection.skipped_line(record)  # expected, on a clean run too: a line, not a problem table
+    if skipped is not None:
+        console.print(skipped, style="dim", soft_wrap=True)
     summary = inspection.summary_table(cfg.artifacts, record)
     if summary is not None:
         console.print(summary)

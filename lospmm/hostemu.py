@@ -36,6 +36,7 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define LOSPMM_TILE_END
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 // a kernel's own refusal (N not a multiple of its columns per thread) and a misaligned vector access
@@ -43,6 +44,8 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __trap() (fprintf(stderr, "__trap: N is not a multiple of the kernel's columns per thread\n"), exit(24))
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 // a vector access the device would fault on (not aligned to its width) aborts here too
 static inline const float* lospmm_aligned(const float* p, unsigned bytes) {
   if ((uintptr_t)p % bytes) { fprintf(stderr, "misaligned %u-byte access at %p\n", bytes, (const void*)p); exit(25); }
@@ -260,14 +263,16 @@ def pruned_cache(root: Path, max_bytes: int = HOST_CACHE_BYTES) -> int:
 
 
 def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, sanitize: bool = False,
-                          rtol: float = 1e-4) -> float:
-    """Run a full kernel on a fresh random B (K×n) and return max |C - A·B| / max(1, |A·B|max).
+                          rtol: float = 1e-4, epilogue=None) -> float:
+    """Run a full kernel on a fresh random B (K×n) and return max |C - ref| / max(1, |ref|max), ref
+    = A·B with the kernel's `epilogue` (codegen.Epilogue: bias and activation) applied.
 
     Raises EmulationError if any element is unwritten (still NaN) or the error exceeds `rtol`."""
     rng = np.random.default_rng(seed)
     b = rng.standard_normal((kernel.k, n)).astype(np.float32)
     c = gemm_on_host(kernel, b, sanitize=sanitize)
-    return _checked_error(kernel, c, matrix.astype(np.float64) @ b.astype(np.float64), rtol, row_axis=0)
+    ref = matrix.astype(np.float64) @ b.astype(np.float64)
+    return _checked_error(kernel, c, ref if epilogue is None else epilogue.reference(ref), rtol, row_axis=0)
 
 
 def gemm_on_host(kernel: KernelSource, b: np.ndarray, sanitize: bool = False) -> np.ndarray:
@@ -309,7 +314,7 @@ def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, n: int, n1: int) -
         return f"failed: {e}"[:2000]
 
 
-def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, bias=None, relu: bool = False) -> np.ndarray:
+def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, epilogue=None) -> np.ndarray:
     """A plain numpy Conv2D (NCHW, groups = 1, float64): the reference the conv kernels are checked
     against, written from the definition (padding, then one strided window per kernel offset)."""
     g = geometry
@@ -320,9 +325,7 @@ def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, bias=None, rel
             y0, x0 = ky * g.dilation, kx * g.dilation
             window = xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride, x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
             out += np.einsum("oc,bchw->bohw", weight[:, :, ky, kx].astype(np.float64), window)
-    if bias is not None and len(bias):
-        out += np.asarray(bias, np.float64)[None, :, None, None]
-    return np.maximum(out, 0.0) if relu else out
+    return out if epilogue is None else epilogue.reference(out, row_axis=1)
 
 
 def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilogue=None, batch: int = 2,
@@ -336,5 +339,5 @@ def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilo
                              "batch": batch}, kernel.layout.grid(g.n(batch)), kernel.layout.block(), sanitize=sanitize)["Y"]
     y = y.reshape(batch, kernel.m, g.h_out, g.w_out)
     weight = matrix.toarray().reshape(kernel.m, g.cin, g.kh, g.kw)
-    ref = reference_conv2d(x, weight, g, epilogue.bias if epilogue else None, bool(epilogue and epilogue.relu))
+    ref = reference_conv2d(x, weight, g, epilogue)
     return _checked_error(kernel, y, ref, rtol, row_axis=1)  # NCHW: A's rows are the output channels

@@ -144,7 +144,8 @@ class _Kernel:
 
 
 class SpMM(_Kernel):
-    """The emitted GEMM kernel of one layer: `spmm(B)` -> C with C = A·B, A baked in (M×K)."""
+    """The emitted GEMM kernel of one layer: `spmm(B)` -> C with C = A·B, A baked in (M×K), through
+    the epilogue kernel.json's `epilogue` records (a bias per row and an activation), if any."""
 
     def __call__(self, b, out=None):
         if tuple(b.shape[:1]) != (self.k,) or b.ndim != 2:

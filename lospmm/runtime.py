@@ -360,9 +360,10 @@ def _padded(b: np.ndarray, columns: int) -> np.ndarray:
     return out
 
 
-def check_full_kernel(cubin: bytes, name: str, layout, matrix, n: int = 77, seed: int = 0) -> float:
-    """Max |C − A·B| / max|A·B| of the full kernel on the device, fresh random B, C poisoned with NaN;
-    launched as its `layout` (a codegen.LaunchLayout) says, B and C padded to the N it launches with."""
+def check_full_kernel(cubin: bytes, name: str, layout, matrix, n: int = 77, seed: int = 0, epilogue=None) -> float:
+    """Max |C − ref| / max|ref| of the full kernel on the device, ref = A·B through its `epilogue`
+    (codegen.Epilogue, None: none), fresh random B, C poisoned with NaN; launched as its `layout` (a
+    codegen.LaunchLayout) says, B and C padded to the N it launches with."""
     rng = np.random.default_rng(seed)
     m, k = matrix.shape
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -379,7 +380,8 @@ def check_full_kernel(cubin: bytes, name: str, layout, matrix, n: int = 77, seed
         bb.close()
         cb.close()
         kernel.close()
-    return _relative_error(c, matrix @ b.astype(np.float64))
+    ref = matrix @ b.astype(np.float64)
+    return _relative_error(c, ref if epilogue is None else epilogue.reference(ref))
 
 
 def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
@@ -387,7 +389,7 @@ def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(got).all() else float("inf")
 
 
-def check_conv_kernel(cubin: bytes, name: str, layout, matrix, geometry, bias=None, relu: bool = False,
+def check_conv_kernel(cubin: bytes, name: str, layout, matrix, geometry, epilogue=None,
                       batch: int = 2, seed: int = 0) -> float:
     """Max |Y − conv(X)| / max|conv(X)| of an implicit-im2col conv kernel on the device: a fresh
     random NCHW X, Y poisoned with NaN, against hostemu.reference_conv2d (float64); inf if an
@@ -409,7 +411,7 @@ def check_conv_kernel(cubin: bytes, name: str, layout, matrix, geometry, bias=No
         xb.close()
         yb.close()
         kernel.close()
-    return _relative_error(y, reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, bias, relu))
+    return _relative_error(y, reference_conv2d(x, matrix.toarray().reshape(m, g.cin, g.kh, g.kw), g, epilogue))
 
 
 def time_conv_kernel_cubin(cubin: bytes, name: str, layout, m: int, geometry, batch: int,
@@ -493,5 +495,6 @@ class CudaTimer:
         """Max relative error of the full kernel against scipy (a conv kernel: against a reference
         convolution of 2 images), run on this GPU."""
         if launch.conv is not None:
-            return check_conv_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, launch.conv)
-        return check_full_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, n)
+            return check_conv_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, launch.conv,
+                                     launch.epilogue)
+        return check_full_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, n, epilogue=launch.epilogue)

@@ -10,19 +10,26 @@ by the same flow as any weights file, and the model served back on the emitted k
 `layer_weights(model, example_input)` is the importer: it runs the model once with forward hooks,
 so every nn.Linear gets its N (the input's rows) and every nn.Conv2d its input size, stride,
 padding and dilation; every other parameter and buffer is listed with why it is not searched.
-`save_model` writes those weights to a safetensors file whose metadata carries that geometry;
-`lospmm run --weights FILE` reads it like any checkpoint.
+The example input is what `torch.export` takes: a tensor, a tuple of positional arguments or a
+mapping of keyword arguments (a tokenizer's output), and `kwargs=`. Each layer's bias and the
+activation the model applies right after it (ReLU, exact GELU; `following_activations`, read from
+the torch.fx graph) are fused into its kernel. `save_model` writes those weights and biases to a
+safetensors file whose metadata carries that geometry; `lospmm run --weights FILE` reads it like
+any checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -35,6 +42,7 @@ except ImportError as e:  # the extra is optional: say which one
 from lospmm.flows.inputs.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
 from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_facts, load_kernel
+from lospmm.stages.codegen import Epilogue
 from lospmm.stages.extract import GraphWeight, conv_output_size
 
 
@@ -57,13 +65,182 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
                          f"each Conv2d/BatchNorm2d pair with torch.nn.utils.fusion.fuse_conv_bn_eval") from None
 
 
+# --- fused activations: which activation the model applies right after a layer -----------------------
+#
+# Read (never rewritten) from the model's torch.fx graph: the whole model's, else, for a model fx cannot
+# trace whole (a transformers BertModel), each layer's parent module's. A layer's activation can be fused
+# when the layer is called once there and its output goes to that activation alone. ReLU is idempotent,
+# so a model that applies it as a function or a shared module keeps doing so after a ReLU kernel, with the
+# same result; another activation (GELU) is fused only when a module of its own applies it, once, so that
+# `sparsify` can make that module an identity. Caveat of symbolic tracing: Python control flow on an
+# argument's identity (`if mask is not None`) follows the branch taken with every argument given.
+
+
+def _activation_of(node, scope: nn.Module) -> str:
+    """"relu" / "gelu" (exact) when `node` applies that activation to its first argument alone, else ""."""
+    import torch.nn.functional as F
+
+    extra = [a for a in (*node.args[1:], *node.kwargs.values()) if not isinstance(a, (bool, str, type(None)))]
+    if extra:
+        return ""
+    if node.op == "call_module":
+        module = scope.get_submodule(node.target)
+        if type(module) is nn.ReLU:
+            return "relu"
+        if type(module) is nn.GELU and module.approximate == "none":
+            return "gelu"
+    if node.op == "call_function":
+        if node.target in (torch.relu, torch.relu_, F.relu):
+            return "relu"
+        if node.target is F.gelu and node.kwargs.get("approximate", "none") == "none" and len(node.args) == 1:
+            return "gelu"
+    if node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1:
+        return "relu"
+    return ""
+
+
+def _own_module(node, graph, scope: nn.Module) -> str:
+    """The path (in `scope`) of a module that applies `node` and nothing else, called once: an
+    activation module, or a wrapper without parameters whose whole traced body is this call
+    (transformers' GELUActivation); "" when the activation is the scope's own code."""
+    if node.op == "call_module":
+        path = node.target
+        calls = sum(1 for n in graph.nodes if n.op == "call_module" and n.target == path)
+    else:
+        stack = node.meta.get("nn_module_stack") or {}
+        if not stack:
+            return ""
+        path = next(reversed(stack.values()))[0]
+        calls = sum(1 for n in graph.nodes if (n.meta.get("nn_module_stack") or {}) and
+                    next(reversed(n.meta["nn_module_stack"].values()))[0] == path)
+        if any(True for _ in scope.get_submodule(path).parameters()):
+            return ""
+    return path if calls == 1 else ""
+
+
+def _gemm_activations(graph, scope: nn.Module) -> dict[str, tuple[str, str]]:
+    """target -> (activation, the module applying it alone or "") for each nn.Linear / nn.Conv2d
+    called once in `graph` whose output goes to an activation alone (paths relative to `scope`)."""
+    calls: dict[str, list] = {}
+    for node in graph.nodes:
+        if node.op == "call_module" and isinstance(scope.get_submodule(node.target), (nn.Linear, nn.Conv2d)):
+            calls.setdefault(node.target, []).append(node)
+    out = {}
+    for target, nodes in calls.items():
+        if len(nodes) != 1 or len(nodes[0].users) != 1:
+            continue
+        user = next(iter(nodes[0].users))
+        if user.args and user.args[0] is nodes[0] and (act := _activation_of(user, scope)):
+            out[target] = (act, _own_module(user, graph, scope))
+    return out
+
+
+def _traced_scopes(model: nn.Module) -> list[tuple[str, object]]:
+    """(scope path, fx graph) to read activations from: the model traced whole, else one per parent
+    module of a layer that traces."""
+    import torch.fx
+
+    class ChildrenWithLayersAreLeaves(torch.fx.Tracer):
+        # a parent's graph calls a child that holds layers as one module (that child is a scope of
+        # its own), so that each layer's activation is read in exactly one graph
+        def is_leaf_module(self, m, qualname):
+            return super().is_leaf_module(m, qualname) or any(
+                isinstance(d, (nn.Linear, nn.Conv2d)) for d in m.modules())
+
+    def traced(module, tracer):
+        try:
+            return tracer.trace(module)
+        except Exception:  # data-dependent control flow, unsupported calls: try smaller scopes
+            return None
+
+    whole = traced(model, torch.fx.Tracer())
+    if whole is not None:
+        return [("", whole)]
+    parents = dict.fromkeys(name.rpartition(".")[0] for name, m in model.named_modules()
+                            if isinstance(m, (nn.Linear, nn.Conv2d)) and name)
+    return [(p, g) for p in parents
+            if (g := traced(model.get_submodule(p) if p else model, ChildrenWithLayersAreLeaves())) is not None]
+
+
+def _fusable(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """Module path -> (activation, path of the module applying it alone or "") of every layer whose
+    activation a kernel can fuse: ReLU always (applied again, it changes nothing), GELU only when a
+    module of its own, under one name, applies it (sparsify makes that module an identity)."""
+    names: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        names[id(m)] = names.get(id(m), 0) + 1
+    out = {}
+    for scope_path, graph in _traced_scopes(model):
+        scope = model.get_submodule(scope_path) if scope_path else model
+        for target, (act, own) in _gemm_activations(graph, scope).items():
+            full = f"{scope_path}.{target}" if scope_path else target
+            own_full = (f"{scope_path}.{own}" if scope_path else own) if own else ""
+            if own_full and names.get(id(model.get_submodule(own_full)), 0) != 1:
+                own_full = ""  # one module under two names: making it an identity would reach the other too
+            if act == "relu" or own_full:
+                out[full] = (act, own_full)
+    return out
+
+
+def following_activations(model: nn.Module) -> dict[str, str]:
+    """Module path -> the activation ("relu", or "gelu" in its exact form) the model applies right
+    after that nn.Linear / nn.Conv2d, to its output alone, that a kernel of it can fuse (see the
+    comment above). A layer in a graph torch.fx cannot read is not listed: its activation stays the model's."""
+    return {path: act for path, (act, _) in _fusable(model).items()}
+
+
+# --- importer ------------------------------------------------------------------------------------
 # --- importer ------------------------------------------------------------------------------------
 
 
-def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
+class ExampleInputError(ValueError):
+    """The model's forward pass failed on the example input (one line: the model and the error)."""
+
+
+def example_call(example_input, kwargs: Mapping | None = None) -> tuple[tuple, dict]:
+    """The (args, kwargs) a model is called with, as torch.export takes them: `example_input` is a
+    tensor (one positional argument), a tuple of positional arguments, or a mapping of keyword
+    arguments (what a tokenizer returns); `kwargs` adds keyword arguments."""
+    if isinstance(example_input, Mapping):
+        args, named = (), dict(example_input)
+    elif isinstance(example_input, tuple):
+        args, named = example_input, {}
+    elif isinstance(example_input, list):
+        raise TypeError("example_input: a tensor, a tuple of positional arguments or a mapping of keyword "
+                        "arguments, not a list (a list is ambiguous: one argument or several?)")
+    else:
+        args, named = (example_input,), {}
+    clash = sorted(set(named) & set(kwargs or {}))
+    if clash:
+        raise TypeError(f"example_input and kwargs both give {', '.join(clash)}")
+    return tuple(args), {**named, **(kwargs or {})}
+
+
+def _forward(model: nn.Module, example_input, kwargs: Mapping | None) -> None:
+    """Run `model` once on the example (no grad); ExampleInputError in one line if it fails."""
+    args, named = example_call(example_input, kwargs)
+    try:
+        with torch.no_grad():
+            model(*args, **named)
+    except Exception as e:  # the model's own traceback says little about what the caller got wrong
+        what = " ".join(f"{type(e).__name__}: {e}".split())
+        given = ", ".join([*(_described(a) for a in args), *(f"{k}={_described(v)}" for k, v in named.items())])
+        raise ExampleInputError(f"{type(model).__name__}: its forward pass failed on the example input ({given}): "
+                                f"{what}") from None
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None) -> list[GraphWeight]:
     """One GraphWeight per parameter and buffer of `model` (state_dict names): `op` "linear" or
     "conv" for a weight the example input's forward pass multiplies as a GEMM, else "" with the
-    reason. `example_input`: a tensor, or a tuple of positional arguments."""
+    reason. `example_input`: a tensor, a tuple of positional arguments or a mapping of keyword
+    arguments; `kwargs`: more keyword arguments (model(*args, **kwargs), as torch.export takes
+    them). ExampleInputError (a ValueError) when the forward pass fails on them."""
     calls: dict[str, list[tuple[int, ...]]] = {}
     modules = dict(model.named_modules())
     every_name = dict(model.named_modules(remove_duplicate=False))  # a module under two names has both
@@ -79,8 +256,7 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
     training = {m: m.training for m in model.modules()}
     try:
         model.eval()  # shapes do not depend on the mode; a BatchNorm in train mode would update its statistics
-        with torch.no_grad():
-            model(*example_input) if isinstance(example_input, tuple) else model(example_input)
+        _forward(model, example_input, kwargs)
     finally:
         for h in handles:
             h.remove()
@@ -88,6 +264,7 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
             m.training = was
 
     first_name = {id(m): n for n, m in modules.items()}
+    activations = following_activations(model)
     out = []
     for name, tensor in [*model.state_dict(keep_vars=True).items()]:
         owner, _, leaf = name.rpartition(".")
@@ -97,7 +274,11 @@ def layer_weights(model: nn.Module, example_input) -> list[GraphWeight]:
             out.append(GraphWeight(name, "", reason=f"the same tensor as {first + '.' if first else ''}{leaf} "
                                                     f"(one module under two names)"))
             continue
-        out.append(_weight(name, tensor, module, leaf, calls.get(owner, [])))
+        found = _weight(name, tensor, module, leaf, calls.get(owner, []))
+        if found.op:  # what its kernel fuses: the module's bias (saved beside it) and the activation after it
+            bias = f"{owner}.bias" if getattr(module, "bias", None) is not None else ""
+            found = dataclasses.replace(found, bias=bias, activation=activations.get(owner, ""))
+        out.append(found)
     return out
 
 
@@ -106,7 +287,7 @@ def _weight(name: str, tensor, module, leaf: str, shapes: list[tuple[int, ...]])
     if not tensor.dtype.is_floating_point:
         return GraphWeight(name, "", reason=f"integer or other non-float buffer ({str(tensor.dtype)[6:]}) of {kind}")
     if isinstance(module, (nn.Linear, nn.Conv2d)) and leaf == "bias":
-        return GraphWeight(name, "", reason=f"bias of {kind} (added after the kernel)")
+        return GraphWeight(name, "", reason=f"bias of {kind} (fused into its weight's kernel when that is searched)")
     if isinstance(module, nn.Embedding):
         return GraphWeight(name, "", reason=f"embedding/lookup table ({kind})")
     if not isinstance(module, (nn.Linear, nn.Conv2d)) or leaf != "weight":
@@ -154,16 +335,13 @@ def _conv_weight(name: str, conv: nn.Conv2d, x: tuple[int, ...]) -> GraphWeight:
             return GraphWeight(name, "", reason=f"Conv2d with uneven {what} {tuple(pair)} (not supported yet)")
     stride, pad, dilation = conv.stride[0], padding[0], conv.dilation[0]
     h_out, w_out = (conv_output_size(x[2], kh, stride, pad, dilation), conv_output_size(x[3], kw, stride, pad, dilation))
-    if conv.groups != 1:
-        return GraphWeight(name, "", reason=f"grouped convolution (groups={conv.groups}"
-                                            f"{'; depthwise' if conv.groups == conv.in_channels else ''}): not a GEMM")
     geometry = {"cin": conv.in_channels, "kh": kh, "kw": kw, "stride": stride, "pad": pad, "groups": conv.groups,
                 "h_in": x[2], "w_in": x[3], "h_out": h_out, "w_out": w_out, "dilation": dilation}
     return GraphWeight(name, "conv", conv.out_channels, conv.in_channels // conv.groups * kh * kw, conv=geometry,
                        batch=x[0])
 
 
-def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
+def save_model(model: nn.Module, example_input, path: str | Path, kwargs: Mapping | None = None) -> Path:
     """Write the GEMM weights of `model` (as `layer_weights` finds them, float32, state_dict names)
     to a safetensors file, with every GraphWeight (geometry, and each other tensor's reason) in its
     metadata, for `lospmm run --weights PATH`. Written atomically; returns the path."""
@@ -171,10 +349,10 @@ def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
 
     from lospmm.flows.storage.store import atomic_write
 
-    weights = layer_weights(model, example_input)
+    weights = layer_weights(model, example_input, kwargs)
     state = model.state_dict()
-    tensors = {w.name: np.ascontiguousarray(state[w.name].detach().to("cpu", torch.float32).numpy())
-               for w in weights if w.op}
+    names = [w.name for w in weights if w.op] + [w.bias for w in weights if w.op and w.bias]
+    tensors = {name: np.ascontiguousarray(state[name].detach().to("cpu", torch.float32).numpy()) for name in names}
     if not tensors:
         raise ValueError(f"{type(model).__name__}: no nn.Linear or nn.Conv2d weight is used by the example input")
     meta = {GRAPH_METADATA: json.dumps([asdict(w) for w in weights])}
@@ -185,39 +363,75 @@ def save_model(model: nn.Module, example_input, path: str | Path) -> Path:
 
 
 def search(model: nn.Module, example_input, sparsity: float | None = None, prune: str = "magnitude",
-           artifacts: str | Path = "artifacts", name: str | None = None, **options) -> str:
+           artifacts: str | Path = "artifacts", name: str | None = None, kwargs: Mapping | None = None,
+           **options) -> str:
     """Save `model` (`save_model`, under `<artifacts>/models/`) and run the whole search on it, as
     `lospmm run --weights FILE --prune PRUNE --sparsity SPARSITY` would, in this process (Prefect's
-    ephemeral API unless one is configured). `sparsity`: 0.9 by default; with prune="keep" (an
-    already pruned model, its zeros kept) the default is the model's own share of zeros in its GEMM
-    weights. `options`: other RunConfig fields (gpu, timer, top_k, jobs, …). Returns the run id;
-    ValueError for bad options (the CLI's one-line message)."""
+    ephemeral API unless one is configured). `example_input`: a tensor, a tuple of positional
+    arguments or a mapping of keyword arguments (a tokenizer's output); `kwargs`: more keyword
+    arguments — the model is run once as model(*args, **kwargs). `sparsity`: 0.9 by default; with
+    prune="keep" (an already pruned model, its zeros kept) the default is the model's own share of
+    zeros in its GEMM weights. `options`: other RunConfig fields (gpu, timer, top_k, jobs, …),
+    checked before anything is written. Returns the run id; ValueError in one line for a bad option
+    (named by its keyword) or an example input the model's forward pass fails on."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as the CLI: no telemetry
-    from lospmm.flows.config import ConfigError, RunConfig, resolved
+    from lospmm.flows.config import ConfigError, RunConfig, checked_settings, resolved
     from lospmm.flows.pipeline import run_plan
 
+    unknown = sorted(set(options) - {f.name for f in fields(RunConfig)} | set(options) & {"zoo", "weights", "sparsities"})
+    if unknown:
+        raise ValueError(f"lt.search: {', '.join(unknown)}: not run option(s) of lt.search (the model's own keyword "
+                         f"inputs go in kwargs={{...}}, or pass a mapping as example_input); run options: "
+                         f"{', '.join(_search_options())}")
+    settings = {"zoo": (), "prune": prune, "artifacts": str(artifacts), **options}
+    try:  # every option but the model file, before the model is run and written
+        checked_settings(RunConfig.from_dict({**settings, "sparsities": (0.5 if sparsity is None else sparsity,)}))
+    except ConfigError as e:
+        raise ValueError(_as_keywords(str(e))) from None
     label = name or type(model).__name__.lower()
     tmp = Path(artifacts) / "models" / f".{label}.{os.getpid()}.{secrets.token_hex(4)}.pending.safetensors"
-    save_model(model, example_input, tmp)
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]
-    path = tmp.with_name(f"{label}-{digest}.safetensors")
-    tmp.replace(path)
+    try:
+        save_model(model, example_input, tmp, kwargs)
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]
+        path = tmp.with_name(f"{label}-{digest}.safetensors")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     if sparsity is None:
         sparsity = _zero_share(path) if prune == "keep" else 0.9
     try:
-        config = RunConfig.from_dict({"zoo": (), "weights": str(path.resolve()), "sparsities": (sparsity,),
-                                      "prune": prune, "artifacts": str(artifacts), **options})
-        plan = resolved(config)
+        plan = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (sparsity,)}))
     except ConfigError as e:
-        raise ValueError(str(e)) from None
+        raise ValueError(_as_keywords(str(e))) from None
     return run_plan(plan)["run_id"]
 
 
+# a CLI flag in a ConfigError -> the keyword a Python caller gives (the rest: dashes to underscores)
+_KEYWORD_OF_FLAG = {"sparsity": "sparsity", "m1": "m1s", "weights": "model", "zoo": "model"}
+
+
+def _as_keywords(message: str) -> str:
+    """A ConfigError's line as a Python caller reads it: `--top-k` becomes `top_k`."""
+    import re
+
+    return "lt.search: " + re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)",
+                                  lambda m: _KEYWORD_OF_FLAG.get(m[1], m[1].replace("-", "_")), message)
+
+
+def _search_options() -> list[str]:
+    from lospmm.flows.config import RunConfig
+
+    return [f.name for f in fields(RunConfig) if f.name not in ("zoo", "weights", "sparsities", "prune", "artifacts")]
+
+
 def _zero_share(path: Path) -> float:
-    """The share of zeros over every weight in a saved model file (its GEMM weights), to 3 decimals."""
+    """The share of zeros over the GEMM weights of a saved model file (not its biases), to 3 decimals."""
     from safetensors.numpy import load_file
 
-    weights = load_file(str(path)).values()
+    from lospmm.flows.inputs.weights import saved_graph
+
+    gemm = {w.name for w in saved_graph(path) or () if w.op}
+    weights = [w for name, w in load_file(str(path)).items() if name in gemm]
     zeros, total = sum(int((w == 0).sum()) for w in weights), sum(w.size for w in weights)
     return round(min(max(zeros / max(total, 1), 0.001), 0.999), 3)
 
@@ -317,15 +531,16 @@ class SparseLinear(nn.Module):
 
 
 class SparseConv2d(nn.Module):
-    """An nn.Conv2d (groups = 1) on an emitted kernel: the implicit-im2col kernel reads X itself;
+    """An nn.Conv2d on an emitted kernel (a grouped one's A block-diagonal over all input channels):
+    the implicit-im2col kernel reads X itself;
     a GEMM kernel (an im2col run) gets the unfolded input. Bias added after."""
 
-    def __init__(self, kernel: SpMM | SpConv, conv: nn.Conv2d, geometry: dict):
+    def __init__(self, kernel: SpMM | SpConv, conv: nn.Conv2d, geometry: dict, bias=None):
         super().__init__()
         self.kernel, self.geometry = kernel, geometry
         self.name = kernel_name(kernel)
         self.out_channels = conv.out_channels
-        self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False) if conv.bias is not None else None
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
     def forward(self, x):
         _inference_only(x, self.kernel)
@@ -356,6 +571,7 @@ class Replacement:
     kernel_dir: str
     module: str = ""
     reason: str = ""
+    fused: str = ""  # what the kernel fuses besides the product: "", "bias", "bias+relu", "relu", …
 
 
 def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsity: float | None = None) -> list[Path]:
@@ -392,23 +608,37 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
 
 
 def _weight_matrix(module: nn.Module) -> np.ndarray:
+    """The module's weight as the A its kernel bakes: out × in for a linear layer, Cout × cin·kh·kw
+    for a convolution (a grouped one's blocks on the diagonal, zeros between: prune.grouped_as_dense)."""
     w = module.weight.detach().to("cpu", torch.float32).numpy()
-    return w.reshape(w.shape[0], -1)
+    w = w.reshape(w.shape[0], -1)
+    groups = getattr(module, "groups", 1)
+    if groups == 1:
+        return w
+    per_group, k = w.shape[0] // groups, w.shape[1]
+    dense = np.zeros((w.shape[0], k * groups), np.float32)
+    for g in range(groups):
+        dense[g * per_group:(g + 1) * per_group, g * k:(g + 1) * k] = w[g * per_group:(g + 1) * per_group]
+    return dense
 
 
-def _matching(a, facts: dict, module: nn.Module, layer: str) -> str:
+def _module_weight(a: np.ndarray, module: nn.Module) -> np.ndarray:
+    """The inverse of _weight_matrix: a kernel's dense A as the module's weight tensor's values."""
+    groups = getattr(module, "groups", 1)
+    if groups > 1:
+        per_group, k = a.shape[0] // groups, a.shape[1] // groups
+        a = np.concatenate([a[g * per_group:(g + 1) * per_group, g * k:(g + 1) * k] for g in range(groups)])
+    return a.reshape(module.weight.shape)
+
+
+def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: Callable[[], str]) -> str:
     """"" when the kernel computes this module's operation (a plain nn.Linear / nn.Conv2d, the same
-    convolution geometry, no fused epilogue) with its weight, entries zeroed; else why not."""
+    convolution geometry) with its weight, entries zeroed, and what it fuses is the module's bias
+    and the activation the model applies right after it (`activation_after()`); else why not."""
     if not isinstance(module, (nn.Linear, nn.Conv2d)):
         return f"{layer}: the model's {type(module).__name__} is not an nn.Linear or nn.Conv2d"
     if not _plain(module):
         return f"{layer}: {type(module).__name__} overrides nn.{_base(module).__name__}'s forward"
-    if isinstance(module, nn.Conv2d) and module.groups != 1:
-        return f"{layer}: a grouped convolution (groups={module.groups}) has no kernel"
-    epilogue = facts.get("epilogue") or {}
-    if epilogue.get("bias") or epilogue.get("relu"):
-        return (f"{layer}: the kernel fuses {' and '.join(k for k in ('bias', 'relu') if epilogue.get(k))}; "
-                f"sparsify serves plain kernels (the model's own bias and activation follow them)")
     if facts.get("conv"):
         if not isinstance(module, nn.Conv2d):
             return f"{layer}: a convolution kernel for the model's {type(module).__name__}"
@@ -428,6 +658,19 @@ def _matching(a, facts: dict, module: nn.Module, layer: str) -> str:
     if differ:
         return (f"{layer}: {differ} of the kernel's {a.nnz} nonzeros differ from the model's weight: "
                 f"the kernel was built from other weights")
+    try:
+        epilogue = Epilogue.of_facts(facts)
+    except ValueError as e:
+        return str(e)
+    if epilogue.bias:
+        mine = None if module.bias is None else module.bias.detach().to("cpu", torch.float32).numpy()
+        if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
+            return (f"{layer}: the kernel fuses a bias that is not the module's "
+                    f"({'it has none' if mine is None else 'other values'}): the kernel was built from other weights")
+    if epilogue.activation and activation_after() != epilogue.activation:
+        owner = layer.rpartition(".")[0]
+        return (f"{layer}: the kernel fuses {epilogue.activation}, but the model does not apply "
+                f"{epilogue.activation} right after {owner} (and to its output alone, in a graph torch.fx can read)")
     return ""
 
 
@@ -435,9 +678,16 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
                  sparsity: float | None = None) -> list[Replacement]:
     """For each kernel directory behind `source` (kernel_dirs): the module of `model` its layer names
     (state_dict name `<module>.weight`) when its pruned A is that module's weight with entries
-    zeroed, else the reason it is not used. A kernel from other weights (a zoo run's random ones,
-    another checkpoint) is never used."""
+    zeroed and what it fuses is the module's bias and the activation after it, else the reason it
+    is not used. A kernel from other weights (a zoo run's random ones, another checkpoint) is never used."""
     modules = dict(model.named_modules())
+    activations: list[dict[str, str]] = []  # read from the model's graph once, when a kernel fuses one
+
+    def activation_after(owner: str) -> str:
+        if not activations:
+            activations.append(following_activations(model))
+        return activations[0].get(owner, "")
+
     out = []
     for d in kernel_dirs(source, artifacts, sparsity):
         facts = kernel_facts(d, ("kernel.json", "weight.parquet"))
@@ -447,19 +697,30 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
         if module is None:
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
-        reason = _matching(read_matrix(d / "weight.parquet"), facts, module, layer)
-        out.append(Replacement(layer, str(d), owner if not reason else "", reason))
+        reason = _matching(read_matrix(d / "weight.parquet"), facts, module, layer, lambda: activation_after(owner))
+        out.append(Replacement(layer, str(d), owner if not reason else "", reason, _fused_label(facts)))
     return out
+
+
+def _fused_label(facts: dict) -> str:
+    e = facts.get("epilogue") or {}
+    act = e.get("activation") or ("relu" if e.get("relu") else "")
+    return "+".join(p for p in ("bias" if e.get("bias") else "", act) if p)
 
 
 def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifacts: str | Path = "artifacts",
              sparsity: float | None = None, strict: bool = True) -> nn.Module:
     """A copy of `model` with each nn.Linear / nn.Conv2d that has a kernel behind `source` (a run id
     under `artifacts`, an emit folder or one kernel directory) replaced by its emitted kernel, bias
-    carried over; activations stay the model's own modules. `backend`: `cuda` (the GPU) or `host`
+    carried over unless the kernel fuses it (see below). `backend`: `cuda` (the GPU) or `host`
     (the CPU host emulation, for tests: slow). `strict`: raise KernelDirError when a kernel does not
     match the model (its reason), else skip it. The copy's `lospmm_replacements` lists every
-    kernel the source emitted and what became of it. The model itself is left as it was.
+    kernel the source emitted, what it fuses and what became of it. The model itself is left as it was.
+
+    A kernel that fuses its layer's bias serves the module without a bias of its own; one that fuses
+    the activation after it (following_activations) makes the model's module applying that
+    activation an identity when it has one of its own (a ReLU applied by the model's code stays:
+    applied twice it changes nothing).
 
     The copy is for inference (an emitted kernel has no backward). A convolution's kernel reads the
     input size it was searched for (any batch); another size raises ValueError naming the layer."""
@@ -473,16 +734,23 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
     _refuse_mismatches(plan, strict)
     out = copy.deepcopy(model)  # aliases stay aliases in the copy: replaced together below
     out.requires_grad_(False)  # for inference: no parameter asks autograd to track what the kernels cannot
+    fused = {r.module for r in plan if r.module and r.fused.removeprefix("bias").strip("+")}
+    if fused:  # the kernel applies the activation: a module of the model's own that applied it becomes an identity
+        for layer, (_, own) in _fusable(out).items():
+            if layer in fused and own:
+                parent, _, child = own.rpartition(".")
+                setattr(out.get_submodule(parent) if parent else out, child, nn.Identity())
     paths = _paths(out)
     for r in plan:
         if not r.module:
             continue
         original = out.get_submodule(r.module)
         kernel = load_kernel(r.kernel_dir, backend)
+        bias = None if r.fused.startswith("bias") else original.bias  # a fused bias is in the kernel
         if isinstance(original, nn.Linear):
-            new = SparseLinear(kernel, original.bias)
+            new = SparseLinear(kernel, bias)
         else:
-            new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original))
+            new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original), bias)
         for path in paths[id(original)]:  # every name the module goes by (a module shared by two parents)
             parent_name, _, child = path.rpartition(".")
             setattr(out.get_submodule(parent_name) if parent_name else out, child, new)
@@ -528,6 +796,6 @@ def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifa
             a = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray()
             w = module.weight
             # a new Parameter: a weight tied elsewhere (an embedding table, say) keeps its own values
-            module.weight = nn.Parameter(torch.from_numpy(a.reshape(w.shape)).to(w.device, w.dtype),
+            module.weight = nn.Parameter(torch.from_numpy(_module_weight(a, module)).to(w.device, w.dtype),
                                          requires_grad=w.requires_grad)
     return out

@@ -23,6 +23,8 @@ def test_list_options_take_space_separated_values():
     (["--tokens", "0", "--weights", "x.safetensors"], "--tokens must be >= 1"),
     (["--weights", "missing.safetensors"], "missing.safetensors does not exist"),
     (["--m1", "0"], "--m1"),
+    (["--input-shape", "images:1x0"], "--input-shape 'images:1x0': give NAME:DIMS"),
+    (["--input-shape", "images:1x3x8x8"], "input shapes fix an ONNX model's inputs; give --weights MODEL.onnx"),
 ])
 def test_bad_run_options_fail_fast_with_a_clear_message(tmp_path, args, message):
     result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), *args])
@@ -36,6 +38,19 @@ def test_unreadable_weights_file_is_named(tmp_path):
     bad.write_bytes(b"this is not a safetensors file")
     result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--weights", str(bad)])
     assert result.exit_code == 2 and "junk.safetensors" in result.output and "not a readable safetensors" in result.output
+
+
+def test_a_torch_checkpoint_is_named_as_one_with_what_to_give_instead(tmp_path):
+    pt = tmp_path / "model.pt"
+    pt.write_bytes(b"PK\x03\x04" + bytes(60))  # torch.save's zip archive
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--weights", str(pt)])
+    assert result.exit_code == 2 and "looks like a torch checkpoint" in result.output
+    assert "lt.search(model, example_input)" in result.output and "not a readable safetensors" not in result.output
+
+
+def test_run_help_states_the_poolers_rows_and_the_input_shapes():
+    text = " ".join(runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "pooler" in text and "--input-shape" in text and "NAME:1x3x640x640" in text
 
 
 def test_inspect_without_runs_says_how_to_start(tmp_path):
@@ -133,6 +148,9 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     result = runner.invoke(app, [*common, "--until", "constrain", "--tokens", "256"])
     assert result.exit_code == 3, result.output  # `bad` has a NaN: the others complete, the run says so
     assert "1 of 2 layers did not produce what was asked" in result.output and "bad (error)" in result.output
+    # the bias is no problem: a line counts it, the problem table has `bad` only
+    assert "1 tensor not searched: 1 × bias (1-D)" in result.output and "layers with problems" in result.output
+    assert result.output.count("bias") == 1
     ones = tmp_path / "ones.safetensors"
     save_file({"good": rng.standard_normal((32, 16)).astype(np.float32)}, str(ones))
     fine = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",

@@ -54,6 +54,34 @@ def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
     np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("design", ["baseline", "chained,v=2"])
+def test_a_fused_bias_and_gelu_match_the_reference_on_the_device(tmp_path, design):
+    """The epilogue's device code (erff, make_float2) runs only here; the loader serves it too."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.loader import load_kernel
+    from lospmm.runtime import check_full_kernel, device_facts
+    from lospmm.stages.codegen import Epilogue, design_named
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = random_pruned(130, 200, 0.85, np.random.default_rng(0))
+    a = a.tolil()
+    a[7, :] = 0  # an empty row: stores gelu(bias) alone
+    a = a.tocsr()
+    epilogue = Epilogue(tuple(np.random.default_rng(1).standard_normal(130).astype(np.float32).tolist()), "gelu")
+    d = tmp_path / "fused"
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "fused", 0.85, 64, device_facts()["arch"], d,
+                           verify=False, design=design_named(design), epilogue=epilogue)
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    for n in (1, 32, 333):
+        assert check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a,
+                                 n=n, seed=n, epilogue=epilogue) < 1e-5, n
+    torch = pytest.importorskip("torch")
+    b = torch.randn(200, 77, device="cuda")
+    want = epilogue.reference(a @ b.cpu().numpy().astype(np.float64))
+    np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
     """Prefect runs tasks in worker threads, and a CUDA context is current per thread: a kernel
     loaded here must launch from a thread that has never touched CUDA."""
@@ -170,7 +198,7 @@ def test_the_gpu_plans_steps_launch_an_emitted_conv_kernel_as_a_convolution(tmp_
     from benchmarks import gpuplan
     from lospmm.flows.kernels import emitted_kernel
     from lospmm.runtime import device_facts
-    from lospmm.stages.codegen import ConvGeometry, Epilogue
+    from lospmm.stages.codegen import ConvGeometry
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
@@ -178,7 +206,7 @@ def test_the_gpu_plans_steps_launch_an_emitted_conv_kernel_as_a_convolution(tmp_
     a = random_pruned(32, g.k, 0.8, np.random.default_rng(1))
     d = tmp_path / "conv"
     emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "conv", 0.8, 64, device_facts()["arch"], d,
-                   verify=False, conv=(g, Epilogue()))
+                   verify=False, conv=g)
     gpuplan.write_matrix(d / "a.parquet", a)
     row = {"model": "test", "layer": "conv", "m": 32, "k": g.k, "n": g.n(4), "nnz": int(a.nnz), "m1": 4, "n1": 64,
            "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
@@ -201,7 +229,7 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     g = ConvGeometry(cin=5, h=11, w=9, kh=3, kw=3, stride=2, pad=1)
     a = random_pruned(12, g.k, 0.7, np.random.default_rng(3))
     bias = tuple(float(v) for v in np.linspace(-1, 1, 12))
-    src = conv_kernel_source(a, reordered_tiles(a, 4), 32, g, Epilogue(bias, relu=True))
+    src = conv_kernel_source(a, reordered_tiles(a, 4), 32, g, Epilogue(bias, "relu"))
     c = compiled_kernel(src, kernel_options(device_facts()["arch"], 4))
     for batch in (1, 3):
-        assert check_conv_kernel(c.cubin, src.name, src.layout, a, g, bias, True, batch=batch, seed=batch) < 1e-5
+        assert check_conv_kernel(c.cubin, src.name, src.layout, a, g, Epilogue(bias, "relu"), batch=batch, seed=batch) < 1e-5

@@ -3,6 +3,7 @@ emulation here; the same on the device under the `gpu` marker)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ import lospmm.torch as lt  # noqa: E402
 from lospmm.flows.inputs.weights import saved_graph, tensor_infos  # noqa: E402
 from lospmm.loader import KernelDirError, load_kernel  # noqa: E402
 from lospmm.sparse_file import read_matrix  # noqa: E402
+from lospmm.stages.codegen import Epilogue  # noqa: E402
 from lospmm.stages.extract import graph_shapes  # noqa: E402
 
 
@@ -62,12 +64,14 @@ def test_the_importer_finds_each_gemm_weight_with_its_geometry_and_says_why_not_
     assert "BatchNorm2d" in reasons["bn.running_mean"] and "integer" in reasons["bn.num_batches_tracked"]
     assert "embedding/lookup table" in reasons["table.weight"]
     assert "not called by the example input" in reasons["unused.weight"]
-    assert "grouped convolution (groups=16; depthwise)" in reasons["dw.weight"]
+    # the depthwise convolution: its own weight (16 × 1·3·3), searched as the dense convolution whose A is
+    # that weight block-diagonal over all 16 input channels (K = 16·3·3)
+    assert (found["dw.weight"].op, found["dw.weight"].cols, found["dw.weight"].conv["groups"]) == ("conv", 9, 16)
     shapes = {s.layer: s for s in graph_shapes("tiny", found.values(), tokens=1, batch=1)}
-    assert shapes["dw.weight"].status == "skipped" and "grouped" in shapes["dw.weight"].message
+    assert (shapes["dw.weight"].k, shapes["dw.weight"].groups, shapes["dw.weight"].cin) == (16 * 9, 16, 16)
     assert (shapes["stem.weight"].n, shapes["fc.weight"].n) == (2 * 8 * 8, 2)
-    assert sorted(s.layer for s in shapes.values() if s.ok) == ["dilated.weight", "fc.weight", "pw.weight",
-                                                                "stem.weight"]
+    assert sorted(s.layer for s in shapes.values() if s.ok) == ["dilated.weight", "dw.weight", "fc.weight",
+                                                                "pw.weight", "stem.weight"]
 
 
 class StdConv2d(nn.Conv2d):
@@ -99,9 +103,15 @@ def test_a_saved_model_carries_its_geometry_to_extract(tmp_path):
     path = lt.save_model(_model(), x, tmp_path / "tiny.safetensors")
     names = {t.name: t.shape for t in tensor_infos(path)}
     assert names == {"stem.weight": (16, 3, 3, 3), "pw.weight": (32, 16, 1, 1), "dilated.weight": (32, 32, 3, 3),
-                     "fc.weight": (10, 32)}  # only GEMM weights travel
+                     "fc.weight": (10, 32), "stem.bias": (16,), "pw.bias": (32,), "dw.weight": (16, 1, 3, 3),
+                     "dw.bias": (16,), "fc.bias": (10,)}  # only GEMM weights travel, and the biases their kernels fuse
     graph = {w.name: w for w in saved_graph(path)}
     assert graph == {w.name: w for w in lt.layer_weights(_model(), x)}
+    # what each kernel fuses: the module's bias, and the activation applied to its output alone (the
+    # stem's output goes to its BatchNorm first, dw's to pw)
+    assert {n: (w.bias, w.activation) for n, w in graph.items() if w.op} == {
+        "stem.weight": ("stem.bias", ""), "dw.weight": ("dw.bias", ""), "pw.weight": ("pw.bias", "relu"),
+        "dilated.weight": ("", "relu"), "fc.weight": ("fc.bias", "")}
     from safetensors.numpy import save_file
 
     save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "plain.safetensors"))
@@ -125,10 +135,12 @@ def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
     fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
     ref = lt.pruned(model, run_id, artifacts=root)
     assert isinstance(fast.stem, lt.SparseConv2d) and isinstance(fast.fc, lt.SparseLinear)
-    assert isinstance(fast.dw, nn.Conv2d) and isinstance(model.stem, nn.Conv2d)  # the model itself is untouched
-    assert {r.module for r in fast.lospmm_replacements} == {"stem", "pw", "dilated", "fc"}
+    assert isinstance(fast.bn, nn.BatchNorm2d) and isinstance(model.stem, nn.Conv2d)  # the model itself is untouched
+    assert {r.module for r in fast.lospmm_replacements} == {"stem", "dw", "pw", "dilated", "fc"}
     # the implicit-im2col kernels read NCHW X themselves
-    assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "pw", "dilated"))
+    assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "dw", "pw", "dilated"))
+    # the depthwise layer too: its pruned weight, block-diagonal, in an implicit-conv kernel
+    assert 0.65 < float((ref.dw.weight == 0).float().mean()) < 0.75 and ref.dw.weight.shape == (16, 1, 3, 3)
     # the reference holds the kernels' pruned weights: about 70% zeros in every searched layer
     assert 0.65 < float((ref.stem.weight == 0).float().mean()) < 0.75
     got = fast(x)  # no torch.no_grad() needed: the copy's own parameters (BN, depthwise) track no grad
@@ -151,10 +163,11 @@ def test_every_conv_layer_of_the_run_was_emitted_as_an_implicit_conv_kernel(sear
     emit = next(e for e in record["entries"] if e["stage"] == "emit")
     rows = {r["layer"]: r for r in pq.read_table(root / emit["path"]).to_pylist()}
     assert {k: r["form"] for k, r in rows.items()} == {"stem.weight": "implicit-conv", "pw.weight": "implicit-conv",
-                                                       "dilated.weight": "implicit-conv", "fc.weight": "gemm"}
+                                                       "dw.weight": "implicit-conv", "dilated.weight": "implicit-conv",
+                                                       "fc.weight": "gemm"}
     assert all(r["check"] == "host-asan" and r["status"] == "ok" for r in rows.values())
     facts = json.loads((root / rows["dilated.weight"]["kernel_dir"] / "kernel.json").read_text())
-    assert facts["conv"]["dilation"] == 2 and facts["epilogue"] == {"bias": False, "relu": False}
+    assert facts["conv"]["dilation"] == 2 and facts["epilogue"] == {"bias": False, "relu": True, "activation": "relu"}
 
 
 def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
@@ -163,7 +176,10 @@ def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
     spmm = load_kernel(d, backend="host")
     a = read_matrix(d / "weight.parquet")
     b = np.random.default_rng(0).standard_normal((32, 45)).astype(np.float32)
-    assert np.abs(spmm(b) - a @ b).max() < 1e-5
+    fused = Epilogue.of_facts(spmm.facts)  # fc's kernel adds fc's bias itself
+    assert fused.bias == tuple(_model().fc.bias.detach().numpy().tolist()) and not fused.activation
+    assert np.abs(spmm(b) - fused.reference(a @ b)).max() < 1e-5
+    assert np.abs(spmm(b) - a @ b).max() > 1e-3  # the bias is there: the comparison can tell
     with pytest.raises(ValueError, match="fc.weight: B must be 32×N"):
         spmm(b.T.copy())
 
@@ -171,7 +187,7 @@ def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
 def test_kernels_of_other_weights_are_refused_by_name(searched):
     root, run_id, _ = searched
     other = _model(seed=1)  # same architecture, other weights
-    with pytest.raises(KernelDirError, match="4 of 4 kernels do not match.*differ from the model's weight"):
+    with pytest.raises(KernelDirError, match="5 of 5 kernels do not match.*differ from the model's weight"):
         lt.sparsify(other, run_id, backend="host", artifacts=root)
     partly = _model()
     with torch.no_grad():
@@ -179,7 +195,7 @@ def test_kernels_of_other_weights_are_refused_by_name(searched):
     kept = lt.sparsify(partly, run_id, backend="host", artifacts=root, strict=False)
     assert isinstance(kept.fc, nn.Linear) and isinstance(kept.stem, lt.SparseConv2d)
     assert "fc.weight" in next(r.reason for r in kept.lospmm_replacements if r.layer == "fc.weight")
-    with pytest.raises(KernelDirError, match="1 of 4 kernels do not match"):  # the reference refuses alike
+    with pytest.raises(KernelDirError, match="1 of 5 kernels do not match"):  # the reference refuses alike
         lt.pruned(partly, run_id, artifacts=root)
     assert torch.equal(lt.pruned(partly, run_id, artifacts=root, strict=False).fc.weight, partly.fc.weight)
 
@@ -188,7 +204,7 @@ def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
     root, run_id, x = searched
     with pytest.raises(KernelDirError, match="emitted no kernels at sparsity 0.5; it has \\[0.7\\]"):
         lt.sparsify(_model(), run_id, backend="host", artifacts=root, sparsity=0.5)
-    with pytest.raises(ValueError, match="unknown run option\\(s\\): topk"):
+    with pytest.raises(ValueError, match="lt.search: topk: not run option\\(s\\) of lt.search .* kwargs="):
         lt.search(_model(), x, artifacts=tmp_path, topk=3)
     fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
     with pytest.raises(ValueError, match="fc.weight: input has 31 features, the kernel takes 32"):
@@ -198,6 +214,46 @@ def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
     if not gpu_present():
         with pytest.raises(RuntimeError, match="no CUDA device here for backend='cuda'; backend='host'"):
             lt.sparsify(_model(), run_id, artifacts=root)
+
+
+class Keyworded(nn.Module):
+    """A model called as a tokenizer's output is passed: keyword inputs, one of them optional."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.proj = nn.Linear(8, 6)
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.embed(input_ids)
+        if attention_mask is not None:
+            x = x * attention_mask[..., None]
+        return self.proj(x)
+
+
+def test_the_importer_takes_args_kwargs_and_a_mapping_as_torch_export_does():
+    ids, mask = torch.randint(0, 11, (2, 5)), torch.ones(2, 5)
+    by_mapping = lt.layer_weights(Keyworded(), {"input_ids": ids, "attention_mask": mask})
+    assert {w.name: w.n for w in by_mapping if w.op} == {"proj.weight": 10}
+    assert lt.layer_weights(Keyworded(), (ids,), {"attention_mask": mask}) == by_mapping
+    assert lt.example_call(ids) == ((ids,), {})
+    with pytest.raises(TypeError, match="example_input and kwargs both give attention_mask"):
+        lt.example_call({"attention_mask": mask}, {"attention_mask": mask})
+
+
+def test_a_wrong_example_input_or_option_is_one_line_and_writes_nothing(tmp_path):
+    with pytest.raises(lt.ExampleInputError) as caught:
+        lt.search(_model(), torch.randn(2, 5, 16, 16), artifacts=tmp_path)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith("Tiny: its forward pass failed on the example input (tensor(2, 5, 16, 16) "
+                                                  "float32): RuntimeError:")
+    with pytest.raises(ValueError, match="^lt.search: top_k must be >= 1, got 0$"):
+        lt.search(_model(), torch.randn(2, 3, 16, 16), artifacts=tmp_path, top_k=0)
+    with pytest.raises(ValueError, match="^lt.search: sparsity 1.5: "):
+        lt.search(_model(), torch.randn(2, 3, 16, 16), sparsity=1.5, artifacts=tmp_path)
+    with pytest.raises(ValueError, match="lt.search: attention_mask: not run option"):
+        lt.search(Keyworded(), torch.randint(0, 11, (2, 5)), artifacts=tmp_path, attention_mask=torch.ones(2, 5))
+    assert not any(tmp_path.rglob("*.safetensors"))  # checked before any model file is written
 
 
 def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
@@ -352,3 +408,93 @@ def test_the_kernels_are_registered_operators_that_torch_compile_traces_whole(se
     torch._dynamo.reset()
     compiled = torch.compile(fast, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), fast(x))
+
+
+def test_a_sparsified_model_exports_with_its_kernels_named(searched, tmp_path):
+    """torch.export keeps each kernel as one lospmm op call whose argument names its kernel
+    directory: the exported program, saved and loaded again, runs the same kernels."""
+    root, run_id, x = searched
+    fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
+    exported = torch.export.export(fast, (x,))
+    calls = [n for n in exported.graph.nodes if n.op == "call_function" and "lospmm" in str(n.target)]
+    assert sorted(str(n.target) for n in calls) == ["lospmm.conv.default"] * 4 + ["lospmm.spmm.default"]
+    assert {n.args[1] for n in calls} == {fast.stem.name, fast.dw.name, fast.pw.name, fast.dilated.name,
+                                            fast.fc.name}
+    torch.export.save(exported, tmp_path / "fast.pt2")
+    again = torch.export.load(tmp_path / "fast.pt2")
+    torch.testing.assert_close(again.module()(x), fast(x))
+
+
+class GeluOutput(nn.Module):
+    """transformers' GELUActivation in miniature: a module without parameters that applies F.gelu."""
+
+    def forward(self, x):
+        return nn.functional.gelu(x)
+
+
+class Fusions(nn.Module):
+    """Each pattern the importer reads: a GELU module after a layer, a wrapper module, a functional
+    GELU (not fusable: the model's code applies it), a tanh GELU (another function), a shared ReLU
+    (fused: applying it again changes nothing), and a layer whose output is also used elsewhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.act = nn.Linear(8, 16), nn.GELU()
+        self.mid, self.wrapped = nn.Linear(16, 16), GeluOutput()
+        self.functional = nn.Linear(16, 16)
+        self.tanh = nn.Linear(16, 16)
+        self.shared_a, self.shared_b, self.relu = nn.Linear(16, 16), nn.Linear(16, 16), nn.ReLU()
+        self.residual = nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = self.wrapped(self.mid(self.act(self.up(x))))
+        x = nn.functional.gelu(self.functional(x))
+        x = nn.functional.gelu(self.tanh(x), approximate="tanh")
+        x = self.relu(self.shared_b(self.relu(self.shared_a(x))))
+        y = self.residual(x)
+        return torch.relu(y) + y
+
+
+def test_the_importer_reads_which_activation_each_kernel_can_fuse():
+    assert lt.following_activations(Fusions()) == {"up": "gelu", "mid": "gelu", "shared_a": "relu",
+                                                   "shared_b": "relu"}
+
+    class Untraceable(Fusions):  # data-dependent control flow where the layers are called: nothing is guessed
+        def forward(self, x):
+            return super().forward(x) if bool(x.sum() > 0) else x
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Fusions()
+
+        def forward(self, x):
+            return self.inner(x) if bool(x.sum() > 0) else x
+
+    assert lt.following_activations(Untraceable()) == {}
+    # … while a model untraceable above its layers is read in each layer's parent
+    assert lt.following_activations(Outer()) == {"inner.up": "gelu", "inner.mid": "gelu", "inner.shared_a": "relu",
+                                                 "inner.shared_b": "relu"}
+
+
+def test_a_gelu_kernel_replaces_the_layer_and_its_gelu_module(tmp_path, prefect_server):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(6, 24)
+    root = tmp_path / "artifacts"
+    run_id = lt.search(model, x, sparsity=0.7, artifacts=root, name="mlp", m1s=(1, 2), jobs=2)
+    fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
+    assert {r.layer: r.fused for r in fast.lospmm_replacements} == {"0.weight": "bias+gelu", "2.weight": "bias"}
+    assert isinstance(fast[1], nn.Identity) and isinstance(model[1], nn.GELU)  # the kernel applies it now
+    with torch.no_grad():
+        want = lt.pruned(model, run_id, artifacts=root)(x)
+    assert float((fast(x) - want).abs().max()) / float(want.abs().max()) < 1e-5
+    # the same kernels refuse a model that applies no GELU there
+    plain = nn.Sequential(model[0], nn.Identity(), model[2])
+    with pytest.raises(KernelDirError, match="0.weight: the kernel fuses gelu, but the model does not apply gelu"):
+        lt.sparsify(plain, run_id, backend="host", artifacts=root)
+    biased = copy.deepcopy(model)
+    with torch.no_grad():
+        biased[2].bias.add_(1.0)
+    with pytest.raises(KernelDirError, match="2.weight: the kernel fuses a bias that is not the module's"):
+        lt.sparsify(biased, run_id, backend="host", artifacts=root)

@@ -22,7 +22,7 @@ from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
 from lospmm.stages.emit import EmitParams, emit_params
-from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, sanitized_name,
+from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, is_pooler, sanitized_name,
                                    used_zoo_params)
 from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method
 from lospmm.stages.rank import RankParams
@@ -48,7 +48,10 @@ class RunConfig:
     cluster through prefect-dask; its workers must see the artifact root at the same path),
     implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
-    codegen.design_named's tokens, `--design`), and the ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs)."""
+    codegen.design_named's tokens, `--design`), input_shapes=() (an ONNX model's inputs whose dims
+    to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
+    ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also
+    the row count of a checkpoint's pooler, one row per sequence)."""
 
     zoo: tuple[str, ...] = ("bert-base",)
     weights: str | None = None
@@ -75,6 +78,7 @@ class RunConfig:
     dask: str = ""
     implicit_conv: bool = True
     design: str = "baseline"
+    input_shapes: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -82,7 +86,7 @@ class RunConfig:
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown run option(s): {', '.join(sorted(unknown))}")
-        tuples = {"zoo", "sparsities", "m1s"}
+        tuples = {"zoo", "sparsities", "m1s", "input_shapes"}
         return cls(**{k: (tuple(v) if k in tuples and v is not None else v) for k, v in d.items()})
 
     def as_dict(self) -> dict[str, Any]:
@@ -239,8 +243,36 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
         onnx = is_onnx(path)
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
                           sha256=file_sha256(Path(path)), tokens=cfg.tokens,
-                          model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0))
+                          model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0,
+                          input_shapes=parsed_input_shapes(cfg.input_shapes),
+                          sequences=0 if onnx else _pooler_rows(cfg, path)))
     return out
+
+
+def _pooler_rows(cfg: RunConfig, path: str) -> int:
+    """--batch where a plain checkpoint has a pooler layer (its N: one row per sequence), else 0: the
+    other checkpoints' keys do not change with --batch. Reads the header only."""
+    from lospmm.flows.inputs.weights import saved_graph, tensor_infos
+
+    if saved_graph(path) is not None:  # lospmm.torch's file: each layer's N came from a forward pass
+        return 0
+    return cfg.batch if any(is_pooler(t.name) for t in tensor_infos(path)) else 0
+
+
+def parsed_input_shapes(specs: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """--input-shape values as trtexec's --shapes takes them (`images:1x3x640x640`, several joined by
+    commas or the option repeated) -> ((name, dims), ...); ConfigError names a value it cannot read."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in (part.strip() for text in specs for part in str(text).split(",")):
+        name, sep, dims = spec.rpartition(":")  # the last colon: a name may hold one (TF's `input:0`)
+        name = name.strip("'\"")
+        if not (sep and name and re.fullmatch(r"[1-9]\d*(x[1-9]\d*)*", dims.strip())):
+            raise ConfigError(f"--input-shape {spec!r}: give NAME:DIMS, positive dims joined by x "
+                              f"(e.g. images:1x3x640x640)")
+        if name in out:
+            raise ConfigError(f"--input-shape {name}: given twice")
+        out[name] = tuple(int(d) for d in dims.strip().split("x"))
+    return tuple(out.items())
 
 
 def model_config(weights: str | Path) -> ModelConfig | None:
@@ -261,9 +293,15 @@ def model_config(weights: str | Path) -> ModelConfig | None:
 def _check_options(cfg: RunConfig) -> tuple[Device, ModelConfig | None]:
     """ConfigError naming the first bad option or file; else the device and the weights' config.json
     (what the checks had to read, so that the plan reads neither again)."""
-    told = None
     if not cfg.zoo and not cfg.weights:
         raise ConfigError("nothing to run: give --zoo NAME or --weights FILE")
+    device = checked_settings(cfg)
+    return device, _checked_sources(cfg)
+
+
+def checked_settings(cfg: RunConfig) -> Device:
+    """ConfigError naming the first bad option that is not a source (everything but --zoo's models'
+    and --weights' files), else the device: what a caller checks before it writes a model file."""
     for name in cfg.zoo:
         if name not in ZOO_NAMES:
             raise ConfigError(f"unknown zoo model {name!r}; built-in: {', '.join(ZOO_NAMES)}")
@@ -315,16 +353,27 @@ def _check_options(cfg: RunConfig) -> tuple[Device, ModelConfig | None]:
         if lacking:
             raise ConfigError(f"--ranker {cfg.ranker}: no {' and no '.join(lacking)} (a ranker is the .txt model and "
                               f"its .json metadata, both written by `lospmm train-ranker`)")
+    return device
+
+
+def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
+    """ConfigError naming a --weights file the run cannot search; else its config.json (or None)."""
+    told = None
+    input_shapes = parsed_input_shapes(cfg.input_shapes)
+    if input_shapes and not (cfg.weights and is_onnx(cfg.weights)):
+        raise ConfigError(f"--input-shape {input_shapes[0][0]}: input shapes fix an ONNX model's inputs; "
+                          f"give --weights MODEL.onnx")
     if cfg.weights and is_onnx(cfg.weights):
         from lospmm.flows.inputs.onnx_model import OnnxModelError, graph_weights
 
         try:
-            found = graph_weights(cfg.weights)
+            found = graph_weights(cfg.weights, input_shapes)
         except OnnxModelError as e:
             raise ConfigError(str(e)) from None
         if not any(w.op for w in found):
-            raise ConfigError(f"{cfg.weights}: no MatMul, Gemm or Conv weight initializer to search "
-                              f"({len(found)} initializers)")
+            sizes = next((w.reason for w in found if "--input-shape" in w.reason), "")  # a symbolic image size
+            raise ConfigError(f"{cfg.weights}: no MatMul, Gemm or Conv weight (initializer or Constant) to search "
+                              f"({len(found)} tensors)" + (f"; {sizes}" if sizes else ""))
     elif cfg.weights:
         from lospmm.flows.inputs.weights import WeightsFileError, saved_graph, tensor_infos
 
@@ -337,9 +386,13 @@ def _check_options(cfg: RunConfig) -> tuple[Device, ModelConfig | None]:
         if graph is not None:
             if not any(w.op for w in graph):
                 raise ConfigError(f"{cfg.weights}: no nn.Linear or nn.Conv2d weight to search ({len(graph)} tensors)")
-            return device, told
+            return told
         reasons = [excluded_reason(t, told or ModelConfig()) for t in infos]
         if all(reasons):  # extract would find no layer: say so before any work
             counts = ", ".join(f"{n} {r}" for r, n in Counter(reasons).most_common())
             raise ConfigError(f"{cfg.weights}: no GEMM weight to search ({len(infos)} tensors: {counts or 'none'})")
-    return device, told
+        pooler = next((t.name for t, r in zip(infos, reasons) if r is None and is_pooler(t.name)), None)
+        if pooler and cfg.batch > cfg.tokens:
+            raise ConfigError(f"--batch {cfg.batch} > --tokens {cfg.tokens}: {pooler} gets one row per sequence "
+                              f"(--batch sequences of --tokens in all); give --batch <= --tokens")
+    return told

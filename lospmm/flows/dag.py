@@ -62,7 +62,7 @@ DAG: tuple[Node, ...] = (
          lambda plan, src, s: {"timer": plan.timer, "design": plan.search.design}),
     Node("emit", ("time", "prune", "reorder", "extract"),
          lambda plan, src, s: {"timer": plan.timer, "arch": plan.device.arch, "params": plan.emit,
-                               "design": plan.search.design}),
+                               "design": plan.search.design, "source": src}),
 )
 NODES = {n.stage: n for n in DAG}
 assert tuple(NODES) == STAGES, "the DAG lists every stage once, in order"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lospmm.flows.storage.compile_cache import cached_kernel
+from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
 from lospmm.flows.execution.units import UnitCompiler
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.storage.runs import artifacts_of
@@ -34,10 +34,12 @@ from lospmm.stages.timing import LaunchUnderTest, Timer
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
-                      implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE) -> dict:
+                      implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE,
+                      epilogue: Epilogue | None = None) -> dict:
     """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
     `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
-    layer's geometry from the run's shapes and ReLU fused when `relu`."""
+    layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`: what the kernel
+    fuses (default: what the run's emit stage fuses into this layer — its bias and activation)."""
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -59,25 +61,35 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
     tiles = tiles_from_row(reordered, at[(layer, m1)])
     arch = device_named(record["config"]["gpu"]).arch
-    conv = None
-    if implicit_conv:
-        shapes = read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
-        conv = (conv_geometry(next(r for r in shapes if r["layer"] == layer)), Epilogue(relu=relu))
-    elif relu:
-        raise ValueError("--relu is fused only into an implicit-im2col convolution kernel (--implicit-conv)")
-    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify, conv=conv,
-                          design=design)
+    shape = next(r for r in read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
+                 if r["layer"] == layer)
+    if epilogue is None:
+        epilogue = layer_epilogue(shape, record)
+    if relu:
+        epilogue = Epilogue(epilogue.bias, "relu")
+    return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
+                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue)
+
+
+def layer_epilogue(shape_row: dict, record_or_source) -> Epilogue:
+    """What a layer's kernel fuses: its bias (read from the weights file the run searched) and the
+    activation its model applies right after it, as the importer recorded them in 01_shapes."""
+    name, activation = shape_row.get("bias") or "", shape_row.get("activation") or ""
+    if not name:
+        return Epilogue(activation=activation)
+    from lospmm.flows.inputs.weights import load_tensor
+
+    path = record_or_source if isinstance(record_or_source, str) else record_or_source["config"]["weights"]
+    return Epilogue(tuple(load_tensor(path, name).astype("float32").ravel().tolist()), activation)
 
 
 def conv_geometry(shape_row: dict) -> ConvGeometry:
-    """A convolution layer's geometry from its 01_shapes row; ValueError naming the layer if it is
-    not a dense (groups = 1) convolution."""
+    """A convolution layer's geometry from its 01_shapes row (a grouped convolution's is the dense
+    one's: its A is block-diagonal over all input channels); ValueError naming the layer if it is
+    not a convolution."""
     layer = shape_row["layer"]
     if shape_row["op"] != "conv":
         raise ValueError(f"{layer} is a {shape_row['op']} layer, not a convolution: no implicit-im2col kernel")
-    if shape_row["groups"] != 1:
-        raise ValueError(f"{layer}: a grouped convolution (groups={shape_row['groups']}) has no implicit-im2col "
-                         f"kernel yet")
     return ConvGeometry(cin=shape_row["cin"], h=shape_row["h_in"], w=shape_row["w_in"], kh=shape_row["kh"],
                         kw=shape_row["kw"], stride=shape_row["stride"], pad=shape_row["pad"],
                         dilation=shape_row.get("dilation") or 1)
@@ -86,16 +98,18 @@ def conv_geometry(shape_row: dict) -> ConvGeometry:
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
                    measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
-                   compile_units: UnitCompiler | None = None, conv: tuple | None = None,
-                   design: KernelDesign = BASELINE) -> dict:
+                   compile_units: UnitCompiler | None = None, conv: ConvGeometry | None = None,
+                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue()) -> dict:
     """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
     compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check). A
-    convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise)."""
+    convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise).
+    `conv`: the geometry of an implicit-im2col convolution kernel; `epilogue`: the bias and activation
+    the kernel fuses, checked with them."""
     if conv is None:
-        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design))
+        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue)
     else:
-        kernel = conv_kernel_source(matrix, tiles, n1, *conv, CodegenParams(design=design))  # ValueError: no such design
+        kernel = conv_kernel_source(matrix, tiles, n1, conv, epilogue, CodegenParams(design=design))  # ValueError: no such design
     out.mkdir(parents=True, exist_ok=True)
     # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
     for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
@@ -104,7 +118,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     # the pruned A the kernel bakes in, rows in the layer's order: what `lospmm.torch.sparsify` checks
     # a model's weight against, and a user's way to evaluate the pruned layer without a GPU
     atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
-    facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv), **(extra or {})}
+    facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv, epilogue), **(extra or {})}
     cubin = None
     if compile_:
         result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=kernel.design), compile_units)
@@ -120,10 +134,10 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         n = host_check_columns(n1)
         try:
             if conv is None:
-                error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol)
+                error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol, epilogue=epilogue)
                 facts["host_check"] = {"max_rel_error": error, "n": n, "sanitizer": "address", "status": Status.OK}
             else:  # two images against a reference convolution
-                error = checked_conv_against_reference(kernel, matrix, *conv, batch=2, sanitize=True, rtol=rtol)
+                error = checked_conv_against_reference(kernel, matrix, conv, epilogue, batch=2, sanitize=True, rtol=rtol)
                 facts["host_check"] = {"max_rel_error": error, "batch": 2, "reference": "numpy conv2d",
                                        "sanitizer": "address", "status": Status.OK}
         except Exception as e:
@@ -156,12 +170,13 @@ def _json_safe(value):
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
                   params: EmitParams, logger, compile_units: UnitCompiler | None = None,
-                  conv: ConvGeometry | None = None, design: KernelDesign = BASELINE) -> dict:
+                  conv: ConvGeometry | None = None, design: KernelDesign = BASELINE,
+                  epilogue: Epilogue = Epilogue()) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
-    `conv`: the layer's geometry, for an implicit-im2col convolution kernel (no epilogue: the
-    run knows no bias or activation)."""
+    `conv`: the layer's geometry, for an implicit-im2col convolution kernel; `epilogue`: the bias and
+    activation fused into it (layer_epilogue)."""
     layer = timed[0]["layer"]
     best = fastest_proxy(timed)
     ok = timed_ok(timed)
@@ -178,7 +193,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
                                    comp["thread_spill_bytes"], kernel=facts["kernel"],
                                    layout=LaunchLayout.of_facts(facts), cubin=cubin, conv=conv,
-                                   design=design_of_facts(facts))
+                                   design=design_of_facts(facts), epilogue=epilogue)
             error, check = checked(timer.device_error(full, matrix, params.device_check_n),
                                    facts.get("host_check"), params)
             full_us = timer.time(full).time_us
@@ -192,11 +207,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
                                rtol=params.rtol, compile_units=compile_units,
-                               conv=None if conv is None else (conv, Epilogue()), design=design)
+                               conv=conv, design=design, epilogue=epilogue)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
-        logger.info("emitted %s tile (%d,%d): compile %s in %.1f s, %s check, %s %.2f us, %.1f s in all", layer, m1,
-                    n1, comp["status"], comp.get("seconds") or 0.0, check, timer.name,
+        logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,
+                    n1, compile_summary(comp, comp["from_cache"]), check, timer.name,
                     facts.get("full_time_us", float("nan")), time.perf_counter() - t0)
         return {**base, "status": Status.ERROR if failed else Status.OK,
                 "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",

@@ -369,28 +369,123 @@ def _checked_tile(n1: int) -> None:
         raise ValueError(f"N1 must be in 1..1024, got {n1}")
 
 
+ACTIVATIONS = ("", "relu", "gelu")  # gelu: the exact (erf) form, torch's default
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a kernel applies to each output before storing it: a bias per output row (channel),
+    baked in as literals (empty: none), then an activation (§6.2 fuses Conv2D + ReLU; a linear
+    layer's GELU fuses alike). The empty epilogue leaves a kernel's text as it was without one."""
+
+    bias: tuple[float, ...] = ()
+    activation: str = ""
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r}: choose one of {', '.join(map(repr, ACTIVATIONS))}")
+
+    @property
+    def relu(self) -> bool:
+        return self.activation == "relu"
+
+    @property
+    def empty(self) -> bool:
+        return not self.bias and not self.activation
+
+    def name_parts(self) -> tuple:
+        """The epilogue's part of a kernel's name (the conv kernels' parts before activations existed
+        for no activation and ReLU, so their names stay)."""
+        act = self.relu if self.activation in ("", "relu") else self.activation
+        return np.asarray(self.bias, np.float32).tobytes(), act
+
+    def facts(self) -> dict:
+        """kernel.json's `epilogue`: what is fused, with the bias's values (float32, exact in JSON), so
+        that a device check can apply it and a model whose bias differs is refused."""
+        return {"bias": bool(self.bias), "relu": self.relu, "activation": self.activation,
+                **({"bias_values": [float(np.float32(x)) for x in self.bias]} if self.bias else {})}
+
+    @classmethod
+    def of_facts(cls, facts: dict) -> "Epilogue":
+        """The epilogue kernel.json records (none for a kernel directory written before epilogues)."""
+        e = facts.get("epilogue") or {}
+        if e.get("bias") and "bias_values" not in e:
+            raise ValueError(f"{facts.get('layer')}: kernel.json says a bias is fused but not its values "
+                             f"(written before bias values were recorded); emit the kernel again")
+        return cls(tuple(e.get("bias_values", ())), e.get("activation") or ("relu" if e.get("relu") else ""))
+
+    def _scalar(self, value: str) -> str:
+        if self.activation == "relu":
+            return f"lospmm_relu({value})"
+        if self.activation == "gelu":  # fused as one expression: the value is a register, read three times
+            return f"(0.5f * ({value}) * (1.0f + erff(({value}) * 0.70710678118654752f)))"
+        return value
+
+    def applied(self, acc: str, row: int, v: int = 1) -> str:
+        """The stored value(s) of accumulator `acc` (`v` columns) of output row `row`."""
+        bias = f" + {float_literal(np.array([self.bias[row]]))[0]}" if self.bias else ""
+        if v == 1:
+            return self._scalar(f"{acc}{bias}")
+        return f"make_{_VECTOR_TYPE[v]}(" + ", ".join(self._scalar(f"{acc}{lane}{bias}") for lane in _LANES[v]) + ")"
+
+    def of_zero(self, row: int, v: int = 1) -> str:
+        """The output of a row with no nonzero, as a literal (`v` columns)."""
+        x = np.float64(np.float32(self.bias[row]) if self.bias else 0.0)
+        value = float_literal(np.array([activated(np.array([x]), self.activation)[0]]))[0]
+        return value if v == 1 else f"{_VECTOR_TYPE[v]}{{{', '.join([value] * v)}}}"
+
+    def reference(self, product: np.ndarray, row_axis: int = 0) -> np.ndarray:
+        """The epilogue applied to A·B in float64 (rows of A along `row_axis`): what a kernel is
+        checked against."""
+        out = np.asarray(product, np.float64)
+        if self.bias:
+            shape = [1] * out.ndim
+            shape[row_axis] = len(self.bias)
+            out = out + np.asarray(self.bias, np.float64).reshape(shape)
+        return activated(out, self.activation)
+
+
+def activated(values: np.ndarray, activation: str) -> np.ndarray:
+    """An activation of ACTIVATIONS in float64 (the reference)."""
+    if activation == "relu":
+        return np.maximum(values, 0.0)
+    if activation == "gelu":
+        from scipy.special import erf
+
+        return 0.5 * values * (1.0 + erf(values / np.sqrt(2.0)))
+    return values
+
+
 def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
-                       params: CodegenParams = CodegenParams()) -> KernelSource:
-    """Alg. 2 for every A_tile of `tiles`, blocks of `n1` threads, in `params.design`."""
+                       params: CodegenParams = CodegenParams(), epilogue: Epilogue = Epilogue()) -> KernelSource:
+    """Alg. 2 for every A_tile of `tiles`, blocks of `n1` threads, in `params.design`, each output
+    stored through `epilogue` (bias and activation fused; the empty one: the plain product)."""
     a = sp.csr_matrix(matrix)
     a.sort_indices()
     _checked_tile(n1)
     design = params.design
+    if epilogue.bias and len(epilogue.bias) != a.shape[0]:
+        raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output rows")
     if design.a_values == "streamed":
+        if not epilogue.empty:
+            raise ValueError(f"design {design.label}: the streamed kernel fuses no epilogue yet")
         return streamed_kernel_source(a, tiles, n1, params)
     m, k = a.shape
     v = design.columns_per_thread
     name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
-                       *_design_parts(design))
+                       *_design_parts(design), *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
     header = (f"// lospmm full kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
               f"tiles={tiles.num_tiles} prefetch={params.prefetch}"
-              + (f" design={design.code_label}" if design != BASELINE else ""))
-    functions = [_tile_function(a, t, tiles.tile(t), params.prefetch, design) for t in range(tiles.num_tiles)]
+              + (f" design={design.code_label}" if design != BASELINE else "")
+              + (f" bias={bool(epilogue.bias)} activation={epilogue.activation or 'none'}" if not epilogue.empty else ""))
+    functions = [_tile_function(a, t, tiles.tile(t), params.prefetch, design, epilogue) for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     store = f"lospmm_st{_SUFFIX[v]}"
     zero_functions = [("(float* __restrict__ Cn, const int N)",
-                       "".join(f"  {store}(Cn, {r}, N, {_zero_value(v)});\n" for r in rows)) for rows in zero_blocks]
+                       "".join(f"  {store}(Cn, {r}, N, "
+                               f"{_zero_value(v) if epilogue.empty else epilogue.of_zero(int(r), v)});\n" for r in rows))
+                      for rows in zero_blocks]
     tile_axis, column_axis = _axes(design)
     per_block = n1 * v
     head = [f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"]
@@ -451,12 +546,12 @@ def _b_loader(design: KernelDesign):
 
 
 def _tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int,
-                   design: KernelDesign = BASELINE) -> str:
+                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue()) -> str:
     v = design.columns_per_thread
     store = f"lospmm_st{_SUFFIX[v]}"
     body = [*(["  const float* p = Bn;\n"] if design.loads == "chained" else []),
             *_tile_body(a, rows, prefetch, _b_loader(design), v),
-            *(f"  {store}(Cn, {r}, N, acc{i});\n" for i, r in enumerate(rows))]
+            *(f"  {store}(Cn, {r}, N, {epilogue.applied(f'acc{i}', int(r), v)});\n" for i, r in enumerate(rows))]
     return "".join([f"LOSPMM_TILE void tile_{t}{_tile_signature(design)} {{\n", *_walked(design, body),
                     "  LOSPMM_TILE_END\n}\n"])
 
@@ -570,24 +665,6 @@ class ConvGeometry:
         return batch * self.h_out * self.w_out
 
 
-@dataclass(frozen=True)
-class Epilogue:
-    """What a conv kernel applies to each output before storing it: a bias per output channel
-    (baked in as literals; empty: none), then ReLU (§6.2 fuses Conv2D + ReLU)."""
-
-    bias: tuple[float, ...] = ()
-    relu: bool = False
-
-    def applied(self, acc: str, row: int) -> str:
-        value = f"{acc} + {float_literal(np.array([self.bias[row]]))[0]}" if self.bias else acc
-        return f"lospmm_relu({value})" if self.relu else value
-
-    def of_zero(self, row: int) -> str:
-        """The output of a row with no nonzero, as a literal."""
-        v = np.float32(self.bias[row]) if self.bias else np.float32(0.0)
-        return float_literal(np.array([max(v, np.float32(0.0)) if self.relu else v]))[0]
-
-
 def conv_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, geometry: ConvGeometry,
                        epilogue: Epilogue = Epilogue(), params: CodegenParams = CodegenParams()) -> KernelSource:
     """Alg. 2 for a convolution without im2col: each B value is read from the NCHW input X
@@ -611,11 +688,11 @@ def conv_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, geometry: C
     hwo, chw = g.h_out * g.w_out, g.cin * g.h * g.w
     name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
-                       tuple(vars(g).values()), np.asarray(epilogue.bias, np.float32).tobytes(), epilogue.relu,
-                       *_design_parts(design))
+                       tuple(vars(g).values()), *epilogue.name_parts(), *_design_parts(design))
     header = (f"// lospmm conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
               f"stride={g.stride} pad={g.pad} dilation={g.dilation} -> {g.h_out}x{g.w_out}, nnz={a.nnz} "
               f"M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} bias={bool(epilogue.bias)} relu={epilogue.relu}"
+              + (f" activation={epilogue.activation}" if epilogue.activation not in ("", "relu") else "")
               + (f" design={design.code_label}" if design != BASELINE else ""))
     functions = [_conv_tile_function(a, t, tiles.tile(t), params.prefetch, g, epilogue) for t in range(tiles.num_tiles)]
     zero_blocks = _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))

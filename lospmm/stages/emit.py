@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lospmm.stages.codegen import BASELINE, KernelDesign, KernelSource, conv_design
+from lospmm.stages.codegen import BASELINE, Epilogue, KernelDesign, KernelSource, conv_design
 from lospmm.stages.rank import RankParams
 from lospmm.stages.status import Status
 
@@ -92,10 +92,10 @@ def checked(device_error: float | None, host_check: dict | None,
 
 
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
-    """`implicit-conv` for a dense (groups = 1) convolution with its geometry when params ask for
+    """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry when params ask for
     it and the kernel design has a conv kernel (codegen.conv_design: the grid's order alone), else
     `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
-    conv = shape.get("op") == "conv" and shape.get("groups") == 1 and shape.get("h_in", 0) > 0
+    conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
     return "implicit-conv" if params.implicit_conv and conv and conv_design(design) == design else "gemm"
 
 
@@ -105,18 +105,21 @@ def emit_failed(compile_status: str, check: str) -> bool:
 
 
 def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str,
-                 conv: tuple | None = None) -> dict:
+                 conv=None, epilogue: Epilogue = Epilogue()) -> dict:
     """The launch facts of a full kernel, as kernel.json records them (for C++ and the loader);
-    `conv` = (ConvGeometry, Epilogue) for an implicit-im2col convolution kernel."""
+    `conv`: the ConvGeometry of an implicit-im2col convolution kernel; `epilogue`: what the kernel
+    fuses (a GEMM kernel records it only when it fuses something: older readers see no change)."""
     facts = _gemm_facts(kernel, matrix, tiles, layer, sparsity, arch)
+    if not epilogue.empty:
+        facts["epilogue"] = epilogue.facts()
     if conv is not None:
-        g, epilogue = conv
+        g = conv
         facts.update(
             layout=(f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({kernel.m}×{g.h_out}×{g.w_out} per "
                     f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"),
             grid=kernel.layout.grid_formula(f"batch * {g.h_out * g.w_out}"),
             conv={**vars(g), "h_out": g.h_out, "w_out": g.w_out},
-            epilogue={"bias": bool(epilogue.bias), "relu": epilogue.relu})
+            epilogue=epilogue.facts())
     return facts
 
 

@@ -54,6 +54,8 @@ class LayerShape:
     dilation: int = 0
     status: Status = Status.OK  # OK, SKIPPED (not a GEMM) or ERROR
     message: str = ""
+    bias: str = ""  # the bias tensor (in the source's file) fused into the layer's kernel; "" none
+    activation: str = ""  # the activation fused after it ("" none, "relu", "gelu")
 
     @property
     def ok(self) -> bool:
@@ -132,6 +134,13 @@ _LINEAR = re.compile(r"(^|[._])(dense|query|key|value|[qkvo]_?proj|out_proj|proj
                      r"intermediate|gate_proj|up_proj|down_proj|c_attn|c_fc|c_proj|wi|wo|pooler)([._]|$)",
                      re.IGNORECASE)
 _NORM = re.compile(r"(^|[._])(layer_?norm|ln_?\w*|norm\w*|rms_?norm|bn\d*|batch_?norm)([._]|$)", re.IGNORECASE)
+# BERT's pooler: it multiplies each sequence's first token only, so its N is the sequence count
+_POOLER = re.compile(r"(^|[._])pooler([._]|$)", re.IGNORECASE)
+
+
+def is_pooler(name: str) -> bool:
+    """A layer of a pooler (`bert.pooler.dense.weight`): one row per sequence, not per token."""
+    return bool(_POOLER.search(name))
 
 
 def excluded_reason(tensor: TensorInfo, config: ModelConfig = ModelConfig()) -> str | None:
@@ -166,14 +175,19 @@ def excluded_reason(tensor: TensorInfo, config: ModelConfig = ModelConfig()) -> 
 
 
 def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int,
-                  config: ModelConfig = ModelConfig()) -> list[LayerShape]:
-    """One linear layer per GEMM weight of a checkpoint (M = rows, K = columns, N = tokens).
+                  config: ModelConfig = ModelConfig(), sequences: int | None = None) -> list[LayerShape]:
+    """One linear layer per GEMM weight of a checkpoint (M = rows, K = columns, N = tokens; a pooler's
+    N = `sequences`, its one row per sequence, and a checkpoint with a pooler needs it given).
 
     Each tensor keeps its own row (real weights differ even when shapes match); every other tensor
     is listed as skipped with `excluded_reason`, a zero-sized weight as an error.
     """
+    tensors = list(tensors)
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
+    pooler = next((t.name for t in tensors if is_pooler(t.name) and excluded_reason(t, config) is None), None)
+    if pooler and not (sequences and 1 <= sequences <= tokens):
+        raise ValueError(f"{pooler}: a pooler's N is the number of sequences (1 to tokens = {tokens}), got {sequences}")
     out = []
     for t in tensors:
         base = dict(model=model, layer=t.name, op="tensor", layers=(t.name,))
@@ -183,7 +197,7 @@ def weight_shapes(model: str, tensors: Iterable[TensorInfo], tokens: int,
                                   message=f"{t.name} {list(t.shape)}: excluded, {reason}"))
             continue
         m, k = t.shape
-        shape = LayerShape(**{**base, "op": "linear"}, m=m, n=tokens, k=k)
+        shape = LayerShape(**{**base, "op": "linear"}, m=m, n=sequences if is_pooler(t.name) else tokens, k=k)
         if m == 0 or k == 0:
             shape = _failed(shape, f"{t.name}: weight has an empty dimension (M={m}, K={k})")
         out.append(shape)
@@ -205,29 +219,36 @@ class GraphWeight:
     reason: str = ""
     conv: dict = field(default_factory=dict)  # LayerShape's geometry fields (cin, kh, …, w_out), groups
     batch: int = 0  # conv: the static batch in the graph (0: symbolic)
+    bias: str = ""  # the name of the bias tensor the layer adds (in the same file), fused into its kernel
+    activation: str = ""  # the activation the model applies right after the layer (codegen.ACTIVATIONS), fused
 
 
 def graph_shapes(model: str, weights: Iterable[GraphWeight], tokens: int, batch: int) -> list[LayerShape]:
     """One layer per GEMM weight of a model graph. N is the graph's where static; else `tokens` for
-    a linear layer and `batch`·h_out·w_out for a convolution. Grouped convolutions (depthwise) and
-    every other initializer are listed as skipped with the reason."""
+    a linear layer and `batch`·h_out·w_out for a convolution. A grouped convolution (depthwise
+    included) is the dense convolution whose A is its weight laid out block-diagonally: K =
+    cin·kh·kw (prune.grouped_as_dense). Every other initializer is listed as skipped with the reason."""
     if tokens < 1 or batch < 1:
         raise ValueError(f"tokens and batch must be >= 1, got {tokens} and {batch}")
     out = []
     for w in weights:
         base = dict(model=model, layer=w.name, layers=(w.name,))
-        if w.op == "conv" and w.conv.get("groups", 1) != 1:
-            w = replace(w, op="", reason=f"grouped convolution (groups={w.conv['groups']}; depthwise): not a GEMM")
+        groups = w.conv.get("groups", 1) if w.op == "conv" else 1
+        if groups > 1 and (w.conv["cin"] % groups or w.rows % groups
+                           or w.cols * groups != w.conv["cin"] * w.conv["kh"] * w.conv["kw"]):
+            w = replace(w, op="", reason=f"grouped convolution (groups={groups}) whose channels do not divide "
+                                         f"into its groups")
         if w.op not in ("linear", "conv"):
             out.append(LayerShape(**base, op="tensor", m=0, n=0, k=0, status=Status.SKIPPED,
                                   message=f"{w.name}: excluded, {w.reason}"))
             continue
         if w.op == "linear":
-            out.append(LayerShape(**base, op="linear", m=w.rows, n=w.n or tokens, k=w.cols))
+            out.append(LayerShape(**base, op="linear", m=w.rows, n=w.n or tokens, k=w.cols, bias=w.bias,
+                                  activation=w.activation))
             continue
         images = w.batch or batch
-        out.append(LayerShape(**base, op="conv", m=w.rows, n=images * w.conv["h_out"] * w.conv["w_out"], k=w.cols,
-                              cout=w.rows, **w.conv))
+        out.append(LayerShape(**base, op="conv", m=w.rows, n=images * w.conv["h_out"] * w.conv["w_out"],
+                              k=w.cols * groups, cout=w.rows, **w.conv, bias=w.bias, activation=w.activation))
     return out
 
 

@@ -11,6 +11,7 @@ sparsity can exceed the request.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 
@@ -69,7 +70,18 @@ def pruned_layer(
     threshold: float | None = None,
 ) -> PrunedLayer:
     """Prune one layer; problems with the layer become a status, not an exception. `threshold`:
-    the model-wide |w| threshold of the `global` method."""
+    the model-wide |w| threshold of the `global` method. A grouped convolution (groups > 1, its
+    shape's K the dense convolution's cin·kh·kw) is pruned as its own weight (Cout × cin/groups·kh·kw)
+    and then laid out block-diagonally in that K (grouped_as_dense): its sparsity is the weight's."""
+    groups = shape.groups if shape.op == "conv" and shape.groups > 1 else 1
+    if groups > 1:
+        if shape.m % groups or shape.k % groups:
+            return _error(shape, checked_sparsity(sparsity), f"{shape.layer}: M={shape.m} and K={shape.k} must both "
+                                                             f"divide into groups={groups}")
+        own = pruned_layer(dataclasses.replace(shape, k=shape.k // groups, groups=1), sparsity, params, weight,
+                           threshold)
+        matrix = None if own.matrix is None else grouped_as_dense(own.matrix, groups)
+        return dataclasses.replace(own, shape=shape, matrix=matrix)
     s = checked_sparsity(sparsity)
     if params.method not in METHODS:
         raise ValueError(f"unknown prune method {params.method!r}; choose from {METHODS}")
@@ -104,6 +116,18 @@ def pruned_layer(
         return PrunedLayer(shape, s, achieved, matrix, Status.EMPTY,
                            f"{shape.layer}: pruned to all zeros at sparsity {s} (M={shape.m}, K={shape.k})")
     return PrunedLayer(shape, s, achieved, matrix)
+
+
+def grouped_as_dense(weight: sp.csr_matrix, groups: int) -> sp.csr_matrix:
+    """A grouped convolution's weight (Cout × cin/groups·kh·kw, CSR) as the dense convolution's
+    A (Cout × cin·kh·kw): output channel o of group g = o // (Cout/groups) reads input channels
+    g·cin/groups … (g+1)·cin/groups − 1, so its columns move by g·(cin/groups·kh·kw). The zeros
+    between the blocks are never baked: a kernel's code stays proportional to the nonzeros."""
+    m, k = weight.shape
+    per_group = m // groups
+    rows = np.repeat(np.arange(m), np.diff(weight.indptr))
+    indices = weight.indices + (rows // per_group) * k
+    return sp.csr_matrix((weight.data.copy(), indices.astype(np.int32), weight.indptr.copy()), shape=(m, k * groups))
 
 
 def random_pruned(m: int, k: int, sparsity: float, rng: np.random.Generator) -> sp.csr_matrix:

@@ -214,6 +214,7 @@ class LaunchUnderTest:
     layout: LaunchLayout | None = None  # how it is launched (KernelSource.layout); None: the baseline's
     cubin: bytes | None = None
     conv: object | None = None  # codegen.ConvGeometry of an implicit-im2col conv kernel (N = batch·h_out·w_out)
+    epilogue: object | None = None  # codegen.Epilogue fused into the full kernel (its device check applies it)
     design: KernelDesign = BASELINE
 
     @property

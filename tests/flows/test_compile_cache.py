@@ -202,3 +202,25 @@ def test_a_unit_cubin_changed_after_its_check_is_not_linked(tmp_path, monkeypatc
     monkeypatch.setattr(cc, "_valid", then_damaged)
     with pytest.raises(OSError, match="changed since it was checked"):
         cc.cached_kernel(tmp_path, kernel, options)
+
+
+def test_a_log_line_gives_a_compiles_wall_time_and_names_the_unit_seconds_as_a_sum():
+    """27 units on parallel jobs: 207.6 s of compiler time summed in a 150 s compile (issue 22: a log line
+    said "compile ok in 207.6 s … 162.2 s in all")."""
+    parallel = {"status": "ok", "seconds": 207.6, "wall_seconds": 150.04, "units_compiled": 27}
+    assert cc.compile_summary(parallel, False) == ("ok in 150.0 s (207.6 s of compiler time summed over 27 units "
+                                                   "compiled side by side, and the link)")
+    assert cc.compile_summary({**parallel, "units_compiled": 1, "seconds": 3.0, "wall_seconds": 3.1}, False) == "ok in 3.1 s"
+    assert cc.compile_summary({**parallel, "seconds": 0.0, "wall_seconds": 0.02}, True) == \
+        "ok from the compile cache in 0.0 s"
+    assert cc.compile_summary({**parallel, "units_compiled": 0, "seconds": 0.4, "wall_seconds": 0.5}, False) == \
+        "ok in 0.5 s (its units from the compile cache, linked now)"
+
+
+def test_a_compiles_wall_time_is_measured_around_all_its_units(tmp_path):
+    kernel = _small_kernel(3)
+    result, hit = cc.cached_kernel(tmp_path, kernel, OPTIONS, units.threads(2))
+    assert not hit and result["units_compiled"] == result["units"]
+    # the wall time spans every unit and the link, whichever thread compiled them
+    assert result["wall_seconds"] >= max(result["unit_seconds"]) + result["link_seconds"]
+    assert cc.compile_summary(result, hit).startswith(f"ok in {result['wall_seconds']:.1f} s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import save_file
 
@@ -218,3 +219,30 @@ def test_a_checkpoints_config_json_and_the_device_are_read_once(tmp_path, monkey
     plan = resolved(RunConfig(zoo=(), weights=str(weights), artifacts=str(tmp_path / "a")))
     assert calls == {"model_config": 1, "device_named": 1}
     assert plan.sources[0].model_config is not None and plan.sources[0].model_config.vocab_size == 30522
+
+
+def test_a_checkpoints_pooler_gets_batch_rows_and_only_its_key_follows_batch(tmp_path):
+    from lospmm.flows.dag import NODES, node_key
+    from tests.conftest import run_directly
+
+    bert, gpt = tmp_path / "bert.safetensors", tmp_path / "gpt.safetensors"
+    save_file({"encoder.dense.weight": np.ones((8, 8), np.float32), "pooler.dense.weight": np.ones((8, 8), np.float32)},
+              str(bert))
+    save_file({"h.0.mlp.c_fc.weight": np.ones((8, 8), np.float32)}, str(gpt))
+
+    def plan(path, batch, **more):
+        return resolved(RunConfig(zoo=(), weights=str(path), tokens=256, batch=batch, until="extract",
+                                  artifacts=str(tmp_path / "art"), **more))
+
+    def key(p):
+        return node_key("extract", NODES["extract"].params(p, p.sources[0], 0.9), [])
+
+    p = plan(bert, 2)
+    assert p.sources[0].sequences == 2
+    rows = {r["layer"]: r["n"] for r in pq.read_table(p.root / run_directly(p, 0.9)["extract"]["path"]).to_pylist()}
+    assert rows == {"encoder.dense.weight": 256, "pooler.dense.weight": 2}
+    assert key(plan(bert, 2)) != key(plan(bert, 4)) and key(plan(gpt, 2)) == key(plan(gpt, 4))
+    with pytest.raises(ConfigError, match=r"^--batch 512 > --tokens 256: pooler\.dense\.weight gets one row per "
+                                          r"sequence .*give --batch <= --tokens$"):
+        plan(bert, 512)
+    assert plan(gpt, 512).sources[0].sequences == 0  # no pooler: --batch is no concern of this checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from lospmm.flows.reports.inspection import problems_table
+from lospmm.flows.reports.inspection import problems_table, skipped_line
 
 
 def _text(table) -> str:
@@ -13,8 +13,8 @@ def _text(table) -> str:
     return console.export_text()
 
 
-def test_failed_layers_get_a_row_each_and_skipped_tensors_are_counted_by_reason():
-    record = {"entries": [
+def test_failed_layers_get_a_row_each_and_skipped_tensors_are_one_line_counted_by_reason():
+    record = {"run_id": "r1", "entries": [
         {"stage": "extract", "model": "bert", "problems": [
             *({"layer": f"layer.{i}.bias", "status": "skipped", "message": f"layer.{i}.bias [8]: excluded, bias (1-D)"}
               for i in range(120)),
@@ -22,9 +22,31 @@ def test_failed_layers_get_a_row_each_and_skipped_tensors_are_counted_by_reason(
             {"layer": "embed", "status": "skipped", "message": "embed [10, 4]: excluded, embedding/lookup table (by its name)"}]},
         {"stage": "prune", "model": "bert", "sparsity": 0.9, "problems": [
             {"layer": "broken", "status": "error", "message": "broken: weight has NaN"}]},
+        {"stage": "time", "model": "bert", "sparsity": 0.9, "problems": [
+            {"layer": "fc", "status": "skipped", "message": "fc (2,32): its proxy did not compile"}]},
     ]}
     text = _text(problems_table(record))
-    assert "broken: weight has NaN" in text
-    assert "120 tensors" in text and "bias (1-D)" in text and "layer.7.bias" not in text
-    assert "1 tensor " in text and "embedding/lookup table (by its name)" in text
+    assert "broken: weight has NaN" in text and "its proxy did not compile" in text  # a candidate not timed: kept
+    assert "bias" not in text and "embedding" not in text  # extract's skips are no problem
+    assert skipped_line(record) == ("122 tensors not searched: 120 × bias (1-D), 1 × bias, "
+                                    "1 × embedding/lookup table (by its name) (`lospmm inspect r1 --stage extract` "
+                                    "lists them)")
     assert problems_table({"entries": [{"stage": "prune", "problems": []}]}) is None
+
+
+def test_a_clean_run_has_no_problem_table_and_its_depthwise_skips_group_across_models():
+    """The README's main job exits 0 with depthwise convolutions skipped: one line, no problem table."""
+    record = {"run_id": "r2", "entries": [
+        {"stage": "extract", "model": "shufflenetv2", "problems": [
+            {"layer": f"stage2.{i}.branch2.3", "status": "skipped", "message": "depthwise convolution is not a GEMM"}
+            for i in range(3)]},
+        {"stage": "extract", "model": "m", "problems": [
+            {"layer": f"dw{g}.w", "status": "skipped",
+             "message": f"dw{g}.w: excluded, grouped convolution (groups={g}; depthwise): not a GEMM"} for g in (8, 16)]},
+        {"stage": "emit", "model": "shufflenetv2", "sparsity": 0.9, "problems": []},
+    ]}
+    assert problems_table(record) is None
+    assert skipped_line(record) == ("5 tensors not searched: m: 2 × grouped convolution (depthwise): not a GEMM; "
+                                    "shufflenetv2: 3 × depthwise convolution is not a GEMM "
+                                    "(`lospmm inspect r2 --stage extract` lists them)")
+    assert skipped_line({"entries": []}) is None

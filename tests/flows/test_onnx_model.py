@@ -3,6 +3,8 @@ named with its reason, and each weight read back as the GEMM's A."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -66,8 +68,9 @@ def test_gemm_weights_come_with_the_graphs_shapes_and_every_other_initializer_wi
     assert found["embed"].reason == "embedding/lookup table of Gather embedding"
     shapes = {s.layer: s for s in graph_shapes("m", found.values(), tokens=64, batch=4)}
     assert shapes["conv1.w"].n == 4 * 8 * 8 and shapes["fc.w"].n == 64  # the graph leaves both symbolic
-    assert shapes["dw.w"].status == "skipped" and "depthwise" in shapes["dw.w"].message
-    assert sorted(n for n, s in shapes.items() if s.ok) == ["conv1.w", "fc.w", "proj.w", "pw.w"]
+    # the depthwise conv: its 8 × 1·3·3 weight searched block-diagonally over its 8 input channels
+    assert (shapes["dw.w"].k, shapes["dw.w"].groups, shapes["dw.w"].cin) == (8 * 9, 8, 8)
+    assert sorted(n for n, s in shapes.items() if s.ok) == ["conv1.w", "dw.w", "fc.w", "proj.w", "pw.w"]
 
 
 def test_each_weight_reads_back_as_the_gemms_a(tmp_path):
@@ -88,7 +91,9 @@ def test_an_onnx_model_runs_through_prune_with_its_own_weights(tmp_path):
     assert shapes["conv1.w"]["op"] == "conv" and shapes["conv1.w"]["n"] == 2 * 8 * 8
     assert shapes["embed"]["status"] == "skipped"
     pruned = {r["layer"]: r for r in pq.read_table(plan.root / done["prune"]["path"]).to_pylist()}
-    assert sorted(pruned) == ["conv1.w", "fc.w", "proj.w", "pw.w"] and all(r["status"] == "ok" for r in pruned.values())
+    assert sorted(pruned) == ["conv1.w", "dw.w", "fc.w", "proj.w", "pw.w"]
+    assert all(r["status"] == "ok" for r in pruned.values())
+    assert pruned["dw.w"]["nnz"] == WEIGHTS["dw.w"].size // 2  # its own weight's share, not the block-diagonal A's
     kept = np.asarray(pruned["proj.w"]["data"], np.float32)
     assert np.isin(kept, WEIGHTS["proj.w"]).all() and len(kept) == WEIGHTS["proj.w"].size // 2  # its own values
     assert np.min(np.abs(kept)) >= np.median(np.abs(WEIGHTS["proj.w"])) - 1e-6
@@ -112,7 +117,7 @@ def test_global_pruning_over_a_model_keeps_the_requested_share_of_all_its_weight
     plan = resolved(RunConfig(zoo=(), weights=str(path), tokens=64, m1s=(2,), until="prune", prune="global",
                               artifacts=str(tmp_path / "art")))
     pruned = pq.read_table(plan.root / run_directly(plan, 0.75)["prune"]["path"]).to_pylist()
-    total = sum(WEIGHTS[n].size for n in ("conv1.w", "pw.w", "fc.w", "proj.w"))
+    total = sum(WEIGHTS[n].size for n in ("conv1.w", "dw.w", "pw.w", "fc.w", "proj.w"))
     assert sum(r["nnz"] for r in pruned) == round(0.25 * total)
     shares = {r["layer"]: r["sparsity_achieved"] for r in pruned}
     assert len(set(shares.values())) > 1  # one threshold, so each layer keeps its own share
@@ -131,3 +136,192 @@ def test_a_weight_passed_through_identity_nodes_is_still_the_convs_weight(tmp_pa
     (w,) = graph_weights(path)
     assert (w.name, w.op, w.rows, w.cols) == ("pw.w", "conv", 16, 8) and w.conv["h_out"] == 5
     assert np.array_equal(graph_weight_matrix(path, "pw.w"), WEIGHTS["pw.w"].reshape(16, 8))
+
+
+# --- issue 22: what torch.onnx.export writes, weights in Constant nodes, symbolic image sizes -----------------
+
+
+def _bert_like():
+    """A module tree as BERT's: a ModuleList of attention blocks, a pooler, a Sequential head."""
+    import torch
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            return self.query(x) + self.key(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Attention(), Attention()])
+            self.pooler = torch.nn.Linear(16, 16)
+            self.head = torch.nn.Sequential(torch.nn.Linear(16, 4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.pooler(x))
+
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_a_torch_export_names_each_layer_by_its_module_path_as_its_state_dict_does(tmp_path, dynamo):
+    """The dynamo exporter folds each Linear's transposed weight into an initializer `val_N` and the
+    TorchScript one into `onnx::MatMul_N`: the layer keeps the module's name all the same."""
+    torch = pytest.importorskip("torch")
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
+    model, path = _bert_like(), tmp_path / "bert_like.onnx"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(model, (torch.randn(2, 5, 16),), str(path), dynamo=dynamo)
+    inits = {t.name for t in onnx.load(str(path)).graph.initializer}
+    assert not {"layers.0.query.weight", "pooler.weight"} & inits  # the exporter did rename them
+    found = {w.name: w for w in graph_weights(path)}
+    state = model.state_dict()
+    linears = [n for n in state if n.endswith(".weight")]
+    assert sorted(n for n, w in found.items() if w.op == "linear") == sorted(linears)
+    for name in linears:
+        assert np.array_equal(graph_weight_matrix(path, name), state[name].numpy()), name
+    assert found["pooler.weight"].n == 10  # 2·5 rows from the graph's static shapes
+
+
+def _initializer_graph(name: str, metadata: dict | None = None, node_name: str = "node_MatMul_1", extra=()):
+    node = helper.make_node("MatMul", ["x", name], ["y"], name=node_name)
+    for key, value in (metadata or {}).items():
+        node.metadata_props.add(key=key, value=value)
+    return node, [numpy_helper.from_array(WEIGHTS["proj.w"], name), *extra]
+
+
+def test_a_recovered_name_never_repeats_another_and_an_unknown_module_keeps_the_generated_name(tmp_path):
+    scopes = {"pkg.torch.onnx.name_scopes": "['', 'fc', 'linear']"}
+    a, inits_a = _initializer_graph("val_3", scopes, "node_MatMul_3")
+    b, inits_b = _initializer_graph("val_5", scopes, "node_MatMul_5")  # the same module again
+    c, inits_c = _initializer_graph("val_7", {"pkg.torch.onnx.name_scopes": "['', 'linear']"}, "node_MatMul_7")
+    d, inits_d = _initializer_graph("onnx::MatMul_9", None, "/encoder/layer.0/query/MatMul")
+    e, inits_e = _initializer_graph("val_11", {"namespace": ": M/head: Sequential/head.0: Linear/linear: aten.linear"},
+                                    "node_MatMul_11")
+    nodes = [a, b, c, d, e]
+    for i, n in enumerate(nodes):
+        n.output[0] = f"y{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(5)],
+                              [*inits_a, *inits_b, *inits_c, *inits_d, *inits_e])
+    path = tmp_path / "names.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    names = [w.name for w in graph_weights(path)]
+    assert names == ["fc.weight", "val_5", "val_7", "encoder.layer.0.query.weight", "head.0.weight"]
+    assert np.array_equal(graph_weight_matrix(path, "head.0.weight"), WEIGHTS["proj.w"].T)
+
+
+def _as_constants(model):
+    """The model with every initializer moved into a Constant node (as some exporters write weights)."""
+    constants = [helper.make_node("Constant", [], [t.name], value=t) for t in model.graph.initializer]
+    nodes = list(model.graph.node)
+    del model.graph.node[:], model.graph.initializer[:]
+    model.graph.node.extend([*constants, *nodes])
+    return model
+
+
+def test_weights_held_in_constant_nodes_are_read_as_initializers_are(tmp_path):
+    path = small_model(tmp_path / "m.onnx")
+    held = tmp_path / "constants.onnx"
+    model = _as_constants(onnx.load(str(path)))
+    # an integer shape constant and an Identity before a weight: neither trips the reading
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+        np.array([2, 5], np.int64), "shape")))
+    proj = next(n for n in model.graph.node if n.op_type == "MatMul")
+    model.graph.node.insert(0, helper.make_node("Identity", ["proj.w"], ["proj.w.alias"]))
+    proj.input[1] = "proj.w.alias"
+    onnx.save(model, str(held))
+    assert not onnx.load(str(held)).graph.initializer
+    want = {w.name: w for w in graph_weights(path)}
+    found = {w.name: w for w in graph_weights(held)}
+    assert found == want  # every weight with the same shapes, every other tensor with the same reason
+    assert np.array_equal(graph_weight_matrix(held, "proj.w"), WEIGHTS["proj.w"].T)
+    assert np.array_equal(graph_weight_matrix(held, "conv1.w"), WEIGHTS["conv1.w"].reshape(8, 27))
+    plan = resolved(RunConfig(zoo=(), weights=str(held), tokens=64, m1s=(2,), until="prune",
+                              artifacts=str(tmp_path / "art")))
+    pruned = pq.read_table(plan.root / run_directly(plan, 0.5)["prune"]["path"]).to_pylist()
+    searched = sorted(s.layer for s in graph_shapes("m", want.values(), tokens=64, batch=1) if s.ok)
+    assert sorted(r["layer"] for r in pruned if r["status"] == "ok") == searched and "proj.w" in searched
+
+
+def _dynamic_cnn(path):
+    """Two convolutions after an input of symbolic batch, height and width, as an exporter with
+    dynamic axes writes it."""
+    nodes = [helper.make_node("Conv", ["images", "conv1.w", "conv1.b"], ["c1"], name="conv1", strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c1", "pw.w"], ["c2"], name="pw")]
+    weights = {"conv1.w": WEIGHTS["conv1.w"], "conv1.b": WEIGHTS["conv1.b"],
+               "pw.w": RNG.standard_normal((16, 8, 1, 1)).astype(np.float32)}
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                           ["batch", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("c2", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_input_shapes_give_the_convolutions_after_a_symbolic_image_size_their_sizes(tmp_path):
+    path = _dynamic_cnn(tmp_path / "cnn.onnx")
+    found = {w.name: w for w in graph_weights(path)}
+    assert not found["conv1.w"].op and "--input-shape" in found["conv1.w"].reason
+    assert found["conv1.b"].reason == "bias of Conv conv1"
+    fixed = {w.name: w for w in graph_weights(path, (("images", (2, 3, 20, 12)),))}
+    assert fixed["conv1.w"].conv["h_out"] == 10 and fixed["conv1.w"].conv["w_out"] == 6 and fixed["conv1.w"].batch == 2
+    assert fixed["pw.w"].op == "conv" and fixed["pw.w"].conv["h_in"] == 10  # shape inference carried it on
+    plan = resolved(RunConfig(zoo=(), weights=str(path), input_shapes=("images:2x3x20x12",), m1s=(2,), until="prune",
+                              artifacts=str(tmp_path / "art")))
+    assert plan.sources[0].input_shapes == (("images", (2, 3, 20, 12)),)
+    done = run_directly(plan, 0.5)
+    shapes = {r["layer"]: r for r in pq.read_table(plan.root / done["extract"]["path"]).to_pylist()}
+    assert shapes["conv1.w"]["n"] == 2 * 10 * 6 and shapes["pw.w"]["n"] == 2 * 10 * 6
+    pruned = pq.read_table(plan.root / done["prune"]["path"]).to_pylist()
+    assert sorted(r["layer"] for r in pruned if r["status"] == "ok") == ["conv1.w", "pw.w"]
+
+
+def test_input_shapes_are_part_of_the_extract_key(tmp_path):
+    from lospmm.flows.dag import NODES, node_key
+
+    path = _dynamic_cnn(tmp_path / "cnn.onnx")
+
+    def key(*shapes):
+        plan = resolved(RunConfig(zoo=(), weights=str(path), input_shapes=shapes, artifacts=str(tmp_path / "art")))
+        return node_key("extract", NODES["extract"].params(plan, plan.sources[0], 0.9), [])
+
+    assert len({key("images:1x3x32x32"), key("images:1x3x64x64"), key("images:2x3x32x32")}) == 3
+    assert key("images:1x3x32x32") == key("'images':1x3x32x32")  # trtexec's quoting: the same shapes
+    with pytest.raises(ConfigError, match=r"no MatMul, Gemm or Conv weight .*; Conv conv1: not a 2-D convolution "
+                                          r"with a static input size .*--input-shape NAME:1x3xHxW"):
+        key()  # without them nothing is searched, and the line says what to give
+
+
+@pytest.mark.parametrize("shapes, message", [
+    (("pixels:1x3x32x32",), "--input-shape pixels: "),  # not an input of the graph: named, with those there
+    (("images:1x3x32",), "--input-shape images: 3 dims given, input 'images' of"),
+    (("images:1x4x32x32",), "--input-shape images: dim 1 is 3 in"),
+    (("images:1x3x0x32",), "--input-shape 'images:1x3x0x32': give NAME:DIMS"),
+    (("images:1x3xHx32",), "--input-shape 'images:1x3xHx32': give NAME:DIMS"),
+    (("images:1x3x8x8", "images:1x3x9x9"), "--input-shape images: given twice"),
+])
+def test_bad_input_shapes_are_refused_in_one_line_before_any_work(tmp_path, shapes, message):
+    path = _dynamic_cnn(tmp_path / "cnn.onnx")
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        resolved(RunConfig(zoo=(), weights=str(path), input_shapes=shapes, artifacts=str(tmp_path / "art")))
+    assert "\n" not in str(e.value)
+    if "pixels" in message:
+        assert str(e.value).endswith("has no input 'pixels' (its inputs: images)")
+    assert not (tmp_path / "art" / "01_shapes").exists()
+
+
+def test_input_shapes_without_an_onnx_model_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--input-shape images: .*give --weights MODEL\.onnx"):
+        resolved(RunConfig(zoo=("resnet50",), input_shapes=("images:1x3x32x32",), artifacts=str(tmp_path)))

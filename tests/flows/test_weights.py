@@ -62,6 +62,21 @@ def test_a_junk_file_is_named(tmp_path, junk):
     assert issubclass(WeightsFileError, ValueError)  # callers that catch ValueError still catch it
 
 
+@pytest.mark.parametrize("name, content", [
+    ("model.pt", b"not even a pickle"),  # by its suffix
+    ("weights", b"PK\x03\x04" + bytes(60)),  # torch.save's zip archive (torch >= 1.6)
+    ("weights", b"\x80\x02\x8a\nl\xfc\x9cF" + bytes(60)),  # its older pickle
+], ids=["suffix", "zip", "pickle"])
+def test_a_torch_checkpoint_is_named_as_one_with_what_to_give_instead(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(WeightsFileError) as e:
+        tensor_infos(path)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line and "looks like a torch checkpoint" in line
+    assert "lt.search(model, example_input)" in line and "safetensors.torch.save_file(model.state_dict()" in line
+
+
 def test_a_missing_tensor_is_named(tmp_path):
     path = tmp_path / "model.safetensors"
     save_file({"w": np.ones((2, 2), np.float32)}, str(path))

@@ -193,7 +193,7 @@ def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1,
     from lospmm.stages.codegen import Epilogue, conv_kernel_source
 
     a, geometry, bias = conv
-    epilogue = Epilogue(bias=bias, relu=relu)
+    epilogue = Epilogue(bias=bias, activation="relu" if relu else "")
     kernel = conv_kernel_source(a, reordered_tiles(a, m1), n1, geometry, epilogue, CodegenParams(shard_nnz=shard_nnz))
     assert kernel.k == geometry.k and kernel.params == ("const float* X", "float* Y", "int batch")
     assert checked_conv_against_reference(kernel, a, geometry, epilogue, batch=batch) < 1e-4
@@ -210,7 +210,7 @@ def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, w
 
     geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
     a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
-    epilogue = Epilogue(bias=tuple(np.linspace(-1, 1, 8).tolist()), relu=True)
+    epilogue = Epilogue(bias=tuple(np.linspace(-1, 1, 8).tolist()), activation="relu")
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 32, geometry, epilogue, CodegenParams(shard_nnz=64))
     assert checked_conv_against_reference(kernel, a, geometry, epilogue, batch=2, sanitize=True) < 1e-4
 
@@ -221,7 +221,7 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     geometry = ConvGeometry(cin=16, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
     a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
     for m1 in (1, 16):
-        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue(relu=True))
+        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue(activation="relu"))
         out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1))
         assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
         assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
@@ -343,3 +343,40 @@ def test_a_conv_kernel_takes_only_the_grid_order():
     assert kernel.layout.order == "column-x" and kernel.grid(g.n(2))[1] == kernel.grid_x
     with pytest.raises(ValueError, match="only the grid's order"):
         conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))
+
+
+# --- fused epilogues (issue 22): a bias per row and an activation, in every baked design ---
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 5), n1=st.sampled_from([1, 32]), n=st.integers(1, 40),
+       design=st.sampled_from(["baseline", "chained,v=2", "v=4,walks=2,column-x", "chained,walks=3"]),
+       bias=st.booleans(), activation=st.sampled_from(["", "relu", "gelu"]), seed=st.integers(0, 2**31))
+def test_a_fused_epilogue_equals_the_reference_in_every_design(a, m1, n1, n, design, bias, activation, seed):
+    from lospmm.stages.codegen import Epilogue
+
+    values = tuple(np.random.default_rng(seed).standard_normal(a.shape[0]).astype(np.float32).tolist()) if bias else ()
+    epilogue = Epilogue(values, activation)
+    kernel = full_kernel_source(a, reordered_tiles(a, m1), n1, CodegenParams(design=design_named(design)), epilogue)
+    # rows without a nonzero (zero blocks) store the activated bias; rows with one, act(A·B + bias)
+    assert checked_against_scipy(kernel, a, n, seed=n, epilogue=epilogue) <= 1e-4
+
+
+def test_an_epilogue_changes_the_kernel_and_the_empty_one_does_not():
+    from lospmm.stages.codegen import Epilogue
+
+    a = sp.csr_matrix(np.array([[0, 0, 0], [1.5, 0, -2], [0, 0, 0], [0, 3, 0]], dtype=np.float32))
+    tiles = reordered_tiles(a, 1)
+    plain = full_kernel_source(a, tiles, 32)
+    assert full_kernel_source(a, tiles, 32, epilogue=Epilogue()).source == plain.source
+    gelu = full_kernel_source(a, tiles, 32, epilogue=Epilogue((0.5, -1.0, 2.0, 0.25), "gelu"))
+    assert gelu.name != plain.name and "erff(" in gelu.source
+    checked_against_scipy(gelu, a, 33, sanitize=True, epilogue=Epilogue((0.5, -1.0, 2.0, 0.25), "gelu"))
+    with pytest.raises(EmulationError, match="exceeds"):  # the check applies the epilogue: without it, it fails
+        checked_against_scipy(gelu, a, 33)
+    with pytest.raises(ValueError, match="bias has 2 values for 4 output rows"):
+        full_kernel_source(a, tiles, 32, epilogue=Epilogue((1.0, 2.0)))
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        Epilogue(activation="tanh")
+    assert Epilogue.of_facts({"epilogue": Epilogue((1.5, -2.0), "relu").facts()}) == Epilogue((1.5, -2.0), "relu")
+    assert Epilogue.of_facts({"epilogue": {"bias": False, "relu": True}}) == Epilogue(activation="relu")  # older kernel.json

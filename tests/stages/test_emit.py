@@ -74,7 +74,7 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     conv = {"op": "conv", "groups": 1, "h_in": 56}
     assert kernel_form(conv) == "implicit-conv"
     assert kernel_form(conv, EmitParams(implicit_conv=False)) == "gemm"  # --im2col
-    assert kernel_form({**conv, "groups": 32}) == "gemm"  # grouped: no conv kernel
+    assert kernel_form({**conv, "groups": 32}) == "implicit-conv"  # grouped: its block-diagonal dense form
     assert kernel_form({**conv, "h_in": 0}) == "gemm"  # no geometry (a plain checkpoint)
     assert kernel_form({"op": "linear", "groups": 0, "h_in": 0}) == "gemm"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False

@@ -131,3 +131,16 @@ def test_a_linear_layer_whose_rows_equal_a_table_size_is_still_a_gemm():
     assert excluded_reason(TensorInfo("encoder.layer.0.intermediate.dense.weight", (512, 128), "F32"), config) is None
     assert excluded_reason(TensorInfo("model.layers.0.mlp.up_proj.weight", (512, 128), "F32"), config) is None
     assert excluded_reason(TensorInfo("pos_table", (512, 128), "F32"), config).startswith("embedding/lookup table")
+
+
+def test_a_checkpoints_pooler_gets_one_row_per_sequence():
+    """BERT's pooler multiplies each sequence's first token only: N = sequences, not tokens (issue 22)."""
+    infos = [TensorInfo("encoder.layer.0.output.dense.weight", (8, 8), "F32"),
+             TensorInfo("bert.pooler.dense.weight", (8, 8), "F32"), TensorInfo("bert.pooler.dense.bias", (8,), "F32")]
+    shapes = {s.layer: s for s in weight_shapes("bert", infos, tokens=4096, sequences=32)}
+    assert shapes["bert.pooler.dense.weight"].n == 32 and shapes["encoder.layer.0.output.dense.weight"].n == 4096
+    with pytest.raises(ValueError, match=r"bert\.pooler\.dense\.weight: a pooler's N is the number of sequences"):
+        weight_shapes("bert", infos, tokens=4096)  # no guess: the caller says how many sequences
+    with pytest.raises(ValueError, match="1 to tokens = 16"):
+        weight_shapes("bert", infos, tokens=16, sequences=32)
+    assert weight_shapes("net", infos[:1], tokens=64)[0].n == 64  # no pooler: nothing more to say

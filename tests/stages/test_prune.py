@@ -1,5 +1,8 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.extract import LayerShape
@@ -111,3 +114,22 @@ def test_keep_takes_an_already_pruned_checkpoint_as_it_is():
     w[rng.random(w.shape) < 0.6] = 0
     layer = pruned_layer(_shape(6, 10), 0.9, PruneParams(method="keep"), w)
     assert np.array_equal(layer.matrix.toarray(), w) and layer.sparsity_achieved == pytest.approx((w == 0).mean())
+
+
+def test_a_grouped_convolution_is_pruned_as_its_own_weight_and_laid_out_block_diagonally():
+    from lospmm.stages.prune import grouped_as_dense
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((8, 2 * 3 * 3)).astype(np.float32)  # Cout 8, groups 4: 2 input channels each
+    shape = LayerShape("m", "g.weight", "conv", m=8, n=16, k=8 * 9, cin=8, cout=8, kh=3, kw=3, stride=1, pad=1,
+                       groups=4, h_in=4, w_in=4, h_out=4, w_out=4, dilation=1)
+    layer = pruned_layer(shape, 0.5, PruneParams("magnitude"), weight)
+    a = layer.matrix.toarray()
+    assert a.shape == (8, 72) and layer.nnz == 72 and layer.sparsity_achieved == pytest.approx(0.5)
+    for o in range(8):  # output channel o reads input channels 2·(o // 2) and 2·(o // 2) + 1 alone
+        g = o // 2
+        assert not a[o, :g * 18].any() and not a[o, (g + 1) * 18:].any()
+    assert np.array_equal(a[:, :18][:2], magnitude_pruned(weight, 0.5).toarray()[:2])
+    assert np.array_equal(grouped_as_dense(sp.csr_matrix(weight), 1).toarray(), weight)
+    odd = pruned_layer(replace(shape, m=6, cout=6), 0.5, PruneParams("magnitude"), weight[:6])
+    assert odd.status == "error" and "divide into groups=4" in odd.message

@@ -12,7 +12,7 @@ SCHEMA = pa.schema(
     LAYER + [("layers", pa.list_(STR))]
     + [(f, I32) for f in ("cin", "cout", "kh", "kw", "stride", "pad", "groups", "h_in", "w_in", "h_out", "w_out",
                                   "dilation")]
-    + [("source", STR), ("source_sha256", STR)] + STATUS
+    + [("source", STR), ("source_sha256", STR)] + STATUS + [("bias", STR), ("activation", STR)]
 )
 RECORD = LayerShape  # what a row stands for in the stages
 

@@ -1,9 +1,14 @@
-"""Reading an ONNX model (the `onnx` extra): which initializers are GEMM weights (MatMul, Gemm,
-Conv), with the conv attributes and the activation shapes the graph states (after ONNX shape
-inference), and each weight as the GEMM's A (M×K). Everything else is listed with its reason."""
+"""Reading an ONNX model (the `onnx` extra): which initializers (or Constant nodes' tensors) are GEMM
+weights (MatMul, Gemm, Conv), with the conv attributes and the activation shapes the graph states
+(after ONNX shape inference, with any input dims the run fixes), and each weight as the GEMM's A
+(M×K). Everything else is listed with its reason. A weight whose name an exporter generated
+(`val_55`, `onnx::MatMul_35`) is named `<module path>.weight` from the node that uses it."""
 
 from __future__ import annotations
 
+import ast
+import re
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,56 +26,153 @@ def is_onnx(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".onnx"
 
 
-def graph_weights(path: str | Path) -> list[GraphWeight]:
-    """Every initializer of the model, as the graph uses it (GraphWeight.op "" with a reason when no GEMM)."""
-    return list(_analysed(str(path))[1].values())
+InputShapes = tuple[tuple[str, tuple[int, ...]], ...]  # (graph input, its dims), as --input-shape gives them
 
 
-def graph_weight_matrix(path: str | Path, name: str) -> np.ndarray:
-    """The GEMM's A (M×K, float32) of initializer `name`: a MatMul weight transposed, a Conv weight
-    flattened to [Cout, Cin·kh·kw] (PyTorch's order, as conv kernels expect)."""
+def graph_weights(path: str | Path, input_shapes: InputShapes = ()) -> list[GraphWeight]:
+    """Every initializer (and float Constant tensor) of the model, as the graph uses it (GraphWeight.op
+    "" with a reason when no GEMM); `input_shapes` fixes those graph inputs' dims first."""
+    return list(_analysed(str(path), input_shapes)[0].values())
+
+
+def graph_weight_matrix(path: str | Path, name: str, input_shapes: InputShapes = ()) -> np.ndarray:
+    """The GEMM's A (M×K, float32) of layer `name` (as graph_weights names it): a MatMul weight
+    transposed, a Conv weight flattened to [Cout, Cin·kh·kw] (PyTorch's order, as conv kernels expect)."""
     from onnx import numpy_helper
 
-    model, weights = _analysed(str(path))
+    weights, tensors = _analysed(str(path), input_shapes)
     weight = weights.get(name)
     if weight is None or not weight.op:
         raise ValueError(f"{name}: not a GEMM weight of {path}")
-    init = next(t for t in model.graph.initializer if t.name == name)
-    array = numpy_helper.to_array(init).astype(np.float32)
+    tensor, transposed = tensors[name]
+    array = numpy_helper.to_array(tensor).astype(np.float32)
     if weight.op == "conv":
         return array.reshape(array.shape[0], -1)
-    return array if array.shape == (weight.rows, weight.cols) else array.T
+    return array.T if transposed else array
 
 
-def _analysed(path: str):
-    """(model, initializer name -> GraphWeight), read and analysed once per file version (a file
-    changed since is read again): prune asks for one weight at a time."""
+def _analysed(path: str, input_shapes: InputShapes = ()):
+    """(layer name -> GraphWeight, layer name -> (its TensorProto, whether it is stored K×M)), read
+    and analysed once per file version and input shapes (a file changed since is read again): prune
+    asks for one weight at a time."""
     p = Path(path)
     if not p.is_file():
         raise OnnxModelError(f"ONNX model {p} does not exist or is not a file")
     stat = p.stat()
-    return _analysed_version(path, stat.st_mtime_ns, stat.st_size)
+    return _analysed_version(path, stat.st_mtime_ns, stat.st_size, tuple(input_shapes))
 
 
 @lru_cache(maxsize=2)
-def _analysed_version(path: str, mtime_ns: int, size: int):
+def _analysed_version(path: str, mtime_ns: int, size: int, input_shapes: InputShapes):
     try:
         import onnx
     except ImportError:
         raise OnnxModelError("an ONNX model needs the onnx package: pip install 'lospmm[onnx]'") from None
     try:
-        model = onnx.shape_inference.infer_shapes(onnx.load(path))
+        model = onnx.load(path)
+    except Exception as e:
+        raise OnnxModelError(f"ONNX model {path} is not readable: {type(e).__name__}: {e}") from None
+    if input_shapes:
+        _fix_input_dims(model, path, input_shapes)
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
     except Exception as e:
         raise OnnxModelError(f"ONNX model {path} is not readable: {type(e).__name__}: {e}") from None
     shapes = {}  # every value's static shape, -1 for a symbolic dimension
     for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
         dims = v.type.tensor_type.shape.dim
         shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-    return model, _weights(model, shapes)
+    return _weights(model, shapes)
 
 
-def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight]:
-    inits = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+def _fix_input_dims(model, path: str, input_shapes: InputShapes) -> None:
+    """Set the named graph inputs' dims (symbolic ones, typically batch, H, W) before shape inference,
+    so that the convolutions after them get their sizes; OnnxModelError names an input that is not
+    there, a rank or a static dim that differs from the graph's."""
+    inputs = {v.name: v for v in model.graph.input}
+    initializers = {t.name for t in model.graph.initializer}  # old exporters list them as inputs too
+    for name, dims in input_shapes:
+        if name not in inputs or name in initializers:
+            there = ", ".join(n for n in inputs if n not in initializers) or "none"
+            raise OnnxModelError(f"--input-shape {name}: {path} has no input {name!r} (its inputs: {there})")
+        graph_dims = inputs[name].type.tensor_type.shape.dim
+        if len(graph_dims) != len(dims):
+            raise OnnxModelError(f"--input-shape {name}: {len(dims)} dims given, input {name!r} of {path} has "
+                                 f"{len(graph_dims)}")
+        for i, (d, value) in enumerate(zip(graph_dims, dims)):
+            if d.HasField("dim_value") and d.dim_value != value:
+                raise OnnxModelError(f"--input-shape {name}: dim {i} is {d.dim_value} in {path}, not {value}")
+            d.dim_value = value  # replaces a symbolic dim_param
+
+
+def _constants(model) -> dict[str, object]:
+    """Constant nodes' float tensors of one or more dims, by output name: some exporters hold weights
+    there instead of in initializers. Scalars and integer (shape, index) constants are no weights."""
+    from onnx import TensorProto
+
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "Constant" or not node.output:
+            continue
+        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if value is not None and value.data_type in floats and len(value.dims) >= 1:
+            out[node.output[0]] = value
+    return out
+
+
+# names exporters make up for a folded or constant tensor: the dynamo exporter's `val_55`, the
+# TorchScript exporter's `onnx::MatMul_35` (or a bare number) and its node outputs `/a/b/Constant_output_0`
+_GENERATED = re.compile(r"_?val_\d+|onnx::.*|\d+|/.*_output_\d+")
+
+
+def _module_path(node) -> str:
+    """The module path (`encoder.layer.0.attention.self.query`) of the node that uses a weight, as the
+    exporter recorded it, or "": the dynamo exporter's metadata (name scopes, their last one the
+    op's own), else the TorchScript exporter's node name `/encoder/layer.0/…/query/MatMul`."""
+    props = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(props.get("pkg.torch.onnx.name_scopes", "[]"))
+    except (ValueError, SyntaxError):
+        scopes = []
+    if isinstance(scopes, list) and len(scopes) >= 2 and isinstance(scopes[-2], str) and scopes[-2]:
+        return scopes[-2]
+    if props.get("namespace"):  # ": pkg.M/layers.0: pkg.Attn/layers.0.query: …Linear/linear: aten.linear.default"
+        parts = [p.split(":")[0].strip() for p in props["namespace"].split("/")]
+        if len(parts) >= 2 and parts[-2]:
+            return parts[-2]
+    if node.name.startswith("/") and node.name.count("/") >= 2:
+        path: list[str] = []
+        for part in node.name.split("/")[1:-1]:  # the last part is the op's own name
+            # a called container's child is named with the container's prefix: /head/head.0/MatMul
+            if path and part.startswith(path[-1] + "."):
+                path[-1] = part
+            else:
+                path.append(part)
+        return ".".join(path)
+    return ""
+
+
+def _layer_names(weights: dict[str, GraphWeight], users: dict[str, object]) -> dict[str, str]:
+    """Tensor name -> layer name: `<module path>.weight` for a GEMM weight whose name was generated
+    and whose module the graph records; its own name otherwise, or where that would repeat a name."""
+    taken = set(weights)
+    names = {}
+    for name, w in weights.items():
+        if w.op and _GENERATED.fullmatch(name) and name in users:
+            module = _module_path(users[name])
+            candidate = f"{module}.weight" if module else ""
+            if candidate and candidate not in taken:
+                taken.add(candidate)
+                names[name] = candidate
+                continue
+        names[name] = name
+    return names
+
+
+def _weights(model, shapes: dict[str, tuple[int, ...]]):
+    tensors = {**{t.name: t for t in model.graph.initializer}, **_constants(model)}
+    inits = {name: tuple(int(d) for d in t.dims) for name, t in tensors.items()}
     # torch's exporter passes shared initializers through Identity nodes: see through them
     alias: dict[str, str] = {}
     for node in model.graph.node:
@@ -81,6 +183,8 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
         return alias.get(value, value)
 
     used: dict[str, GraphWeight] = {}
+    transposed: set[str] = set()  # linear weights stored K×M (MatMul's W, Gemm's without transB)
+    users: dict[str, object] = {}  # a GEMM weight's first MatMul, Gemm or Conv node
     why_not: dict[str, str] = {}
     for node in model.graph.node:
         attrs = {a.name: _attribute(a) for a in node.attribute}
@@ -94,18 +198,25 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
                 why_not.setdefault(name, f"{where}: a {len(dims)}-D or transposed-input weight")
                 continue
             # MatMul: X·W with W (K×M); Gemm transB=1: W is (M×K) already
-            rows, cols = (dims[0], dims[1]) if node.op_type == "Gemm" and attrs.get("transB", 0) else (dims[1], dims[0])
+            as_mk = node.op_type == "Gemm" and bool(attrs.get("transB", 0))
+            rows, cols = (dims[0], dims[1]) if as_mk else (dims[1], dims[0])
+            if not as_mk:  # by the node, not by the shape: a square weight reads either way
+                transposed.add(name)
             x = shapes.get(node.input[0])
             n = int(np.prod(x[:-1])) if x and all(d > 0 for d in x[:-1]) else 0
             used[name] = GraphWeight(name, "linear", rows, cols, n)
+            users.setdefault(name, node)
             if node.op_type == "Gemm" and len(node.input) > 2:
                 why_not.setdefault(initializer(node.input[2]), f"bias of {where}")
         elif node.op_type == "Conv" and len(node.input) >= 2 and initializer(node.input[1]) in inits:
             name = initializer(node.input[1])
+            if len(node.input) > 2:  # a bias, whether or not the weight is searched
+                why_not.setdefault(initializer(node.input[2]), f"bias of {where}")
             dims = inits[name]
             x = shapes.get(node.input[0])
             if len(dims) != 4 or not x or len(x) != 4 or x[2] <= 0 or x[3] <= 0:
-                why_not.setdefault(name, f"{where}: not a 2-D convolution with a static input size in the graph")
+                why_not.setdefault(name, f"{where}: not a 2-D convolution with a static input size in the "
+                                         f"graph (--input-shape NAME:1x3xHxW fixes an input's size)")
                 continue
             strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
             pads = attrs.get("pads", [0, 0, 0, 0])
@@ -127,16 +238,18 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, GraphWeight
                         "w_out": w_out, "dilation": dilation}
             used[name] = GraphWeight(name, "conv", cout, cin_per_group * kh * kw, 0, conv=geometry,
                                      batch=x[0] if x[0] > 0 else 0)
-            if len(node.input) > 2:
-                why_not.setdefault(initializer(node.input[2]), f"bias of {where}")
+            users.setdefault(name, node)
         else:
             for i, value in enumerate(node.input):
                 name = initializer(value)
                 if name in inits:
                     kind = "embedding/lookup table" if node.op_type == "Gather" and i == 0 else "input"
                     why_not.setdefault(name, f"{kind} of {where}")
-    return {name: used.get(name) or GraphWeight(name, "", reason=why_not.get(name, "not an input of any node"))
-            for name in inits}
+    weights = {name: used.get(name) or GraphWeight(name, "", reason=why_not.get(name, "not an input of any node"))
+               for name in inits}
+    names = _layer_names(weights, users)
+    return ({names[n]: replace(w, name=names[n]) for n, w in weights.items()},
+            {names[n]: (tensors[n], n in transposed) for n in weights})
 
 
 def _attribute(a):

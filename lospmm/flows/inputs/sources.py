@@ -21,6 +21,8 @@ class Source:
     tokens: int = 0  # weights: N of every layer
     model_config: ModelConfig | None = None  # weights: from a config.json beside the file, if any
     images: int = 0  # an ONNX model's batch where its graph leaves it symbolic (conv layers' N)
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ONNX: inputs whose dims the run fixes
+    sequences: int = 0  # a checkpoint with a pooler: the pooler's N, one row per sequence (0: no pooler)
 
     def key_form(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}

@@ -32,7 +32,28 @@ def tensor_infos(path: str | Path) -> list[TensorInfo]:
                 out.append(TensorInfo(name, tuple(int(d) for d in sl.get_shape()), str(sl.get_dtype())))
             return out
     except Exception as e:  # safetensors raises its own error types for a bad header
-        raise WeightsFileError(f"weights file {p} is not a readable safetensors file: {e}") from None
+        raise WeightsFileError(_torch_checkpoint_hint(p) or f"weights file {p} is not a readable safetensors file: "
+                                                            f"{e}") from None
+
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _torch_checkpoint_hint(p: Path) -> str:
+    """One line for a file that is no safetensors but looks like torch.save's output (its suffix, or
+    the zip or pickle magic it starts with), saying what to give instead; "" for any other file."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        head = b""
+    # torch.save writes a zip archive (PK\x03\x04) since 1.6, a protocol-2+ pickle (0x80, 2..5) before
+    pickled = head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+    if not (p.suffix.lower() in TORCH_SUFFIXES or head == b"PK" or pickled):
+        return ""
+    return (f"weights file {p} looks like a torch checkpoint (torch.save), not safetensors: search the model with "
+            f"`import lospmm.torch as lt; lt.search(model, example_input)`, or save its weights with "
+            f"`safetensors.torch.save_file(model.state_dict(), 'model.safetensors')` and pass that file")
 
 
 def saved_graph(path: str | Path) -> list[GraphWeight] | None:
@@ -41,7 +62,8 @@ def saved_graph(path: str | Path) -> list[GraphWeight] | None:
     try:
         text = (_header(Path(path)).get("__metadata__") or {}).get(GRAPH_METADATA)
     except (OSError, ValueError, struct.error) as e:
-        raise WeightsFileError(f"weights file {path} is not a readable safetensors file: {e}") from None
+        raise WeightsFileError(_torch_checkpoint_hint(Path(path))
+                               or f"weights file {path} is not a readable safetensors file: {e}") from None
     if text is None:
         return None
     try:

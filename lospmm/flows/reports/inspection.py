@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -66,32 +67,55 @@ def run_table(record: dict) -> Table:
 
 
 def problems_table(record: dict) -> Table | None:
-    """Layers that failed or were left out, one row each; tensors a checkpoint importer skipped
-    (biases, norms, lookup tables: often hundreds) are counted by reason instead."""
-    seen, skipped = {}, Counter()
+    """Layers that failed or were left out (errors, layers pruned empty, candidates not timed), one
+    row each, or None. Tensors extract skipped as no GEMM weight to search (biases, norms, lookup
+    tables, depthwise convolutions: often hundreds, on a clean run too) are no problem:
+    `skipped_line` counts them."""
+    seen = {}
     for e in record.get("entries", []):
         for p in e.get("problems", []):
-            if p["status"] == Status.SKIPPED and e["stage"] == "extract":
-                skipped[(e.get("model", ""), _skip_reason(p["message"]))] += 1
-                continue
-            seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
-    if not seen and not skipped:
+            if not _expected_skip(e, p):
+                seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
+    if not seen:
         return None
     t = Table(title="layers with problems (the other layers completed)")
     for c in ("model", "layer", "first seen in", "status", "message"):
         t.add_column(c, overflow="fold")
     for (model, layer), (stage, status, msg) in sorted(seen.items()):
         t.add_row(model, layer, stage, status, msg)
-    for (model, reason), count in sorted(skipped.items()):
-        t.add_row(model, f"{count} tensor{'s' * (count > 1)}", "extract", Status.SKIPPED,
-                  f"{reason} (`lospmm inspect RUN --stage extract` lists them)")
     return t
 
 
+def skipped_line(record: dict) -> str | None:
+    """One line counting the tensors extract did not search, by reason (per model where the run has
+    several): `41 tensors not searched: 17 × depthwise convolution is not a GEMM, 20 × bias (1-D) (…)`."""
+    by_model: dict[str, Counter] = {}
+    for e in record.get("entries", []):
+        for p in e.get("problems", []):
+            if _expected_skip(e, p):
+                by_model.setdefault(e.get("model", ""), Counter())[_skip_reason(p["message"])] += 1
+    if not by_model:
+        return None
+    total = sum(sum(c.values()) for c in by_model.values())
+    parts = "; ".join((f"{model}: " if len(by_model) > 1 else "")
+                      + ", ".join(f"{n} × {reason}" for reason, n in c.most_common())
+                      for model, c in sorted(by_model.items()))
+    return (f"{total} tensor{'s' * (total > 1)} not searched: {parts} "
+            f"(`lospmm inspect {record.get('run_id', 'RUN')} --stage extract` lists them)")
+
+
+def _expected_skip(entry: dict, problem: dict) -> bool:
+    # extract's skipped rows are the tensors that are no GEMM weight; later stages' are failures
+    return entry["stage"] == "extract" and problem["status"] == Status.SKIPPED
+
+
 def _skip_reason(message: str) -> str:
-    # "name [shape]: excluded, <reason>" -> the reason without the node it names
+    # "name [shape]: excluded, <reason>" -> the reason without the node it names ("bias of Conv x",
+    # "Conv x: not a 2-D convolution …") or a layer's own numbers (groups=8), so that reasons group
     reason = message.split(": excluded, ", 1)[-1]
-    return reason.split(" of ", 1)[0] if " of " in reason else reason
+    reason = reason.split(" of ", 1)[0] if " of " in reason else reason
+    reason = re.sub(r"^[A-Z]\w* \S+: ", "", reason)
+    return re.sub(r"groups=\d+(; )?", "", reason).replace(" ()", "")
 
 
 def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: bool,

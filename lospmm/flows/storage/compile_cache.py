@@ -84,6 +84,22 @@ def _served(linked_entry: dict, fresh: list[dict] | None, wall_seconds: float) -
             "units_compiled": len(fresh), "compiled_on": sorted({u.get("compiled_on", "") for u in fresh})}
 
 
+def compile_summary(result: dict, hit: bool) -> str:
+    """A cached_kernel result as a log line reads it: the wall time the compile took here, and where
+    several units compiled now, their seconds summed (the `compile_seconds` columns' figure: a cost,
+    which exceeds the wall time when the units compile side by side on several jobs)."""
+    wall = result.get("wall_seconds", 0.0)
+    n = result.get("units_compiled", 0)
+    if hit:
+        return f"{result['status']} from the compile cache in {wall:.1f} s"
+    if n == 0:
+        return f"{result['status']} in {wall:.1f} s (its units from the compile cache, linked now)"
+    if n == 1:
+        return f"{result['status']} in {wall:.1f} s"
+    return (f"{result['status']} in {wall:.1f} s ({result['seconds']:.1f} s of compiler time summed over {n} units "
+            f"compiled side by side, and the link)")
+
+
 def _linked_into(d: Path, root, key: str, kernel: KernelSource, options: CompileOptions, units: list[dict]) -> dict:
     failed = [(i, u) for i, u in enumerate(units) if u["status"] != Status.OK]
     logs = "\n".join(f"// unit {i}: {u['key']}\n{Path(root, u['paths']['log']).read_text(encoding='utf-8')}"

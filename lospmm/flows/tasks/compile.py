@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lospmm.flows.catalog.clusters import clusters_from_row
 from lospmm.flows.catalog.compiled import SCHEMA, compile_row
-from lospmm.flows.storage.compile_cache import cached_kernel
+from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
@@ -35,9 +35,8 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
                 options = kernel_options(arch, info["m1"], design=design)
                 result, hit = cached_kernel(ctx.root, kernel, options,
                                              run_compiler(ctx, ctx.unit_reporter("compile", label, info, table.num_rows)))
-                logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled, %.1f s%s", where, i + 1,
-                            table.num_rows, result["status"], result["registers"], result["spill_stores"],
-                            result["seconds"], " (compile cache)" if hit else "")
+                logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled", where, i + 1,
+                            table.num_rows, compile_summary(result, hit), result["registers"], result["spill_stores"])
                 ok = result["status"] == Status.OK
                 verified = proxy_check(kernel, cl.cluster_of, check.n, check.n1) if verify and ok else "not run"
                 return {**base, **compile_row(result, hit), "status": result["status"],

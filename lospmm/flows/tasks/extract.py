@@ -17,12 +17,13 @@ def extract(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, so
         if source.kind == "zoo":
             shapes = zoo_shapes(source.name, source.zoo)
         elif is_onnx(source.path):
-            shapes = graph_shapes(source.label, graph_weights(source.path), source.tokens, source.images)
+            shapes = graph_shapes(source.label, graph_weights(source.path, source.input_shapes), source.tokens,
+                                  source.images)
         elif (graph := saved_graph(source.path)) is not None:  # lospmm.torch.save_model: shapes from a forward pass
             shapes = graph_shapes(source.label, graph, source.tokens, 1)
         else:
             shapes = weight_shapes(source.label, tensor_infos(source.path), source.tokens,
-                                   source.model_config or ModelConfig())
+                                   source.model_config or ModelConfig(), source.sequences or None)
         return [shape_row(s, source.path or source.name, source.sha256) for s in shapes]
 
     return run_stage("extract", SCHEMA, key, ctx, label, force, compute, inputs)

@@ -21,7 +21,7 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
         if not (source.path and shape.ok):
             return None
         if is_onnx(source.path):
-            return graph_weight_matrix(source.path, shape.layer)
+            return graph_weight_matrix(source.path, shape.layer, source.input_shapes)
         w = load_tensor(source.path, shape.layer)
         return w.reshape(w.shape[0], -1) if w.ndim == 4 else w  # a conv weight [Cout, Cin, kh, kw] is A (Cout × K)
 
