@@ -225,19 +225,29 @@ def kernel(
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
                                "as data read by one loop."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
+                              "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
+    accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype) or "
+                                   "f32 (B converted, fp32 FMAs, rounded once at the store)."),
+    promote_every: int = typer.Option(0, "--promote-every", help="A packed half sum moved into fp32 every K "
+                                      "nonzeros of a row (0: never)."),
     artifacts: str = _ARTIFACTS,
 ) -> None:
     """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.storage.runs import run_record
+    from lospmm.stages.codegen_half import Precision
 
     from lospmm.flows.storage.store import ArtifactError
 
     existed = out.exists()
     try:
+        if dtype not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
+        precision = None if dtype == "fp32" else Precision(dtype, accumulate, promote_every)
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
-                                  implicit_conv, relu, design_named(design))
+                                  implicit_conv, relu, design_named(design), precision=precision)
     except (LookupError, ValueError) as e:
         _fail(str(e))
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
@@ -253,7 +263,13 @@ def kernel(
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")
     hc = facts.get("host_check")
-    if hc and hc["status"] == Status.OK:
+    if hc and hc["status"] == Status.OK and "normalised_error" in hc:  # a half kernel
+        r = facts["rounding"]
+        console.print(f"{dtype} ({facts['precision']['accumulate']} sums): {r['to_zero']} of A's {r['nnz']} values "
+                      f"round to zero and are not baked, {r['subnormal']} are subnormal; host check vs the float64 "
+                      f"product of the same rounded A and B: normalised error {hc['normalised_error']:.2e} "
+                      f"(bound {hc['bound']:.2e})")
+    elif hc and hc["status"] == Status.OK:
         against = "a reference convolution" if implicit_conv else "scipy"
         console.print(f"host check vs {against}: max relative error {hc['max_rel_error']:.2e}")
     elif hc:

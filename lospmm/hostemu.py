@@ -39,6 +39,7 @@ static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 // a kernel's own refusal (N not a multiple of its columns per thread) and a misaligned vector access
 // exit with a message and a code of their own: a deterministic failure, not a crash to retry
 #define __trap() (fprintf(stderr, "__trap: N is not a multiple of the kernel's columns per thread\n"), exit(24))
@@ -73,6 +74,79 @@ static inline void lospmm_st4(float* base, int row, int n, float4 v) {
   float* q = const_cast<float*>(lospmm_aligned(base + (long long)row * n, 16)); q[0] = v.x; q[1] = v.y; q[2] = v.z; q[3] = v.w;
 }
 static inline float lospmm_relu(float v) { return v > 0.0f ? v : 0.0f; }
+// half kernels (codegen_half): fp16 / bf16 as 16-bit patterns, every rounding to nearest even done
+// once from the exact value, as the device's fma.rn.f16x2 / .bf16x2 and cvt.rn do
+typedef unsigned short lospmm_h16;
+static inline double lospmm_small_to_double(unsigned short h, int mbits, int bias) {
+  const int e = (h >> mbits) & ((1 << (15 - mbits)) - 1), m = h & ((1 << mbits) - 1);
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == (1 << (15 - mbits)) - 1) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp((double)m, 1 - bias - mbits);
+  return sign * std::ldexp((double)(m | (1 << mbits)), e - bias - mbits);
+}
+static inline unsigned short lospmm_double_to_small(double x, int mbits, int bias) {
+  const unsigned short sign = std::signbit(x) ? 0x8000 : 0;
+  const int emax_field = (1 << (15 - mbits)) - 1;
+  const unsigned short inf = (unsigned short)(emax_field << mbits);
+  double a = std::fabs(x);
+  if (a != a) return sign | inf | (1 << (mbits - 1));
+  if (a == 0.0) return sign;
+  if (std::isinf(a)) return sign | inf;
+  int e; const double m = std::frexp(a, &e);  // a = m·2^e, m in [0.5, 1)
+  int exponent = e - 1;
+  if (exponent < 1 - bias) {  // subnormal: a multiple of 2^(1-bias-mbits); rounding up to 2^mbits is the smallest normal
+    return sign | (unsigned short)std::nearbyint(std::ldexp(a, bias - 1 + mbits));
+  }
+  double q = std::nearbyint(std::ldexp(m, mbits + 1));  // 2^mbits .. 2^(mbits+1)
+  if (q == (double)(1 << (mbits + 1))) { q = (double)(1 << mbits); ++exponent; }
+  if (exponent + bias >= emax_field) return sign | inf;
+  return sign | (unsigned short)((exponent + bias) << mbits) | (unsigned short)((int)q - (1 << mbits));
+}
+static inline double lospmm_fp16_value(unsigned short h) { return lospmm_small_to_double(h, 10, 15); }
+static inline double lospmm_bf16_value(unsigned short h) { return lospmm_small_to_double(h, 7, 127); }
+static inline unsigned lospmm_ldh2(const lospmm_h16* base, int off2, int n) {
+  const lospmm_h16* q = (const lospmm_h16*)lospmm_aligned((const float*)(const void*)(base + (long long)(off2 / 2) * n), 4);
+  return (unsigned)q[0] | ((unsigned)q[1] << 16);
+}
+#define LOSPMM_LDCH2(v, p, n, DELTA2) (p += (long long)((DELTA2) / 2) * (n), v = lospmm_ldh2(p, 0, n))
+static inline void lospmm_sth2(lospmm_h16* base, int row, int n, unsigned v) {
+  lospmm_h16* q = (lospmm_h16*)(void*)lospmm_aligned((const float*)(const void*)(base + (long long)row * n), 4);
+  q[0] = (lospmm_h16)(v & 0xffffu); q[1] = (lospmm_h16)(v >> 16);
+}
+// p + c rounded to odd in double: the product of two halves is exact in double, but their sum may not
+// be (bf16's exponent range is wide); rounded to odd, it rounds to the dtype (≤ 51 bits) as the exact
+// sum would, once, as fma.rn does
+static inline double lospmm_sum_to_odd(double p, double c) {
+  const double s = p + c, bb = s - p, e = (p - (s - bb)) + (c - bb);  // TwoSum: s + e == p + c exactly
+  if (e == 0.0 || std::isinf(s)) return s;
+  unsigned long long bits; memcpy(&bits, &s, sizeof bits);
+  return (bits & 1ull) ? s : std::nextafter(s, e > 0 ? INFINITY : -INFINITY);
+}
+#define LOSPMM_HALF_FMA(NAME, MBITS, BIAS)                                                            \
+  static inline unsigned NAME(unsigned lit, unsigned b, unsigned acc) {                               \
+    unsigned out = 0;                                                                                 \
+    for (int s = 0; s < 32; s += 16) {                                                                \
+      const double v = lospmm_sum_to_odd(lospmm_small_to_double((lit >> s) & 0xffff, MBITS, BIAS) *   \
+                                         lospmm_small_to_double((b >> s) & 0xffff, MBITS, BIAS),      \
+                                         lospmm_small_to_double((acc >> s) & 0xffff, MBITS, BIAS));   \
+      out |= (unsigned)lospmm_double_to_small(v, MBITS, BIAS) << s;                                   \
+    }                                                                                                 \
+    return out;                                                                                       \
+  }
+LOSPMM_HALF_FMA(lospmm_fma_fp16, 10, 15)
+LOSPMM_HALF_FMA(lospmm_fma_bf16, 7, 127)
+static inline void lospmm_unpack_fp16(unsigned v, float& lo, float& hi) {
+  lo = (float)lospmm_fp16_value(v & 0xffff); hi = (float)lospmm_fp16_value(v >> 16);
+}
+static inline void lospmm_unpack_bf16(unsigned v, float& lo, float& hi) {
+  lo = (float)lospmm_bf16_value(v & 0xffff); hi = (float)lospmm_bf16_value(v >> 16);
+}
+static inline unsigned lospmm_pack_fp16(float lo, float hi) {
+  return (unsigned)lospmm_double_to_small(lo, 10, 15) | ((unsigned)lospmm_double_to_small(hi, 10, 15) << 16);
+}
+static inline unsigned lospmm_pack_bf16(float lo, float hi) {
+  return (unsigned)lospmm_double_to_small(lo, 7, 127) | ((unsigned)lospmm_double_to_small(hi, 7, 127) << 16);
+}
 static inline unsigned lospmm_window_bits(int start, int step, int count, int limit) {
   unsigned bits = 0;
   for (int i = 0; i < count; ++i) bits |= ((unsigned)(start + i * step) < (unsigned)limit ? 1u : 0u) << i;
@@ -160,8 +234,9 @@ def host_program(kernel: KernelSource) -> str:
     for p in _params(kernel):
         if p.pointer:
             reads.append(f"  long long n_{p.name}; {p.base}* {p.name} = read_array<{p.base}>(in, &n_{p.name});")
-            if p.output:
-                reads.append(f"  for (long long i = 0; i < n_{p.name}; ++i) {p.name}[i] = NAN;")
+            if p.output:  # poisoned: an element never written fails the check (0x7fff: NaN in fp16 and bf16)
+                poison = "0x7fff" if p.base == "lospmm_h16" else "NAN"
+                reads.append(f"  for (long long i = 0; i < n_{p.name}; ++i) {p.name}[i] = {poison};")
                 writes.append(f"  fwrite({p.name}, sizeof({p.base}), n_{p.name}, out);")
         else:
             reads.append(f"  long long n_{p.name}; {p.base}* {p.name}_box = read_array<{p.base}>(in, &n_{p.name}); "
@@ -207,7 +282,7 @@ def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid
 
 
 def _dtype(base: str):
-    return {"float": np.float32, "int": np.int32, "unsigned": np.uint32}[base]
+    return {"float": np.float32, "int": np.int32, "unsigned": np.uint32, "lospmm_h16": np.uint16}[base]
 
 
 def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str | None) -> Path:
@@ -277,12 +352,13 @@ def checked_against_scipy(kernel: KernelSource, matrix, n: int, seed: int = 0, s
 
 def gemm_on_host(kernel: KernelSource, b: np.ndarray, sanitize: bool = False) -> np.ndarray:
     """C = A·B by a GEMM kernel on the host, launched as its layout says: B's N columns padded with
-    zeros to the N it is launched with (a multiple of its columns per thread), C cut back to N."""
+    zeros to the N it is launched with (a multiple of its columns per thread), C cut back to N. B
+    and C share B's element type (float32; uint16 bits for a half kernel)."""
     n = b.shape[1]
     launched = kernel.layout.launch_columns(n)
-    padded = np.zeros((kernel.k, launched), np.float32)
+    padded = np.zeros((kernel.k, launched), b.dtype)
     padded[:, :n] = b
-    c = run_on_host(kernel, {"B": padded.ravel(), "C": np.empty(kernel.m * launched, np.float32), "N": launched},
+    c = run_on_host(kernel, {"B": padded.ravel(), "C": np.empty(kernel.m * launched, b.dtype), "N": launched},
                     kernel.layout.grid(n), kernel.layout.block(), sanitize=sanitize)["C"]
     return c.reshape(kernel.m, launched)[:, :n]
 
@@ -341,3 +417,30 @@ def checked_conv_against_reference(kernel: KernelSource, matrix, geometry, epilo
     weight = matrix.toarray().reshape(kernel.m, g.cin, g.kh, g.kw)
     ref = reference_conv2d(x, weight, g, epilogue)
     return _checked_error(kernel, y, ref, rtol, row_axis=1)  # NCHW: A's rows are the output channels
+
+
+def half_gemm_on_host(kernel: KernelSource, b_bits: np.ndarray, sanitize: bool = False) -> np.ndarray:
+    """C = A·B by a half kernel (codegen_half) on the host: B's bits (uint16, K×n) padded with zero
+    columns to an even N, C's bits (uint16, M×n) cut back."""
+    return gemm_on_host(kernel, np.asarray(b_bits, np.uint16), sanitize)
+
+
+def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: int = 0, sanitize: bool = False,
+                        bound: float | None = None, absolute: float = 0.0) -> tuple[float, np.ndarray, np.ndarray]:
+    """Run a half kernel on a fresh random B (rounded to `dtype`) and return (its normalised error
+    against the float64 product of the same rounded A and B, less `absolute` — codegen_half.
+    normalised_error —, B's bits, C's bits). EmulationError if an output is unwritten (NaN) or the
+    error exceeds `bound` (when given: codegen_half.error_bound's γ, `absolute` its η)."""
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+
+    b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((kernel.k, n)), dtype)
+    c_bits = half_gemm_on_host(kernel, b_bits, sanitize=sanitize)
+    c = from_dtype_bits(c_bits, dtype)
+    if np.isnan(c).any():
+        rows = np.unique(np.nonzero(np.isnan(c))[0])
+        raise EmulationError(f"{kernel.name}: {int(np.isnan(c).sum())} output elements never written "
+                             f"(rows {rows[:10].tolist()}…)")
+    error = normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute)
+    if bound is not None and error > bound:
+        raise EmulationError(f"{kernel.name}: normalised error {error:.3g} exceeds {bound}")
+    return error, b_bits, c_bits

@@ -63,6 +63,7 @@ class _Kernel:
         self.m, self.k = self.facts["m"], self.facts["k"]
         self.conv = self.facts.get("conv")
         self.layout = LaunchLayout.of_facts(self.facts)  # the one launch description (kernel.json `launch`)
+        self.dtype = (self.facts.get("precision") or {}).get("dtype", "fp32")  # B's and C's: fp32, fp16 or bf16
         self.n1 = self.layout.threads
         if backend == "cuda":
             from lospmm.runtime import LoadedKernel
@@ -82,17 +83,24 @@ class _Kernel:
         if self.backend == "cuda":
             (_, x), (_, y) = inputs, output
             launched = layout.launch_columns(columns)
-            width = 4 * layout.columns_per_thread
-            if launched != columns or any(_array_info(a, with_stream=False)[0] % width for a in (x, y)):
+            width = (4 if self.dtype == "fp32" else 2) * layout.columns_per_thread
+            if launched != columns or any(_array_info(a, False, self.dtype)[0] % width for a in (x, y)):
                 return self._launch_padded(columns, launched, x, y)
-            x_ptr, stream = _array_info(x)
-            y_ptr, _ = _array_info(y, with_stream=False)
+            x_ptr, stream = _array_info(x, True, self.dtype)
+            y_ptr, _ = _array_info(y, False, self.dtype)
             self._kernel.launch(layout.grid(columns), layout.block(), [("ptr", x_ptr), ("ptr", y_ptr),
                                                                        ("int", count[1])], 0, stream)
             return y
-        from lospmm.hostemu import gemm_on_host, run_on_host
+        from lospmm.hostemu import gemm_on_host, half_gemm_on_host, run_on_host
 
         (x_name, x), (y_name, y) = inputs, output
+        if self.dtype != "fp32":  # a half kernel: its arrays' 16-bit patterns through the host emulation
+            got = half_gemm_on_host(self._source, _host_bits(x, self.dtype)).reshape(y.shape)
+            if _library(y) == "torch":
+                y.copy_(_torch_of_bits(got, self.dtype))
+            else:
+                y[...] = got.view(np.float16)
+            return y
         host_x = _host_array(x)
         if self.conv:
             got = run_on_host(self._source, {x_name: host_x.ravel(), y_name: np.empty(int(np.prod(y.shape)), np.float32),
@@ -132,15 +140,16 @@ class _Kernel:
 
     @staticmethod
     def _allocated(like, shape, how: str):
+        """An array of the library, device and dtype of `like` (B: the kernel's dtype, checked at launch)."""
         if _library(like) == "torch":
             import torch
 
-            return getattr(torch, how)(shape, dtype=torch.float32, device=like.device)
+            return getattr(torch, how)(shape, dtype=like.dtype, device=like.device)
         if _library(like) == "cupy":
             import cupy
 
-            return getattr(cupy, how)(shape, dtype=cupy.float32)
-        return getattr(np, how)(shape, np.float32)
+            return getattr(cupy, how)(shape, dtype=like.dtype)
+        return getattr(np, how)(shape, like.dtype)
 
 
 class SpMM(_Kernel):
@@ -192,21 +201,50 @@ def _host_array(x) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def _array_info(x, with_stream: bool = True):
-    """(device pointer, stream handle or None) of a C-contiguous float32 CuPy or torch CUDA array."""
+def _host_bits(x, dtype: str) -> np.ndarray:
+    """The 16-bit patterns (uint16) of a half kernel's CPU array: a numpy float16 array (fp16) or a
+    torch CPU tensor of the kernel's dtype; anything else is refused (no silent conversion)."""
+    if _library(x) == "torch":
+        import torch
+
+        want = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        if x.device.type != "cpu" or x.dtype != want:
+            raise ValueError(f"the host backend takes a CPU tensor of the kernel's dtype {want}, got {x.dtype} on "
+                             f"{x.device}")
+        return np.ascontiguousarray(x.detach().contiguous().view(torch.int16).numpy().view(np.uint16))
+    if dtype == "fp16" and isinstance(x, np.ndarray) and x.dtype == np.float16:
+        return np.ascontiguousarray(x).view(np.uint16)
+    raise ValueError(f"need a {'float16 numpy array or ' if dtype == 'fp16' else ''}torch CPU tensor of the kernel's "
+                     f"dtype {dtype}, got {getattr(x, 'dtype', type(x).__name__)}")
+
+
+def _torch_of_bits(bits: np.ndarray, dtype: str):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(
+        {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
+
+
+def _array_info(x, with_stream: bool = True, dtype: str = "fp32"):
+    """(device pointer, stream handle or None) of a C-contiguous CuPy or torch CUDA array of the
+    kernel's `dtype` (fp32, fp16 or bf16: no silent conversion)."""
     mod = _library(x)
     if mod == "torch":
         import torch
 
-        if not x.is_cuda or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError(f"need a contiguous float32 CUDA tensor, got {x.dtype} on {x.device}")
+        want = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        if not x.is_cuda or x.dtype != want or not x.is_contiguous():
+            raise ValueError(f"need a contiguous {str(want).removeprefix('torch.')} CUDA tensor, got {x.dtype} on "
+                             f"{x.device}")
         if x.device.index not in (None, 0):  # kernels are loaded in device 0's primary context
             raise ValueError(f"kernels run on cuda:0, got a tensor on {x.device}")
         return x.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream if with_stream else None
     if mod == "cupy":
         import cupy
 
-        if x.dtype != cupy.float32 or not x.flags.c_contiguous:
-            raise ValueError("need a C-contiguous float32 CuPy array")
+        want = {"fp32": cupy.float32, "fp16": cupy.float16}.get(dtype)
+        if want is None or x.dtype != want or not x.flags.c_contiguous:
+            raise ValueError(f"need a C-contiguous {dtype} CuPy array" + (" (CuPy has no bfloat16: use torch)"
+                                                                         if dtype == "bf16" else ""))
         return x.data.ptr, cupy.cuda.get_current_stream().ptr if with_stream else None
     raise TypeError(f"expected a CuPy array or a torch CUDA tensor, got {type(x).__name__}")

@@ -384,6 +384,27 @@ def check_full_kernel(cubin: bytes, name: str, layout, matrix, n: int = 77, seed
     return _relative_error(c, ref if epilogue is None else epilogue.reference(ref))
 
 
+def half_gemm_on_device(cubin: bytes, name: str, layout, m: int, b_bits: np.ndarray) -> np.ndarray:
+    """C's bits (uint16, M×n) of a half kernel (codegen_half) on the device: B's bits (uint16, K×n)
+    padded to the N it launches with, C poisoned with NaN bits (0x7fff) first."""
+    from cuda.bindings import driver
+
+    k, n = b_bits.shape
+    launched = layout.launch_columns(n)
+    padded = np.zeros((k, launched), np.uint16)
+    padded[:, :n] = b_bits
+    kernel = LoadedKernel(cubin, name)
+    bb, cb = DeviceBuffer.of(padded), DeviceBuffer.of(np.full((m, launched), 0x7FFF, np.uint16))
+    try:
+        kernel.launch(layout.grid(n), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", launched)])
+        _ck(driver.cuCtxSynchronize(), name)
+        return cb.to_host(np.uint16, m * launched).reshape(m, launched)[:, :n]
+    finally:
+        bb.close()
+        cb.close()
+        kernel.close()
+
+
 def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     """max |got − ref| / max |ref|; inf when an output was left unwritten (NaN poison) or is not finite."""
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(got).all() else float("inf")

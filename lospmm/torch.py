@@ -111,8 +111,9 @@ def _own_module(node, graph, scope: nn.Module) -> str:
         if not stack:
             return ""
         path = next(reversed(stack.values()))[0]
-        calls = sum(1 for n in graph.nodes if (n.meta.get("nn_module_stack") or {}) and
-                    next(reversed(n.meta["nn_module_stack"].values()))[0] == path)
+        # every node the wrapper (or anything inside it) made: the activation must be all of it
+        calls = sum(1 for n in graph.nodes if any(entry[0] == path for entry in (n.meta.get("nn_module_stack") or {})
+                                                  .values()))
         if any(True for _ in scope.get_submodule(path).parameters()):
             return ""
     return path if calls == 1 else ""
@@ -174,12 +175,58 @@ def _fusable(model: nn.Module) -> dict[str, tuple[str, str]]:
         scope = model.get_submodule(scope_path) if scope_path else model
         for target, (act, own) in _gemm_activations(graph, scope).items():
             full = f"{scope_path}.{target}" if scope_path else target
+            if names.get(id(model.get_submodule(full)), 0) != 1:
+                continue  # a layer under two names: one graph cannot say what follows it at the other
             own_full = (f"{scope_path}.{own}" if scope_path else own) if own else ""
             if own_full and names.get(id(model.get_submodule(own_full)), 0) != 1:
                 own_full = ""  # one module under two names: making it an identity would reach the other too
             if act == "relu" or own_full:
                 out[full] = (act, own_full)
     return out
+
+
+def _verified(model: nn.Module, example_input, kwargs, fusable: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The fusions of `fusable` that compute, on the example input, what the model computes: a dense
+    twin with each fused layer applying its activation itself and each activation module of its own
+    an identity (what sparsify serves) must give the model's output. The graph read may follow
+    another branch than this input takes (an optional argument's `is not None`): a fusion that
+    changes the output is dropped, alone where the others still agree, else all of them."""
+    if not fusable:
+        return {}
+    args, named = example_call(example_input, kwargs)
+    with torch.no_grad():
+        want = _tensors(model(*args, **named))
+
+    def agrees(chosen: dict) -> bool:
+        twin = copy.deepcopy(model).eval()
+        for path, (act, own) in chosen.items():
+            twin.get_submodule(path).register_forward_hook(
+                lambda module, inputs, output, act=act: torch.relu(output) if act == "relu"
+                else nn.functional.gelu(output))
+            if own:
+                parent, _, child = own.rpartition(".")
+                setattr(twin.get_submodule(parent) if parent else twin, child, nn.Identity())
+        with torch.no_grad():
+            got = _tensors(twin(*args, **named))
+        return len(got) == len(want) and all(
+            g.shape == w.shape and torch.allclose(g.double(), w.double(), rtol=1e-5, atol=1e-6 * max(1.0, float(
+                w.double().abs().max()) if w.numel() else 1.0)) for g, w in zip(got, want))
+
+    if agrees(fusable):
+        return fusable
+    alone = {path: f for path, f in fusable.items() if agrees({path: f})}
+    return alone if alone and agrees(alone) else {}
+
+
+def _tensors(output) -> list:
+    """The floating-point tensors of a model's output, in order (tuples, lists, dicts, ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.is_floating_point() else []
+    if isinstance(output, Mapping):
+        return [t for v in output.values() for t in _tensors(v)]
+    if isinstance(output, (tuple, list)):
+        return [t for v in output for t in _tensors(v)]
+    return []
 
 
 def following_activations(model: nn.Module) -> dict[str, str]:
@@ -257,6 +304,10 @@ def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None
     try:
         model.eval()  # shapes do not depend on the mode; a BatchNorm in train mode would update its statistics
         _forward(model, example_input, kwargs)
+        for h in handles:
+            h.remove()
+        handles = []
+        fusable = _verified(model, example_input, kwargs, _fusable(model))  # in eval mode too: the same output
     finally:
         for h in handles:
             h.remove()
@@ -264,7 +315,7 @@ def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None
             m.training = was
 
     first_name = {id(m): n for n, m in modules.items()}
-    activations = following_activations(model)
+    activations = {path: act for path, (act, _) in fusable.items()}
     out = []
     for name, tensor in [*model.state_dict(keep_vars=True).items()]:
         owner, _, leaf = name.rpartition(".")
@@ -667,6 +718,9 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
             return (f"{layer}: the kernel fuses a bias that is not the module's "
                     f"({'it has none' if mine is None else 'other values'}): the kernel was built from other weights")
+    if epilogue.activation and not epilogue.bias and getattr(module, "bias", None) is not None:
+        return (f"{layer}: the kernel fuses {epilogue.activation} but not the module's bias, which comes before it: "
+                f"emit it with the bias fused (a run of lospmm.torch's model file), or without the activation")
     if epilogue.activation and activation_after() != epilogue.activation:
         owner = layer.rpartition(".")[0]
         return (f"{layer}: the kernel fuses {epilogue.activation}, but the model does not apply "

@@ -82,6 +82,33 @@ def test_a_fused_bias_and_gelu_match_the_reference_on_the_device(tmp_path, desig
     np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision,loads", [(("fp16", "packed", 0), "based"), (("bf16", "packed", 0), "chained"),
+                                             (("fp16", "f32", 0), "chained"), (("bf16", "packed", 4), "based")])
+def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(precision, loads):
+    """fma.rn.f16x2 / .bf16x2, cvt.rn and the packed loads and stores run only here: the device's C
+    is the host emulation's bit for bit (packed: also the numpy reference's), at N 1, 32 and 333."""
+    from lospmm.hostemu import half_gemm_on_host
+    from lospmm.runtime import device_facts, half_gemm_on_device
+    from lospmm.stages.codegen import CodegenParams, design_named
+    from lospmm.stages.codegen_half import (Precision, half_kernel_source, packed_reference, rounded_matrix,
+                                            to_dtype_bits)
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    p = Precision(*precision)
+    a, _ = rounded_matrix(random_pruned(130, 200, 0.85, np.random.default_rng(0)), p.dtype)
+    kernel = half_kernel_source(a, reordered_tiles(a, 4), 64, p, CodegenParams(design=design_named(loads)))
+    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4))
+    assert compiled.status == "ok", compiled.log[-500:]
+    for n in (1, 32, 333):
+        b = to_dtype_bits(np.random.default_rng(n).standard_normal((200, n)), p.dtype)
+        on_device = half_gemm_on_device(compiled.cubin, kernel.name, kernel.layout, 130, b)
+        assert np.array_equal(on_device, half_gemm_on_host(kernel, b)), n
+        if p.accumulate == "packed" and not p.promote_every:
+            assert np.array_equal(on_device, packed_reference(a, b, p.dtype)), n
+
+
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
     """Prefect runs tasks in worker threads, and a CUDA context is current per thread: a kernel
     loaded here must launch from a thread that has never touched CUDA."""

@@ -498,3 +498,86 @@ def test_a_gelu_kernel_replaces_the_layer_and_its_gelu_module(tmp_path, prefect_
         biased[2].bias.add_(1.0)
     with pytest.raises(KernelDirError, match="2.weight: the kernel fuses a bias that is not the module's"):
         lt.sparsify(biased, run_id, backend="host", artifacts=root)
+
+
+class WrappedGelu(nn.Module):
+    """A wrapper without parameters whose child does more than the GELU: not the activation alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.post = Doubler()
+
+    def forward(self, x):
+        return self.post(nn.functional.gelu(x))
+
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class OptionalGelu(nn.Module):
+    """The GELU runs only when `scale` is given; symbolic tracing takes that branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Linear(8, 8), nn.GELU()
+
+    def forward(self, x, scale=None):
+        y = self.fc(x)
+        return self.act(y) * scale if scale is not None else y
+
+
+class SharedLayer(nn.Module):
+    """One nn.Linear under two names: followed by ReLU under one, used bare under the other, in a model
+    fx cannot trace whole (data-dependent control flow at the top)."""
+
+    def __init__(self):
+        super().__init__()
+        fc = nn.Linear(8, 8)
+        self.a, self.b = ReluAfter(fc), Bare(fc)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x) if bool(x.sum() > -1e9) else x
+
+
+class ReluAfter(nn.Module):
+    def __init__(self, fc):
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Bare(ReluAfter):
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_a_fusion_is_kept_only_where_the_example_input_computes_the_same():
+    x = torch.randn(3, 8)
+    wrapped = nn.Sequential(nn.Linear(8, 8), WrappedGelu())
+    assert lt.following_activations(wrapped) == {}  # the wrapper's child doubles: not the GELU alone
+    assert {w.name: w.activation for w in lt.layer_weights(wrapped, x) if w.op} == {"0.weight": ""}
+    optional = OptionalGelu()
+    assert lt.following_activations(optional) == {"fc": "gelu"}  # what the graph read says …
+    assert {w.name: w.activation for w in lt.layer_weights(optional, x) if w.op} == {"fc.weight": ""}  # … refuted
+    assert {w.name: w.activation for w in lt.layer_weights(optional, (x, torch.tensor(2.0))) if w.op} == {
+        "fc.weight": "gelu"}  # the branch the example takes
+    shared = SharedLayer()
+    assert lt.following_activations(shared) == {}
+
+
+def test_a_kernel_fusing_an_activation_but_not_the_modules_bias_is_refused(tmp_path):
+    import scipy.sparse as sp
+
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.stages.reorder import reordered_tiles
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    a = sp.csr_matrix(model[0].weight.detach().numpy())
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 1), "0.weight", 0.0, 32, "sm_90", tmp_path / "k",
+                   compile_=False, verify=False, epilogue=Epilogue(activation="relu"))
+    (plan,) = lt.replacements(model, tmp_path / "k")
+    assert "fuses relu but not the module's bias" in plan.reason and not plan.module

@@ -21,9 +21,10 @@ from lospmm.flows.execution.taskio import failed_row, is_transient
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.sparse_file import write_matrix
-from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference
+from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference, checked_half_kernel
 from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,
                                    conv_kernel_source, design_of_facts, full_kernel_source)
+from lospmm.stages.codegen_half import Precision, error_bound, half_kernel_source, rounded_matrix
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
@@ -35,11 +36,12 @@ from lospmm.stages.timing import LaunchUnderTest, Timer
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
                       implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE,
-                      epilogue: Epilogue | None = None) -> dict:
+                      epilogue: Epilogue | None = None, precision: Precision | None = None) -> dict:
     """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
     `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
     layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`: what the kernel
-    fuses (default: what the run's emit stage fuses into this layer — its bias and activation)."""
+    fuses (default: what the run's emit stage fuses into this layer — its bias and activation).
+    `precision`: a half kernel (fp16/bf16, codegen_half) of the same tile, A rounded to its dtype."""
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -64,11 +66,23 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     shape = next(r for r in read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
                  if r["layer"] == layer)
     if epilogue is None:
-        epilogue = layer_epilogue(shape, record)
+        if shape.get("bias"):  # read from the file the run searched (01_shapes names it), not a newer one
+            from lospmm.flows.inputs.sources import Source
+            from lospmm.flows.tasks.emit import checked_unchanged
+
+            checked_unchanged(Source("weights", "", "", path=shape["source"], sha256=shape["source_sha256"]))
+        epilogue = layer_epilogue(shape, shape.get("source") or record)
     if relu:
+        if epilogue.activation not in ("", "relu"):
+            raise ValueError(f"{layer}: --relu: the run fuses {epilogue.activation} into this layer's kernel")
         epilogue = Epilogue(epilogue.bias, "relu")
+    if precision is not None and not epilogue.empty:
+        raise ValueError(f"{layer}: a half kernel fuses no bias or activation yet; the run fuses "
+                         f"{'a bias' if epilogue.bias else ''}{' and ' if epilogue.bias and epilogue.activation else ''}"
+                         f"{epilogue.activation}")
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
-                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue)
+                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
+                          precision=precision)
 
 
 def layer_epilogue(shape_row: dict, record_or_source) -> Epilogue:
@@ -99,14 +113,22 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
                    measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
                    compile_units: UnitCompiler | None = None, conv: ConvGeometry | None = None,
-                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue()) -> dict:
+                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue(),
+                   precision: Precision | None = None) -> dict:
     """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
     compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
     what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check). A
     convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise).
     `conv`: the geometry of an implicit-im2col convolution kernel; `epilogue`: the bias and activation
-    the kernel fuses, checked with them."""
-    if conv is None:
+    the kernel fuses, checked with them; `precision`: a half kernel (B and C in fp16/bf16), A rounded
+    to its dtype first (weight.parquet holds the rounded A; kernel.json what rounding lost)."""
+    rounding = None
+    if precision is not None:
+        if conv is not None or not epilogue.empty:
+            raise ValueError("a half kernel is a GEMM kernel without an epilogue so far (no conv, bias or activation)")
+        matrix, rounding = rounded_matrix(matrix, precision.dtype)
+        kernel = half_kernel_source(matrix, tiles, n1, precision, CodegenParams(design=design))
+    elif conv is None:
         kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue)
     else:
         kernel = conv_kernel_source(matrix, tiles, n1, conv, epilogue, CodegenParams(design=design))  # ValueError: no such design
@@ -119,6 +141,10 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     # a model's weight against, and a user's way to evaluate the pruned layer without a GPU
     atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
     facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv, epilogue), **(extra or {})}
+    if precision is not None:
+        facts.update(precision=precision.facts(), rounding=rounding.facts(),
+                     layout=f"B is K×N and C is M×N, row-major {precision.dtype} (16-bit); N is a runtime argument, "
+                            f"even (pad B and C with a column), B and C 4-byte aligned")
     cubin = None
     if compile_:
         result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=kernel.design), compile_units)
@@ -133,7 +159,13 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     if verify:
         n = host_check_columns(n1)
         try:
-            if conv is None:
+            if precision is not None:  # against the float64 product of the same rounded A and B
+                gamma, eta = error_bound(matrix, precision)
+                error, _, _ = checked_half_kernel(kernel, matrix, n, precision.dtype, sanitize=True, bound=gamma,
+                                                  absolute=eta)
+                facts["host_check"] = {"normalised_error": error, "bound": gamma, "n": n, "sanitizer": "address",
+                                       "status": Status.OK}
+            elif conv is None:
                 error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol, epilogue=epilogue)
                 facts["host_check"] = {"max_rel_error": error, "n": n, "sanitizer": "address", "status": Status.OK}
             else:  # two images against a reference convolution

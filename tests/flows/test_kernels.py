@@ -105,3 +105,40 @@ def test_a_kernel_directory_of_another_design_records_its_launch_and_loads_padde
     assert spmm.layout == layout
     b = np.random.default_rng(4).standard_normal((40, 7)).astype(np.float32)
     np.testing.assert_allclose(spmm(b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_half_kernel_directory_is_checked_and_served_in_its_dtype_alone(tmp_path):
+    """`lospmm kernel --dtype fp16|bf16`'s directory: A rounded to the dtype (weight.parquet holds the
+    rounded A), the host check against the same rounded product, and the loader's host backend
+    taking arrays of the kernel's dtype only (no silent conversion)."""
+    torch = pytest.importorskip("torch")
+    from lospmm.loader import load_kernel
+    from lospmm.sparse_file import read_matrix
+    from lospmm.stages.codegen_half import Precision, from_dtype_bits, to_dtype_bits
+
+    a = random_pruned(40, 56, 0.8, np.random.default_rng(3))
+    a.data[0] = 1e-9  # rounds to zero in fp16: counted, not baked
+    b64 = np.random.default_rng(4).standard_normal((56, 9))
+    for precision in (Precision("fp16"), Precision("bf16", "f32")):
+        out = tmp_path / precision.label
+        facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "enc.0", 0.8, 32, "sm_90", out,
+                               precision=precision)
+        check = facts["host_check"]
+        assert check["status"] == "ok" and 0 < check["normalised_error"] <= check["bound"] < 0.05
+        assert facts["precision"]["dtype"] == precision.dtype and facts["launch"]["columns_per_thread"] == 2
+        rounded = read_matrix(out / "weight.parquet")
+        assert rounded.nnz == a.nnz - (facts["rounding"]["to_zero"])
+        assert facts["rounding"]["to_zero"] == (1 if precision.dtype == "fp16" else 0)
+        spmm = load_kernel(out, backend="host")
+        torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision.dtype]
+        b = torch.from_numpy(b64).to(torch_dtype)
+        c = spmm(b)  # 9 columns: padded to the kernel's even N and cut back
+        assert c.dtype == torch_dtype and tuple(c.shape) == (40, 9)
+        bits = to_dtype_bits(b64, precision.dtype)
+        want = rounded.toarray().astype(np.float64) @ from_dtype_bits(bits, precision.dtype)
+        assert np.abs(c.double().numpy() - want).max() <= 0.02 * np.abs(want).max()
+        with pytest.raises(ValueError, match="enc.0: .*dtype"):
+            spmm(b.float())  # an fp32 B for a half kernel is refused, naming the layer
+    fp16 = load_kernel(tmp_path / "fp16-packed", backend="host")
+    c = fp16(b64.astype(np.float16))
+    assert c.dtype == np.float16 and c.shape == (40, 9)

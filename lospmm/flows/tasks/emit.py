@@ -9,7 +9,9 @@ from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.flows.inputs.sources import Source
 from lospmm.flows.kernels import conv_geometry, emitted_layer, layer_epilogue
 from lospmm.flows.storage.store import artifact_path
-from lospmm.flows.execution.taskio import RunContext, grouped, in_parallel, run_logger, run_stage, stage_task
+from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, in_parallel, is_transient, run_logger,
+                                           run_stage, stage_task)
+from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
 from lospmm.stages.codegen import Epilogue, KernelDesign
 from lospmm.stages.emit import EmitParams, kernel_form
@@ -26,17 +28,22 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         logger = run_logger()
         shapes = ctx.read(inputs["extract"]).to_pylist()
         convs = {r["layer"]: conv_geometry(r) for r in shapes if kernel_form(r, params, design) == "implicit-conv"}
-        fused = [r for r in shapes if r.get("bias") or r.get("activation")]
-        if any(r.get("bias") for r in fused):
+        fused = {r["layer"]: r for r in shapes if r.get("bias") or r.get("activation")}
+        if any(r.get("bias") for r in fused.values()):
             checked_unchanged(source)  # the biases are read from the file the run searched, not a newer one
-        epilogues = {r["layer"]: layer_epilogue(r, source.path) for r in fused}
 
         def one(item) -> dict:
             layer, group = item
             units = run_compiler(ctx, ctx.unit_reporter("emit", label, {"layer": layer}, len(layers)))
+            try:  # a bias that cannot be read fails its layer's row, not the stage
+                epilogue = layer_epilogue(fused[layer], source.path) if layer in fused else Epilogue()
+            except Exception as e:
+                if is_transient(e):
+                    raise
+                return failed_row({**{c: group[0][c] for c in LAYER_COLUMNS + ("sparsity",)}}, layer, e)
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
                                  tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer), design,
-                                 epilogues.get(layer, Epilogue()))
+                                 epilogue)
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.

@@ -1,0 +1,339 @@
+"""Half-precision full kernels (issue 23): C = A·B with B and C in fp16 or bf16, A's nonzeros
+baked in as literals of the same dtype.
+
+Each thread computes two adjacent output columns held as one packed pair (a 32-bit register), so
+one `fma.rn.f16x2` (or `.bf16x2`) — with the literal pair as the instruction's immediate, one SASS
+HFMA2 — does the two multiply-adds of a nonzero: half the instructions per useful FLOP of the fp32
+kernel at two columns per thread, and half the bytes of B and C. N is even (the launcher pads it).
+
+The accumulation is a choice (Precision.accumulate), to be settled by measurement on the device:
+- `packed`: the pair accumulates in the dtype (one instruction per nonzero; the error grows with the
+  row's nonzeros);
+- `f32`: B's pair converted to two floats once per load, two fp32 FMAs per nonzero with the literal
+  rounded to the dtype, one conversion at the store (the error of an fp32 accumulation);
+- `packed` with `promote_every=k`: the packed sum added into an fp32 pair every k nonzeros of a row.
+
+A's values are rounded to the dtype before anything else (`rounded_matrix`): a value that rounds to
+zero is not baked (`RoundingReport` counts it and the subnormals), and the check's reference is
+computed from the same rounded A and B, so nothing is silently left out of the check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from lospmm.stages.codegen import (BASELINE, PREAMBLE, CodegenParams, KernelDesign, KernelSource, LaunchLayout,
+                                   _checked_tile, _entry_unit, _tile_costs, _units, _zero_blocks, kernel_name)
+
+DTYPES = ("fp16", "bf16")
+ACCUMULATIONS = ("packed", "f32")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A half kernel's number format. Defaults: dtype="fp16", accumulate="packed" (the pair sums in
+    the dtype), promote_every=0 (packed sums never moved into fp32; k > 0: every k nonzeros of a row)."""
+
+    dtype: str = "fp16"
+    accumulate: str = "packed"
+    promote_every: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: a half kernel is one of {', '.join(DTYPES)}")
+        if self.accumulate not in ACCUMULATIONS:
+            raise ValueError(f"accumulate {self.accumulate!r}: choose one of {', '.join(ACCUMULATIONS)}")
+        if self.promote_every < 0 or (self.promote_every and self.accumulate != "packed"):
+            raise ValueError("promote_every is a count >= 1 of a packed accumulation's nonzeros (0: never)")
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype}-{self.accumulate}" + (f"-promote{self.promote_every}" if self.promote_every else "")
+
+    def facts(self) -> dict:
+        return {"dtype": self.dtype, "accumulate": self.accumulate, "promote_every": self.promote_every}
+
+
+# --- rounding to the dtype (numpy; the host emulation's shim does the same in C) -----------------------
+
+
+def to_dtype_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64/float32 values rounded to nearest even in fp16 or bf16, as uint16 bit patterns."""
+    x = np.asarray(values, np.float64)
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):  # an overflow is ±inf, which rounded_matrix counts and refuses
+            return x.astype(np.float16).view(np.uint16)  # numpy rounds double to half correctly (RNE)
+    return _bf16_bits(x)
+
+
+def from_dtype_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """uint16 bit patterns of fp16 or bf16 as float64 (exact)."""
+    b = np.asarray(bits, np.uint16)
+    if dtype == "fp16":
+        return b.view(np.float16).astype(np.float64)
+    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even of float64 to bfloat16 in one rounding (not through float32, which
+    would round twice): the value's significand scaled to 8 bits and rounded by numpy's rint."""
+    out = np.zeros(x.shape, np.uint16)
+    sign = np.signbit(x).astype(np.uint16) << 15
+    a = np.abs(x)
+    nan, inf = np.isnan(a), ~np.isfinite(a) & ~np.isnan(a)
+    finite = np.isfinite(a) & (a > 0)
+    m, e = np.frexp(np.where(finite, a, 1.0))  # a = m·2^e, m in [0.5, 1)
+    normal = finite & (e - 1 >= -126)
+    q = np.rint(np.ldexp(m, 8))  # the 8-bit significand, 128..256 (256: rounded up to the next binade)
+    exp = (e - 1) + (q == 256)
+    q = np.where(q == 256, 128, q)
+    big = normal & (exp > 127)
+    enc = ((exp + 127).astype(np.int64) << 7) | (q.astype(np.int64) - 128)
+    out = np.where(normal & ~big, enc, out)
+    sub = finite & ~normal  # multiples of 2^-133; a round up to 128 is the smallest normal's encoding
+    out = np.where(sub, np.rint(np.ldexp(np.where(sub, a, 0.0), 133)).astype(np.int64), out)
+    out = np.where(big | inf, 0x7F80, out)
+    out = np.where(nan, 0x7FC0, out)
+    return (out.astype(np.uint16) | sign).astype(np.uint16)
+
+
+@dataclass(frozen=True)
+class RoundingReport:
+    """What rounding A to the dtype did: nonzeros that became zero (not baked; the reference sees
+    them as zero too), ones that became subnormal, and ones that overflowed to ±inf."""
+
+    nnz: int
+    to_zero: int
+    subnormal: int
+    overflow: int
+
+    def facts(self) -> dict:
+        return vars(self).copy()
+
+
+def rounded_matrix(matrix: sp.csr_matrix, dtype: str) -> tuple[sp.csr_matrix, RoundingReport]:
+    """A with every value rounded to `dtype` (float64 values that are exactly representable), its
+    zeros after rounding removed, and the count of each kind of loss."""
+    a = sp.csr_matrix(matrix, dtype=np.float64, copy=True)
+    a.sort_indices()
+    bits = to_dtype_bits(a.data, dtype)
+    values = from_dtype_bits(bits, dtype)
+    tiny = 2.0 ** (-14 if dtype == "fp16" else -126)
+    report = RoundingReport(int(a.nnz), int(np.count_nonzero(values == 0)),
+                            int(np.count_nonzero((values != 0) & (np.abs(values) < tiny))),
+                            int(np.count_nonzero(~np.isfinite(values))))
+    if report.overflow:
+        raise ValueError(f"{report.overflow} of A's values overflow {dtype} (|w| > its largest finite value)")
+    a.data = values
+    a.eliminate_zeros()
+    return a, report
+
+
+# --- the kernel ------------------------------------------------------------------------------------
+
+# Device helpers for half kernels, in their units only (the fp32 kernels' text is unchanged). The host
+# emulation's shim defines the same names in C++ with exact rounding (hostemu.HALF_SHIM).
+HALF_PREAMBLE = r"""#if !defined(LOSPMM_HOST_EMULATION) && !defined(LOSPMM_HALF_PREAMBLE)
+#define LOSPMM_HALF_PREAMBLE
+typedef unsigned short lospmm_h16;
+// the pair of columns (n, n+1) of row `off2 / 2`: one 32-bit load, column n in the low half
+__device__ __forceinline__ unsigned lospmm_ldh2(const lospmm_h16* base, int off2, int n) {
+  unsigned v;
+  asm("{ .reg .u64 a; mad.wide.s32 a, %1, %2, %3; ld.global.nc.b32 %0, [a]; }" : "=r"(v) : "r"(off2), "r"(n), "l"(base));
+  return v;
+}
+// chained: p moves DELTA2 / 2 rows of B (DELTA2 a literal) and the pair is read there (one IMAD.WIDE)
+#define LOSPMM_LDCH2(v, p, n, DELTA2) \
+  asm("{ .reg .s64 t; mul.wide.s32 t, %2, " #DELTA2 "; add.s64 %1, %1, t; ld.global.nc.b32 %0, [%1]; }" : "=r"(v), "+l"(p) : "r"(n))
+__device__ __forceinline__ void lospmm_sth2(lospmm_h16* base, int row, int n, unsigned v) {
+  asm volatile("{ .reg .s64 r, m, a; cvt.s64.s32 r, %0; cvt.s64.s32 m, %1; mul.lo.s64 a, r, m; shl.b64 a, a, 1; add.s64 a, a, %2; st.global.b32 [a], %3; }" :: "r"(row), "r"(n), "l"(base), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned lospmm_fma_fp16(unsigned lit, unsigned b, unsigned acc) {
+  unsigned d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(lit), "r"(b), "r"(acc)); return d;
+}
+__device__ __forceinline__ unsigned lospmm_fma_bf16(unsigned lit, unsigned b, unsigned acc) {
+  unsigned d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(lit), "r"(b), "r"(acc)); return d;
+}
+__device__ __forceinline__ void lospmm_unpack_fp16(unsigned v, float& lo, float& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(v));
+}
+__device__ __forceinline__ void lospmm_unpack_bf16(unsigned v, float& lo, float& hi) {
+  lo = __uint_as_float(v << 16); hi = __uint_as_float(v & 0xffff0000u);
+}
+__device__ __forceinline__ unsigned lospmm_pack_fp16(float lo, float hi) {
+  unsigned d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+__device__ __forceinline__ unsigned lospmm_pack_bf16(float lo, float hi) {
+  unsigned d; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+#endif
+"""
+
+
+def half_kernel_source(matrix: sp.csr_matrix, tiles, n1: int, precision: Precision = Precision(),
+                       params: CodegenParams = CodegenParams()) -> KernelSource:
+    """Alg. 2 in half precision for every A_tile of `tiles` (tiles of the rounded A: call
+    rounded_matrix first, so that values that round to zero are not in the tiles), blocks of `n1`
+    threads, two columns per thread. Parameters (B, C, N): B K×N and C M×N in the dtype, N even."""
+    a = sp.csr_matrix(matrix, dtype=np.float64)
+    a.sort_indices()
+    _checked_tile(n1)
+    design = params.design
+    if design.code_key not in (BASELINE.code_key, KernelDesign(loads="chained").code_key):
+        raise ValueError(f"design {design.label}: a half kernel takes the baseline's grid and one packed pair per "
+                         f"thread, with based or chained loads, so far")
+    bits = to_dtype_bits(a.data, precision.dtype)
+    if not np.array_equal(from_dtype_bits(bits, precision.dtype), a.data):
+        raise ValueError(f"A holds values that are not {precision.dtype}: round it with rounded_matrix first")
+    m, k = a.shape
+    name = kernel_name("lospmm_half", m, k, a.indptr.tobytes(), a.indices.tobytes(), bits.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
+                       precision.label, design.loads)
+    header = (f"// lospmm half kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} "
+              f"prefetch={params.prefetch} {precision.label} loads={design.loads}")
+    signature = "(const lospmm_h16* __restrict__ Bn, lospmm_h16* __restrict__ Cn, const int N)"
+    functions = [_half_tile_function(a, t, tiles.tile(t), params.prefetch, precision, signature, design.loads)
+                 for t in range(tiles.num_tiles)]
+    zero_functions = [("(lospmm_h16* __restrict__ Cn, const int N)",
+                       "".join(f"  lospmm_sth2(Cn, {r}, N, 0u);\n" for r in rows))
+                      for rows in _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))]
+    head = (f"LOSPMM_KERNEL void {name}(const lospmm_h16* __restrict__ B, lospmm_h16* __restrict__ C, const int N) {{\n"
+            f"  if (N % 2 != 0) __trap();\n"
+            f"  const int n = blockIdx.y * {2 * n1} + threadIdx.x * 2;\n"
+            f"  if (n >= N) return;\n"
+            f"  const lospmm_h16* Bn = B + n;\n  lospmm_h16* Cn = C + n;\n")
+    preamble = PREAMBLE + HALF_PREAMBLE
+    entry = _entry_unit(header, tiles.num_tiles, signature, zero_functions, head, "Bn, Cn, N", "zero_{z}(Cn, N)",
+                        "x", preamble)
+    units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz, preamble) + [entry]
+    layout = LaunchLayout(tiles.num_tiles + len(zero_functions), n1, 2)
+    return KernelSource(name, "full", tuple(units), ("const lospmm_h16* B", "lospmm_h16* C", "int N"), m, k,
+                        tiles.m1, layout, tiles.num_tiles, design)
+
+
+def _pair_literal(bits: int) -> str:
+    return f"0x{(bits << 16) | bits:08x}u"
+
+
+def _half_tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int, precision: Precision,
+                        signature: str, loads_from: str = "based") -> str:
+    dtype = precision.dtype
+    sub = a[rows].tocsc()
+    sub.sort_indices()
+    cols = np.flatnonzero(np.diff(sub.indptr))
+    bits = to_dtype_bits(sub.data, dtype)
+    packed = precision.accumulate == "packed"
+    promote = precision.promote_every
+    out = [f"LOSPMM_TILE void tile_{t}{signature} {{\n"]
+    if loads_from == "chained":
+        out.append("  const lospmm_h16* p = Bn;\n")
+    if packed:
+        out.append("  unsigned " + ", ".join(f"acc{i} = 0u" for i in range(len(rows))) + ";\n")
+    if not packed or promote:
+        out.append("  float " + ", ".join(f"lo{i} = 0.0f, hi{i} = 0.0f" for i in range(len(rows))) + ";\n")
+    def load(j: int, c: int) -> str:
+        if loads_from == "chained":  # from the previous column's address: one IMAD.WIDE and the load
+            step = c - (int(cols[j - 1]) if j else 0)
+            return f"  unsigned b{j}; LOSPMM_LDCH2(b{j}, p, N, {2 * step});\n"
+        return f"  const unsigned b{j} = lospmm_ldh2(Bn, {2 * c}, N);\n"
+
+    loads = [load(j, int(c)) + ("" if packed else f"  float bl{j}, bh{j}; lospmm_unpack_{dtype}(b{j}, bl{j}, bh{j});\n")
+             for j, c in enumerate(cols)]
+    out.extend(loads[:prefetch])
+    counts = np.zeros(len(rows), np.int64)
+    for j, c in enumerate(cols):
+        if j + prefetch < len(loads):
+            out.append(loads[j + prefetch])
+        statements = []
+        for p in range(sub.indptr[c], sub.indptr[c + 1]):
+            i = int(sub.indices[p])
+            if packed:
+                statements.append(f"acc{i} = lospmm_fma_{dtype}({_pair_literal(int(bits[p]))}, b{j}, acc{i});")
+                counts[i] += 1
+                if promote and counts[i] % promote == 0:
+                    statements.append(_promoted(i, dtype))
+            else:
+                lit = np.format_float_scientific(np.float32(from_dtype_bits(bits[p:p + 1], dtype)[0]), unique=True,
+                                                 trim="0") + "f"
+                statements.append(f"lo{i} = fmaf(bl{j}, {lit}, lo{i}); hi{i} = fmaf(bh{j}, {lit}, hi{i});")
+        out.append("  " + " ".join(statements) + "\n")
+    for i, r in enumerate(rows):
+        if packed and not promote:
+            value = f"acc{i}"
+        else:
+            if packed and counts[i] % promote:
+                out.append("  " + _promoted(i, dtype) + "\n")
+            value = f"lospmm_pack_{dtype}(lo{i}, hi{i})"
+        out.append(f"  lospmm_sth2(Cn, {int(r)}, N, {value});\n")
+    out.append("  LOSPMM_TILE_END\n}\n")
+    return "".join(out)
+
+
+def _promoted(i: int, dtype: str) -> str:
+    """The packed sum of row i added into its fp32 pair, and reset."""
+    return (f"{{ float l, h; lospmm_unpack_{dtype}(acc{i}, l, h); lo{i} += l; hi{i} += h; acc{i} = 0u; }}")
+
+
+# --- the reference and the check -------------------------------------------------------------------
+
+
+def sum_to_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """p + c in float64 rounded to odd (TwoSum's error sets the last bit): rounded from there to a
+    16-bit dtype (≤ 51 bits fewer), it rounds as the exact sum does — one rounding, as fma.rn."""
+    s = p + c
+    bb = s - p
+    e = (p - (s - bb)) + (c - bb)
+    even = (s.view(np.int64) & 1) == 0
+    with np.errstate(invalid="ignore"):
+        return np.where((e != 0) & even & np.isfinite(s), np.nextafter(s, np.copysign(np.inf, e)), s)
+
+
+def packed_reference(matrix: sp.csr_matrix, b_bits: np.ndarray, dtype: str) -> np.ndarray:
+    """What a `packed` kernel computes, bit for bit: each output's nonzeros in ascending column
+    order, each multiply-add rounded once to the dtype from the exact value (the product of two
+    halves is exact in float64; the sum is rounded to odd there first: sum_to_odd). Returns uint16
+    bits, M×N."""
+    a = sp.csr_matrix(matrix, dtype=np.float64)
+    a.sort_indices()
+    b = from_dtype_bits(b_bits, dtype)
+    out = np.zeros((a.shape[0], b.shape[1]), np.uint16)
+    for r in range(a.shape[0]):
+        acc = np.zeros(b.shape[1], np.float64)
+        for p in range(a.indptr[r], a.indptr[r + 1]):
+            acc = from_dtype_bits(to_dtype_bits(sum_to_odd(a.data[p] * b[a.indices[p]], acc), dtype), dtype)
+        out[r] = to_dtype_bits(acc, dtype)
+    return out
+
+
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+SUBNORMAL_SPACING = {"fp16": 2.0 ** -24, "bf16": 2.0 ** -133}
+
+
+def error_bound(matrix: sp.csr_matrix, precision: Precision) -> tuple[float, float]:
+    """(γ, η): a correct kernel's |C − A·B| ≤ γ·‖A's row‖·‖B's column‖ + η for every output, from
+    k = the most nonzeros of a row + 1 roundings (|error| ≤ γ_k Σ|a·b| ≤ γ_k ‖a‖‖b‖, Cauchy–Schwarz)
+    and η = k half-spacings of the subnormals (a rounding's absolute error there). An fp32 sum
+    rounds once in the dtype. γ is capped at 1 (beyond it the bound says nothing)."""
+    k = int(np.diff(sp.csr_matrix(matrix).indptr).max(initial=0)) + 1
+    u = UNIT_ROUNDOFF[precision.dtype]
+    if precision.accumulate == "f32":
+        gamma = u + k * 2.0 ** -23
+    else:
+        gamma = k * u / (1 - k * u) if k * u < 0.5 else 1.0
+    return min(gamma, 1.0), k * SUBNORMAL_SPACING[precision.dtype] / 2
+
+
+def normalised_error(c: np.ndarray, matrix: sp.csr_matrix, b: np.ndarray, absolute: float = 0.0) -> float:
+    """max over outputs of (|C − A·B| − `absolute`)⁺ / (‖A's row‖₂ · ‖B's column‖₂), the float64
+    reference on the same rounded A and B (issue 23's accuracy measure; `absolute`: the error a
+    rounding among subnormals may add, error_bound's η)."""
+    a = sp.csr_matrix(matrix, dtype=np.float64)
+    ref = a @ b
+    scale = np.sqrt(np.asarray(a.multiply(a).sum(axis=1))).reshape(-1, 1) * np.linalg.norm(b, axis=0).reshape(1, -1)
+    err = np.maximum(np.abs(np.asarray(c, np.float64) - ref) - absolute, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(scale > 0, err / np.where(scale > 0, scale, 1.0), np.where(err > 0, np.inf, 0.0))
+    return float(ratio.max()) if ratio.size else 0.0
