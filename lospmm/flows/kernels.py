@@ -67,10 +67,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
                  if r["layer"] == layer)
     if epilogue is None:
         if shape.get("bias"):  # read from the file the run searched (01_shapes names it), not a newer one
-            from lospmm.flows.inputs.sources import Source
-            from lospmm.flows.tasks.emit import checked_unchanged
-
-            checked_unchanged(Source("weights", "", "", path=shape["source"], sha256=shape["source_sha256"]))
+            checked_unchanged(shape["source"], shape["source_sha256"])
         epilogue = layer_epilogue(shape, shape.get("source") or record)
     if relu:
         if epilogue.activation not in ("", "relu"):
@@ -83,6 +80,14 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
                           conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
                           precision=precision)
+
+
+def checked_unchanged(path: str, sha256: str) -> None:
+    """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
+    from lospmm.flows.storage.store import file_sha256
+
+    if sha256 and file_sha256(Path(path)) != sha256:
+        raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
 
 def layer_epilogue(shape_row: dict, record_or_source) -> Epilogue:

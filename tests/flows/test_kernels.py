@@ -142,3 +142,16 @@ def test_a_half_kernel_directory_is_checked_and_served_in_its_dtype_alone(tmp_pa
     fp16 = load_kernel(tmp_path / "fp16-packed", backend="host")
     c = fp16(b64.astype(np.float16))
     assert c.dtype == np.float16 and c.shape == (40, 9)
+
+
+def test_a_bias_is_read_only_from_the_weights_file_the_run_searched(tmp_path):
+    from lospmm.flows.kernels import checked_unchanged
+    from lospmm.flows.storage.store import file_sha256
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"one")
+    sha = file_sha256(path)
+    checked_unchanged(str(path), sha)  # the same file: fine
+    path.write_bytes(b"two")
+    with pytest.raises(ValueError, match="w.safetensors: the weights file changed since the run started"):
+        checked_unchanged(str(path), sha)

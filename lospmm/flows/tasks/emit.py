@@ -7,7 +7,7 @@ from lospmm.flows.catalog.kernels import SCHEMA
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.flows.inputs.sources import Source
-from lospmm.flows.kernels import conv_geometry, emitted_layer, layer_epilogue
+from lospmm.flows.kernels import checked_unchanged, conv_geometry, emitted_layer, layer_epilogue
 from lospmm.flows.storage.store import artifact_path
 from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, in_parallel, is_transient, run_logger,
                                            run_stage, stage_task)
@@ -30,7 +30,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         convs = {r["layer"]: conv_geometry(r) for r in shapes if kernel_form(r, params, design) == "implicit-conv"}
         fused = {r["layer"]: r for r in shapes if r.get("bias") or r.get("activation")}
         if any(r.get("bias") for r in fused.values()):
-            checked_unchanged(source)  # the biases are read from the file the run searched, not a newer one
+            checked_unchanged(source.path, source.sha256)  # the biases are read from the file the run searched
 
         def one(item) -> dict:
             layer, group = item
@@ -52,12 +52,3 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
 
     return run_stage("emit", SCHEMA, key, ctx, label, force, compute, inputs)
 
-
-def checked_unchanged(source: Source) -> None:
-    """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
-    from pathlib import Path
-
-    from lospmm.flows.storage.store import file_sha256
-
-    if source.sha256 and file_sha256(Path(source.path)) != source.sha256:
-        raise ValueError(f"{source.path}: the weights file changed since the run started; run again")
