@@ -98,6 +98,9 @@ def run(
     input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
                                           "fixed before shape inference, as trtexec --shapes takes them: "
                                           "NAME:1x3x640x640 (repeatable): convolutions after a symbolic H/W get their sizes."),
+    dtype: str = typer.Option(_RUN.dtype, "--dtype", help="The emitted kernels' B and C: fp32, fp16 or bf16 "
+                              "(default: the weights' own; fp32 for the zoo and ONNX). Half kernels: GEMM form, no "
+                              "fused epilogue, tiles from the fp32 search so far."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -110,7 +113,7 @@ def run(
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
-                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape))
+                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape), dtype=dtype)
     _run(cfg, refresh=[])
 
 

@@ -393,17 +393,21 @@ def _conv_weight(name: str, conv: nn.Conv2d, x: tuple[int, ...]) -> GraphWeight:
 
 
 def save_model(model: nn.Module, example_input, path: str | Path, kwargs: Mapping | None = None) -> Path:
-    """Write the GEMM weights of `model` (as `layer_weights` finds them, float32, state_dict names)
-    to a safetensors file, with every GraphWeight (geometry, and each other tensor's reason) in its
-    metadata, for `lospmm run --weights PATH`. Written atomically; returns the path."""
-    from safetensors.numpy import save_file
+    """Write the GEMM weights of `model` (as `layer_weights` finds them, and the biases their kernels
+    fuse; state_dict names, in the model's own dtype: float32, float16 or bfloat16, other dtypes as
+    float32) to a safetensors file, with every GraphWeight (geometry, and each other tensor's
+    reason) in its metadata, for `lospmm run --weights PATH` (whose kernels follow that dtype).
+    Written atomically; returns the path."""
+    from safetensors.torch import save_file
 
     from lospmm.flows.storage.store import atomic_write
 
     weights = layer_weights(model, example_input, kwargs)
     state = model.state_dict()
     names = [w.name for w in weights if w.op] + [w.bias for w in weights if w.op and w.bias]
-    tensors = {name: np.ascontiguousarray(state[name].detach().to("cpu", torch.float32).numpy()) for name in names}
+    kept = (torch.float32, torch.float16, torch.bfloat16)
+    tensors = {name: state[name].detach().to("cpu", state[name].dtype if state[name].dtype in kept else torch.float32)
+               .contiguous().clone() for name in names}
     if not tensors:
         raise ValueError(f"{type(model).__name__}: no nn.Linear or nn.Conv2d weight is used by the example input")
     meta = {GRAPH_METADATA: json.dumps([asdict(w) for w in weights])}
@@ -477,12 +481,9 @@ def _search_options() -> list[str]:
 
 def _zero_share(path: Path) -> float:
     """The share of zeros over the GEMM weights of a saved model file (not its biases), to 3 decimals."""
-    from safetensors.numpy import load_file
+    from lospmm.flows.inputs.weights import load_tensor, saved_graph
 
-    from lospmm.flows.inputs.weights import saved_graph
-
-    gemm = {w.name for w in saved_graph(path) or () if w.op}
-    weights = [w for name, w in load_file(str(path)).items() if name in gemm]
+    weights = [load_tensor(path, w.name) for w in saved_graph(path) or () if w.op]
     zeros, total = sum(int((w == 0).sum()) for w in weights), sum(w.size for w in weights)
     return round(min(max(zeros / max(total, 1), 0.001), 0.999), 3)
 
@@ -718,6 +719,12 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
             return (f"{layer}: the kernel fuses a bias that is not the module's "
                     f"({'it has none' if mine is None else 'other values'}): the kernel was built from other weights")
+    kernel_dtype = (facts.get("precision") or {}).get("dtype", "fp32")
+    model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
+    if kernel_dtype != model_dtype:
+        return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
+                f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion; search the model in "
+                f"its dtype, or give --dtype)")
     if epilogue.activation and not epilogue.bias and getattr(module, "bias", None) is not None:
         return (f"{layer}: the kernel fuses {epilogue.activation} but not the module's bias, which comes before it: "
                 f"emit it with the bias fused (a run of lospmm.torch's model file), or without the activation")

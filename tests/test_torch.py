@@ -581,3 +581,26 @@ def test_a_kernel_fusing_an_activation_but_not_the_modules_bias_is_refused(tmp_p
                    compile_=False, verify=False, epilogue=Epilogue(activation="relu"))
     (plan,) = lt.replacements(model, tmp_path / "k")
     assert "fuses relu but not the module's bias" in plan.reason and not plan.module
+
+
+def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_server):
+    """An fp16 model: its file keeps fp16, the run's kernels are fp16 (half kernels, GEMM form, the
+    model's own bias and activations after them), and the served model computes in fp16 — no silent
+    upcast — within fp16's rounding of the pruned model computed in float64."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 32), nn.ReLU(), nn.Linear(32, 8)).eval().half()
+    x = torch.randn(6, 24).half()
+    root = tmp_path / "artifacts"
+    run_id = lt.search(model, x, sparsity=0.7, artifacts=root, name="mlp16", m1s=(1, 2), jobs=2)
+    fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
+    assert {r.layer: (r.module, r.fused) for r in fast.lospmm_replacements} == {"0.weight": ("0", ""),
+                                                                               "2.weight": ("2", "")}
+    facts = fast[0].kernel.facts
+    assert facts["precision"]["dtype"] == "fp16" and facts["host_check"]["status"] == "ok"
+    got = fast(x)
+    assert got.dtype == torch.float16
+    with torch.no_grad():
+        want = lt.pruned(model, run_id, artifacts=root).double()(x.double())
+    assert float((got.double() - want).abs().max()) <= 0.02 * float(want.abs().max())
+    with pytest.raises(KernelDirError, match="0.weight: the kernel computes in fp16, the module's weight is float32"):
+        lt.sparsify(copy.deepcopy(model).float(), run_id, backend="host", artifacts=root)

@@ -79,6 +79,7 @@ class RunConfig:
     implicit_conv: bool = True
     design: str = "baseline"
     input_shapes: tuple[str, ...] = ()
+    dtype: str = ""  # the emitted kernels' B and C: fp32, fp16, bf16; "": the weights' own (fp32 for the zoo)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -129,8 +130,11 @@ def resolved(cfg: RunConfig) -> RunPlan:
     checked_root(Path(cfg.artifacts))
     stages = cfg.stages()
     rank = RankParams(top_k=cfg.top_k, use_rank=cfg.rank)
+    sources = tuple(_sources(cfg, told))
+    for source in sources:
+        checked_dtype(source, device)
     return RunPlan(
-        config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=tuple(_sources(cfg, told)), device=device,
+        config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=sources, device=device,
         timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
@@ -234,7 +238,7 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
     """The run's sources; `model_config`: what the config.json beside --weights says (read once, by
     the validation)."""
     out = [Source("zoo", name, name, zoo=used_zoo_params(name, ZooParams(cfg.batch, cfg.seq_len, cfg.cnn_batch,
-                                                                         cfg.image_size)))
+                                                                         cfg.image_size)), dtype=cfg.dtype or "fp32")
            for name in dict.fromkeys(cfg.zoo)]
     if cfg.weights:
         from lospmm.flows.storage.store import file_sha256
@@ -245,8 +249,34 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                           sha256=file_sha256(Path(path)), tokens=cfg.tokens,
                           model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0,
                           input_shapes=parsed_input_shapes(cfg.input_shapes),
-                          sequences=0 if onnx else _pooler_rows(cfg, path)))
+                          sequences=0 if onnx else _pooler_rows(cfg, path),
+                          dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path))))
     return out
+
+
+def checked_dtype(source: Source, device: Device) -> None:
+    """ConfigError when the device cannot run `source`'s kernel dtype: a half kernel's packed FMAs
+    and conversions (fma.rn.bf16x2, cvt.rn.f16x2.f32) need sm_80 or newer."""
+    if source.dtype != "fp32" and int(device.arch.split("_")[1].rstrip("a")) < 80:
+        raise ConfigError(f"{source.label}: {source.dtype} kernels need sm_80 or newer; the {device.name} is "
+                          f"{device.arch} (give --dtype fp32, or another --gpu)")
+
+
+# a safetensors dtype -> the kernels' (what a run of that checkpoint emits by default)
+_KERNEL_DTYPES = {"F16": "fp16", "BF16": "bf16"}
+
+
+def weights_dtype(path: str) -> str:
+    """The dtype of a safetensors file's GEMM weights (lospmm.torch's file: its searched layers';
+    a checkpoint: its 2-D and 4-D float tensors' most common), as a kernel dtype: fp16, bf16 or fp32."""
+    from lospmm.flows.inputs.weights import saved_graph, tensor_infos
+
+    infos = {t.name: t for t in tensor_infos(path)}
+    graph = saved_graph(path)
+    names = [w.name for w in graph if w.op] if graph is not None else [
+        n for n, t in infos.items() if len(t.shape) in (2, 4) and t.dtype in ("F32", "F16", "BF16", "F64")]
+    found = Counter(infos[n].dtype for n in names if n in infos)
+    return _KERNEL_DTYPES.get(found.most_common(1)[0][0], "fp32") if found else "fp32"
 
 
 def _pooler_rows(cfg: RunConfig, path: str) -> int:
@@ -315,6 +345,8 @@ def checked_settings(cfg: RunConfig) -> Device:
     if cfg.until not in STAGES:
         raise ConfigError(f"--until {cfg.until!r}: choose one of {', '.join(STAGES)}")
     run_design(cfg.design)
+    if cfg.dtype not in ("", "fp32", "fp16", "bf16"):
+        raise ConfigError(f"--dtype {cfg.dtype!r}: choose fp32, fp16 or bf16 (or leave it out: the weights' own)")
     try:
         device = device_named(cfg.gpu)
     except ValueError as e:

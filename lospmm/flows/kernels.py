@@ -208,18 +208,20 @@ def _json_safe(value):
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
                   params: EmitParams, logger, compile_units: UnitCompiler | None = None,
                   conv: ConvGeometry | None = None, design: KernelDesign = BASELINE,
-                  epilogue: Epilogue = Epilogue()) -> dict:
+                  epilogue: Epilogue = Epilogue(), precision: Precision | None = None) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
     `conv`: the layer's geometry, for an implicit-im2col convolution kernel; `epilogue`: the bias and
-    activation fused into it (layer_epilogue)."""
+    activation fused into it (layer_epilogue); `precision`: a half kernel (no conv or epilogue form yet),
+    checked on the host against the same rounded product wherever the run is (no device check of one yet)."""
     layer = timed[0]["layer"]
     best = fastest_proxy(timed)
     ok = timed_ok(timed)
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok,
-            "form": "gemm" if conv is None else "implicit-conv"}
+            "form": "gemm" if conv is None else "implicit-conv",
+            "dtype": "fp32" if precision is None else precision.dtype}
     if best is None:
         return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
@@ -231,8 +233,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                    comp["thread_spill_bytes"], kernel=facts["kernel"],
                                    layout=LaunchLayout.of_facts(facts), cubin=cubin, conv=conv,
                                    design=design_of_facts(facts), epilogue=epilogue)
-            error, check = checked(timer.device_error(full, matrix, params.device_check_n),
-                                   facts.get("host_check"), params)
+            device_error = None if precision else timer.device_error(full, matrix, params.device_check_n)
+            error, check = checked(device_error, facts.get("host_check"), params)
             full_us = timer.time(full).time_us
             dense_us = timer.dense(full.m, full.k, full.n).time_us
             return {"full_time_us": full_us, "dense_time_us": dense_us,
@@ -240,11 +242,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                     "max_rel_error": error}
 
         facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
-                               verify=params.verify and not timer.runs_binary,
+                               verify=params.verify and (not timer.runs_binary or precision is not None),
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
                                rtol=params.rtol, compile_units=compile_units,
-                               conv=conv, design=design, epilogue=epilogue)
+                               conv=conv, design=design, epilogue=epilogue, precision=precision)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,

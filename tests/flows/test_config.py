@@ -246,3 +246,27 @@ def test_a_checkpoints_pooler_gets_batch_rows_and_only_its_key_follows_batch(tmp
                                           r"sequence .*give --batch <= --tokens$"):
         plan(bert, 512)
     assert plan(gpt, 512).sources[0].sequences == 0  # no pooler: --batch is no concern of this checkpoint
+
+
+def test_the_kernels_dtype_is_the_weights_own_unless_given_and_a_device_without_it_is_refused(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.flows.config import ConfigError, RunConfig, resolved
+
+    half = tmp_path / "half.safetensors"
+    save_file({"enc.0.weight": np.ones((8, 8), np.float16), "enc.0.bias": np.ones(8, np.float16)}, str(half))
+    plain = tmp_path / "plain.safetensors"
+    save_file({"enc.0.weight": np.ones((8, 8), np.float32)}, str(plain))
+
+    def dtype(**options):
+        plan = resolved(RunConfig(zoo=(), artifacts=str(tmp_path / "art"), **options))
+        return plan.sources[0].dtype
+
+    assert dtype(weights=str(half)) == "fp16" and dtype(weights=str(plain)) == "fp32"
+    assert dtype(weights=str(half), dtype="fp32") == "fp32" and dtype(weights=str(plain), dtype="bf16") == "bf16"
+    assert resolved(RunConfig(zoo=("bert-base",), artifacts=str(tmp_path / "art"))).sources[0].dtype == "fp32"
+    with pytest.raises(ConfigError, match="half: fp16 kernels need sm_80 or newer; the v100 is sm_70"):
+        resolved(RunConfig(zoo=(), weights=str(half), gpu="v100", artifacts=str(tmp_path / "art")))
+    with pytest.raises(ConfigError, match="--dtype 'fp8'"):
+        resolved(RunConfig(zoo=(), weights=str(plain), dtype="fp8", artifacts=str(tmp_path / "art")))

@@ -23,6 +23,7 @@ class Source:
     images: int = 0  # an ONNX model's batch where its graph leaves it symbolic (conv layers' N)
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ONNX: inputs whose dims the run fixes
     sequences: int = 0  # a checkpoint with a pooler: the pooler's N, one row per sequence (0: no pooler)
+    dtype: str = "fp32"  # the emitted kernels' B and C: fp32, or fp16 / bf16 (codegen_half)
 
     def key_form(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}

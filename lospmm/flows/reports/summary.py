@@ -20,7 +20,7 @@ from lospmm.stages.status import Status
 SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
 SUMMARY = pa.schema(
     LAYER + [("sparsity", F64), ("status", STR), ("candidates", I32), ("after_constrain", I32),
-             ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("timer", STR),
+             ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("dtype", STR), ("timer", STR),
              ("time_us", F64), ("speedup_vs_dense", F64)]
     + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
     + [("search_seconds", F64), ("kernel_dir", STR)]
@@ -69,6 +69,7 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
             row = {**layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
+                   "dtype": em.get("dtype"),
                    "timer": em.get("timer"), "time_us": em.get("full_time_us"),
                    "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir")}
             row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
@@ -80,7 +81,7 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     write_artifact(path, schemas.table_from_rows(rows, SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
-            "n1", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
+            "n1", "dtype", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
     create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
                           description=f"lospmm run {record['run_id']}: per layer (time_us from the "
                                       f"timer named in each row; 'estimate…' rows are model estimates)")
