@@ -216,7 +216,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     activation fused into it (layer_epilogue); `precision`: a half kernel (no conv or epilogue form yet),
     checked on the host against the same rounded product wherever the run is (no device check of one yet)."""
     layer = timed[0]["layer"]
-    best = fastest_proxy(timed)
+    best = fastest_proxy(timed, params.tie_band if timer.measures else 0.0)  # an estimate has no noise to tie in
     ok = timed_ok(timed)
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok,

@@ -120,10 +120,11 @@ def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) ->
     return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=search.design))
 
 
-def choice(timings: Mapping[tuple[int, int], Timing]) -> tuple[int, int] | None:
-    """The tile emit takes from a layer's proxy timings (the same rule as the flow's emit stage)."""
+def choice(timings: Mapping[tuple[int, int], Timing], tie_band: float = 0.0) -> tuple[int, int] | None:
+    """The tile emit takes from a layer's proxy timings (the same rule as the flow's emit stage:
+    `tie_band` EmitParams.tie_band for measured timings, 0 for estimates)."""
     rows = [{"m1": m1, "n1": n1, "time_us": t.time_us, "status": t.status} for (m1, n1), t in timings.items()]
-    best = fastest_proxy(rows)
+    best = fastest_proxy(rows, tie_band)
     return None if best is None else (best["m1"], best["n1"])
 
 

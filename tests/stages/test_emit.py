@@ -18,13 +18,20 @@ def _row(m1, n1, t, status="ok"):
     return {"m1": m1, "n1": n1, "time_us": t, "status": status}
 
 
-def test_fastest_proxy_skips_failures_and_breaks_ties_by_smaller_tile():
+def test_fastest_proxy_skips_failures_and_breaks_ties_by_a_stated_rule_not_by_noise():
     rows = [_row(8, 128, 5.0), _row(4, 256, 5.0), _row(2, 64, 1.0, "error"), _row(1, 32, math.inf),
             _row(16, 32, 7.0)]
-    assert (fastest_proxy(rows)["m1"], fastest_proxy(rows)["n1"]) == (4, 256)
+    assert (fastest_proxy(rows)["m1"], fastest_proxy(rows)["n1"]) == (8, 128)  # an exact tie: the larger M1
     assert fastest_proxy([_row(8, 32, 2.0), _row(8, 64, 1.5)])["n1"] == 64
     assert fastest_proxy([_row(2, 64, 1.0, "error"), _row(1, 32, math.nan)]) is None
     assert fastest_proxy([]) is None
+    # within the noise band: fewer spills first, then the larger M1, fewer registers, the larger N1
+    noisy = [{**_row(2, 64, 6.0), "registers": 40}, {**_row(4, 64, 6.2), "registers": 56},
+             {**_row(4, 128, 6.25), "registers": 48}, {**_row(8, 32, 6.8), "registers": 30}]
+    assert fastest_proxy(noisy)["m1"] == 2  # no band: the fastest time
+    assert (fastest_proxy(noisy, 0.05)["m1"], fastest_proxy(noisy, 0.05)["n1"]) == (4, 128)  # 8 is 13% slower
+    spilled = [{**noisy[0], "spill_bytes": 0}, {**noisy[2], "spill_bytes": 24}]
+    assert fastest_proxy(spilled, 0.05)["m1"] == 2
 
 
 def test_a_speedup_is_only_a_ratio_of_two_measurements():
