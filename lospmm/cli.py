@@ -124,12 +124,31 @@ def train_ranker_cmd(
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help="Device table for constraints and the estimate timer."),
     timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
     seed: int = typer.Option(_RUN.seed, "--seed"),
+    measured: list[Path] = typer.Option([], "--measured", help="Train on measured full-kernel times instead: a "
+                                        "device's launch file(s) (benchmarks.gpu_plan's launches-*.parquet), held "
+                                        "out by layer; the model is named for the device and driver (env.json beside "
+                                        "the file) unless --out is given."),
 ) -> None:
-    """Build the ranker's training set by timing synthetic kernels, fit LambdaMART, write a model."""
+    """Build the ranker's training set by timing synthetic kernels (or from measured launch files), fit
+    LambdaMART, write a model."""
     from rich.progress import Progress
 
     from lospmm.flows.config import resolved_timer
-    from lospmm.flows.training import train_ranker
+    from lospmm.flows.training import train_measured_ranker, train_ranker
+
+    if measured:
+        given = out if out != Path("ranker") else None  # the default name: the device's instead
+        try:
+            base, meta = train_measured_ranker(given, measured, seed)
+        except (ValueError, OSError) as e:
+            _fail(str(e))
+        cv = meta["leave_one_layer_out"]
+        console.print(f"wrote {base.with_suffix('.txt')} and {base.with_suffix('.json')} (version {meta['version']}): "
+                      f"{meta['samples']} measured kernels on {meta.get('device') or 'an unnamed device'}; each of "
+                      f"{cv['after']['layers']} layers held out in turn: NDCG@10 {cv['before']['ndcg_at_10']:.3f} → "
+                      f"{cv['after']['ndcg_at_10']:.3f}, top-1 mean loss {cv['before']['top1_mean_loss']:.1%} → "
+                      f"{cv['after']['top1_mean_loss']:.1%} (shipped → measured)")
+        return
 
     try:
         timer_ = resolved_timer(timer, device_named(gpu))

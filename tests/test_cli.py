@@ -107,6 +107,20 @@ def test_train_ranker_writes_a_usable_model(tmp_path):
     assert missing.exit_code == 2 and "nope.txt" in missing.output
 
 
+def test_train_ranker_from_a_measured_launch_file(tmp_path):
+    from pathlib import Path
+
+    launches = Path(__file__).resolve().parents[1] / "benchmarks/results/gpu-h100/b/launches-sample-0.9.parquet"
+    out = tmp_path / "h100"
+    result = runner.invoke(app, ["train-ranker", "--measured", str(launches), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "held out in turn" in result.output and out.with_suffix(".txt").is_file()
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    refused = runner.invoke(app, ["train-ranker", "--measured", str(bad)])
+    assert refused.exit_code == 2 and "bad.parquet: not a readable launch file" in refused.output
+
+
 def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
     from lospmm.runtime import gpu_present
 

@@ -61,3 +61,77 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
             "seconds": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "table3_ranges": vars(SyntheticParams())}
     return save_ranker(out, trained.booster, meta)
+
+
+def measured_launches(files: list[Path]) -> tuple[list[dict], dict]:
+    """The rows of measured launch files (benchmarks.gpu_plan's launches-*.parquet) and the device
+    they were measured on, from the env.json beside the first (name, driver; {} when there is none).
+    ValueError names a file that cannot be read or holds no measured full kernel."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    rows, device = [], {}
+    for f in files:
+        try:
+            table = pq.read_table(f).to_pylist()
+        except Exception as e:
+            raise ValueError(f"{f}: not a readable launch file ({type(e).__name__}: {e})") from None
+        if not any(r.get("role") == "full" and r.get("measured_us") is not None for r in table):
+            raise ValueError(f"{f}: no measured full kernel (role 'full', measured_us) in {len(table)} rows")
+        rows += table
+        env = Path(f).parent / "env.json"
+        if not device and env.is_file():
+            facts = json.loads(env.read_text(encoding="utf-8"))
+            smi = [p.strip() for p in str(facts.get("nvidia_smi", "")).split(",")]
+            device = {"device": facts.get("name", ""), "driver": smi[1] if len(smi) > 1 else ""}
+    return rows, device
+
+
+def measured_ranker_name(device: dict) -> str:
+    """`ranker-<device>-<driver>`: a measured ranker is named for what it was measured on."""
+    import re
+
+    tag = "-".join(p for p in (device.get("device", ""), device.get("driver", "")) if p) or "unknown-device"
+    # no dots: the name is a path stem, and a driver version "580.159.04" would read as a suffix
+    return "ranker-" + re.sub(r"[^a-z0-9]+", "-", tag.lower()).strip("-")
+
+
+def train_measured_ranker(out: Path | None, files: list[Path], seed: int = 0) -> tuple[Path, dict]:
+    """A ranker fitted on measured full-kernel times (launch files from a device), held out by
+    layer, with the held-out layers' NDCG@10 and top-1 loss of the shipped ranker (before) and of
+    this one (after) in its metadata; written to `out` (default: ranker-<device>-<driver> beside
+    the first file's folder's parent). Returns (the path stem, the metadata)."""
+    from lospmm.flows.storage.ranker_store import load_ranker
+    from lospmm.stages.rank import held_out_groups, measured_rows, ranker_quality
+
+    t0 = time.perf_counter()
+    rows, device = measured_launches(files)
+    x, t, g, layer_of = measured_rows(rows)
+    layers = len(set(layer_of.values()))
+    if layers < 4:
+        raise ValueError(f"{len(layer_of)} measured groups over {layers} layers: a ranker held out by layer needs 4+ "
+                         f"layers with 2+ measured tiles each")
+    params = RankerParams(seed=seed, min_child_samples=min(RankerParams().min_child_samples, max(2, len(t) // 20)))
+    held = held_out_groups(g, params, layer_of)
+    trained = trained_ranker(x, t, g, params, held)
+    shipped, shipped_meta = load_ranker()
+    # every layer held out once (leave one layer out): a small measured set says more this way than
+    # through one held-out share
+    folds = {"before": [], "after": []}
+    for layer in sorted(set(layer_of.values())):
+        out_groups = {gid for gid, lay in layer_of.items() if lay == layer}
+        fold = trained_ranker(x, t, g, params, out_groups)
+        folds["before"].append(ranker_quality(shipped, x, t, g, out_groups))
+        folds["after"].append(ranker_quality(fold.booster, x, t, g, out_groups))
+    cv = {side: {k: float(np.mean([q[k] for q in qs])) for k in ("ndcg_at_10", "top1_mean_loss", "top1_within_2pct")}
+          | {"layers": len(qs)} for side, qs in folds.items()}
+    meta = {**trained.metadata, "trained_on": "measured", "measured_files": [str(f) for f in files], **device,
+            "leave_one_layer_out": cv,
+            "held_out_by": "layer", "heldout_layers": sorted({"/".join(layer_of[h]) for h in held}),
+            "before": {"ranker": f"shipped {shipped_meta.get('version')} ({shipped_meta.get('timer')})",
+                       **ranker_quality(shipped, x, t, g, held)},
+            "after": ranker_quality(trained.booster, x, t, g, held), "samples": int(len(t)), "seed": seed,
+            "seconds": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    base = out if out is not None else Path(files[0]).parent.parent / measured_ranker_name(device)
+    return base, save_ranker(base, trained.booster, meta)

@@ -123,16 +123,47 @@ class TrainedRanker:
     metadata: dict
 
 
+def held_out_groups(groups: np.ndarray, params: RankerParams = RankerParams(),
+                    layer_of_group: dict | None = None) -> set:
+    """The group ids kept out of training: a `holdout` share of the groups, or, with
+    `layer_of_group` (group id -> its layer), every group of a `holdout` share of the layers (a
+    layer measured at two sparsities is held out at both: held out by layer, not only by sparsity)."""
+    ids = np.unique(groups)
+    rng = np.random.default_rng(params.seed)
+    if layer_of_group is None:
+        return set(rng.choice(ids, size=max(1, int(round(params.holdout * len(ids)))), replace=False).tolist())
+    layers = sorted({layer_of_group[int(g)] for g in ids})
+    chosen = rng.choice(len(layers), size=max(1, int(round(params.holdout * len(layers)))), replace=False)
+    held_layers = {layers[i] for i in chosen}
+    return {int(g) for g in ids if layer_of_group[int(g)] in held_layers}
+
+
+def ranker_quality(booster, features: np.ndarray, times_us: np.ndarray, groups: np.ndarray, held: set,
+                   levels: int = 8) -> dict:
+    """A ranker on the `held` groups: mean NDCG@10, the mean top-1 loss (the time of the tile it
+    ranks first over the group's best, minus 1) and the share of groups whose top-1 is within 2%."""
+    ndcgs, losses = [], []
+    for gid in sorted(held):
+        mask = groups == gid
+        t = times_us[mask]
+        s = np.asarray(booster.predict(features[mask]), dtype=np.float64)
+        ndcgs.append(ndcg_at(s, relevance(t, levels), 10))
+        losses.append(float(t[int(np.argmax(s))] / t[np.isfinite(t)].min() - 1))
+    return {"groups": len(held), "ndcg_at_10": float(np.mean(ndcgs)) if ndcgs else float("nan"),
+            "top1_mean_loss": float(np.mean(losses)) if losses else float("nan"),
+            "top1_within_2pct": float(np.mean(np.array(losses) <= 0.02)) if losses else float("nan")}
+
+
 def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarray,
-                   params: RankerParams = RankerParams()) -> TrainedRanker:
+                   params: RankerParams = RankerParams(), held: set | None = None) -> TrainedRanker:
     """Fit LGBMRanker on candidate rows (`groups` = group id per row, rows of a group contiguous)
     and report held-out NDCG@10, the top-10 hit rate (true best tile within the predicted top 10),
-    and the loss of the best of the top 10 against the true best (share within 2%, mean)."""
+    and the loss of the best of the top 10 against the true best (share within 2%, mean). `held`:
+    the groups kept out (default: held_out_groups, a share of the groups)."""
     import lightgbm
 
     ids = np.unique(groups)
-    rng = np.random.default_rng(params.seed)
-    held = set(rng.choice(ids, size=max(1, int(round(params.holdout * len(ids)))), replace=False).tolist())
+    held = held_out_groups(groups, params) if held is None else set(held)
     labels = np.concatenate([relevance(times_us[groups == g], params.relevance_levels) for g in ids])
     order = np.concatenate([np.flatnonzero(groups == g) for g in ids])
     x, y, g = features[order], labels, groups[order]
@@ -192,6 +223,35 @@ def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankPa
 def ranker_tag(version: str | None, params: RankParams = RankParams()) -> str:
     """What the `ranker` column says: the model's version, or that every kept candidate was timed."""
     return f"lambdamart:{version}" if params.use_rank else "none (every kept candidate)"
+
+
+def launch_features(row: dict) -> dict:
+    """Table 1's features of a launch-list row (a full kernel or proxy of one tile): a tile's loads
+    are its non-empty columns (NNC), its multiply-adds its nonzeros."""
+    num_a, num_b = len(row["tile_loads"]), -(-int(row["n"]) // int(row["n1"]))
+    return {"num_a_tiles": num_a, "num_b_tiles": num_b, "block_num": num_a * num_b, "sparsity": float(row["sparsity"]),
+            "nnc_sum": int(np.sum(row["tile_loads"])), "nnz_max": int(np.max(row["tile_fmas"])), "m1": int(row["m1"]),
+            "n1": int(row["n1"]), "k": int(row["k"])}
+
+
+def measured_rows(launches: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Table 1's features, measured times and group ids of a measured launch file's full kernels
+    (benchmarks.gpu_plan's launches: role "full", the plain variant, measured ok), one group per
+    (model, layer, sparsity) with 2+ tiles; and group id -> (model, layer). The features come from
+    the rows themselves: a tile's loads are its non-empty columns (NNC), its FMAs its nonzeros."""
+    kept = [r for r in launches if r.get("role") == "full" and not r.get("variant")
+            and r.get("measure_status") == "ok" and np.isfinite(r.get("measured_us") or np.nan)]
+    by_group: dict[tuple, list[dict]] = {}
+    for r in kept:
+        by_group.setdefault((r["model"], r["layer"], float(r["sparsity"])), []).append(r)
+    feats, times, groups, layer_of = [], [], [], {}
+    for gid, (key, rows) in enumerate(sorted((k, v) for k, v in by_group.items() if len(v) >= 2)):
+        layer_of[gid] = key[:2]
+        for r in rows:
+            feats.append(launch_features(r))
+            times.append(float(r["measured_us"]))
+            groups.append(gid)
+    return feature_matrix(feats), np.array(times, np.float64), np.array(groups, np.int64), layer_of
 
 
 def training_rows(kernels: Sequence[SyntheticKernel], candidates_of: Callable[[SyntheticKernel], list[dict]],

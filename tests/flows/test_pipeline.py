@@ -168,7 +168,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
         mine = [t for t in timed if t["layer"] == r["layer"]]
         fastest = min(t["time_us"] for t in mine)
         tied = [(t["m1"], t["n1"]) for t in mine if t["time_us"] == fastest]  # an estimate's exact ties
-        assert (r["m1"], r["n1"]) == max(tied) and r["proxy_time_us"] == fastest  # the larger M1, then N1
+        assert (r["m1"], r["n1"]) == min(tied, key=lambda t: (-t[0], t[1])) and r["proxy_time_us"] == fastest
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
         d = root / r["kernel_dir"]
         facts = json.loads((d / "kernel.json").read_text())

@@ -35,3 +35,36 @@ def test_candidates_are_timed_as_full_kernels_by_the_timer():
         expected = timer.time(LaunchUnderTest(r["_tiles"], sk.m, sk.k, sk.n, r["n1"], r["pred_regs"])).time_us
         assert time_of(sk, r) == expected
     assert len({time_of(sk, r) for r in rows}) > 1  # the tile matters
+
+
+def test_a_ranker_trains_on_a_devices_measured_launch_file_held_out_by_layer(tmp_path):
+    """The committed H100 launch files: the full kernels' measured times, one group per (layer,
+    sparsity), a layer held out at both sparsities, before/after figures in the metadata."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.training import measured_ranker_name, train_measured_ranker
+    from lospmm.stages.rank import RankerParams, held_out_groups, measured_rows
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-h100"
+    files = [results / "b" / "launches-sample-0.9.parquet", results / "d" / "launches-sample-0.7.parquet"]
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    x, t, g, layer_of = measured_rows(rows)
+    plain = [r for r in rows if r["role"] == "full" and not r["variant"]]
+    assert len(t) == len(plain) == 194 and len(layer_of) == 20 and len(set(layer_of.values())) == 16
+    first = next(r for r in plain if r["layer"] == "pooler.dense")
+    row = x[int(np.flatnonzero(t == first["measured_us"])[0])]
+    assert row[0] == len(first["tile_loads"]) and row[4] == sum(first["tile_loads"])  # num_a_tiles, nnc_sum
+    held = held_out_groups(g, RankerParams(), layer_of)
+    both = [gid for gid, lay in layer_of.items() if lay == ("resnet50", "layer1.0.conv1")]
+    assert len(both) == 2 and (set(both) <= held or not set(both) & held)  # a layer's sparsities go together
+    base, meta = train_measured_ranker(tmp_path / "measured", files)
+    assert json.loads(base.with_suffix(".json").read_text())["version"] == meta["version"]
+    assert meta["device"] == "NVIDIA H100 80GB HBM3" and meta["held_out_by"] == "layer"
+    cv = meta["leave_one_layer_out"]
+    assert cv["after"]["layers"] == 16 and all(0 <= cv[s]["ndcg_at_10"] <= 1 for s in ("before", "after"))
+    assert measured_ranker_name({"device": "NVIDIA H100 80GB HBM3", "driver": "580.159.04"}) == \
+        "ranker-nvidia-h100-80gb-hbm3-580-159-04"

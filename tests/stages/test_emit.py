@@ -25,7 +25,7 @@ def test_fastest_proxy_skips_failures_and_breaks_ties_by_a_stated_rule_not_by_no
     assert fastest_proxy([_row(8, 32, 2.0), _row(8, 64, 1.5)])["n1"] == 64
     assert fastest_proxy([_row(2, 64, 1.0, "error"), _row(1, 32, math.nan)]) is None
     assert fastest_proxy([]) is None
-    # within the noise band: fewer spills first, then the larger M1, fewer registers, the larger N1
+    # within the noise band: fewer spills first, then the larger M1, fewer registers, the time
     noisy = [{**_row(2, 64, 6.0), "registers": 40}, {**_row(4, 64, 6.2), "registers": 56},
              {**_row(4, 128, 6.25), "registers": 48}, {**_row(8, 32, 6.8), "registers": 30}]
     assert fastest_proxy(noisy)["m1"] == 2  # no band: the fastest time
