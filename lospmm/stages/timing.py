@@ -30,7 +30,7 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -372,3 +372,31 @@ def estimate_timer(device: Device, calibrated: bool = True) -> EstimateTimer:
         return EstimateTimer(device)
     return EstimateTimer(replace(device, **dict(calibration.device)), replace(EstimateParams(), **dict(calibration.params)),
                          name=f"estimate:{calibration.label}")
+
+
+# --- measured times and their noise (issue 24) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettledTime:
+    """A measured time with its noise: `us` the median of the kept measurement, `spread` its
+    repeats' (max − min) / median, `attempts` how many measurements were made, `flagged` when even
+    the last one spread more than the bound (a figure to quote with care, never averaged in)."""
+
+    us: float
+    spread: float
+    attempts: int
+    flagged: bool
+
+
+def settled(measure: Callable[[], tuple[float, float]], bound: float = 0.10, attempts: int = 2) -> SettledTime:
+    """`measure()` -> (median µs, spread over ≥ 3 repeats) until the spread is within `bound`, at
+    most `attempts` times. The last measurement is kept whole: a noisy one is re-measured, not
+    averaged with the next, and one still noisy after the last attempt is flagged."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        us, spread = measure()
+        if np.isfinite(spread) and spread <= bound:
+            return SettledTime(us, spread, attempt, False)
+    return SettledTime(us, spread, attempts, True)

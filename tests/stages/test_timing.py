@@ -160,3 +160,15 @@ def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
     assert estimate_timer(H100, calibrated=False) == EstimateTimer(H100)
     a100 = device_named("a100")
     assert "a100" not in CALIBRATIONS and estimate_timer(a100) == EstimateTimer(a100)
+
+
+def test_a_noisy_measurement_is_measured_again_and_flagged_never_averaged_in():
+    from lospmm.stages.timing import settled
+
+    calls = iter([(10.0, 0.30), (12.0, 0.04), (99.0, 0.0)])
+    t = settled(lambda: next(calls), bound=0.10, attempts=3)
+    assert (t.us, t.spread, t.attempts, t.flagged) == (12.0, 0.04, 2, False)  # the settled one alone, not a mean
+    noisy = iter([(10.0, 0.30), (20.0, 0.25)])
+    t = settled(lambda: next(noisy), bound=0.10, attempts=2)
+    assert (t.us, t.attempts, t.flagged) == (20.0, 2, True)
+    assert settled(lambda: (5.0, float("nan")), attempts=1).flagged  # no spread is no evidence of quiet
