@@ -423,7 +423,8 @@ def table4_rows(measured: list[dict]) -> list[dict]:
         if not full_t or not proxy:
             continue
         measured_choice = choice({key: Timing("cuda", r["measured_us"], Status.OK if np.isfinite(r["measured_us"]) else Status.ERROR)
-                                  for key, r in proxy.items()})
+                                  for key, r in proxy.items()}, measured=True,
+                                 registers={key: r.get("registers") for key, r in proxy.items()})
         estimate_choice = choice({key: Timing("estimate", r["estimate_us"]) for key, r in proxy.items()})
         best_key = min(full_t, key=full_t.get)
         best = full_t[best_key]

@@ -180,7 +180,7 @@ def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), mod
                         search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
                         smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
                         design=kernel_design)) for c in search.chosen}
-                    tile = choice(timings)
+                    tile = choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
                     if tile is None:
                         continue
                     out.append(Planned(_id("head", model, shape.layer, sparsity, batch, kernel_design.label),

@@ -115,7 +115,7 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
         # stages 8-9 as the flow runs them; time_s: the proxies' generation and timing (their compiles apart)
         timed = proxy_timings(search, shape.m, shape.k, shape.n, timer, compiled_of)
         out["time_s"] = time.perf_counter() - t0 - excluded[0]
-        picked = choice(timed)
+        picked = choice(timed, timer.measures)
         out |= {"proxy_compile_s": proxy_s, "proxies": len(search.clusters), "candidates": len(search.launches),
                 "kept": len(search.kept), "tile": f"{picked[0]}×{picked[1]}" if picked else ""}
         out["full_compile_s"] = compile_once(full_source(a, search, *picked), picked[0]).seconds if picked else 0.0

@@ -29,22 +29,29 @@ import numpy as np
 STRATEGIES = ("proxies", "ranker", "estimate")
 
 
-def repeated(files: list[list[dict]]) -> dict[str, dict]:
-    """id -> the row (of the first file holding it) with `times` (every repeat's measured_us),
-    `measured_us` their median and `spread` (max − min) / median."""
-    out: dict[str, dict] = {}
+def repeated(files: list[list[dict]]) -> dict[tuple, dict]:
+    """(model, layer, sparsity, id) -> the row (of the first file holding it) with `times` (every
+    repeat's measured_us), `measured_us` their median and `spread` (max − min) / median. Launch ids
+    do not name the sparsity, so a kernel is a repeat only at the same sparsity; ValueError when
+    one key's shape (m, k, n, nnz) differs between files (not the same kernel)."""
+    out: dict[tuple, dict] = {}
     for rows in files:
         for r in rows:
             if r.get("measure_status") != "ok" or not np.isfinite(r.get("measured_us") or np.nan):
                 continue
-            out.setdefault(r["id"], {**r, "times": []})["times"].append(float(r["measured_us"]))
+            key = (r["model"], r["layer"], float(r["sparsity"]), r["id"])
+            first = out.setdefault(key, {**r, "times": []})
+            if tuple(first[c] for c in ("m", "k", "n", "nnz")) != tuple(r[c] for c in ("m", "k", "n", "nnz")):
+                raise ValueError(f"{r['id']} at sparsity {r['sparsity']}: a different kernel in two files "
+                                 f"(m, k, n, nnz differ): not repeats of one measurement")
+            first["times"].append(float(r["measured_us"]))
     for r in out.values():
         r["measured_us"] = statistics.median(r["times"])
         r["spread"] = (max(r["times"]) - min(r["times"])) / r["measured_us"] if len(r["times"]) > 1 else float("nan")
     return out
 
 
-def table4_strategy_rows(kernels: dict[str, dict], booster, estimate_timer) -> list[dict]:
+def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer) -> list[dict]:
     """One row per (model, layer, sparsity, strategy) of the measured `kernels` (repeated's)."""
     from benchmarks.gpuplan import launch_work
     from lospmm.stages.emit import EmitParams, fastest_proxy

@@ -119,7 +119,8 @@ def run(
 
 @app.command("train-ranker")
 def train_ranker_cmd(
-    out: Path = typer.Option(Path("ranker"), "--out", help="Model path stem: writes OUT.txt and OUT.json."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Model path stem: writes OUT.txt and OUT.json (default: "
+                                       "ranker; with --measured, ranker-<device>-<driver> beside the results)."),
     samples: int = typer.Option(500, "--samples", help="Synthetic kernels (groups) drawn from Table 3's ranges."),
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help="Device table for constraints and the estimate timer."),
     timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
@@ -137,9 +138,8 @@ def train_ranker_cmd(
     from lospmm.flows.training import train_measured_ranker, train_ranker
 
     if measured:
-        given = out if out != Path("ranker") else None  # the default name: the device's instead
         try:
-            base, meta = train_measured_ranker(given, measured, seed)
+            base, meta = train_measured_ranker(out, measured, seed)
         except (ValueError, OSError) as e:
             _fail(str(e))
         cv = meta["leave_one_layer_out"]
@@ -158,6 +158,7 @@ def train_ranker_cmd(
         _fail(str(e))
     with Progress(console=err, transient=True) as progress:
         bar = progress.add_task(f"timing synthetic kernels ({timer_.name})", total=samples)
+        out = out or Path("ranker")
         meta = train_ranker(out, samples, timer_, seed,
                             progress=lambda done, total: progress.update(bar, completed=done))
     console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')} (version {meta['version']}): "

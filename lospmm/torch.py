@@ -702,6 +702,12 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         theirs, ours = {k: g[k] for k in keys}, {k: mine.conv[k] for k in keys}
         if ours != theirs:
             return f"{layer}: the kernel's convolution ({theirs}) is not the module's ({ours})"
+    kernel_dtype = (facts.get("precision") or {}).get("dtype", "fp32")
+    model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
+    if kernel_dtype != model_dtype:
+        return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
+                f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion; search the model in "
+                f"its dtype, or give --dtype)")
     w = _weight_matrix(module)
     if w.shape != a.shape:
         return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
@@ -719,12 +725,6 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
             return (f"{layer}: the kernel fuses a bias that is not the module's "
                     f"({'it has none' if mine is None else 'other values'}): the kernel was built from other weights")
-    kernel_dtype = (facts.get("precision") or {}).get("dtype", "fp32")
-    model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
-    if kernel_dtype != model_dtype:
-        return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
-                f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion; search the model in "
-                f"its dtype, or give --dtype)")
     if epilogue.activation and not epilogue.bias and getattr(module, "bias", None) is not None:
         return (f"{layer}: the kernel fuses {epilogue.activation} but not the module's bias, which comes before it: "
                 f"emit it with the bias fused (a run of lospmm.torch's model file), or without the activation")

@@ -24,3 +24,7 @@ def test_table4_has_each_strategy_per_layer_with_the_repeats_spread(tmp_path):
             assert r["beyond_noise"] == (r["loss"] > r["spread"])
     single = main([str(RESULTS / "d" / "launches-sample-0.7.parquet"), "--out", str(tmp_path / "d.parquet")])
     assert all(math.isnan(r["spread"]) and r["beyond_noise"] is None for r in single)  # one call: no noise band
+    # files at two sparsities share launch ids: their kernels are not repeats of each other
+    both = main([str(RESULTS / "b" / "launches-sample-0.9.parquet"), str(RESULTS / "d" / "launches-sample-0.7.parquet"),
+                 "--out", str(tmp_path / "bd.parquet")])
+    assert len(both) == (11 + 9) * len(STRATEGIES) and all(r["repeats"] == 1 for r in both)

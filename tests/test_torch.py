@@ -604,3 +604,7 @@ def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_
     assert float((got.double() - want).abs().max()) <= 0.02 * float(want.abs().max())
     with pytest.raises(KernelDirError, match="0.weight: the kernel computes in fp16, the module's weight is float32"):
         lt.sparsify(copy.deepcopy(model).float(), run_id, backend="host", artifacts=root)
+    torch.manual_seed(0)  # the same model never converted: fp32 weights that fp16 cannot hold; the dtype is named
+    fp32 = nn.Sequential(nn.Linear(24, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    with pytest.raises(KernelDirError, match="0.weight: the kernel computes in fp16, the module's weight is float32"):
+        lt.sparsify(fp32, run_id, backend="host", artifacts=root)

@@ -74,18 +74,31 @@ def measured_launches(files: list[Path]) -> tuple[list[dict], dict]:
     rows, device = [], {}
     for f in files:
         try:
-            table = pq.read_table(f).to_pylist()
+            table = pq.read_table(f)
         except Exception as e:
             raise ValueError(f"{f}: not a readable launch file ({type(e).__name__}: {e})") from None
+        lacking = sorted(set(LAUNCH_COLUMNS) - set(table.column_names))
+        if lacking:
+            raise ValueError(f"{f}: not a measured launch file: no {', '.join(lacking)} column(s)")
+        table = table.to_pylist()
         if not any(r.get("role") == "full" and r.get("measured_us") is not None for r in table):
             raise ValueError(f"{f}: no measured full kernel (role 'full', measured_us) in {len(table)} rows")
         rows += table
         env = Path(f).parent / "env.json"
-        if not device and env.is_file():
+        if env.is_file():
             facts = json.loads(env.read_text(encoding="utf-8"))
             smi = [p.strip() for p in str(facts.get("nvidia_smi", "")).split(",")]
-            device = {"device": facts.get("name", ""), "driver": smi[1] if len(smi) > 1 else ""}
+            here = {"device": facts.get("name", ""), "driver": smi[1] if len(smi) > 1 else ""}
+            if device and here != device:  # one ranker, one device: its name says which
+                raise ValueError(f"{f}: measured on {here['device']} (driver {here['driver']}), the other files on "
+                                 f"{device['device']} (driver {device['driver']}): train one ranker per device")
+            device = device or here
     return rows, device
+
+
+# what measured_rows reads of a launch file
+LAUNCH_COLUMNS = ("model", "layer", "sparsity", "id", "role", "variant", "m1", "n1", "n", "k", "measured_us",
+                  "measure_status", "tile_loads", "tile_fmas")
 
 
 def measured_ranker_name(device: dict) -> str:

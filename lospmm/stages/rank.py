@@ -241,9 +241,14 @@ def measured_rows(launches: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.
     the rows themselves: a tile's loads are its non-empty columns (NNC), its FMAs its nonzeros."""
     kept = [r for r in launches if r.get("role") == "full" and not r.get("variant")
             and r.get("measure_status") == "ok" and np.isfinite(r.get("measured_us") or np.nan)]
-    by_group: dict[tuple, list[dict]] = {}
+    # repeats (files that measured the same kernel): one row each, at the median of their times
+    repeats: dict[tuple, list[dict]] = {}
     for r in kept:
-        by_group.setdefault((r["model"], r["layer"], float(r["sparsity"])), []).append(r)
+        repeats.setdefault((r["model"], r["layer"], float(r["sparsity"]), r["id"]), []).append(r)
+    by_group: dict[tuple, list[dict]] = {}
+    for (model, layer, sparsity, _), rs in repeats.items():
+        by_group.setdefault((model, layer, sparsity), []).append(
+            {**rs[0], "measured_us": float(np.median([r["measured_us"] for r in rs]))})
     feats, times, groups, layer_of = [], [], [], {}
     for gid, (key, rows) in enumerate(sorted((k, v) for k, v in by_group.items() if len(v) >= 2)):
         layer_of[gid] = key[:2]

@@ -120,11 +120,16 @@ def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) ->
     return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=search.design))
 
 
-def choice(timings: Mapping[tuple[int, int], Timing], tie_band: float = 0.0) -> tuple[int, int] | None:
-    """The tile emit takes from a layer's proxy timings (the same rule as the flow's emit stage:
-    `tie_band` EmitParams.tie_band for measured timings, 0 for estimates)."""
-    rows = [{"m1": m1, "n1": n1, "time_us": t.time_us, "status": t.status} for (m1, n1), t in timings.items()]
-    best = fastest_proxy(rows, tie_band)
+def choice(timings: Mapping[tuple[int, int], Timing], measured: bool = False,
+           registers: Mapping[tuple[int, int], int] | None = None) -> tuple[int, int] | None:
+    """The tile emit takes from a layer's proxy timings, by the flow's emit rule: measured timings
+    (`measured`) within EmitParams.tie_band of the fastest are ties (broken by the larger M1, then
+    fewer `registers` where given, then the time); estimates have no band."""
+    from lospmm.stages.emit import EmitParams
+
+    rows = [{"m1": m1, "n1": n1, "time_us": t.time_us, "status": t.status,
+             "registers": (registers or {}).get((m1, n1))} for (m1, n1), t in timings.items()]
+    best = fastest_proxy(rows, EmitParams().tie_band if measured else 0.0)
     return None if best is None else (best["m1"], best["n1"])
 
 

@@ -66,5 +66,25 @@ def test_a_ranker_trains_on_a_devices_measured_launch_file_held_out_by_layer(tmp
     assert meta["device"] == "NVIDIA H100 80GB HBM3" and meta["held_out_by"] == "layer"
     cv = meta["leave_one_layer_out"]
     assert cv["after"]["layers"] == 16 and all(0 <= cv[s]["ndcg_at_10"] <= 1 for s in ("before", "after"))
+    # repeats of one measurement (b and c measured the same kernels) are one row each, at their median
+    repeated = [r for f in (files[0], results / "c" / "launches-sample-0.9.parquet") for r in pq.read_table(f).to_pylist()]
+    _, t2, g2, _ = measured_rows(repeated)
+    assert len(t2) == 104 and len(np.unique(g2)) == 11
+    # a file that is no measured launch list, and files from two devices, are refused in one line
+    import shutil
+
+    import pytest
+
+    from lospmm.flows.training import measured_launches
+
+    pq.write_table(pq.read_table(files[0]).drop(["tile_loads"]), tmp_path / "short.parquet")
+    with pytest.raises(ValueError, match="short.parquet: not a measured launch file: no tile_loads column"):
+        measured_launches([tmp_path / "short.parquet"])
+    for name, gpu in (("x", "NVIDIA H100 80GB HBM3"), ("y", "NVIDIA H200")):
+        (tmp_path / name).mkdir()
+        shutil.copy(files[0], tmp_path / name / "l.parquet")
+        (tmp_path / name / "env.json").write_text(json.dumps({"name": gpu, "nvidia_smi": f"{gpu}, 580.159.04"}))
+    with pytest.raises(ValueError, match="measured on NVIDIA H200 .*train one ranker per device"):
+        measured_launches([tmp_path / "x" / "l.parquet", tmp_path / "y" / "l.parquet"])
     assert measured_ranker_name({"device": "NVIDIA H100 80GB HBM3", "driver": "580.159.04"}) == \
         "ranker-nvidia-h100-80gb-hbm3-580-159-04"
