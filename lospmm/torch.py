@@ -167,35 +167,33 @@ def _fusable(model: nn.Module) -> dict[str, tuple[str, str]]:
     """Module path -> (activation, path of the module applying it alone or "") of every layer whose
     activation a kernel can fuse: ReLU always (applied again, it changes nothing), GELU only when a
     module of its own, under one name, applies it (sparsify makes that module an identity)."""
-    names: dict[int, int] = {}
-    for _, m in model.named_modules(remove_duplicate=False):
-        names[id(m)] = names.get(id(m), 0) + 1
+    names = _paths(model)
     out = {}
     for scope_path, graph in _traced_scopes(model):
         scope = model.get_submodule(scope_path) if scope_path else model
         for target, (act, own) in _gemm_activations(graph, scope).items():
             full = f"{scope_path}.{target}" if scope_path else target
-            if names.get(id(model.get_submodule(full)), 0) != 1:
+            if len(names.get(id(model.get_submodule(full)), ())) != 1:
                 continue  # a layer under two names: one graph cannot say what follows it at the other
             own_full = (f"{scope_path}.{own}" if scope_path else own) if own else ""
-            if own_full and names.get(id(model.get_submodule(own_full)), 0) != 1:
+            if own_full and len(names.get(id(model.get_submodule(own_full)), ())) != 1:
                 own_full = ""  # one module under two names: making it an identity would reach the other too
             if act == "relu" or own_full:
                 out[full] = (act, own_full)
     return out
 
 
-def _verified(model: nn.Module, example_input, kwargs, fusable: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+def _verified(model: nn.Module, example_input, kwargs, output,
+              fusable: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     """The fusions of `fusable` that compute, on the example input, what the model computes: a dense
     twin with each fused layer applying its activation itself and each activation module of its own
-    an identity (what sparsify serves) must give the model's output. The graph read may follow
+    an identity (what sparsify serves) must give the model's `output` on it. The graph read may follow
     another branch than this input takes (an optional argument's `is not None`): a fusion that
     changes the output is dropped, alone where the others still agree, else all of them."""
     if not fusable:
         return {}
     args, named = example_call(example_input, kwargs)
-    with torch.no_grad():
-        want = _tensors(model(*args, **named))
+    want = _tensors(output)
 
     def agrees(chosen: dict) -> bool:
         twin = copy.deepcopy(model).eval()
@@ -204,8 +202,7 @@ def _verified(model: nn.Module, example_input, kwargs, fusable: dict[str, tuple[
                 lambda module, inputs, output, act=act: torch.relu(output) if act == "relu"
                 else nn.functional.gelu(output))
             if own:
-                parent, _, child = own.rpartition(".")
-                setattr(twin.get_submodule(parent) if parent else twin, child, nn.Identity())
+                _put(twin, own, nn.Identity())
         with torch.no_grad():
             got = _tensors(twin(*args, **named))
         return len(got) == len(want) and all(
@@ -263,12 +260,12 @@ def example_call(example_input, kwargs: Mapping | None = None) -> tuple[tuple, d
     return tuple(args), {**named, **(kwargs or {})}
 
 
-def _forward(model: nn.Module, example_input, kwargs: Mapping | None) -> None:
-    """Run `model` once on the example (no grad); ExampleInputError in one line if it fails."""
+def _forward(model: nn.Module, example_input, kwargs: Mapping | None):
+    """`model`'s output on the example (no grad); ExampleInputError in one line if it fails."""
     args, named = example_call(example_input, kwargs)
     try:
         with torch.no_grad():
-            model(*args, **named)
+            return model(*args, **named)
     except Exception as e:  # the model's own traceback says little about what the caller got wrong
         what = " ".join(f"{type(e).__name__}: {e}".split())
         given = ", ".join([*(_described(a) for a in args), *(f"{k}={_described(v)}" for k, v in named.items())])
@@ -303,11 +300,11 @@ def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None
     training = {m: m.training for m in model.modules()}
     try:
         model.eval()  # shapes do not depend on the mode; a BatchNorm in train mode would update its statistics
-        _forward(model, example_input, kwargs)
+        output = _forward(model, example_input, kwargs)
         for h in handles:
             h.remove()
         handles = []
-        fusable = _verified(model, example_input, kwargs, _fusable(model))  # in eval mode too: the same output
+        fusable = _verified(model, example_input, kwargs, output, _fusable(model))  # in eval mode, as `output`
     finally:
         for h in handles:
             h.remove()
@@ -799,8 +796,7 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
     if fused:  # the kernel applies the activation: a module of the model's own that applied it becomes an identity
         for layer, (_, own) in _fusable(out).items():
             if layer in fused and own:
-                parent, _, child = own.rpartition(".")
-                setattr(out.get_submodule(parent) if parent else out, child, nn.Identity())
+                _put(out, own, nn.Identity())
     paths = _paths(out)
     for r in plan:
         if not r.module:
@@ -813,8 +809,7 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
         else:
             new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original), bias)
         for path in paths[id(original)]:  # every name the module goes by (a module shared by two parents)
-            parent_name, _, child = path.rpartition(".")
-            setattr(out.get_submodule(parent_name) if parent_name else out, child, new)
+            _put(out, path, new)
     out.lospmm_replacements = plan
     return out
 
@@ -824,6 +819,12 @@ def _refuse_mismatches(plan: list[Replacement], strict: bool) -> None:
     if bad and strict:
         more = f"; and {len(bad) - 3} more (lospmm.torch.replacements lists them)" if len(bad) > 3 else ""
         raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]) + more)
+
+
+def _put(model: nn.Module, path: str, module: nn.Module) -> None:
+    """`module` in `model` under the dotted `path`, in place of what was there."""
+    parent, _, child = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
 def _paths(model: nn.Module) -> dict[int, list[str]]:

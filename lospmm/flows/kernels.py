@@ -68,7 +68,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     if epilogue is None:
         if shape.get("bias"):  # read from the file the run searched (01_shapes names it), not a newer one
             checked_unchanged(shape["source"], shape["source_sha256"])
-        epilogue = layer_epilogue(shape, shape.get("source") or record)
+        epilogue = layer_epilogue(shape)
     if relu:
         if epilogue.activation not in ("", "relu"):
             raise ValueError(f"{layer}: --relu: the run fuses {epilogue.activation} into this layer's kernel")
@@ -90,16 +90,16 @@ def checked_unchanged(path: str, sha256: str) -> None:
         raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
 
-def layer_epilogue(shape_row: dict, record_or_source) -> Epilogue:
-    """What a layer's kernel fuses: its bias (read from the weights file the run searched) and the
-    activation its model applies right after it, as the importer recorded them in 01_shapes."""
+def layer_epilogue(shape_row: dict) -> Epilogue:
+    """What a layer's kernel fuses: its bias (read from the weights file the run searched, the row's
+    `source`) and the activation its model applies right after it, as the importer recorded them
+    in 01_shapes."""
     name, activation = shape_row.get("bias") or "", shape_row.get("activation") or ""
     if not name:
         return Epilogue(activation=activation)
     from lospmm.flows.inputs.weights import load_tensor
 
-    path = record_or_source if isinstance(record_or_source, str) else record_or_source["config"]["weights"]
-    return Epilogue(tuple(load_tensor(path, name).astype("float32").ravel().tolist()), activation)
+    return Epilogue(tuple(load_tensor(shape_row["source"], name).astype("float32").ravel().tolist()), activation)
 
 
 def conv_geometry(shape_row: dict) -> ConvGeometry:

@@ -41,11 +41,11 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             layer, group = item
             units = run_compiler(ctx, ctx.unit_reporter("emit", label, {"layer": layer}, len(layers)))
             try:  # a bias that cannot be read fails its layer's row, not the stage
-                epilogue = layer_epilogue(fused[layer], source.path) if layer in fused else Epilogue()
+                epilogue = layer_epilogue(fused[layer]) if layer in fused else Epilogue()
             except Exception as e:
                 if is_transient(e):
                     raise
-                return failed_row({**{c: group[0][c] for c in LAYER_COLUMNS + ("sparsity",)}}, layer, e)
+                return failed_row({c: group[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, layer, e)
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
                                  tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer), design,
                                  epilogue, precision)
