@@ -7,8 +7,10 @@ ResNet-50 and MobileNetV2 and a transformers BertModel built from a config, magn
     mode       eager, graph (the forward captured once as a CUDA graph and replayed), compile
 
 Each row pairs a dense form with ours in the same mode (ours: fp32 kernels; eager, CUDA graph, or
-torch.compile(fullgraph=True) with mode reduce-overhead). `max_rel_diff` is ours against the pruned
-model in float32 on the same inputs (max |Δ| / max |ref|), `top1_agreement` the share of rows whose
+torch.compile(fullgraph=True) with mode reduce-overhead). With `--dtype fp16` (or bf16; issue 23) the
+model is converted first, searched and served by half kernels, and the one baseline is the same
+pruned model dense in that dtype. `max_rel_diff` is ours against the pruned model in float32 on the
+same inputs (max |Δ| / max |ref|), `top1_agreement` the share of rows whose
 argmax agrees with it (CNN logits; BERT: the pooled output's argmax, a weak proxy). Times are medians
 over `--repeats` CUDA-event timings, `spread` their (max − min) / median over `--rounds` medians.
 
@@ -16,7 +18,7 @@ over `--repeats` CUDA-event timings, `spread` their (max − min) / median over 
                                     [--sparsity 0.9] [--search-batch 8] [--artifacts DIR] [--out FILE.parquet]
 
 On the GPU it writes benchmarks/results/<device>/end-to-end.parquet (columns: model, batch,
-sparsity, baseline, mode, dense_ms, ours_ms, spread_dense, spread_ours, max_rel_diff,
+sparsity, dtype, baseline, mode, dense_ms, ours_ms, spread_dense, spread_ours, max_rel_diff,
 top1_agreement, speedup, device). Without one, `--models tiny-cnn tiny-bert --batches 2` runs the same
 code on the host emulation (fp32 eager only, CPU wall-clock times: a check of the script, no figure
 to quote).
@@ -32,7 +34,7 @@ from pathlib import Path
 
 BASELINES = ("fp32", "tf32", "compile-tf32", "fp16")
 MODES = ("eager", "graph", "compile")
-COLUMNS = ("model", "batch", "sparsity", "baseline", "mode", "dense_ms", "ours_ms", "spread_dense", "spread_ours",
+COLUMNS = ("model", "batch", "sparsity", "dtype", "baseline", "mode", "dense_ms", "ours_ms", "spread_dense", "spread_ours",
            "max_rel_diff", "top1_agreement", "speedup", "device")
 
 
@@ -158,22 +160,27 @@ def model_rows(name: str, args) -> list[dict]:
     model, example_of, logits_of = built_model(name)
     if name in ("resnet50", "mobilenet_v2", "tiny-cnn"):
         model = lt.fold_batchnorm(model)  # inference: BN folded, so Conv → BN → ReLU is one kernel
+    kind = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    if kind is not None:  # issue 23: the model in half, searched and served in its own dtype (half kernels)
+        model = model.to(kind)
+        example_of = (lambda make: lambda b: _moved(make(b), "cpu", kind))(example_of)
     t0 = time.perf_counter()
     run_id = lt.search(model, example_of(args.search_batch), sparsity=args.sparsity, artifacts=args.artifacts,
                        name=name.replace("_", "-"), jobs=args.jobs, **({"timer": "cuda"} if gpu else {}))
     print(f"{name}: searched (run {run_id}) in {time.perf_counter() - t0:.0f} s", flush=True)
     ref = lt.pruned(model, run_id, artifacts=args.artifacts).eval()
+    exact = copy.deepcopy(ref).float()  # the output difference is against the pruned model in float32
     fast = lt.sparsify(model, run_id, backend="cuda" if gpu else "host", artifacts=args.artifacts)
     served = sum(bool(r.module) for r in fast.lospmm_replacements)
     print(f"{name}: {served} of {len(fast.lospmm_replacements)} kernels serve the model", flush=True)
     where = "cuda" if gpu else "cpu"
-    ref, fast = ref.to(where), fast.to(where)
+    ref, fast, exact = ref.to(where), fast.to(where), exact.to(where)
     rows = []
     for batch in args.batches:
         example = _moved(example_of(batch), where)
         with torch.no_grad():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-            want = logits_of(_call(ref, example)).float()
+            want = logits_of(_call(exact, _moved(example, where, torch.float32))).float()
             got = logits_of(_call(fast, example)).float()
         diff = float((got - want).abs().max() / want.abs().max())
         agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
@@ -182,11 +189,11 @@ def model_rows(name: str, args) -> list[dict]:
             fn = runner(fast, example, mode)
             with torch.no_grad():
                 ours[mode] = timed_ms(fn, args.repeats, args.rounds, gpu) if fn else (float("nan"), float("nan"))
-        for baseline in (BASELINES if gpu else ("fp32",)):
+        for baseline in ((args.dtype,) if kind is not None else BASELINES if gpu else ("fp32",)):
             tf32 = baseline in ("tf32", "compile-tf32")
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             dense, dense_example = ref, example
-            if baseline == "fp16":
+            if baseline == "fp16" and kind is None:
                 dense, dense_example = copy.deepcopy(ref).half(), _moved(example, where, torch.float16)
             modes = ("compile",) if baseline == "compile-tf32" else (("eager", "graph") if gpu else ("eager",))
             for mode in modes:
@@ -198,7 +205,8 @@ def model_rows(name: str, args) -> list[dict]:
                 with torch.no_grad():
                     dense_ms, dense_spread = timed_ms(fn, args.repeats, args.rounds, gpu) if fn else (float("nan"),) * 2
                 ours_ms, ours_spread = ours[mode]
-                rows.append({"model": name, "batch": batch, "sparsity": args.sparsity, "baseline": baseline,
+                rows.append({"model": name, "batch": batch, "sparsity": args.sparsity, "dtype": args.dtype,
+                             "baseline": baseline,
                              "mode": mode, "dense_ms": dense_ms, "ours_ms": ours_ms, "spread_dense": dense_spread,
                              "spread_ours": ours_spread, "max_rel_diff": diff, "top1_agreement": agree,
                              "speedup": dense_ms / ours_ms if ours_ms > 0 else float("nan"), "device": device})
@@ -219,6 +227,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=0)
     p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"),
+                   help="fp16/bf16: the model in that dtype, searched and served by half kernels, against the same "
+                        "pruned model dense in that dtype (issue 23); written as end-to-end-<dtype>.parquet")
     p.add_argument("--out", help="the parquet to write (default: benchmarks/results/<device>/end-to-end.parquet on a "
                                  "GPU, nothing on the CPU)")
     args = p.parse_args(argv)
@@ -230,7 +241,8 @@ def main(argv=None) -> list[dict]:
     out = args.out
     if out is None and torch.cuda.is_available():
         label = "gpu-" + torch.cuda.get_device_name().split()[1].lower()
-        out = Path(__file__).resolve().parent / "results" / label / "end-to-end.parquet"
+        out = Path(__file__).resolve().parent / "results" / label / (
+            "end-to-end.parquet" if args.dtype == "fp32" else f"end-to-end-{args.dtype}.parquet")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), out)

@@ -14,11 +14,20 @@ the diagnosis microbenchmarks, and the headline table against cuBLAS.
     # (runtime.graph_timed); a bundle may be a folder or its .tar.xz
     python -m benchmarks.kernel_speed run OUT --bundle .gpu/carry/ks-ab.tar.xz --budget-s 500
     python -m benchmarks.kernel_speed report OUT/kernel-speed-ks-ab.parquet
+    # issue 23's half set: the fp16 search's tile per layer, each half variant (fp16/bf16, packed / fp32
+    # / promoted sums) and our fp32 kernel of the same columns per thread on it; `--layers ab` for the
+    # A/B layers (built here), every GEMM layer by default (built on the device's cores)
+    python -m benchmarks.kernel_speed build half --layers ab --bundle .gpu/ks-half --jobs 2
+    python -m benchmarks.kernel_speed run OUT --bundle .gpu/carry/ks-half.tar.xz   # + OUT/half-precision-ks-half.parquet
 
 A bundle is a folder: kernels.parquet (a row per kernel: its layer, tile, design, launch layout,
 compile and SASS facts), <id>.cubin, and the pruned A of every layer under a/ (for the device
 check). `run` writes OUT/kernel-speed-<bundle>.parquet with the issue's columns (model, layer, m,
-k, n, nnz, sparsity, design, ours_us, sgemm_us, tf32_us, fp16_us, spread) and OUT/checks-<bundle>.parquet.
+k, n, nnz, sparsity, design, ours_us, sgemm_us, tf32_us, fp16_us, spread) and OUT/checks-<bundle>.parquet;
+for half kernels also OUT/half-precision-<bundle>.parquet with issue 23's (model, layer, m, k, n,
+nnz, sparsity, dtype, ours_us, cublas_same_dtype_us, ours_fp32_us, max_rel_error, cublas_max_rel_error):
+half kernels are checked against the float64 product of the same rounded A and B within their
+rounding bound, and cuBLAS's error in the same dtype is measured on the same data.
 """
 
 from __future__ import annotations
@@ -37,9 +46,11 @@ import scipy.sparse as sp
 
 from benchmarks.gpuplan import Deadline, geomean, packed
 from lospmm.sparse_file import read_matrix, write_matrix
-from lospmm.stages.codegen import CodegenParams, KernelSource, LaunchLayout, design_named, full_kernel_source
+from lospmm.stages.codegen import CodegenParams, KernelSource, LaunchLayout, design_named
+from lospmm.stages.codegen_half import error_bound, precision_of, rounded_matrix
 from lospmm.stages.extract import LayerShape, ZooParams, folded_duplicates, zoo_shapes
 from lospmm.stages.reorder import reordered_tiles
+from lospmm.stages.sources import kernel_source
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
@@ -158,35 +169,95 @@ def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), mod
     """Every distinct zoo GEMM layer at each sparsity and CNN batch (BERT at 32×128 once), in
     `design`, on the tile the search chooses: the shipped ranker's top-10, timed by the estimate
     (the flow's choice without a GPU; registers predicted, not compiled)."""
-    from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.devices import device_named
-    from lospmm.stages.search import SearchParams, choice, layer_search
-    from lospmm.stages.timing import LaunchUnderTest, estimate_timer
+    from lospmm.stages.search import SearchParams
+    from lospmm.stages.timing import estimate_timer
 
     device, kernel_design = device_named(gpu), design_named(design)
     timer = estimate_timer(device)
-    booster, _ = load_ranker()
-    params = SearchParams(design=kernel_design)
     out = []
     for model in models:
         for batch in (batches if model != "bert-base" else (32,)):
             for shape in gemm_shapes(model, batch):
                 for sparsity in sparsities:
-                    a = pruned(shape, sparsity)
-                    if a is None or a.nnz == 0:
-                        continue
-                    search = layer_search(a, shape.n, sparsity, device, booster, params)
-                    timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
-                        search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
-                        smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
-                        design=kernel_design)) for c in search.chosen}
-                    tile = choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
+                    tile = searched_tile(shape, sparsity, kernel_design, device, timer)
                     if tile is None:
                         continue
                     out.append(Planned(_id("head", model, shape.layer, sparsity, batch, kernel_design.label),
                                        "headline", model, shape.layer, shape.m, shape.k, shape.n, sparsity, batch,
                                        kernel_design.label, tile[0], tile[1], _id(model, shape.layer, sparsity),
-                                       f"search: ranker top-{params.rank.top_k}, proxies timed by {timer.name}"))
+                                       f"search: ranker top-{SearchParams().rank.top_k}, proxies timed by {timer.name}"))
+    return out
+
+
+def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> tuple[int, int] | None:
+    """The tile the search chooses for the layer's pruned A (a half design's: A rounded to its dtype)
+    in `design`: the shipped ranker of the design's kind, its top-10 proxies timed by `timer` (the
+    flow's choice, search.choice). None for an empty layer."""
+    from lospmm.flows.storage.ranker_store import load_ranker, shipped_ranker
+    from lospmm.stages.search import SearchParams, choice, layer_search
+    from lospmm.stages.timing import LaunchUnderTest
+
+    a = pruned(shape, sparsity)
+    if a is None or a.nnz == 0:
+        return None
+    if design.half:
+        a = rounded_matrix(a, design.dtype)[0]
+    booster = _ranker(shipped_ranker(half=design.half), load_ranker)
+    search = layer_search(a, shape.n, sparsity, device, booster, SearchParams(design=design))
+    timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
+        search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
+        smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
+        design=design)) for c in search.chosen}
+    return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
+
+
+_RANKERS: dict = {}
+
+
+def _ranker(path: Path, load):
+    if path not in _RANKERS:
+        _RANKERS[path] = load(path)[0]
+    return _RANKERS[path]
+
+
+# The half-precision set (issue 23): every variant of the half kernel on the tile the half search
+# chooses, and the fp32 kernel with the same columns per thread and block on that tile.
+HALF_VARIANTS = ("fp16,chained", "fp16,acc=f32,chained", "fp16,promote=8,chained", "bf16,chained",
+                 "bf16,acc=f32,chained")
+FP32_SAME_TILE = "chained,v=2"
+
+
+def half_plan(sparsities=(0.9, 0.95), batches=(4, 32), models=MODELS, layers: tuple | None = None,
+              variants=HALF_VARIANTS, gpu: str = "h100") -> list[Planned]:
+    """Each distinct zoo GEMM layer (only `layers`, (model, layer) pairs, when given) at each
+    sparsity and CNN batch (BERT at 32×128 once): the tile the fp16 search chooses (its design
+    `fp16,chained`, the half ranker, the estimate), built in each half variant and as the fp32
+    kernel of the same columns per thread and block (FP32_SAME_TILE) — issue 23's "our own fp32
+    kernel on the same tiles"."""
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.timing import estimate_timer
+
+    device = device_named(gpu)
+    timer, searched = estimate_timer(device), design_named("fp16,chained")
+    out = []
+    for model in models:
+        for batch in (batches if model != "bert-base" else (32,)):
+            for shape in gemm_shapes(model, batch):
+                if layers is not None and (model, shape.layer) not in layers:
+                    continue
+                for sparsity in sparsities:
+                    tile = searched_tile(shape, sparsity, searched, device, timer)
+                    if tile is None:
+                        continue
+                    for variant in (*variants, FP32_SAME_TILE):
+                        design = design_named(variant)
+                        out.append(Planned(_id("half", model, shape.layer, sparsity, batch, design.label), "half",
+                                           model, shape.layer, shape.m, shape.k, shape.n, sparsity, batch,
+                                           design.label, tile[0], tile[1],
+                                           _id(model, shape.layer, sparsity, design.dtype),
+                                           f"the {searched.dtype} search: half ranker top-10, proxies timed by "
+                                           f"{timer.name}"))
     return out
 
 
@@ -194,14 +265,18 @@ def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), mod
 
 
 def matrix_of(p: Planned) -> sp.csr_matrix:
+    """The A a planned kernel bakes in: the layer pruned as the flow prunes it (a half design's
+    rounded to its dtype, as a half run rounds it)."""
     if p.model == "synthetic":
         return micro_matrix(p.matrix)
     shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
-    return pruned(shape, p.sparsity)
+    design = design_named(p.design)
+    a = pruned(shape, p.sparsity)
+    return rounded_matrix(a, design.dtype)[0] if design.half else a
 
 
 def source_of(p: Planned, a: sp.csr_matrix) -> KernelSource:
-    return full_kernel_source(a, reordered_tiles(a, p.m1), p.n1, CodegenParams(design=design_named(p.design)))
+    return kernel_source(a, reordered_tiles(a, p.m1), p.n1, CodegenParams(design=design_named(p.design)))
 
 
 def build(plan: list[Planned], bundle: Path, jobs: int = 2, arch: str = "sm_90", cache: Path | None = None,
@@ -353,20 +428,46 @@ def bundle_rows(bundle: Path) -> list[dict]:
 
 
 def checked(row: dict, bundle: Path, ns=CHECK_NS) -> list[dict]:
-    """The kernel against scipy at each N (fresh B, C poisoned with NaN): a row per N."""
-    from lospmm.runtime import check_full_kernel
+    """The kernel against scipy at each N (fresh B, C poisoned with NaN): a row per N. A half
+    kernel's error is its normalised error against the float64 product of the same rounded A and B,
+    within its rounding bound (codegen_half.error_bound)."""
+    from lospmm.runtime import check_full_kernel, check_half_kernel
 
     cubin, layout = (bundle / f"{row['id']}.cubin").read_bytes(), LaunchLayout(**json.loads(row["launch"]))
     a = read_matrix(bundle / "a" / f"{row['matrix']}.parquet")
+    precision = precision_of(design_named(row["design"]))
+    bound, eta = error_bound(a, precision) if precision else (1e-5, 0.0)
     out = []
     for n in sorted({*ns, row["n"]}):
         try:
-            error, message = check_full_kernel(cubin, row["kernel"], layout, a, n=n, seed=n), ""
+            if precision:
+                error = check_half_kernel(cubin, row["kernel"], layout, a, n, precision.dtype, eta, seed=n)
+            else:
+                error = check_full_kernel(cubin, row["kernel"], layout, a, n=n, seed=n)
+            message = ""
         except Exception as e:
             error, message = float("inf"), f"{type(e).__name__}: {e}"[:300]
-        out.append({"id": row["id"], "n": n, "max_rel_error": error,
-                    "status": "ok" if error <= 1e-5 else ("error" if message else "wrong"), "message": message})
+        out.append({"id": row["id"], "n": n, "max_rel_error": error, "bound": bound,
+                    "status": "ok" if error <= bound else ("error" if message else "wrong"), "message": message})
     return out
+
+
+def cublas_half_error(a: sp.csr_matrix, n: int, dtype: str, seed: int) -> float:
+    """cuBLAS's normalised error in `dtype` (the tensor-core GEMM through torch) on the data a half
+    kernel's check at this N uses (the same rounded A, the same B: checked's seed), against the
+    float64 product: the accuracy bar's other side (issue 23: ours within 2× of it)."""
+    import torch
+
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+
+    kind = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    b = from_dtype_bits(to_dtype_bits(np.random.default_rng(seed).standard_normal((a.shape[1], n)), dtype), dtype)
+    with torch.no_grad():
+        c = torch.matmul(torch.tensor(a.toarray(), device="cuda").to(kind), torch.tensor(b, device="cuda").to(kind))
+    c64 = c.double().cpu().numpy()
+    if not np.isfinite(c64).all():
+        return float("inf")
+    return normalised_error(c64, a, b, error_bound(a, precision_of(design_named(dtype)))[1])
 
 
 def timed_ours(row: dict, bundle: Path, launches: int, repeats: int) -> tuple[float, float]:
@@ -378,8 +479,9 @@ def timed_ours(row: dict, bundle: Path, launches: int, repeats: int) -> tuple[fl
     layout = LaunchLayout(**json.loads(row["launch"]))
     n = layout.launch_columns(row["n"])
     kernel = LoadedKernel((bundle / f"{row['id']}.cubin").read_bytes(), row["kernel"])
-    b = torch.randn(row["k"], n, device="cuda")
-    c = torch.empty(row["m"], n, device="cuda")
+    element = torch.float16 if design_named(row["design"]).half else torch.float32  # a bf16 kernel: the same bytes
+    b = torch.randn(row["k"], n, device="cuda", dtype=element)
+    c = torch.empty(row["m"], n, device="cuda", dtype=element)
     args = [("ptr", b.data_ptr()), ("ptr", c.data_ptr()), ("int", n)]
     grid, block = layout.grid(n), layout.block()
     us, spread, _ = graph_timed(lambda: kernel.launch(grid, block, args, 0, torch.cuda.current_stream().cuda_stream),
@@ -388,7 +490,7 @@ def timed_ours(row: dict, bundle: Path, launches: int, repeats: int) -> tuple[fl
 
 
 def timed_cublas(m: int, k: int, n: int, launches: int, repeats: int, max_spread: float = 0.10) -> dict:
-    """cuBLAS on the dense M×K·K×N through torch, timed as ours: FP32 (TF32 off), TF32 and FP16,
+    """cuBLAS on the dense M×K·K×N through torch, timed as ours: FP32 (TF32 off), TF32, FP16 and BF16,
     each re-measured once when its repeats spread more than `max_spread`, flagged if it still does."""
     import torch
 
@@ -397,7 +499,7 @@ def timed_cublas(m: int, k: int, n: int, launches: int, repeats: int, max_spread
 
     out = {}
     for name, dtype, tf32 in (("sgemm", torch.float32, False), ("tf32", torch.float32, True),
-                              ("fp16", torch.float16, False)):
+                              ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)):
         try:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
@@ -453,18 +555,74 @@ def run(bundle: Path, out: Path, budget_s: float = 500.0, launches: int = 20, re
             baselines[shape] = timed_cublas(*shape, launches, repeats)
         result |= {"status": "ok", "ours_us": us, "spread": spread, "spread_flag": timed.flagged,
                    **baselines.get(shape, {})}
+        precision = precision_of(design_named(row["design"]))
+        if precision:  # the accuracy bar: ours and cuBLAS in the same dtype on the same data (the check at N)
+            result |= {"dtype": precision.dtype, "accumulate": precision.label,
+                       "max_rel_error": next(c["max_rel_error"] for c in mine if c["n"] == row["n"]),
+                       "cublas_max_rel_error": cublas_half_error(read_matrix(bundle / "a" / f"{row['matrix']}.parquet"),
+                                                                 row["n"], precision.dtype, row["n"])}
         rows.append(result)
         say(f"[{i + 1}/{len(kernels)}] {row['id']}: {us:.2f} us (spread {spread:.1%})"
             + (f", sgemm {result['sgemm_us']:.2f} us" if "sgemm_us" in result else ""))
     out.mkdir(parents=True, exist_ok=True)
     speed = out / f"kernel-speed-{bundle.name}.parquet"
     pq.write_table(pa.Table.from_pylist(rows), speed)
+    half = half_rows(rows)
+    if half:
+        pq.write_table(pa.Table.from_pylist(half), out / f"half-precision-{bundle.name}.parquet")
     if checks:
         pq.write_table(pa.Table.from_pylist(checks), out / f"checks-{bundle.name}.parquet")
     return speed
 
 
 # --- report: anywhere -----------------------------------------------------------------------------
+
+HALF_WORK_BOUND_US = 10.0  # issue 23's work-bound layers: cuBLAS FP16 at least this long
+
+
+def half_rows(rows: list[dict]) -> list[dict]:
+    """Issue 23's table from a run's rows: one per half kernel with its time, cuBLAS's in the same
+    dtype, our fp32 kernel's on the same tile (FP32_SAME_TILE: same model, layer, sparsity, batch and
+    tile), and both errors on the same data."""
+    fp32_label = design_named(FP32_SAME_TILE).label
+    fp32 = {(r["model"], r["layer"], r["sparsity"], r["batch"], r["m1"], r["n1"]): r for r in rows
+            if r.get("set") == "half" and r["design"] == fp32_label}
+    out = []
+    for r in rows:
+        if r.get("set") != "half" or not r.get("dtype"):
+            continue
+        same = fp32.get((r["model"], r["layer"], r["sparsity"], r["batch"], r["m1"], r["n1"]), {})
+        out.append({k: r.get(k) for k in ("model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "dtype",
+                                          "accumulate", "design", "m1", "n1", "spread", "status")}
+                   | {"ours_us": r.get("ours_us", float("inf")), "cublas_same_dtype_us": r.get(f"{r['dtype']}_us"),
+                      "ours_fp32_us": same.get("ours_us", float("nan")), "max_rel_error": r.get("max_rel_error"),
+                      "cublas_max_rel_error": r.get("cublas_max_rel_error")})
+    return out
+
+
+def half_summary(rows: list[dict]) -> list[dict]:
+    """Per accumulation (fp16/bf16 and its sums) and sparsity, over the work-bound rows (cuBLAS FP16
+    ≥ 10 µs): geomean speedup over cuBLAS in the same dtype and over our fp32 kernel on the same
+    tile, and how many kernels meet the accuracy bar (error ≤ 2× cuBLAS's on the same data)."""
+    out = []
+    ok = [r for r in rows if r.get("status") == "ok" and math.isfinite(r["ours_us"] or math.inf)
+          and (r.get("cublas_same_dtype_us") or 0) > 0]
+    for label in dict.fromkeys(r["accumulate"] for r in ok):
+        for s in sorted({r["sparsity"] for r in ok if r["accumulate"] == label}):
+            xs = [r for r in ok if r["accumulate"] == label and r["sparsity"] == s]
+            work = [r for r in xs if r["cublas_same_dtype_us"] >= HALF_WORK_BOUND_US]
+            fp32 = [r for r in work if r.get("ours_fp32_us") and math.isfinite(r["ours_fp32_us"])]
+            out.append({"kernels": label, "sparsity": s, "work-bound": len(work), "all": len(xs),
+                        "vs cuBLAS same dtype (geomean, work-bound)":
+                            geomean([r["cublas_same_dtype_us"] / r["ours_us"] for r in work]) if work else float("nan"),
+                        "vs ours fp32, same tile": geomean([r["ours_fp32_us"] / r["ours_us"] for r in fp32])
+                        if fp32 else float("nan"),
+                        "within 2x cuBLAS error": sum(r["max_rel_error"] <= 2 * r["cublas_max_rel_error"] for r in xs
+                                                      if r.get("cublas_max_rel_error") is not None),
+                        "error vs cuBLAS (median)": float(np.median([r["max_rel_error"] / r["cublas_max_rel_error"]
+                                                                    for r in xs if r.get("cublas_max_rel_error")]))
+                        if any(r.get("cublas_max_rel_error") for r in xs) else float("nan")})
+    return out
 
 
 def efficiency(r: dict) -> float:
@@ -532,13 +690,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a set into a bundle (no GPU)")
-    b.add_argument("set", choices=("ab", "micro", "headline"))
+    b.add_argument("set", choices=("ab", "micro", "headline", "half"))
     b.add_argument("--bundle", type=Path, required=True)
     b.add_argument("--design", default="chained", help="headline: the design (design_named's tokens)")
     b.add_argument("--designs", nargs="+", default=list(AB_DESIGNS), help="ab: the designs")
     b.add_argument("--sparsity", type=float, nargs="+", default=[0.7, 0.9, 0.95], help="headline")
     b.add_argument("--batch", type=int, nargs="+", default=[4, 32], help="headline: CNN batches")
-    b.add_argument("--models", nargs="+", default=list(MODELS), help="headline")
+    b.add_argument("--models", nargs="+", default=list(MODELS), help="headline, half")
+    b.add_argument("--layers", nargs="+", default=None,
+                   help="half: only these MODEL:LAYER (default: every GEMM layer; `ab` for the A/B layers)")
+    b.add_argument("--variants", nargs="+", default=list(HALF_VARIANTS), help="half: the half designs")
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     b.add_argument("--no-sass", action="store_true", help="skip nvdisasm's statistics")
     s = sub.add_parser("sass", help="the per-design SASS table of a bundle")
@@ -558,8 +719,13 @@ def main(argv=None) -> None:
     p.add_argument("files", type=Path, nargs="+")
     args = ap.parse_args(argv)
     if args.command == "build":
+        layers = None if args.layers is None else (AB_LAYERS if args.layers == ["ab"] else
+                                                    tuple(tuple(x.split(":", 1)) for x in args.layers))
+        half_sparsities = [s for s in args.sparsity if s != 0.7] or args.sparsity  # the issue's: 0.9, 0.95
         plan = {"ab": lambda: ab_plan(args.designs), "micro": micro_plan,
-                "headline": lambda: headline_plan(args.design, args.sparsity, args.batch, args.models)}[args.set]()
+                "headline": lambda: headline_plan(args.design, args.sparsity, args.batch, args.models),
+                "half": lambda: half_plan(half_sparsities, args.batch, args.models, layers,
+                                          tuple(args.variants))}[args.set]()
         table = build(plan, args.bundle, args.jobs, sass=not args.no_sass)
         _print(f"SASS per design ({table})", sass_table(table))
     elif args.command == "sass":
@@ -581,7 +747,14 @@ def main(argv=None) -> None:
             _print("Diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
                                                                       "tile_code_bytes_mean")}
                                              for r in rows if r.get("set") == "micro"])
-        _print("Against cuBLAS (the fastest design per layer and N)", headline_summary(rows))
+        half = half_rows(rows) if any(r.get("set") == "half" for r in rows) else \
+            [r for r in rows if "cublas_same_dtype_us" in r]
+        if half:
+            _print("Half precision: against cuBLAS in the same dtype (tensor cores) and our fp32 kernel on the "
+                   "same tile", half_summary(half))
+        if any(r.get("set") != "half" and "sgemm_us" in r for r in rows):
+            _print("Against cuBLAS (the fastest design per layer and N)",
+                   headline_summary([r for r in rows if r.get("set") != "half"]))
 
 
 if __name__ == "__main__":

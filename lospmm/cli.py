@@ -99,8 +99,13 @@ def run(
                                           "fixed before shape inference, as trtexec --shapes takes them: "
                                           "NAME:1x3x640x640 (repeatable): convolutions after a symbolic H/W get their sizes."),
     dtype: str = typer.Option(_RUN.dtype, "--dtype", help="The emitted kernels' B and C: fp32, fp16 or bf16 "
-                              "(default: the weights' own; fp32 for the zoo and ONNX). Half kernels: GEMM form, no "
-                              "fused epilogue, tiles from the fp32 search so far."),
+                              "(default: the weights' own; fp32 for the zoo and ONNX). Half kernels are searched as "
+                              "half kernels (their own constraints, proxies, estimate and ranker); GEMM form with "
+                              "the bias and activation fused, no implicit-im2col convolution so far."),
+    accumulate: str = typer.Option(_RUN.accumulate, "--accumulate", help="A half run's sums: packed (in the dtype, "
+                                   "the default) or f32 (B converted, fp32 FMAs, rounded once at the store)."),
+    promote_every: int = typer.Option(_RUN.promote_every, "--promote-every", help="A half run's packed sums moved "
+                                      "into fp32 every K nonzeros of a row (0: never)."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:
@@ -113,7 +118,8 @@ def run(
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
-                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape), dtype=dtype)
+                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape), dtype=dtype,
+                    accumulate=accumulate, promote_every=promote_every)
     _run(cfg, refresh=[])
 
 
@@ -129,13 +135,17 @@ def train_ranker_cmd(
                                         "device's launch file(s) (benchmarks.gpu_plan's launches-*.parquet), held "
                                         "out by layer; the model is named for the device and driver (env.json beside "
                                         "the file) unless --out is given."),
+    dtype: str = typer.Option("fp32", "--dtype", help="The kernels it ranks: fp32, or half kernels (fp16, bf16: "
+                              "one packed pair per thread; the shipped lospmm/models/ranker-half is fp16's)."),
+    accumulate: str = typer.Option("", "--accumulate", help="A half kernel's sums: packed (default) or f32."),
 ) -> None:
     """Build the ranker's training set by timing synthetic kernels (or from measured launch files), fit
     LambdaMART, write a model."""
     from rich.progress import Progress
 
-    from lospmm.flows.config import resolved_timer
+    from lospmm.flows.config import resolved_timer, source_design
     from lospmm.flows.training import train_measured_ranker, train_ranker
+    from lospmm.stages.codegen import BASELINE
 
     if measured:
         try:
@@ -154,15 +164,21 @@ def train_ranker_cmd(
         timer_ = resolved_timer(timer, device_named(gpu))
         if samples < 10:
             raise ConfigError(f"--samples must be >= 10, got {samples}")
+        if dtype not in ("fp32", "fp16", "bf16"):
+            raise ConfigError(f"--dtype {dtype!r}: choose fp32, fp16 or bf16")
+        if accumulate and dtype == "fp32":
+            raise ConfigError("--accumulate is a half ranker's (--dtype fp16 or bf16)")
+        design = source_design(BASELINE, dtype, accumulate)
     except (ConfigError, ValueError) as e:
         _fail(str(e))
     with Progress(console=err, transient=True) as progress:
         bar = progress.add_task(f"timing synthetic kernels ({timer_.name})", total=samples)
         out = out or Path("ranker")
         meta = train_ranker(out, samples, timer_, seed,
-                            progress=lambda done, total: progress.update(bar, completed=done))
+                            progress=lambda done, total: progress.update(bar, completed=done), design=design)
     console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')} (version {meta['version']}): "
-                  f"timer {meta['timer']}, device {meta['device']}, {meta['synthetic_kernels']} kernels, "
+                  f"timer {meta['timer']}, device {meta['device']}, design {meta['design']}, "
+                  f"{meta['synthetic_kernels']} kernels, "
                   f"{meta['samples']} timed candidates; held-out NDCG@10 {meta['heldout_ndcg_at_10']:.3f}, "
                   f"true best in top-10 {meta['heldout_top10_hit_rate']:.0%}")
 

@@ -382,7 +382,7 @@ def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, n: int, n1: int) -
     accesses are not)."""
     try:
         n = kernel.layout.launch_columns(n)
-        run_on_host(kernel, {"B": np.zeros(kernel.k * n, np.float32), "C": np.empty(kernel.m * n, np.float32),
+        run_on_host(kernel, {"B": np.zeros(kernel.k * n, np.float32), "C": np.zeros(kernel.m * n, np.float32),
                              "N": n, "cluster_of": cluster_of},
                     kernel.layout.grid(n, n1), n1, sanitize=True)
         return "asan-ok"
@@ -426,11 +426,15 @@ def half_gemm_on_host(kernel: KernelSource, b_bits: np.ndarray, sanitize: bool =
 
 
 def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: int = 0, sanitize: bool = False,
-                        bound: float | None = None, absolute: float = 0.0) -> tuple[float, np.ndarray, np.ndarray]:
+                        bound: float | None = None, absolute: float = 0.0,
+                        epilogue=None) -> tuple[float, np.ndarray, np.ndarray]:
     """Run a half kernel on a fresh random B (rounded to `dtype`) and return (its normalised error
-    against the float64 product of the same rounded A and B, less `absolute` — codegen_half.
-    normalised_error —, B's bits, C's bits). EmulationError if an output is unwritten (NaN) or the
-    error exceeds `bound` (when given: codegen_half.error_bound's γ, `absolute` its η)."""
+    against the float64 product of the same rounded A and B through the kernel's `epilogue`, less
+    `absolute` — codegen_half.normalised_error —, B's bits, C's bits). EmulationError if an output
+    is unwritten (NaN) or the error exceeds `bound` (when given: codegen_half.error_bound's γ,
+    `absolute` its η)."""
+    from lospmm.stages.codegen import Epilogue
+
     from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
 
     b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((kernel.k, n)), dtype)
@@ -440,7 +444,7 @@ def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: 
         rows = np.unique(np.nonzero(np.isnan(c))[0])
         raise EmulationError(f"{kernel.name}: {int(np.isnan(c).sum())} output elements never written "
                              f"(rows {rows[:10].tolist()}…)")
-    error = normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute)
+    error = normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue or Epilogue(), dtype)
     if bound is not None and error > bound:
         raise EmulationError(f"{kernel.name}: normalised error {error:.3g} exceeds {bound}")
     return error, b_bits, c_bits

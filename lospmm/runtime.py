@@ -334,17 +334,20 @@ def graph_timed(fn, launches: int = 20, repeats: int = 3, flush_l2: bool = True)
     return middle, (max(medians) - min(medians)) / middle if middle > 0 else float("nan"), medians
 
 
-def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
-    """cuBLAS SGEMM with TF32 off (through torch) on the layer's M×K·K×N: the dense baseline a
-    kernel's speedup is quoted against. Status SKIPPED when torch is not installed."""
+def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTimerOptions(),
+                     dtype: str = "fp32") -> Timing:
+    """cuBLAS on the layer's M×K·K×N in the kernel's dtype (through torch): SGEMM with TF32 off for
+    fp32, the tensor-core GEMM for fp16 / bf16. The dense baseline a kernel's speedup is quoted
+    against. Status SKIPPED when torch is not installed."""
     try:
         import torch
     except ImportError:
         return Timing("cuda", float("nan"), Status.SKIPPED, "no dense baseline: install the torch extra")
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False  # FP32 SGEMM, the precision our kernels compute in
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn(k, n, device="cuda")
+        torch.backends.cuda.matmul.allow_tf32 = False  # FP32 SGEMM, the precision our fp32 kernels compute in
+        kind = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        a = torch.randn(m, k, device="cuda", dtype=kind)
+        b = torch.randn(k, n, device="cuda", dtype=kind)
         us = torch_timed(lambda: torch.matmul(a, b), options)
         return Timing("cuda", us, Status.OK, "", repeats=options.repeats)
     except Exception as e:
@@ -405,6 +408,22 @@ def half_gemm_on_device(cubin: bytes, name: str, layout, m: int, b_bits: np.ndar
         kernel.close()
 
 
+def check_half_kernel(cubin: bytes, name: str, layout, matrix, n: int, dtype: str, absolute: float = 0.0,
+                      seed: int = 0, epilogue=None) -> float:
+    """A half kernel on the device: its normalised error (codegen_half.normalised_error, less
+    `absolute`) against the float64 product of the same rounded A (`matrix`) and a fresh random B
+    rounded to `dtype`, through the kernel's `epilogue`; C poisoned with NaN first; inf if an output
+    was left unwritten."""
+    from lospmm.stages.codegen import Epilogue
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+
+    b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((matrix.shape[1], n)), dtype)
+    c = from_dtype_bits(half_gemm_on_device(cubin, name, layout, matrix.shape[0], b_bits), dtype)
+    if not np.isfinite(c).all():
+        return float("inf")
+    return normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue or Epilogue(), dtype)
+
+
 def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     """max |got − ref| / max |ref|; inf when an output was left unwritten (NaN poison) or is not finite."""
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if np.isfinite(got).all() else float("inf")
@@ -451,12 +470,13 @@ def time_conv_kernel_cubin(cubin: bytes, name: str, layout, m: int, geometry, ba
 
 
 def time_full_kernel_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: int,
-                           options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
-    """The full kernel timed over n columns (launched with layout.launch_columns(n))."""
+                           options: CudaTimerOptions = CudaTimerOptions(), element=np.float32) -> Timing:
+    """The full kernel timed over n columns (launched with layout.launch_columns(n)); B and C of
+    `element` (np.float16 for a half kernel: its bits are what a bf16 kernel reads too)."""
     n = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
-    bb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32))
-    cb = DeviceBuffer(4 * m * n)
+    bb = DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(element))
+    cb = DeviceBuffer(np.dtype(element).itemsize * m * n)
     try:
         return timed_launch(kernel, layout.grid(n), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", n)],
                             0, options)
@@ -467,13 +487,13 @@ def time_full_kernel_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: i
 
 
 def time_proxy_cubin(cubin: bytes, name: str, layout, m: int, k: int, n: int, n1: int, cluster_of: np.ndarray,
-                     smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions()) -> Timing:
+                     smem_bytes: int, options: CudaTimerOptions = CudaTimerOptions(), element=np.float32) -> Timing:
     """The proxy of candidate (M1, N1) launched with its Eq. 6 dynamic shared memory, as its
-    `layout` says (N1 given here)."""
+    `layout` says (N1 given here); B and C of `element`."""
     n = layout.launch_columns(n)
     kernel = LoadedKernel(cubin, name)
-    bufs = [DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(np.float32)),
-            DeviceBuffer(4 * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32))]
+    bufs = [DeviceBuffer.of(np.random.default_rng(0).standard_normal(k * n).astype(element)),
+            DeviceBuffer(np.dtype(element).itemsize * m * n), DeviceBuffer.of(np.asarray(cluster_of, np.int32))]
     try:
         args = [("ptr", bufs[0].ptr), ("ptr", bufs[1].ptr), ("int", n), ("ptr", bufs[2].ptr)]
         return timed_launch(kernel, layout.grid(n, n1), n1, args, smem_bytes, options)
@@ -499,22 +519,31 @@ class CudaTimer:
         if launch.cubin is None:
             return Timing(self.name, float("inf"), Status.ERROR, "no cubin to launch")
         layout = launch.launch_layout
+        element = np.float16 if launch.design.half else np.float32
         if launch.clusters is not None:
             return time_proxy_cubin(launch.cubin, launch.kernel, layout, launch.m, launch.k, launch.n, launch.n1,
-                                    launch.clusters.cluster_of, launch.smem_bytes, self.options)
+                                    launch.clusters.cluster_of, launch.smem_bytes, self.options, element)
         if launch.conv is not None:
             g = launch.conv
             return time_conv_kernel_cubin(launch.cubin, launch.kernel, layout, launch.m, g,
                                           launch.n // (g.h_out * g.w_out), self.options)
         return time_full_kernel_cubin(launch.cubin, launch.kernel, layout, launch.m, launch.k, launch.n,
-                                      self.options)
+                                      self.options, element)
 
-    def dense(self, m: int, k: int, n: int) -> Timing:
-        return dense_sgemm_time(m, k, n, self.options)
+    def dense(self, m: int, k: int, n: int, dtype: str = "fp32") -> Timing:
+        return dense_sgemm_time(m, k, n, self.options, dtype)
 
     def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> float:
         """Max relative error of the full kernel against scipy (a conv kernel: against a reference
-        convolution of 2 images), run on this GPU."""
+        convolution of 2 images), run on this GPU. A half kernel's (`matrix` its rounded A): its
+        normalised error against the float64 product (codegen_half.normalised_error), for the
+        caller to hold against codegen_half.error_bound's γ."""
+        if launch.design.half:
+            from lospmm.stages.codegen_half import error_bound, precision_of
+
+            _, eta = error_bound(matrix, precision_of(launch.design))
+            return check_half_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, n,
+                                     launch.design.dtype, eta, epilogue=launch.epilogue)
         if launch.conv is not None:
             return check_conv_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, launch.conv,
                                      launch.epilogue)

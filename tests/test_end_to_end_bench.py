@@ -20,3 +20,16 @@ def test_the_end_to_end_benchmark_writes_its_rows(tmp_path, prefect_server):
                                                                            "cpu (host emulation)")
     assert row["max_rel_diff"] < 1e-5 and row["top1_agreement"] == 1.0
     assert row["dense_ms"] > 0 and row["ours_ms"] > 0
+
+
+def test_a_half_model_end_to_end_is_served_by_half_kernels_against_itself_dense_in_half(tmp_path, prefect_server):
+    """Issue 23's whole-model rows: the model in fp16, searched and served by fp16 kernels; the one
+    baseline is the same pruned model dense in fp16, and the difference is against it in float32."""
+    from benchmarks.end_to_end import main
+
+    rows = main(["--models", "tiny-cnn", "--batches", "2", "--search-batch", "2", "--repeats", "1", "--rounds", "1",
+                 "--sparsity", "0.7", "--jobs", "2", "--artifacts", str(tmp_path / "art"), "--dtype", "fp16",
+                 "--out", str(tmp_path / "e2e16.parquet")])
+    (row,) = rows
+    assert (row["dtype"], row["baseline"], row["mode"]) == ("fp16", "fp16", "eager")
+    assert 0 < row["max_rel_diff"] < 5e-3 and row["top1_agreement"] == 1.0  # fp16's rounding, not a wrong kernel

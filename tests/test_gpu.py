@@ -99,7 +99,7 @@ def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(p
     p = Precision(*precision)
     a, _ = rounded_matrix(random_pruned(130, 200, 0.85, np.random.default_rng(0)), p.dtype)
     kernel = half_kernel_source(a, reordered_tiles(a, 4), 64, p, CodegenParams(design=design_named(loads)))
-    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4))
+    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4, design=kernel.design))
     assert compiled.status == "ok", compiled.log[-500:]
     for n in (1, 32, 333):
         b = to_dtype_bits(np.random.default_rng(n).standard_normal((200, n)), p.dtype)
@@ -107,6 +107,38 @@ def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(p
         assert np.array_equal(on_device, half_gemm_on_host(kernel, b)), n
         if p.accumulate == "packed" and not p.promote_every:
             assert np.array_equal(on_device, packed_reference(a, b, p.dtype)), n
+
+
+@pytest.mark.parametrize("design", ["fp16,chained", "bf16,acc=f32"])
+def test_a_half_kernel_with_its_epilogue_and_its_proxy_run_right_on_the_device(design):
+    """The device check of a half kernel (runtime.check_half_kernel, what a half run's emit stage
+    runs): bias and GELU fused, within the rounding bound at N 1, 31, 32, 4096; a half proxy and the
+    full kernel timed by the cuda timer with 2-byte buffers."""
+    from lospmm.runtime import CudaTimer, check_half_kernel, device_facts
+    from lospmm.stages.codegen import CodegenParams, Epilogue, design_named
+    from lospmm.stages.codegen_half import error_bound, precision_of, rounded_matrix
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.rank import RankParams
+    from lospmm.stages.search import SearchParams, layer_search, proxy_timings
+    from lospmm.stages.sources import kernel_source
+
+    d = design_named(design)
+    a, _ = rounded_matrix(random_pruned(130, 200, 0.85, np.random.default_rng(0)), d.dtype)
+    epilogue = Epilogue(tuple(np.linspace(-1, 1, 130).tolist()), "gelu")
+    search = layer_search(a, 4096, 0.85, device_named("h100"), None,
+                          SearchParams(m1s=(4,), design=d, rank=RankParams(use_rank=False)))
+    kernel = kernel_source(a, search.tiles[4], 64, CodegenParams(design=d), epilogue)
+    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4, design=d))
+    assert compiled.status == "ok", compiled.log[-500:]
+    gamma, eta = error_bound(a, precision_of(d))
+    for n in (1, 31, 32, 4096):
+        assert check_half_kernel(compiled.cubin, kernel.name, kernel.layout, a, n, d.dtype, eta, n,
+                                 epilogue) <= gamma, n
+    timer = CudaTimer(device_named("h100"), device_facts()["name"])
+    timings = proxy_timings(search, 130, 200, 4096, timer)
+    assert timings and all(0 < t.time_us < 1e4 for t in timings.values())
 
 
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):

@@ -82,3 +82,46 @@ def test_the_headline_plan_chooses_tiles_with_the_search(monkeypatch):
     (p,) = ks.headline_plan("chained,v=2", sparsities=(0.95,), models=("bert-base",))
     assert p.design == ks.design_named("chained,v=2").label and p.m1 >= 1 and p.n1 % 32 == 0
     assert "search" in p.chosen_by and np.isclose(p.sparsity, 0.95)
+
+
+def test_the_half_set_puts_each_variant_and_the_fp32_pair_kernel_on_the_half_searchs_tile(tmp_path):
+    """Issue 23's device set, built here: the fp16 search's tile, each half variant on it and the
+    fp32 kernel of the same columns per thread; each half kernel right on the host within its
+    rounding bound, on the rounded A the bundle carries for the device check."""
+    from lospmm.hostemu import checked_half_kernel
+    from lospmm.sparse_file import read_matrix
+    from lospmm.stages.codegen_half import error_bound, precision_of
+
+    plan = ks.half_plan(sparsities=(0.9,), batches=(4,), models=("mobilenetv2",),
+                        layers=(("mobilenetv2", "features.1.conv.1"),), variants=("fp16,chained", "bf16,acc=f32,chained"))
+    assert [ks.design_named(p.design).dtype for p in plan] == ["fp16", "bf16", "fp32"]
+    assert len({(p.m1, p.n1) for p in plan}) == 1 and plan[-1].design == ks.design_named(ks.FP32_SAME_TILE).label
+    table = ks.build(plan, tmp_path / "bundle", jobs=1, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    rows = pq.read_table(table).to_pylist()
+    assert [r["status"] for r in rows] == ["ok"] * 3 and [r["spill_bytes"] for r in rows] == [0] * 3
+    for r, p in zip(rows[:2], plan):
+        precision = precision_of(ks.design_named(p.design))
+        a = read_matrix(tmp_path / "bundle" / "a" / f"{r['matrix']}.parquet")
+        assert json.loads(r["launch"])["columns_per_thread"] == 2
+        source = ks.source_of(p, a)
+        assert source.name == r["kernel"]
+        gamma, eta = error_bound(a, precision)
+        error, _, _ = checked_half_kernel(source, a, 10, precision.dtype, bound=gamma, absolute=eta)
+        assert error <= gamma
+
+
+def test_the_half_table_joins_our_fp32_kernel_on_the_same_tile_and_the_summary_follows_the_issue():
+    common = {"set": "half", "model": "m", "layer": "l", "m": 8, "k": 8, "n": 64, "nnz": 6, "sparsity": 0.9,
+              "batch": 4, "m1": 2, "n1": 32, "status": "ok", "spread": 0.01}
+    rows = [common | {"design": ks.design_named("fp16,chained").label, "dtype": "fp16", "accumulate": "fp16-packed",
+                      "ours_us": 5.0, "fp16_us": 20.0, "max_rel_error": 1e-3, "cublas_max_rel_error": 1e-3},
+            common | {"design": ks.design_named("fp16,acc=f32,chained").label, "dtype": "fp16",
+                      "accumulate": "fp16-f32", "ours_us": 8.0, "fp16_us": 20.0, "max_rel_error": 3e-3,
+                      "cublas_max_rel_error": 1e-3},
+            common | {"design": ks.design_named(ks.FP32_SAME_TILE).label, "ours_us": 10.0, "sgemm_us": 30.0}]
+    half = ks.half_rows(rows)
+    assert [(r["dtype"], r["cublas_same_dtype_us"], r["ours_fp32_us"]) for r in half] == [("fp16", 20.0, 10.0)] * 2
+    summary = {r["kernels"]: r for r in ks.half_summary(half)}
+    assert summary["fp16-packed"]["vs cuBLAS same dtype (geomean, work-bound)"] == pytest.approx(4.0)
+    assert summary["fp16-packed"]["vs ours fp32, same tile"] == pytest.approx(2.0)
+    assert summary["fp16-packed"]["within 2x cuBLAS error"] == 1 and summary["fp16-f32"]["within 2x cuBLAS error"] == 0

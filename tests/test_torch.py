@@ -585,18 +585,37 @@ def test_a_kernel_fusing_an_activation_but_not_the_modules_bias_is_refused(tmp_p
 
 def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_server):
     """An fp16 model: its file keeps fp16, the run's kernels are fp16 (half kernels, GEMM form, the
-    model's own bias and activations after them), and the served model computes in fp16 — no silent
-    upcast — within fp16's rounding of the pruned model computed in float64."""
+    model's bias and ReLU fused), and the served model computes in fp16 — no silent upcast — within
+    fp16's rounding of the pruned model computed in float64."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(24, 32), nn.ReLU(), nn.Linear(32, 8)).eval().half()
     x = torch.randn(6, 24).half()
     root = tmp_path / "artifacts"
     run_id = lt.search(model, x, sparsity=0.7, artifacts=root, name="mlp16", m1s=(1, 2), jobs=2)
     fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
-    assert {r.layer: (r.module, r.fused) for r in fast.lospmm_replacements} == {"0.weight": ("0", ""),
-                                                                               "2.weight": ("2", "")}
+    # the bias and the ReLU fused into the half kernels, as in fp32
+    assert {r.layer: (r.module, r.fused) for r in fast.lospmm_replacements} == {"0.weight": ("0", "bias+relu"),
+                                                                               "2.weight": ("2", "bias")}
     facts = fast[0].kernel.facts
     assert facts["precision"]["dtype"] == "fp16" and facts["host_check"]["status"] == "ok"
+    assert facts["design"]["dtype"] == "fp16" and facts["launch"]["columns_per_thread"] == 2
+    # searched as a half kernel: half candidates (B tiles 2·N1 wide), half proxies, the half ranker,
+    # and an estimate of the half kernel itself
+    from lospmm.flows.storage.ranker_store import ranker_metadata, shipped_ranker
+    from lospmm.flows.storage.runs import artifacts_of, run_record
+    from lospmm.flows.storage.store import read_artifact
+
+    record = run_record(str(root), run_id)
+
+    def rows(stage):
+        return [r for e in artifacts_of(record, stage) for r in read_artifact(root / e["path"]).to_pylist()]
+
+    assert all(r["num_b_tiles"] == -(-r["n"] // (2 * r["n1"])) for r in rows("constrain") if r["n1"])
+    assert {r["ranker"] for r in rows("rank")} == {f"lambdamart:{ranker_metadata(shipped_ranker(half=True))['version']}"}
+    proxies = [r["kernel"] for r in rows("compile") if r["status"] == "ok"]
+    assert proxies and all(k.startswith("lospmm_half_proxy") for k in proxies)
+    emitted = rows("emit")
+    assert {r["dtype"] for r in emitted} == {"fp16"} and all(r["full_time_us"] > 0 for r in emitted)
     got = fast(x)
     assert got.dtype == torch.float16
     with torch.no_grad():

@@ -10,14 +10,14 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from lospmm.flows.inputs.onnx_model import is_onnx
 from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
-from lospmm.stages.codegen import KernelDesign, design_named
+from lospmm.stages.codegen import BASELINE, KernelDesign, design_named
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
@@ -48,7 +48,8 @@ class RunConfig:
     cluster through prefect-dask; its workers must see the artifact root at the same path),
     implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
-    codegen.design_named's tokens, `--design`), input_shapes=() (an ONNX model's inputs whose dims
+    codegen.design_named's tokens, `--design`; a half source's is its half form: source_design),
+    dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
     to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also
     the row count of a checkpoint's pooler, one row per sequence)."""
@@ -80,6 +81,8 @@ class RunConfig:
     design: str = "baseline"
     input_shapes: tuple[str, ...] = ()
     dtype: str = ""  # the emitted kernels' B and C: fp32, fp16, bf16; "": the weights' own (fp32 for the zoo)
+    accumulate: str = ""  # a half run's sums: packed (in the dtype; ""), or f32
+    promote_every: int = 0  # a half run's packed sums moved into fp32 every this many nonzeros of a row (0: never)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -113,11 +116,21 @@ class RunPlan:
     proxy_check: ProxyCheck = field(default_factory=ProxyCheck)
     emit: EmitParams = field(default_factory=EmitParams)
     jobs: int = 1
+    half_ranker: RankerRef | None = None  # the half sources' (None: the run has none)
 
     @property
     def sparsities(self) -> tuple[float, ...]:
         """Each requested sparsity once, in the order given (`--sparsity 0.9 0.9` is one run of 0.9)."""
         return tuple(dict.fromkeys(float(s) for s in self.config.sparsities))
+
+    def ranker_for(self, source: Source) -> RankerRef:
+        """The ranker of `source`'s candidates: the half kernels' model for an fp16/bf16 source."""
+        return self.half_ranker if source.dtype != "fp32" and self.half_ranker is not None else self.ranker
+
+    def design_for(self, source: Source) -> KernelDesign:
+        """The kernel design `source`'s search and kernels follow: the run's, in the source's dtype
+        (a half source's: one packed pair per thread, the run's accumulation)."""
+        return source_design(self.search.design, source.dtype, self.config.accumulate, self.config.promote_every)
 
 
 MIN_FREE_BYTES = 256 * 2**20  # below this a run would fail writing artifacts or compile-cache entries
@@ -131,15 +144,24 @@ def resolved(cfg: RunConfig) -> RunPlan:
     stages = cfg.stages()
     rank = RankParams(top_k=cfg.top_k, use_rank=cfg.rank)
     sources = tuple(_sources(cfg, told))
+    design = run_design(cfg.design)
     for source in sources:
         checked_dtype(source, device)
+        try:
+            source_design(design, source.dtype, cfg.accumulate, cfg.promote_every)
+        except ValueError as e:
+            raise ConfigError(f"{source.label}: {source.dtype} kernels: {e}") from None
+    if (cfg.accumulate or cfg.promote_every) and all(s.dtype == "fp32" for s in sources):
+        raise ConfigError("--accumulate and --promote-every are a half run's (fp16 or bf16 kernels: --dtype, or "
+                          "half weights)")
     return RunPlan(
         config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=sources, device=device,
         timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
+        half_ranker=_ranker(cfg, stages, half=True) if any(s.dtype != "fp32" for s in sources) else None,
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
-                            rank=rank, design=run_design(cfg.design)),
+                            rank=rank, design=design),
         emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
 
 
@@ -167,6 +189,9 @@ def run_design(text: str) -> KernelDesign:
         design = design_named(text)
     except ValueError as e:
         raise ConfigError(f"--design: {e}") from None
+    if design.half:
+        raise ConfigError(f"--design {text}: a run's kernels take their dtype from --dtype (or the weights), and a "
+                          f"half run's sums from --accumulate and --promote-every")
     if design.a_values == "streamed":
         raise ConfigError("--design streamed: the search times proxies of baked kernels; build a streamed kernel "
                           "with `lospmm kernel --design streamed` (or benchmarks/kernel_speed.py)")
@@ -222,14 +247,17 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-def _ranker(cfg: RunConfig, stages: tuple[str, ...]) -> RankerRef:
+def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool = False) -> RankerRef:
+    """The ranker of the run's fp32 sources, or (`half`) of its fp16/bf16 ones: --ranker for both when
+    given, else the shipped model of the kernels' kind."""
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
-    from lospmm.flows.storage.ranker_store import RankerError, load_ranker
+    from lospmm.flows.storage.ranker_store import RankerError, load_ranker, shipped_ranker
 
+    path = cfg.ranker or (str(shipped_ranker(half=True)) if half else None)
     try:
-        _, meta = load_ranker(cfg.ranker)  # the model itself, not only its metadata: a bad file fails here
-        return RankerRef(cfg.ranker, meta["version"])
+        _, meta = load_ranker(path)  # the model itself, not only its metadata: a bad file fails here
+        return RankerRef(path, meta["version"])
     except (RankerError, KeyError) as e:
         raise ConfigError(f"--ranker: {e}") from None
 
@@ -252,6 +280,17 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                           sequences=0 if onnx else _pooler_rows(cfg, path),
                           dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path))))
     return out
+
+
+def source_design(design: KernelDesign, dtype: str, accumulate: str = "", promote_every: int = 0) -> KernelDesign:
+    """`design` (a run's, fp32) for kernels of `dtype`: unchanged for fp32 (the sums are a half
+    source's), else the half design with its loads (ValueError when the design has no half form)."""
+    if dtype == "fp32":
+        return design
+    if design.code_key not in (BASELINE.code_key, replace(BASELINE, loads="chained").code_key):
+        raise ValueError(f"design {design.label}: a half kernel holds one packed pair per thread in the baseline's "
+                         f"grid (tile-x, one walk), with based or chained loads, so far")
+    return replace(design, dtype=dtype, columns_per_thread=2, accumulate=accumulate, promote_every=promote_every)
 
 
 def checked_dtype(source: Source, device: Device) -> None:
@@ -347,6 +386,10 @@ def checked_settings(cfg: RunConfig) -> Device:
     run_design(cfg.design)
     if cfg.dtype not in ("", "fp32", "fp16", "bf16"):
         raise ConfigError(f"--dtype {cfg.dtype!r}: choose fp32, fp16 or bf16 (or leave it out: the weights' own)")
+    if cfg.accumulate not in ("", "packed", "f32"):
+        raise ConfigError(f"--accumulate {cfg.accumulate!r}: choose packed or f32")
+    if cfg.promote_every < 0 or (cfg.promote_every and cfg.accumulate == "f32"):
+        raise ConfigError(f"--promote-every {cfg.promote_every}: a count >= 1 of a packed sum's nonzeros (0: never)")
     try:
         device = device_named(cfg.gpu)
     except ValueError as e:

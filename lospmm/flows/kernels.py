@@ -24,7 +24,8 @@ from lospmm.sparse_file import write_matrix
 from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference, checked_half_kernel
 from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,
                                    conv_kernel_source, design_of_facts, full_kernel_source)
-from lospmm.stages.codegen_half import Precision, error_bound, half_kernel_source, rounded_matrix
+from lospmm.stages.codegen_half import (Precision, error_bound, half_design, half_kernel_source, precision_of,
+                                        rounded_matrix)
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.devices import device_named
 from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
@@ -41,7 +42,11 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
     layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`: what the kernel
     fuses (default: what the run's emit stage fuses into this layer — its bias and activation).
-    `precision`: a half kernel (fp16/bf16, codegen_half) of the same tile, A rounded to its dtype."""
+    `precision`: a half kernel (fp16/bf16, codegen_half) of the same tile, A rounded to its dtype
+    (or give a half `design`)."""
+    if precision is not None:
+        design = half_design(precision, design)
+    precision = precision_of(design)
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -73,13 +78,8 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         if epilogue.activation not in ("", "relu"):
             raise ValueError(f"{layer}: --relu: the run fuses {epilogue.activation} into this layer's kernel")
         epilogue = Epilogue(epilogue.bias, "relu")
-    if precision is not None and not epilogue.empty:
-        raise ValueError(f"{layer}: a half kernel fuses no bias or activation yet; the run fuses "
-                         f"{'a bias' if epilogue.bias else ''}{' and ' if epilogue.bias and epilogue.activation else ''}"
-                         f"{epilogue.activation}")
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
-                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
-                          precision=precision)
+                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue)
 
 
 def checked_unchanged(path: str, sha256: str) -> None:
@@ -126,13 +126,17 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise).
     `conv`: the geometry of an implicit-im2col convolution kernel; `epilogue`: the bias and activation
     the kernel fuses, checked with them; `precision`: a half kernel (B and C in fp16/bf16), A rounded
-    to its dtype first (weight.parquet holds the rounded A; kernel.json what rounding lost)."""
+    to its dtype first (weight.parquet holds the rounded A; kernel.json what rounding lost); a half
+    `design` says the same."""
     rounding = None
     if precision is not None:
-        if conv is not None or not epilogue.empty:
-            raise ValueError("a half kernel is a GEMM kernel without an epilogue so far (no conv, bias or activation)")
+        design = half_design(precision, design)
+    precision = precision_of(design)
+    if precision is not None:
+        if conv is not None:
+            raise ValueError("a half kernel is a GEMM kernel so far (no implicit-im2col convolution)")
         matrix, rounding = rounded_matrix(matrix, precision.dtype)
-        kernel = half_kernel_source(matrix, tiles, n1, precision, CodegenParams(design=design))
+        kernel = half_kernel_source(matrix, tiles, n1, None, CodegenParams(design=design), epilogue)
     elif conv is None:
         kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue)
     else:
@@ -167,7 +171,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
             if precision is not None:  # against the float64 product of the same rounded A and B
                 gamma, eta = error_bound(matrix, precision)
                 error, _, _ = checked_half_kernel(kernel, matrix, n, precision.dtype, sanitize=True, bound=gamma,
-                                                  absolute=eta)
+                                                  absolute=eta, epilogue=epilogue)
                 facts["host_check"] = {"normalised_error": error, "bound": gamma, "n": n, "sanitizer": "address",
                                        "status": Status.OK}
             elif conv is None:
@@ -208,13 +212,15 @@ def _json_safe(value):
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
                   params: EmitParams, logger, compile_units: UnitCompiler | None = None,
                   conv: ConvGeometry | None = None, design: KernelDesign = BASELINE,
-                  epilogue: Epilogue = Epilogue(), precision: Precision | None = None) -> dict:
+                  epilogue: Epilogue = Epilogue()) -> dict:
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
     `conv`: the layer's geometry, for an implicit-im2col convolution kernel; `epilogue`: the bias and
-    activation fused into it (layer_epilogue); `precision`: a half kernel (no conv or epilogue form yet),
-    checked on the host against the same rounded product wherever the run is (no device check of one yet)."""
+    activation fused into it (layer_epilogue). A half `design` emits a half kernel (GEMM form; no
+    implicit-im2col convolution yet), checked against the float64 product of the same rounded A and
+    B through its epilogue (on the device where the timer runs binaries, else on the host)."""
+    precision = precision_of(design)
     layer = timed[0]["layer"]
     best = fastest_proxy(timed, params.tie_band if timer.measures else 0.0)  # an estimate has no noise to tie in
     ok = timed_ok(timed)
@@ -233,23 +239,27 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                    comp["thread_spill_bytes"], kernel=facts["kernel"],
                                    layout=LaunchLayout.of_facts(facts), cubin=cubin, conv=conv,
                                    design=design_of_facts(facts), epilogue=epilogue)
-            device_error = None if precision else timer.device_error(full, matrix, params.device_check_n)
-            error, check = checked(device_error, facts.get("host_check"), params)
-            # an estimate models fp32 work: a half kernel's time is a measurement or nothing
-            full_us = timer.time(full).time_us if timer.measures or precision is None else float("nan")
-            # the dense baseline is SGEMM: no speedup is quoted for a half kernel against it (nor its
-            # estimate, which models fp32 work) until both are timed in the kernel's dtype
-            dense_us = float("nan") if precision else timer.dense(full.m, full.k, full.n).time_us
+            if precision is None:
+                device_error = timer.device_error(full, matrix, params.device_check_n)
+                error, check = checked(device_error, facts.get("host_check"), params)
+            else:  # against the float64 product of the same rounded A, within the rounding bound
+                rounded = rounded_matrix(matrix, precision.dtype)[0]
+                device_error = timer.device_error(full, rounded, params.device_check_n)
+                error, check = checked(device_error, facts.get("host_check"), params, error_bound(rounded, precision)[0])
+            full_us = timer.time(full).time_us
+            # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
+            # GEMM for fp16 / bf16
+            dense_us = timer.dense(full.m, full.k, full.n, design.dtype).time_us
             return {"full_time_us": full_us, "dense_time_us": dense_us,
                     "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
                     "max_rel_error": error}
 
         facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
-                               verify=params.verify and (not timer.runs_binary or precision is not None),
+                               verify=params.verify and not timer.runs_binary,
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
                                rtol=params.rtol, compile_units=compile_units,
-                               conv=conv, design=design, epilogue=epilogue, precision=precision)
+                               conv=conv, design=design, epilogue=epilogue)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,

@@ -141,16 +141,25 @@ class KernelDesign:
         "chained" (from the previous load's address: one IMAD.WIDE).
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
-        cubin: code O(1) in the kernel's size, compile time too)."""
+        cubin: code O(1) in the kernel's size, compile time too).
+    dtype: "fp32" (B, C and the literals in float) or "fp16" / "bf16" (codegen_half: B and C in the
+        dtype, each thread's two columns one packed pair, so columns_per_thread is 2, one `fma.rn.f16x2`
+        per nonzero); a half design has the baseline's grid (tile-x, one walk) and baked values so far.
+    accumulate: a half design's sum: "packed" (in the dtype; "" is read as it) or "f32" (B's pair
+        converted to floats, two FFMAs per nonzero); "" for fp32.
+    promote_every: a packed half sum moved into an fp32 pair every this many nonzeros of a row (0: never)."""
 
     order: str = "tile-x"
     column_walks: int = 1
     columns_per_thread: int = 1
     loads: str = "based"
     a_values: str = "baked"
+    dtype: str = "fp32"
+    accumulate: str = ""
+    promote_every: int = 0
 
     def __post_init__(self):
-        choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES}
+        choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
         for field_name, allowed in choices.items():
             if getattr(self, field_name) not in allowed:
                 raise ValueError(f"design {field_name} must be one of {', '.join(allowed)}, "
@@ -159,6 +168,28 @@ class KernelDesign:
             raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
         if self.column_walks < 1:
             raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
+        if self.half:
+            if (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (2, "tile-x", 1, "baked"):
+                raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
+                                 f"(tile-x, one walk) with baked values, so far; got {self.label}")
+            if self.accumulate not in ("", "packed", "f32"):
+                raise ValueError(f"design accumulate {self.accumulate!r}: choose packed or f32")
+            if not self.accumulate:  # one spelling per design: equal designs are equal keys
+                object.__setattr__(self, "accumulate", "packed")
+            if self.promote_every < 0 or (self.promote_every and self.accumulate == "f32"):
+                raise ValueError("design promote_every is a count >= 1 of a packed accumulation's nonzeros (0: never)")
+        elif self.accumulate or self.promote_every:
+            raise ValueError("an fp32 design sums in fp32: accumulate and promote_every are a half design's")
+
+    @property
+    def half(self) -> bool:
+        """B and C in fp16 or bf16 (codegen_half's kernels)."""
+        return self.dtype != "fp32"
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of B and C."""
+        return 2 if self.half else 4
 
     @property
     def looped(self) -> bool:
@@ -167,24 +198,37 @@ class KernelDesign:
     @property
     def code_key(self) -> tuple:
         """What of the design shapes the code: the number of walks is a launch fact, only whether
-        there is a loop is in the text (a kernel looped for 4 walks runs any number)."""
-        return (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
+        there is a loop is in the text (a kernel looped for 4 walks runs any number). An fp32
+        design's key is what it was before half designs existed."""
+        key = (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
+        return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
+
+    @property
+    def _number_label(self) -> str:
+        if not self.half:
+            return ""
+        return (f"{self.dtype}," + ("acc=f32," if self.accumulate == "f32" else "")
+                + (f"promote={self.promote_every}," if self.promote_every else ""))
 
     @property
     def code_label(self) -> str:
         """The part of the label the code shows (a source's header): the walks' count is a launch fact."""
-        return f"{self.a_values},{self.loads},{self.order},{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}"
+        return (f"{self._number_label}{self.a_values},{self.loads},{self.order},"
+                f"{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}")
 
     @property
     def label(self) -> str:
-        """The design as `design_named` reads it back, e.g. "baked,chained,column-x,walks=4,v=4"."""
-        return f"{self.a_values},{self.loads},{self.order},walks={self.column_walks},v={self.columns_per_thread}"
+        """The design as `design_named` reads it back, e.g. "baked,chained,column-x,walks=4,v=4" or
+        "fp16,acc=f32,baked,chained,tile-x,walks=1,v=2"."""
+        return (f"{self._number_label}{self.a_values},{self.loads},{self.order},walks={self.column_walks},"
+                f"v={self.columns_per_thread}")
 
     def facts(self) -> dict:
         return {"label": self.label, **vars(self)}
 
 
 ORDERS = ("tile-x", "column-x")
+DTYPES = ("fp32", "fp16", "bf16")
 MAX_GRID_Y = 65535
 LOADS = ("based", "chained")
 A_VALUES = ("baked", "streamed")
@@ -194,13 +238,20 @@ BASELINE = KernelDesign()
 
 def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
-    `baked|streamed`, `based|chained`, `tile-x|column-x`, `walks=W`, `v=1|2|4`; "baseline" is the
-    default. ValueError naming the token it cannot read."""
+    `baked|streamed`, `based|chained`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, and a half
+    design's `fp16|bf16`, `acc=packed|f32`, `promote=K` (a half design is v=2 unless told);
+    "baseline" is the default. ValueError naming the token it cannot read."""
     values: dict = {}
     for token in (t.strip() for t in text.split(",")):
         if token in ("", "baseline"):
             continue
-        if token in A_VALUES:
+        if token in DTYPES:
+            values["dtype"] = token
+        elif token.startswith("acc=") and token[4:] in ("packed", "f32"):
+            values["accumulate"] = token[4:]
+        elif token.startswith("promote=") and token[8:].isdigit():
+            values["promote_every"] = int(token[8:])
+        elif token in A_VALUES:
             values["a_values"] = token
         elif token in LOADS:
             values["loads"] = token
@@ -211,7 +262,9 @@ def design_named(text: str) -> KernelDesign:
             values["column_walks" if key == "walks" else "columns_per_thread"] = int(value)
         else:
             raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained, "
-                             f"tile-x|column-x, walks=W, v=1|2|4)")
+                             f"tile-x|column-x, walks=W, v=1|2|4, fp16|bf16, acc=packed|f32, promote=K)")
+    if values.get("dtype", "fp32") != "fp32":
+        values.setdefault("columns_per_thread", 2)
     return KernelDesign(**values)
 
 
@@ -470,6 +523,8 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
         if not epilogue.empty:
             raise ValueError(f"design {design.label}: the streamed kernel fuses no epilogue yet")
         return streamed_kernel_source(a, tiles, n1, params)
+    if design.half:
+        raise ValueError(f"design {design.label}: a half kernel is codegen_half's (sources.kernel_source)")
     m, k = a.shape
     v = design.columns_per_thread
     name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
@@ -824,6 +879,8 @@ def proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams = Codege
     design = params.design
     if design.a_values != "baked":
         raise ValueError(f"design {design.label}: a streamed kernel has no proxy (time the kernel itself)")
+    if design.half:
+        raise ValueError(f"design {design.label}: a half proxy is codegen_half's (sources.proxy_source)")
     v = design.columns_per_thread
     lanes, store = _LANES[v], f"lospmm_st{_SUFFIX[v]}"
     name = kernel_name("lospmm_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),

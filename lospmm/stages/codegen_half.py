@@ -20,13 +20,14 @@ computed from the same rounded A and B, so nothing is silently left out of the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
 
-from lospmm.stages.codegen import (BASELINE, PREAMBLE, CodegenParams, KernelDesign, KernelSource, LaunchLayout,
-                                   _checked_tile, _entry_unit, _tile_costs, _units, _zero_blocks, kernel_name)
+from lospmm.stages.codegen import (BASELINE, PREAMBLE, CodegenParams, Epilogue, KernelDesign, activated, KernelSource, LaunchLayout,
+                                   _checked_tile, _entry_unit, _tile_costs, _units, _zero_blocks, kernel_name,
+                                   proxy_layout)
 
 DTYPES = ("fp16", "bf16")
 ACCUMULATIONS = ("packed", "f32")
@@ -55,6 +56,19 @@ class Precision:
 
     def facts(self) -> dict:
         return {"dtype": self.dtype, "accumulate": self.accumulate, "promote_every": self.promote_every}
+
+
+def precision_of(design: KernelDesign) -> Precision | None:
+    """A half design's number format (None for an fp32 design)."""
+    if not design.half:
+        return None
+    return Precision(design.dtype, design.accumulate, design.promote_every)
+
+
+def half_design(precision: Precision, design: KernelDesign = BASELINE) -> KernelDesign:
+    """`design`'s loads in `precision`: one packed pair per thread (v=2), the baseline's grid."""
+    return replace(design, dtype=precision.dtype, accumulate=precision.accumulate,
+                   promote_every=precision.promote_every, columns_per_thread=2)
 
 
 # --- rounding to the dtype (numpy; the host emulation's shim does the same in C) -----------------------
@@ -173,32 +187,46 @@ __device__ __forceinline__ unsigned lospmm_pack_bf16(float lo, float hi) {
 """
 
 
-def half_kernel_source(matrix: sp.csr_matrix, tiles, n1: int, precision: Precision = Precision(),
-                       params: CodegenParams = CodegenParams()) -> KernelSource:
+def half_kernel_source(matrix: sp.csr_matrix, tiles, n1: int, precision: Precision | None = None,
+                       params: CodegenParams = CodegenParams(), epilogue: Epilogue = Epilogue()) -> KernelSource:
     """Alg. 2 in half precision for every A_tile of `tiles` (tiles of the rounded A: call
     rounded_matrix first, so that values that round to zero are not in the tiles), blocks of `n1`
-    threads, two columns per thread. Parameters (B, C, N): B K×N and C M×N in the dtype, N even."""
+    threads, two columns per thread. Parameters (B, C, N): B K×N and C M×N in the dtype, N even.
+    The number format is `precision`, or the half design's of `params.design` (default fp16 packed);
+    the source's design is the half design of both."""
     a = sp.csr_matrix(matrix, dtype=np.float64)
     a.sort_indices()
     _checked_tile(n1)
+    if epilogue.bias and len(epilogue.bias) != a.shape[0]:
+        raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output rows")
     design = params.design
-    if design.code_key not in (BASELINE.code_key, KernelDesign(loads="chained").code_key):
-        raise ValueError(f"design {design.label}: a half kernel takes the baseline's grid and one packed pair per "
-                         f"thread, with based or chained loads, so far")
+    if design.half:
+        if precision is not None and precision != precision_of(design):
+            raise ValueError(f"precision {precision.label} and design {design.label} disagree")
+        precision = precision_of(design)
+    else:
+        if design.code_key not in (BASELINE.code_key, KernelDesign(loads="chained").code_key):
+            raise ValueError(f"design {design.label}: a half kernel takes the baseline's grid and one packed pair per "
+                             f"thread, with based or chained loads, so far")
+        precision = precision or Precision()
+        design = half_design(precision, design)
     bits = to_dtype_bits(a.data, precision.dtype)
     if not np.array_equal(from_dtype_bits(bits, precision.dtype), a.data):
         raise ValueError(f"A holds values that are not {precision.dtype}: round it with rounded_matrix first")
     m, k = a.shape
     name = kernel_name("lospmm_half", m, k, a.indptr.tobytes(), a.indices.tobytes(), bits.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
-                       precision.label, design.loads)
+                       precision.label, design.loads,
+                       *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
     header = (f"// lospmm half kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} "
-              f"prefetch={params.prefetch} {precision.label} loads={design.loads}")
+              f"prefetch={params.prefetch} {precision.label} loads={design.loads}"
+              + (f" bias={bool(epilogue.bias)} activation={epilogue.activation or 'none'}" if not epilogue.empty else ""))
     signature = "(const lospmm_h16* __restrict__ Bn, lospmm_h16* __restrict__ Cn, const int N)"
-    functions = [_half_tile_function(a, t, tiles.tile(t), params.prefetch, precision, signature, design.loads)
-                 for t in range(tiles.num_tiles)]
+    functions = [_half_tile_function(a, t, tiles.tile(t), params.prefetch, precision, signature, design.loads,
+                                     epilogue) for t in range(tiles.num_tiles)]
     zero_functions = [("(lospmm_h16* __restrict__ Cn, const int N)",
-                       "".join(f"  lospmm_sth2(Cn, {r}, N, 0u);\n" for r in rows))
+                       "".join(f"  lospmm_sth2(Cn, {r}, N, {_zero_pair(epilogue, int(r), precision.dtype)});\n"
+                               for r in rows))
                       for rows in _zero_blocks(tiles.empty_rows, max(tiles.m1, 1))]
     head = (f"LOSPMM_KERNEL void {name}(const lospmm_h16* __restrict__ B, lospmm_h16* __restrict__ C, const int N) {{\n"
             f"  if (N % 2 != 0) __trap();\n"
@@ -209,7 +237,7 @@ def half_kernel_source(matrix: sp.csr_matrix, tiles, n1: int, precision: Precisi
     entry = _entry_unit(header, tiles.num_tiles, signature, zero_functions, head, "Bn, Cn, N", "zero_{z}(Cn, N)",
                         "x", preamble)
     units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz, preamble) + [entry]
-    layout = LaunchLayout(tiles.num_tiles + len(zero_functions), n1, 2)
+    layout = LaunchLayout(tiles.num_tiles + len(zero_functions), n1, design.columns_per_thread)
     return KernelSource(name, "full", tuple(units), ("const lospmm_h16* B", "lospmm_h16* C", "int N"), m, k,
                         tiles.m1, layout, tiles.num_tiles, design)
 
@@ -218,63 +246,142 @@ def _pair_literal(bits: int) -> str:
     return f"0x{(bits << 16) | bits:08x}u"
 
 
-def _half_tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int, precision: Precision,
-                        signature: str, loads_from: str = "based") -> str:
+def _zero_pair(epilogue: Epilogue, row: int, dtype: str) -> str:
+    """The stored pair of a row with no nonzero: 0, or its epilogue's value (the activated bias)."""
+    if epilogue.empty:
+        return "0u"
+    x = np.float64(np.float32(epilogue.bias[row]) if epilogue.bias else 0.0)
+    return _pair_literal(int(to_dtype_bits(activated(np.array([x]), epilogue.activation), dtype)[0]))
+
+
+def _half_body(columns: list[int], nonzeros: list[list[tuple[int, int]]], num_rows: int, prefetch: int,
+               precision: Precision, loads_from: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """A half tile's straight-line code: `num_rows` accumulators, the B pair of each of `columns`
+    loaded `prefetch` columns ahead, and per column its nonzeros (row, the value's dtype bits) as
+    packed (or fp32) multiply-adds. Returns the lines and, per row, (lines that finish its sum, the
+    packed pair to store)."""
     dtype = precision.dtype
-    sub = a[rows].tocsc()
-    sub.sort_indices()
-    cols = np.flatnonzero(np.diff(sub.indptr))
-    bits = to_dtype_bits(sub.data, dtype)
     packed = precision.accumulate == "packed"
     promote = precision.promote_every
-    out = [f"LOSPMM_TILE void tile_{t}{signature} {{\n"]
-    if loads_from == "chained":
-        out.append("  const lospmm_h16* p = Bn;\n")
+    out = ["  const lospmm_h16* p = Bn;\n"] if loads_from == "chained" else []
     if packed:
-        out.append("  unsigned " + ", ".join(f"acc{i} = 0u" for i in range(len(rows))) + ";\n")
+        out.append("  unsigned " + ", ".join(f"acc{i} = 0u" for i in range(num_rows)) + ";\n")
     if not packed or promote:
-        out.append("  float " + ", ".join(f"lo{i} = 0.0f, hi{i} = 0.0f" for i in range(len(rows))) + ";\n")
+        out.append("  float " + ", ".join(f"lo{i} = 0.0f, hi{i} = 0.0f" for i in range(num_rows)) + ";\n")
+
     def load(j: int, c: int) -> str:
         if loads_from == "chained":  # from the previous column's address: one IMAD.WIDE and the load
-            step = c - (int(cols[j - 1]) if j else 0)
+            step = c - (columns[j - 1] if j else 0)
             return f"  unsigned b{j}; LOSPMM_LDCH2(b{j}, p, N, {2 * step});\n"
         return f"  const unsigned b{j} = lospmm_ldh2(Bn, {2 * c}, N);\n"
 
-    loads = [load(j, int(c)) + ("" if packed else f"  float bl{j}, bh{j}; lospmm_unpack_{dtype}(b{j}, bl{j}, bh{j});\n")
-             for j, c in enumerate(cols)]
+    loads = [load(j, c) + ("" if packed else f"  float bl{j}, bh{j}; lospmm_unpack_{dtype}(b{j}, bl{j}, bh{j});\n")
+             for j, c in enumerate(columns)]
     out.extend(loads[:prefetch])
-    counts = np.zeros(len(rows), np.int64)
-    for j, c in enumerate(cols):
+    counts = np.zeros(num_rows, np.int64)
+    for j in range(len(columns)):
         if j + prefetch < len(loads):
             out.append(loads[j + prefetch])
         statements = []
-        for p in range(sub.indptr[c], sub.indptr[c + 1]):
-            i = int(sub.indices[p])
+        for i, bits in nonzeros[j]:
             if packed:
-                statements.append(f"acc{i} = lospmm_fma_{dtype}({_pair_literal(int(bits[p]))}, b{j}, acc{i});")
+                statements.append(f"acc{i} = lospmm_fma_{dtype}({_pair_literal(bits)}, b{j}, acc{i});")
                 counts[i] += 1
                 if promote and counts[i] % promote == 0:
                     statements.append(_promoted(i, dtype))
             else:
-                lit = np.format_float_scientific(np.float32(from_dtype_bits(bits[p:p + 1], dtype)[0]), unique=True,
+                lit = np.format_float_scientific(np.float32(from_dtype_bits(np.array([bits]), dtype)[0]), unique=True,
                                                  trim="0") + "f"
                 statements.append(f"lo{i} = fmaf(bl{j}, {lit}, lo{i}); hi{i} = fmaf(bh{j}, {lit}, hi{i});")
         out.append("  " + " ".join(statements) + "\n")
-    for i, r in enumerate(rows):
+    finish = []
+    for i in range(num_rows):
         if packed and not promote:
-            value = f"acc{i}"
+            finish.append(("", f"acc{i}", None))
         else:
-            if packed and counts[i] % promote:
-                out.append("  " + _promoted(i, dtype) + "\n")
-            value = f"lospmm_pack_{dtype}(lo{i}, hi{i})"
-        out.append(f"  lospmm_sth2(Cn, {int(r)}, N, {value});\n")
-    out.append("  LOSPMM_TILE_END\n}\n")
-    return "".join(out)
+            pending = "  " + _promoted(i, dtype) + "\n" if packed and counts[i] % promote else ""
+            finish.append((pending, None, (f"lo{i}", f"hi{i}")))
+    return out, finish
+
+
+def _store(finish: tuple, row: int, dtype: str, epilogue: Epilogue, target: str = "", guard: str = "") -> str:
+    """The lines that store one row's pair (`finish`: _half_body's (pending lines, packed sum, fp32
+    pair)) to C's row `target` (default: `row`), through `epilogue` (row `row`'s bias): the pair as
+    two floats, the bias added and the activation applied in fp32, rounded once to the dtype at the
+    pack. `guard`: a condition the store is under."""
+    pending, packed, floats = finish
+    where = f"if ({guard}) " if guard else ""
+    target = target or str(row)
+    if epilogue.empty:
+        value = packed if packed else f"lospmm_pack_{dtype}({floats[0]}, {floats[1]})"
+        return f"{pending}  {where}lospmm_sth2(Cn, {target}, N, {value});\n"
+    lo, hi = floats or ("l", "h")
+    unpack = f"float l, h; lospmm_unpack_{dtype}({packed}, l, h); " if packed else ""
+    value = f"lospmm_pack_{dtype}({epilogue.applied(lo, row)}, {epilogue.applied(hi, row)})"
+    return f"{pending}  {where}{{ {unpack}lospmm_sth2(Cn, {target}, N, {value}); }}\n"
+
+
+def _half_tile_function(a: sp.csr_matrix, t: int, rows: np.ndarray, prefetch: int, precision: Precision,
+                        signature: str, loads_from: str = "based", epilogue: Epilogue = Epilogue()) -> str:
+    sub = a[rows].tocsc()
+    sub.sort_indices()
+    cols = np.flatnonzero(np.diff(sub.indptr))
+    bits = to_dtype_bits(sub.data, precision.dtype)
+    nonzeros = [[(int(sub.indices[p]), int(bits[p])) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
+    body, finish = _half_body([int(c) for c in cols], nonzeros, len(rows), prefetch, precision, loads_from)
+    stores = [_store(f, int(r), precision.dtype, epilogue) for r, f in zip(rows, finish)]
+    return "".join([f"LOSPMM_TILE void tile_{t}{signature} {{\n", *body, *stores, "  LOSPMM_TILE_END\n}\n"])
 
 
 def _promoted(i: int, dtype: str) -> str:
     """The packed sum of row i added into its fp32 pair, and reset."""
     return (f"{{ float l, h; lospmm_unpack_{dtype}(acc{i}, l, h); lo{i} += l; hi{i} += h; acc{i} = 0u; }}")
+
+
+def half_proxy_kernel_source(m: int, k: int, clusters, params: CodegenParams) -> KernelSource:
+    """The M1 proxy (§5.1, codegen.proxy_kernel_source) of a half design (`params.design`): one block
+    function per cluster, NNC_p loads of a B pair and CPL packed multiply-adds each (of distinct
+    literal pairs, so none fold), in the design's accumulation and loads; rows tile·M1 + i of C
+    from the block index (rows past M skipped). Parameters (B, C, N, cluster_of), N even."""
+    design = params.design
+    precision = precision_of(design)
+    if precision is None:
+        raise ValueError(f"design {design.label} is not a half design")
+    m1 = clusters.m1
+    name = kernel_name("lospmm_half_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
+                       b"".join(c.tobytes() for c in clusters.columns), params.prefetch, params.shard_nnz,
+                       precision.label, design.loads)
+    header = (f"// lospmm half proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} "
+              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()} {precision.label} loads={design.loads}")
+    signature = "(const lospmm_h16* __restrict__ Bn, lospmm_h16* __restrict__ Cn, const int N)"
+    functions = []
+    for c in range(clusters.num_clusters):
+        cols, cpl = [int(x) for x in clusters.columns[c]], int(clusters.cpl[c])
+        slots = [[(j * cpl + q) % m1 for q in range(cpl)] for j in range(len(cols))]
+        values = to_dtype_bits(np.array([[1 + ((j * cpl + q) % 97) / 128 for q in range(cpl)] for j in range(len(cols))],
+                                        np.float64).reshape(len(cols), cpl), precision.dtype)
+        nonzeros = [[(i, int(values[j, q])) for q, i in enumerate(slots[j])] for j in range(len(cols))]
+        body, finish = _half_body(cols, nonzeros, m1, params.prefetch, precision, design.loads)
+        stores = ["  { const int r0 = blockIdx.x * " + str(m1) + ";\n",
+                  *(_store(f, i, precision.dtype, Epilogue(), f"r0 + {i}", f"r0 + {i} < {m}")
+                    for i, f in enumerate(finish)),
+                  "  }\n"]
+        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{signature} {{\n", *body, *stores,
+                                  "  LOSPMM_TILE_END\n}\n"]))
+    costs = [len(clusters.columns[c]) * int(clusters.cpl[c]) for c in range(clusters.num_clusters)]
+    cases = "".join(f"    case {c}: proxy_{c}(Bn, Cn, N); break;\n" for c in range(clusters.num_clusters))
+    preamble = PREAMBLE + HALF_PREAMBLE
+    entry = (preamble + header + " (entry unit)\n"
+             + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
+             + f"LOSPMM_KERNEL void {name}(const lospmm_h16* __restrict__ B, lospmm_h16* __restrict__ C, const int N, "
+             f"const int* __restrict__ cluster_of) {{\n"
+             + "  if (N % 2 != 0) __trap();\n  const int n = blockIdx.y * (blockDim.x * 2) + threadIdx.x * 2;\n"
+             + "  if (n >= N) return;\n  const lospmm_h16* Bn = B + n;\n  lospmm_h16* Cn = C + n;\n"
+             + f"  switch (cluster_of[blockIdx.x]) {{\n{cases}    default: break;\n  }}\n}}\n")
+    units = _units("proxy", functions, costs, params.shard_nnz, preamble) + [entry]
+    return KernelSource(name, "proxy", tuple(units),
+                        ("const lospmm_h16* B", "lospmm_h16* C", "int N", "const int* cluster_of"),
+                        m, k, m1, proxy_layout(len(clusters.cluster_of), design), len(clusters.cluster_of), design)
 
 
 # --- the reference and the check -------------------------------------------------------------------
@@ -326,13 +433,29 @@ def error_bound(matrix: sp.csr_matrix, precision: Precision) -> tuple[float, flo
     return min(gamma, 1.0), k * SUBNORMAL_SPACING[precision.dtype] / 2
 
 
-def normalised_error(c: np.ndarray, matrix: sp.csr_matrix, b: np.ndarray, absolute: float = 0.0) -> float:
-    """max over outputs of (|C − A·B| − `absolute`)⁺ / (‖A's row‖₂ · ‖B's column‖₂), the float64
-    reference on the same rounded A and B (issue 23's accuracy measure; `absolute`: the error a
-    rounding among subnormals may add, error_bound's η)."""
+# an epilogue's rounding beyond the sum's: its fp32 add and activation (erff within 2 ulps), relative
+# to the pre-activation value, and the one rounding to the dtype at the pack, relative to the output
+EPILOGUE_FP32_ROUNDING = 2.0 ** -22
+GELU_LIPSCHITZ = 1.13  # max |gelu'(x)| ≈ 1.129: a sum's error grows by at most this through the GELU
+
+
+def normalised_error(c: np.ndarray, matrix: sp.csr_matrix, b: np.ndarray, absolute: float = 0.0,
+                     epilogue: Epilogue = Epilogue(), dtype: str = "fp16") -> float:
+    """max over outputs of (|C − ref| − `absolute`)⁺ / (‖A's row‖₂ · ‖B's column‖₂), ref = A·B in
+    float64 on the same rounded A and B (issue 23's accuracy measure; `absolute`: the error a
+    rounding among subnormals may add, error_bound's η). Through an `epilogue`, ref is its
+    activation of A·B + bias; each output's allowance adds the epilogue's own roundings (fp32 for
+    the bias and activation, one rounding to `dtype` at the store) and the sum's error is divided
+    by the activation's Lipschitz bound, so the result is held against the same γ."""
     a = sp.csr_matrix(matrix, dtype=np.float64)
     ref = a @ b
     scale = np.sqrt(np.asarray(a.multiply(a).sum(axis=1))).reshape(-1, 1) * np.linalg.norm(b, axis=0).reshape(1, -1)
+    if not epilogue.empty:
+        pre = Epilogue(epilogue.bias).reference(ref)
+        ref = epilogue.reference(ref)
+        lipschitz = GELU_LIPSCHITZ if epilogue.activation == "gelu" else 1.0
+        absolute = lipschitz * absolute + EPILOGUE_FP32_ROUNDING * np.abs(pre) + UNIT_ROUNDOFF[dtype] * np.abs(ref)
+        scale = lipschitz * scale
     err = np.maximum(np.abs(np.asarray(c, np.float64) - ref) - absolute, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(scale > 0, err / np.where(scale > 0, scale, 1.0), np.where(err > 0, np.inf, 0.0))

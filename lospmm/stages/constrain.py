@@ -105,9 +105,17 @@ def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams(), de
     """Registers per thread of Alg. 2's thread tile (see the module docstring for the calibration),
     for a kernel of `design`: with V columns per thread its accumulators and B values are V wide,
     and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a looped
-    design carries the walk's column and stride and B and C (`loop_regs`)."""
+    design carries the walk's column and stride and B and C (`loop_regs`). A half design's sums are
+    one register per row when packed, two when in fp32, three when promoted."""
     v = design.columns_per_thread
-    if v == 1:
+    if design.half:
+        # a packed sum holds a row's two columns in one register; an fp32 sum two floats (and each B
+        # pair is unpacked to two); a promoted sum both
+        packed = design.accumulate == "packed"
+        sums = m1 * (1 if packed else 2) + (2 * m1 if design.promote_every else 0)
+        regs = (sums + int(params.extra_regs_per_row * sums) + params.prefetch_regs * (1 if packed else 2)
+                + params.overhead_regs)
+    elif v == 1:
         regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
     else:
         regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs

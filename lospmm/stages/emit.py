@@ -92,9 +92,13 @@ def check_verdict(where: str, max_rel_error: float, params: EmitParams = EmitPar
 
 
 def checked(device_error: float | None, host_check: dict | None,
-            params: EmitParams = EmitParams()) -> tuple[float, str]:
+            params: EmitParams = EmitParams(), bound: float | None = None) -> tuple[float, str]:
     """(max relative error, `check` column) of an emitted kernel: the device check where the timer
-    ran one, else the host check, else NaN and "not run"."""
+    ran one, else the host check, else NaN and "not run". A half kernel's device error is its
+    normalised error, held against its rounding `bound` (codegen_half.error_bound's γ)."""
+    if device_error is not None and bound is not None:
+        ok = math.isfinite(device_error) and device_error <= bound
+        return device_error, "device" if ok else "device: FAILED"
     if device_error is not None:
         return device_error, check_verdict("device", device_error, params)
     if host_check and "bound" in host_check:  # a half kernel: its normalised error within its rounding bound

@@ -14,8 +14,7 @@ from typing import Callable, Mapping
 import scipy.sparse as sp
 
 from lospmm.stages.cluster import ClusterParams, ProxyClusters, chosen_proxy_clusters
-from lospmm.stages.codegen import (BASELINE, CodegenParams, KernelDesign, KernelSource, full_kernel_source,
-                                   proxy_kernel_source)
+from lospmm.stages.codegen import BASELINE, CodegenParams, KernelDesign, KernelSource
 from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates, predicted_registers
 from lospmm.stages.devices import Device
@@ -23,6 +22,7 @@ from lospmm.stages.emit import fastest_proxy
 from lospmm.stages.pad import ProxyLaunch, proxy_launch
 from lospmm.stages.rank import RankedCandidate, RankParams, chosen_candidates, feature_row
 from lospmm.stages.reorder import ReorderParams, Tiles, distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.sources import kernel_source, proxy_source
 from lospmm.stages.status import Status
 from lospmm.stages.timing import LaunchUnderTest, Timer, Timing
 
@@ -111,13 +111,13 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
 
 def proxy_sources(search: LayerSearch, m: int, k: int) -> dict[int, KernelSource]:
     """The proxy kernel of each chosen M1 in the search's design (stage 8's input)."""
-    return {m1: proxy_kernel_source(m, k, cl, CodegenParams(design=search.design)) for m1, cl in search.clusters.items()}
+    return {m1: proxy_source(m, k, cl, CodegenParams(design=search.design)) for m1, cl in search.clusters.items()}
 
 
 def full_source(matrix: sp.csr_matrix, search: LayerSearch, m1: int, n1: int) -> KernelSource:
     """The full Alg. 2 kernel of one tile in the search's design (stage 10's output, or compile-all's
     every candidate)."""
-    return full_kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=search.design))
+    return kernel_source(matrix, search.tiles[m1], n1, CodegenParams(design=search.design))
 
 
 def choice(timings: Mapping[tuple[int, int], Timing], measured: bool = False,
@@ -141,7 +141,7 @@ def full_kernel_time(timer: Timer, matrix: sp.csr_matrix, tiles: Tiles, m: int, 
     candidates with it."""
     launch = LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=design), design=design)
     if timer.runs_binary:
-        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design))
+        kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design))
         out = compiled_kernel(kernel, kernel_options(timer.device.arch, tiles.m1, design=design))
         if out.status != Status.OK:
             return float("inf")

@@ -16,6 +16,9 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
   block limit and shared memory (a proxy's Eq. 6 padding counts).
 - Issue: all warps' instructions over the SMs' issue rate (4 warp-instructions per SM-cycle, the
   hardware's) and the FFMA rate (FP32 lanes / 32 per cycle), whichever binds.
+- A half design (fp16/bf16: two columns per thread as one packed pair): one HFMA2 per nonzero
+  (it issues at the FFMA rate and does both columns), or two FFMAs per nonzero and an unpack per
+  load when it sums in fp32; B and C move 2 bytes an element.
 - Instruction supply: straight-line code is fetched, not cached, except where a block walks its
   tile again and the tile's code fits the instruction cache (`icache_bytes`). Every block fetches
   its tile's code (16 bytes an instruction) once per walk otherwise; the SMs receive code at
@@ -48,7 +51,10 @@ class EstimateParams:
     benchmarks/sass_efficiency.py; sass_bytes_per_instr=16 (sm_70 and later); issue_per_sm_cycle=4
     (four schedulers); fetch_bytes_per_sm_cycle=32.0 (an SM's share of L2 bandwidth: the datasheet
     guess a calibration replaces); icache_bytes=128 KiB (the cache repeated walks hit in; a prior
-    until looped kernels are measured)."""
+    until looped kernels are measured). A half design's (read from its SASS, sm_90, NVRTC 13):
+    unpack_instr_per_load=2 (an fp32-accumulating kernel turns each B pair into two floats: two
+    HADD2.F32, or a shift and a LOP3 for bf16), pack_instr=1 (its F2FP per row at the store),
+    promote_instr=4 (a packed sum moved into fp32: two HADD2.F32 and two FADD)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -61,6 +67,9 @@ class EstimateParams:
     issue_per_sm_cycle: int = 4
     fetch_bytes_per_sm_cycle: float = 32.0
     icache_bytes: int = 128 * 1024
+    unpack_instr_per_load: int = 2
+    pack_instr: int = 1
+    promote_instr: int = 4
 
 
 @dataclass(frozen=True)
@@ -120,12 +129,28 @@ def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_b
     return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch, design)
 
 
+def fma_instructions_per_nonzero(design: KernelDesign) -> float:
+    """Multiply-add instructions a thread issues per nonzero: one per column (FFMA), except a packed
+    half sum's one HFMA2 per pair of columns."""
+    v = design.columns_per_thread
+    return v / 2 if design.half and design.accumulate == "packed" else float(v)
+
+
 def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
     """Instructions one warp executes per walk of each tile (the straight-line code it fetches)."""
     d = work.design
     addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
-    instr = (work.tile_fmas.astype(np.float64) * d.columns_per_thread + (1 + addr) * work.tile_loads.astype(np.float64)
-             + params.store_instr * work.m1 + params.block_overhead_instr + params.call_instr
+    fmas = work.tile_fmas.astype(np.float64)
+    per_load, per_row = 1 + addr, params.store_instr
+    extra = 0.0
+    if d.half and d.accumulate == "f32":
+        per_load += params.unpack_instr_per_load
+        per_row += params.pack_instr
+    elif d.half and d.promote_every:  # every row's sum moved about nnz / promote_every times, packed at the end
+        extra = params.promote_instr * fmas / d.promote_every
+        per_row += params.pack_instr
+    instr = (fmas * fma_instructions_per_nonzero(d) + per_load * work.tile_loads.astype(np.float64) + extra
+             + per_row * work.m1 + params.block_overhead_instr + params.call_instr
              + (params.loop_instr_per_walk if d.looped else 0))
     return instr + work.spill_bytes / 4.0
 
@@ -148,7 +173,7 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     # warps of all column blocks of one block row (the last column block may be partial)
     warps_per_row = full_y * -(-work.n1 // ws) + (-(-(rem // v) // ws) if rem else 0)
     loads = work.tile_loads.astype(np.float64)
-    fmas = work.tile_fmas.astype(np.float64) * v
+    fmas = work.tile_fmas.astype(np.float64) * fma_instructions_per_nonzero(d)  # FMA-pipe instructions
     instr = walk_instructions(work, params)
     zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
     total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
@@ -169,8 +194,9 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
 
     threads_per_row = n // v
     rows_written = work.m  # every row of C is written once (tiles or zero blocks)
-    dram = 4.0 * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
-    l2 = (4.0 * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
+    element = float(d.element_bytes)
+    dram = element * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
+    l2 = (element * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
           + threads_per_row * work.spill_bytes * len(loads))
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
@@ -241,7 +267,9 @@ class Timer(Protocol):
 
     def time(self, launch: LaunchUnderTest) -> Timing: ...
 
-    def dense(self, m: int, k: int, n: int) -> Timing: ...
+    def dense(self, m: int, k: int, n: int, dtype: str = "fp32") -> Timing:
+        """The dense library GEMM of the layer's shape in `dtype` (fp32: SGEMM, TF32 off)."""
+        ...
 
     def device_error(self, launch: LaunchUnderTest, matrix, n: int) -> float | None:
         """Max relative error of a full kernel run where this timer runs it; None: it runs nothing."""
@@ -267,7 +295,7 @@ class EstimateTimer:
                                     launch.spill_bytes, design=launch.design)
         return estimated_timing(work, self.device, self.params)
 
-    def dense(self, m: int, k: int, n: int) -> Timing:
+    def dense(self, m: int, k: int, n: int, dtype: str = "fp32") -> Timing:
         # no dense baseline from a model: a speedup is only ever a ratio of two measurements
         return Timing(self.name, float("nan"), Status.SKIPPED, "the estimate timer has no dense baseline")
 

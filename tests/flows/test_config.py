@@ -270,3 +270,37 @@ def test_the_kernels_dtype_is_the_weights_own_unless_given_and_a_device_without_
         resolved(RunConfig(zoo=(), weights=str(half), gpu="v100", artifacts=str(tmp_path / "art")))
     with pytest.raises(ConfigError, match="--dtype 'fp8'"):
         resolved(RunConfig(zoo=(), weights=str(plain), dtype="fp8", artifacts=str(tmp_path / "art")))
+
+
+def test_a_half_source_is_searched_in_its_half_design_with_the_half_ranker(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.flows.config import ConfigError, RunConfig, resolved
+    from lospmm.flows.dag import NODES
+    from lospmm.flows.storage.ranker_store import SHIPPED_HALF
+    from lospmm.stages.codegen import design_named
+
+    half = tmp_path / "half.safetensors"
+    save_file({"enc.0.weight": np.ones((8, 8), np.float16)}, str(half))
+
+    def plan(**options):
+        return resolved(RunConfig(zoo=("bert-base",), weights=str(half), artifacts=str(tmp_path / "art"), **options))
+
+    p = plan(design="chained", accumulate="f32")
+    zoo, weights = p.sources
+    assert p.design_for(zoo) == design_named("chained")
+    assert p.design_for(weights) == design_named("fp16,acc=f32,chained")
+    assert p.ranker_for(weights).path == str(SHIPPED_HALF) and p.ranker_for(zoo).path is None
+    # every stage that sizes, builds or times a kernel gets the source's design; the rank stage its ranker
+    for stage in ("constrain", "pad", "compile", "time", "emit"):
+        assert NODES[stage].params(p, weights, 0.9)["design"] == design_named("fp16,acc=f32,chained")
+    assert NODES["rank"].params(p, weights, 0.9)["ranker"] == p.ranker_for(weights)
+    for options, why in (({"design": "fp16"}, "take their dtype from --dtype"),
+                         ({"design": "chained,v=4"}, "half: fp16 kernels: design .* one packed pair per thread"),
+                         ({"accumulate": "f64"}, "--accumulate 'f64'"),
+                         ({"accumulate": "f32", "promote_every": 4}, "--promote-every 4")):
+        with pytest.raises(ConfigError, match=why):
+            plan(**options)
+    with pytest.raises(ConfigError, match="are a half run's"):
+        resolved(RunConfig(zoo=("bert-base",), artifacts=str(tmp_path / "art"), accumulate="f32"))

@@ -96,7 +96,7 @@ def test_a_half_kernel_compiles_for_the_h100_with_one_packed_fma_per_nonzero():
     for precision in (Precision("fp16"), Precision("bf16", "f32"), Precision("fp16", "packed", 4)):
         rounded, _ = rounded_matrix(a, precision.dtype)
         kernel = half_kernel_source(rounded, reordered_tiles(rounded, 4), 64, precision)
-        result = compiled_kernel(kernel, kernel_options("sm_90", 4))
+        result = compiled_kernel(kernel, kernel_options("sm_90", 4, design=kernel.design))  # its own register cap
         assert result.status == "ok", result.log[-500:]
         assert result.thread_spill_bytes == 0
     from lospmm.sass import NvdisasmMissing, opcodes_by_function
@@ -127,3 +127,39 @@ def test_a_packed_fma_rounds_once_from_the_exact_sum_even_where_float64_cannot_h
 
     kernel = half_kernel_source(a, reordered_tiles(a, 1), 1, Precision("bf16"))
     assert from_dtype_bits(half_gemm_on_host(kernel, b_bits), "bf16")[0, 0] == 1.1328125
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 4), n=st.integers(1, 40), dtype=st.sampled_from(["fp16", "bf16"]),
+       accumulate=st.sampled_from(["packed", "f32"]), bias=st.booleans(), activation=st.sampled_from(["", "relu", "gelu"]),
+       seed=st.integers(0, 2**16))
+def test_a_half_kernel_fuses_its_bias_and_activation_within_the_bound(a, m1, n, dtype, accumulate, bias, activation,
+                                                                      seed):
+    """Bias and activation applied in fp32 to the pair, rounded once at the store: within the sum's
+    bound plus the epilogue's own roundings, against act(A·B + bias) in float64; rows with no
+    nonzero store the activated bias."""
+    from lospmm.stages.codegen import Epilogue
+
+    rng = np.random.default_rng(seed)
+    epilogue = Epilogue(tuple(float(x) for x in rng.standard_normal(a.shape[0]) * 2) if bias else (), activation)
+    precision = Precision(dtype, accumulate)
+    rounded, _ = rounded_matrix(a, dtype)
+    kernel = half_kernel_source(rounded, reordered_tiles(rounded, m1), 32, precision, epilogue=epilogue)
+    gamma, eta = error_bound(rounded, precision)
+    # raises beyond the bound; a row with no nonzero has no sum's allowance (its scale is 0): only the
+    # activated bias rounded once passes there
+    checked_half_kernel(kernel, rounded, n, dtype, seed=n, bound=gamma, absolute=eta, epilogue=epilogue)
+
+
+def test_a_half_kernel_without_its_bias_fails_the_check_with_it():
+    from lospmm.stages.codegen import Epilogue
+
+    a, _ = rounded_matrix(random_pruned(16, 24, 0.5, np.random.default_rng(5)), "fp16")
+    epilogue = Epilogue(tuple([1.5] * 16), "relu")
+    kernel = half_kernel_source(a, reordered_tiles(a, 2), 32)  # no epilogue
+    gamma, eta = error_bound(a, Precision())
+    with pytest.raises(EmulationError, match="exceeds"):
+        checked_half_kernel(kernel, a, 8, "fp16", bound=gamma, absolute=eta, epilogue=epilogue)
+    fused = half_kernel_source(a, reordered_tiles(a, 2), 32, epilogue=epilogue)
+    assert "bias=True activation=relu" in fused.source and fused.name != kernel.name
+    checked_half_kernel(fused, a, 8, "fp16", bound=gamma, absolute=eta, epilogue=epilogue)

@@ -34,7 +34,7 @@ VIEW_COLUMNS = {
     "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
     "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
-    "emit": ["layer", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers",
+    "emit": ["layer", "dtype", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers",
              "spill_bytes", "compile_seconds", "check", "max_rel_error", "status", "kernel_dir"],
 }
 

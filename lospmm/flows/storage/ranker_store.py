@@ -10,6 +10,13 @@ import tempfile
 from pathlib import Path
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "ranker"  # lospmm/models/ranker.{txt,json}
+# the half designs' (fp16/bf16: one packed pair per thread): trained on their own candidates and estimate
+SHIPPED_HALF = SHIPPED.with_name("ranker-half")
+
+
+def shipped_ranker(half: bool = False) -> Path:
+    """The model a run uses unless told: the fp32 kernels' or the half kernels'."""
+    return SHIPPED_HALF if half else SHIPPED
 
 
 class RankerError(RuntimeError):

@@ -10,7 +10,8 @@ from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
 from lospmm.hostemu import proxy_check
-from lospmm.stages.codegen import CodegenParams, KernelDesign, proxy_kernel_source
+from lospmm.stages.codegen import CodegenParams, KernelDesign
+from lospmm.stages.sources import proxy_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
 from lospmm.stages.status import Status
 
@@ -31,7 +32,7 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
                 return {**base, "status": info["status"], "message": info["message"]}
             try:
                 cl = clusters_from_row(table, i)
-                kernel = proxy_kernel_source(info["m"], info["k"], cl, CodegenParams(design=design))
+                kernel = proxy_source(info["m"], info["k"], cl, CodegenParams(design=design))
                 options = kernel_options(arch, info["m1"], design=design)
                 result, hit = cached_kernel(ctx.root, kernel, options,
                                              run_compiler(ctx, ctx.unit_reporter("compile", label, info, table.num_rows)))

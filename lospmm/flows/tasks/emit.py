@@ -14,7 +14,6 @@ from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, in_p
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
 from lospmm.stages.codegen import Epilogue, KernelDesign
-from lospmm.stages.codegen_half import Precision
 from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id
 from lospmm.stages.timing import Timer
@@ -28,12 +27,11 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         kernels_root = artifact_path(ctx.root, "emit", label, key).with_suffix("")
         logger = run_logger()
         shapes = ctx.read(inputs["extract"]).to_pylist()
-        # a half run: GEMM kernels without an epilogue so far (convolutions as im2col GEMMs; the model's
-        # bias and activation stay its own)
-        precision = None if source.dtype == "fp32" else Precision(source.dtype)
+        # a half run (its design is half): GEMM kernels so far (convolutions as im2col GEMMs), with the
+        # bias and activation fused as in fp32
         convs = {r["layer"]: conv_geometry(r) for r in shapes
-                 if precision is None and kernel_form(r, params, design) == "implicit-conv"}
-        fused = {r["layer"]: r for r in shapes if precision is None and (r.get("bias") or r.get("activation"))}
+                 if not design.half and kernel_form(r, params, design) == "implicit-conv"}
+        fused = {r["layer"]: r for r in shapes if r.get("bias") or r.get("activation")}
         if any(r.get("bias") for r in fused.values()):
             checked_unchanged(source.path, source.sha256)  # the biases are read from the file the run searched
 
@@ -48,7 +46,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
                 return failed_row({c: group[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, layer, e)
             return emitted_layer(ctx.root, kernels_root / layer_id(layer), group, a.get(layer),
                                  tiles.get(layer, {}), timer, arch, params, logger, units, convs.get(layer), design,
-                                 epilogue, precision)
+                                 epilogue)
 
         layers = list(grouped(ctx.read(inputs["time"]).to_pylist(), "layer").items())
         # GPU timing is serialised: concurrent launches would disturb each other's measurements.
