@@ -148,6 +148,9 @@ def train_ranker_cmd(
     from lospmm.stages.codegen import BASELINE
 
     if measured:
+        if dtype != "fp32" or accumulate:
+            _fail("--measured trains on the launch files' own kernels (fp32 so far): --dtype and --accumulate "
+                  "do not apply")
         try:
             base, meta = train_measured_ranker(out, measured, seed)
         except (ValueError, OSError) as e:
@@ -283,10 +286,14 @@ def kernel(
     try:
         if dtype not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
+        kernel_design = design_named(design)
+        if kernel_design.half:
+            raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
+                             f"and --promote-every")
         precision = None if dtype == "fp32" else Precision(dtype, accumulate, promote_every)
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
-                                  implicit_conv, relu, design_named(design), precision=precision)
+                                  implicit_conv, relu, kernel_design, precision=precision)
     except (LookupError, ValueError) as e:
         _fail(str(e))
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel

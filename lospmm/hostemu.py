@@ -431,11 +431,12 @@ def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: 
     """Run a half kernel on a fresh random B (rounded to `dtype`) and return (its normalised error
     against the float64 product of the same rounded A and B through the kernel's `epilogue`, less
     `absolute` — codegen_half.normalised_error —, B's bits, C's bits). EmulationError if an output
-    is unwritten (NaN) or the error exceeds `bound` (when given: codegen_half.error_bound's γ,
-    `absolute` its η)."""
+    is unwritten (NaN), differs from the kernel's exact model (codegen_half.kernel_reference: bit
+    for bit, within one value after a GELU), or the error exceeds `bound` (when given:
+    codegen_half.error_bound's γ, `absolute` its η)."""
     from lospmm.stages.codegen import Epilogue
-
-    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+    from lospmm.stages.codegen_half import (from_dtype_bits, normalised_error, output_problem, precision_of,
+                                            to_dtype_bits)
 
     b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((kernel.k, n)), dtype)
     c_bits = half_gemm_on_host(kernel, b_bits, sanitize=sanitize)
@@ -444,7 +445,11 @@ def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: 
         rows = np.unique(np.nonzero(np.isnan(c))[0])
         raise EmulationError(f"{kernel.name}: {int(np.isnan(c).sum())} output elements never written "
                              f"(rows {rows[:10].tolist()}…)")
-    error = normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue or Epilogue(), dtype)
+    epilogue = epilogue or Epilogue()
+    problem = output_problem(c_bits, matrix, b_bits, precision_of(kernel.design), epilogue)
+    if problem:
+        raise EmulationError(f"{kernel.name}: {problem}")
+    error = normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue, dtype)
     if bound is not None and error > bound:
         raise EmulationError(f"{kernel.name}: normalised error {error:.3g} exceeds {bound}")
     return error, b_bits, c_bits

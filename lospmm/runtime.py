@@ -408,20 +408,23 @@ def half_gemm_on_device(cubin: bytes, name: str, layout, m: int, b_bits: np.ndar
         kernel.close()
 
 
-def check_half_kernel(cubin: bytes, name: str, layout, matrix, n: int, dtype: str, absolute: float = 0.0,
+def check_half_kernel(cubin: bytes, name: str, layout, matrix, n: int, precision, absolute: float = 0.0,
                       seed: int = 0, epilogue=None) -> float:
-    """A half kernel on the device: its normalised error (codegen_half.normalised_error, less
-    `absolute`) against the float64 product of the same rounded A (`matrix`) and a fresh random B
-    rounded to `dtype`, through the kernel's `epilogue`; C poisoned with NaN first; inf if an output
-    was left unwritten."""
+    """A half kernel of `precision` (codegen_half.Precision) on the device: its normalised error
+    (codegen_half.normalised_error, less `absolute`) against the float64 product of the same rounded
+    A (`matrix`) and a fresh random B rounded to its dtype, through the kernel's `epilogue`; C
+    poisoned with NaN first. inf if an output was left unwritten or differs from the kernel's exact
+    model (codegen_half.output_problem)."""
     from lospmm.stages.codegen import Epilogue
-    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, output_problem, to_dtype_bits
 
+    epilogue, dtype = epilogue or Epilogue(), precision.dtype
     b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((matrix.shape[1], n)), dtype)
-    c = from_dtype_bits(half_gemm_on_device(cubin, name, layout, matrix.shape[0], b_bits), dtype)
-    if not np.isfinite(c).all():
+    c_bits = half_gemm_on_device(cubin, name, layout, matrix.shape[0], b_bits)
+    c = from_dtype_bits(c_bits, dtype)
+    if not np.isfinite(c).all() or output_problem(c_bits, matrix, b_bits, precision, epilogue):
         return float("inf")
-    return normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue or Epilogue(), dtype)
+    return normalised_error(c, matrix, from_dtype_bits(b_bits, dtype), absolute, epilogue, dtype)
 
 
 def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
@@ -543,7 +546,7 @@ class CudaTimer:
 
             _, eta = error_bound(matrix, precision_of(launch.design))
             return check_half_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, n,
-                                     launch.design.dtype, eta, epilogue=launch.epilogue)
+                                     precision_of(launch.design), eta, epilogue=launch.epilogue)
         if launch.conv is not None:
             return check_conv_kernel(launch.cubin, launch.kernel, launch.launch_layout, matrix, launch.conv,
                                      launch.epilogue)

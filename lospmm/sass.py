@@ -31,7 +31,7 @@ def nvdisasm() -> str:
 
 OPCODE = r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
 # a tile function's own work: multiply-adds, loads and stores, spills, address arithmetic, padding
-BODY = {"FFMA", "FMUL", "LDG", "STG", "LDL", "STL", "IMAD", "IADD3", "LEA", "NOP", "BRA"}
+BODY = {"FFMA", "FMUL", "HFMA2", "LDG", "STG", "LDL", "STL", "IMAD", "IADD3", "LEA", "NOP", "BRA"}
 BYTES_PER_INSTRUCTION = 16  # sm_70 and later
 
 
@@ -54,11 +54,12 @@ def function_sizes(cubin: bytes) -> dict[str, int]:
 
 
 def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
-    """FFMA (and FMUL), LDG, STG, spill loads and stores, all instructions, the entry's, and the
+    """FFMA (and FMUL), HFMA2 (a half kernel's packed multiply-adds), LDG, STG, spill loads and stores, all instructions, the entry's, and the
     tile functions' instructions that are not part of their own work (BODY): call overhead."""
     by_function = opcodes_by_function(cubin)
     base = [o for ops in by_function.values() for o in ops]
     tile_other = sum(1 for name, ops in by_function.items() if name != entry for o in ops if o not in BODY)
-    return {"FFMA": base.count("FFMA") + base.count("FMUL"), "LDG": base.count("LDG"), "STG": base.count("STG"),
+    return {"FFMA": base.count("FFMA") + base.count("FMUL"), "HFMA2": base.count("HFMA2"),
+            "LDG": base.count("LDG"), "STG": base.count("STG"),
             "LDL": base.count("LDL"), "STL": base.count("STL"), "total": len(base),
             "entry": len(by_function.get(entry, [])), "tile_other": tile_other}

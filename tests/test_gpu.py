@@ -134,7 +134,7 @@ def test_a_half_kernel_with_its_epilogue_and_its_proxy_run_right_on_the_device(d
     assert compiled.status == "ok", compiled.log[-500:]
     gamma, eta = error_bound(a, precision_of(d))
     for n in (1, 31, 32, 4096):
-        assert check_half_kernel(compiled.cubin, kernel.name, kernel.layout, a, n, d.dtype, eta, n,
+        assert check_half_kernel(compiled.cubin, kernel.name, kernel.layout, a, n, precision_of(d), eta, n,
                                  epilogue) <= gamma, n
     timer = CudaTimer(device_named("h100"), device_facts()["name"])
     timings = proxy_timings(search, 130, 200, 4096, timer)

@@ -10,14 +10,15 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from lospmm.flows.inputs.onnx_model import is_onnx
 from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
-from lospmm.stages.codegen import BASELINE, KernelDesign, design_named
+from lospmm.stages.codegen import KernelDesign, design_named
+from lospmm.stages.codegen_half import Precision, half_design
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
 from lospmm.stages.devices import Device, device_named
@@ -124,7 +125,8 @@ class RunPlan:
         return tuple(dict.fromkeys(float(s) for s in self.config.sparsities))
 
     def ranker_for(self, source: Source) -> RankerRef:
-        """The ranker of `source`'s candidates: the half kernels' model for an fp16/bf16 source."""
+        """The ranker of `source`'s candidates: the half kernels' model for an fp16/bf16 source (a
+        --ranker serves the sources of the kind it was trained on; the shipped model the others)."""
         return self.half_ranker if source.dtype != "fp32" and self.half_ranker is not None else self.ranker
 
     def design_for(self, source: Source) -> KernelDesign:
@@ -151,6 +153,12 @@ def resolved(cfg: RunConfig) -> RunPlan:
             source_design(design, source.dtype, cfg.accumulate, cfg.promote_every)
         except ValueError as e:
             raise ConfigError(f"{source.label}: {source.dtype} kernels: {e}") from None
+    if cfg.ranker and cfg.rank and "rank" in stages:
+        kind = "half" if _ranks_half(cfg.ranker) else "fp32"
+        if all((s.dtype != "fp32") != (kind == "half") for s in sources):
+            raise ConfigError(f"--ranker {cfg.ranker} ranks {kind} kernels; this run's sources are "
+                              f"{', '.join(sorted({s.dtype for s in sources}))} (train one with `lospmm train-ranker "
+                              f"--dtype ...`, or leave --ranker out for the shipped one)")
     if (cfg.accumulate or cfg.promote_every) and all(s.dtype == "fp32" for s in sources):
         raise ConfigError("--accumulate and --promote-every are a half run's (fp16 or bf16 kernels: --dtype, or "
                           "half weights)")
@@ -248,17 +256,30 @@ def _cores() -> int:
 
 
 def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool = False) -> RankerRef:
-    """The ranker of the run's fp32 sources, or (`half`) of its fp16/bf16 ones: --ranker for both when
-    given, else the shipped model of the kernels' kind."""
+    """The ranker of the run's fp32 sources, or (`half`) of its fp16/bf16 ones: --ranker for the kind
+    of kernels it was trained on (its metadata's design; fp32 when it names none), the shipped model
+    of the kind otherwise."""
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
     from lospmm.flows.storage.ranker_store import RankerError, load_ranker, shipped_ranker
 
-    path = cfg.ranker or (str(shipped_ranker(half=True)) if half else None)
+    path = cfg.ranker if cfg.ranker and _ranks_half(cfg.ranker) == half else \
+        (str(shipped_ranker(half=True)) if half else None)
     try:
         _, meta = load_ranker(path)  # the model itself, not only its metadata: a bad file fails here
         return RankerRef(path, meta["version"])
     except (RankerError, KeyError) as e:
+        raise ConfigError(f"--ranker: {e}") from None
+
+
+def _ranks_half(path: str) -> bool:
+    """Whether the ranker at `path` was trained on half kernels (its metadata's design)."""
+    from lospmm.flows.storage.ranker_store import RankerError, ranker_metadata
+
+    try:
+        design = ranker_metadata(Path(path)).get("design") or "baseline"
+        return design_named(design).half
+    except (RankerError, ValueError, AttributeError) as e:
         raise ConfigError(f"--ranker: {e}") from None
 
 
@@ -287,10 +308,7 @@ def source_design(design: KernelDesign, dtype: str, accumulate: str = "", promot
     source's), else the half design with its loads (ValueError when the design has no half form)."""
     if dtype == "fp32":
         return design
-    if design.code_key not in (BASELINE.code_key, replace(BASELINE, loads="chained").code_key):
-        raise ValueError(f"design {design.label}: a half kernel holds one packed pair per thread in the baseline's "
-                         f"grid (tile-x, one walk), with based or chained loads, so far")
-    return replace(design, dtype=dtype, columns_per_thread=2, accumulate=accumulate, promote_every=promote_every)
+    return half_design(Precision(dtype, accumulate or "packed", promote_every), design)
 
 
 def checked_dtype(source: Source, device: Device) -> None:

@@ -173,6 +173,8 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
                 error, _, _ = checked_half_kernel(kernel, matrix, n, precision.dtype, sanitize=True, bound=gamma,
                                                   absolute=eta, epilogue=epilogue)
                 facts["host_check"] = {"normalised_error": error, "bound": gamma, "n": n, "sanitizer": "address",
+                                       "reference": "the kernel's exact model, bit for bit (codegen_half."
+                                                    "kernel_reference), then the float64 product",
                                        "status": Status.OK}
             elif conv is None:
                 error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol, epilogue=epilogue)

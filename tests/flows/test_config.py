@@ -295,7 +295,18 @@ def test_a_half_source_is_searched_in_its_half_design_with_the_half_ranker(tmp_p
     # every stage that sizes, builds or times a kernel gets the source's design; the rank stage its ranker
     for stage in ("constrain", "pad", "compile", "time", "emit"):
         assert NODES[stage].params(p, weights, 0.9)["design"] == design_named("fp16,acc=f32,chained")
-    assert NODES["rank"].params(p, weights, 0.9)["ranker"] == p.ranker_for(weights)
+    assert NODES["rank"].params(p, weights, 0.9)["ranker"].path == str(SHIPPED_HALF)
+    assert NODES["rank"].params(p, zoo, 0.9)["ranker"].path is None  # the shipped fp32 model
+    # --ranker serves the sources of the kind it ranks; the shipped model of the other kind the rest
+    from lospmm.flows.storage.ranker_store import SHIPPED
+
+    mixed = plan(ranker=str(SHIPPED))
+    assert mixed.ranker_for(zoo).path == str(SHIPPED) and mixed.ranker_for(weights).path == str(SHIPPED_HALF)
+    assert plan(ranker=str(SHIPPED_HALF)).ranker_for(weights).path == str(SHIPPED_HALF)
+    with pytest.raises(ConfigError, match="ranks half kernels; this run's sources are fp32"):
+        resolved(RunConfig(zoo=("bert-base",), artifacts=str(tmp_path / "art"), ranker=str(SHIPPED_HALF)))
+    with pytest.raises(ConfigError, match="ranks fp32 kernels; this run's sources are fp16"):
+        resolved(RunConfig(zoo=(), weights=str(half), artifacts=str(tmp_path / "art"), ranker=str(SHIPPED)))
     for options, why in (({"design": "fp16"}, "take their dtype from --dtype"),
                          ({"design": "chained,v=4"}, "half: fp16 kernels: design .* one packed pair per thread"),
                          ({"accumulate": "f64"}, "--accumulate 'f64'"),

@@ -84,8 +84,16 @@ def test_an_unwritten_output_or_a_wrong_result_fails_the_check():
                                                                  for u in kernel.units)})
     with pytest.raises(EmulationError, match="never written"):
         checked_half_kernel(broken, a, 10, "fp16")
-    with pytest.raises(EmulationError, match="exceeds"):
+    with pytest.raises(EmulationError, match="differ from the kernel's exact model"):
         checked_half_kernel(kernel, a * 2, 10, "fp16", bound=1e-3)  # the reference of another A
+    from lospmm.hostemu import half_gemm_on_host
+
+    b_bits = to_dtype_bits(np.random.default_rng(0).standard_normal((12, 10)), "fp16")
+    c_bits = half_gemm_on_host(kernel, b_bits)
+    c = from_dtype_bits(c_bits, "fp16")
+    b = from_dtype_bits(b_bits, "fp16")
+    assert normalised_error(c, a, b) <= error_bound(a, Precision())[0]
+    assert normalised_error(c * 1.01 + 0.01, a, b) > error_bound(a, Precision())[0]  # the accuracy figure can fail
     assert normalised_error(np.zeros((1, 1)), sp.csr_matrix(np.zeros((1, 1))), np.zeros((1, 1))) == 0.0
 
 
@@ -151,15 +159,28 @@ def test_a_half_kernel_fuses_its_bias_and_activation_within_the_bound(a, m1, n, 
     checked_half_kernel(kernel, rounded, n, dtype, seed=n, bound=gamma, absolute=eta, epilogue=epilogue)
 
 
-def test_a_half_kernel_without_its_bias_fails_the_check_with_it():
+@pytest.mark.parametrize("dtype,accumulate,missing", [("fp16", "packed", "bias"), ("bf16", "packed", "gelu"),
+                                                      ("bf16", "f32", "bias")])
+def test_a_half_kernel_missing_its_epilogue_fails_the_check_at_a_real_layers_size(dtype, accumulate, missing):
+    """At 64×768, 90% sparse, the rounding bound alone (γ·Σ|a·b|, γ ≈ 0.05 fp16 and 0.3 bf16 packed)
+    would let a small bias or a missing GELU through: the check compares with the kernel's exact model
+    first, so it does not."""
     from lospmm.stages.codegen import Epilogue
+    from lospmm.stages.codegen_half import kernel_reference, output_problem
 
-    a, _ = rounded_matrix(random_pruned(16, 24, 0.5, np.random.default_rng(5)), "fp16")
-    epilogue = Epilogue(tuple([1.5] * 16), "relu")
-    kernel = half_kernel_source(a, reordered_tiles(a, 2), 32)  # no epilogue
-    gamma, eta = error_bound(a, Precision())
-    with pytest.raises(EmulationError, match="exceeds"):
-        checked_half_kernel(kernel, a, 8, "fp16", bound=gamma, absolute=eta, epilogue=epilogue)
-    fused = half_kernel_source(a, reordered_tiles(a, 2), 32, epilogue=epilogue)
-    assert "bias=True activation=relu" in fused.source and fused.name != kernel.name
-    checked_half_kernel(fused, a, 8, "fp16", bound=gamma, absolute=eta, epilogue=epilogue)
+    a, _ = rounded_matrix(random_pruned(64, 768, 0.9, np.random.default_rng(5)), dtype)
+    bias = tuple((np.random.default_rng(6).standard_normal(64) * 0.1).tolist())
+    epilogue = Epilogue(bias, "gelu")
+    precision = Precision(dtype, accumulate)
+    kernel = half_kernel_source(a, reordered_tiles(a, 4), 32, precision,
+                                epilogue=Epilogue(() if missing == "bias" else bias, "" if missing == "gelu" else "gelu"))
+    gamma, eta = error_bound(a, precision)
+    with pytest.raises(EmulationError, match="differ from the kernel's exact model"):
+        checked_half_kernel(kernel, a, 8, dtype, bound=gamma, absolute=eta, epilogue=epilogue)
+    fused = half_kernel_source(a, reordered_tiles(a, 4), 32, precision, epilogue=epilogue)
+    assert "bias=True activation=gelu" in fused.source and fused.name != kernel.name
+    _, b_bits, c_bits = checked_half_kernel(fused, a, 8, dtype, bound=gamma, absolute=eta, epilogue=epilogue)
+    assert output_problem(c_bits, a, b_bits, precision, epilogue) == ""
+    # the exact model is the packed reference where there is nothing else to model
+    if accumulate == "packed":
+        assert np.array_equal(kernel_reference(a, b_bits, precision), packed_reference(a, b_bits, dtype))

@@ -100,3 +100,12 @@ def test_a_half_layer_is_searched_with_half_proxies_that_run_clean_and_spill_no_
         assert proxy_check(proxy, search.clusters[m1].cluster_of, 37, 32) == "asan-ok"
     timings = proxy_timings(search, 96, 256, 512, estimate_timer(H100))
     assert timings and all(np.isfinite(t.time_us) for t in timings.values())
+
+
+def test_a_design_without_a_half_form_is_refused_by_name_not_rewritten():
+    for design in ("v=4", "chained,v=2", "column-x", "chained,walks=4", "streamed"):
+        with pytest.raises(ValueError, match="one packed pair per thread"):
+            half_design(Precision("fp16"), design_named(design))
+    with pytest.raises(ValueError, match="is not fp16-packed"):
+        half_design(Precision("fp16"), design_named("fp16,acc=f32"))
+    assert half_design(Precision("bf16"), design_named("bf16")) == design_named("bf16")
