@@ -135,9 +135,11 @@ def prepare(args) -> None:
         archive = gpuplan.packed(d, bundle / f"{d.name}.tar.xz")
         print(f"{archive.name}: {archive.stat().st_size / 2**20:.1f} MiB")
     if args.sample:
-        d = gpuplan.sample_bundle(gpuplan.SampleParams(sparsity=args.sample_sparsity), staging, args.jobs)
-        archive = gpuplan.packed(d, bundle / f"{d.name}.tar.xz")
-        print(f"{archive.name}: {archive.stat().st_size / 2**20:.1f} MiB")
+        for sparsity in args.sample_sparsity:
+            params = gpuplan.SampleParams(sparsity=sparsity, per_model=args.per_model, every_kept=args.every_kept)
+            d = gpuplan.sample_bundle(params, staging, args.jobs)
+            archive = gpuplan.packed(d, bundle / f"{d.name}.tar.xz")
+            print(f"{archive.name}: {archive.stat().st_size / 2**20:.1f} MiB")
     total = sum(f.stat().st_size for f in bundle.glob("*.tar.xz"))
     print(f"{bundle}: {total / 2**20:.1f} MiB in all (a device call carries at most 64 MiB with the checkout)")
 
@@ -299,7 +301,11 @@ def main() -> None:
     p.add_argument("--run", default=None, help="run id (prefix) to take emitted kernels from; default the latest")
     p.add_argument("--emitted", nargs="*", default=list(DEFAULT_EMITTED), help="MODEL:SPARSITY[:MIN_NNZ[:MAX_KERNELS]]")
     p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--sample-sparsity", type=float, default=0.9)
+    p.add_argument("--sample-sparsity", type=float, nargs="+", default=[0.9])
+    p.add_argument("--per-model", type=int, default=gpuplan.SampleParams.per_model,
+                   help="sampled layers per model (10: issue 24's ≥ 40 layers)")
+    p.add_argument("--every-kept", action="store_true",
+                   help="issue 24's Table 4: every kept candidate's full kernel too (one cubin per kept M1, N1 at launch)")
     p.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True,
                    help="the implicit-im2col conv cases (gpuplan.CONV_CASES)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)

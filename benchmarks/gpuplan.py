@@ -20,7 +20,7 @@ import lzma
 import shutil
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +169,9 @@ def emitted_rows(folder: Path) -> list[dict]:
 class SampleParams:
     """Defaults: 3 layers per model at sparsity 0.9 with at most 60k nonzeros (their full kernels
     compile in seconds), the ranker's top-10, and A/B variants on the largest sampled layer of each
-    model: ptxas -O3 against the flow's -O1, and prefetch depths 0, 2, 4, 8 against 1."""
+    model: ptxas -O3 against the flow's -O1, and prefetch depths 0, 2, 4, 8 against 1. every_kept
+    (issue 24's Table 4): besides, every kept candidate's full kernel, from one cubin per kept M1
+    that reads N1 at launch (CodegenParams.n1_at_launch), launched at each of its kept N1."""
 
     sparsity: float = 0.9
     per_model: int = 3
@@ -180,6 +182,7 @@ class SampleParams:
     ptxas_levels: tuple[int, ...] = (3,)
     prefetch: tuple[int, ...] = (0, 2, 4, 8)
     models: tuple[str, ...] = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
+    every_kept: bool = False  # Table 4's best over every kept candidate: one full kernel per kept M1, N1 at launch
 
 
 def sampled_shapes(shapes, params: SampleParams) -> list:
@@ -209,6 +212,7 @@ class LaunchJob:
     source: object  # codegen.KernelSource
     options: object  # compile.CompileOptions
     arrays: dict = field(default_factory=dict)
+    also_at: tuple[tuple[int, int], ...] = ()  # a kernel reading N1 at launch: (N1, its rank) it is also launched at
 
 
 def _job(tag: str, base: dict, role: str, variant: str, m1: int, n1: int, rank: int, source, options, search,
@@ -265,6 +269,13 @@ def layer_jobs(shape, params: SampleParams, booster, device, variants: bool) -> 
         other = [r for r in search.ranked if (r.candidate.m1 == 1) == want_one]
         if want_one not in kinds and other:
             jobs.append(full(min(other, key=lambda r: r.rank).candidate, "outside-top-k"))
+    if params.every_kept:  # one cubin per kept M1, launched at each of its kept N1 (variant every-kept)
+        for m1 in sorted({c.m1 for c in search.kept}):
+            n1s = sorted(c.n1 for c in search.kept if c.m1 == m1)
+            src = full_kernel_source(a, search.tiles[m1], n1s[0], CodegenParams(n1_at_launch=True))
+            job = _job(tag, base, "full", "every-kept", m1, n1s[0], ranks.get((m1, n1s[0]), -1), src,
+                       kernel_options(params.arch, m1), search)
+            jobs.append(replace(job, also_at=tuple((n1, ranks.get((m1, n1), -1)) for n1 in n1s[1:])))
     if variants and search.chosen:
         top = min((r for r in search.ranked if r.chosen), key=lambda r: r.rank).candidate
         jobs += [full(top, f"ptxas-O{level}", level=level) for level in params.ptxas_levels]
@@ -313,7 +324,7 @@ def sample_bundle(params: SampleParams, out: Path, workers: int = 2, say=print) 
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         for done, (job_id, c) in enumerate(pool.map(compiled_job, jobs, chunksize=1), 1):
             job = by_id[job_id]
-            row = job.row | {"id": job_id, "compile_status": str(c.status), "compile_log": c.log[-400:] if c.status != Status.OK else "",
+            row = job.row | {"id": job_id, "cubin": job_id, "compile_status": str(c.status), "compile_log": c.log[-400:] if c.status != Status.OK else "",
                              "compile_seconds": c.seconds, "registers": c.registers,
                              "spill_bytes": c.thread_spill_bytes}
             if c.status == Status.OK:
@@ -321,6 +332,11 @@ def sample_bundle(params: SampleParams, out: Path, workers: int = 2, say=print) 
             np.savez(dest / f"{job_id}.npz", **job.arrays)
             row["estimate_us"] = estimate_of(row, job.arrays, device).time_us if c.status == Status.OK else float("inf")
             rows.append(row)
+            for n1, rank in job.also_at:  # the same cubin (and work arrays) at another N1
+                other = row | {"id": f"{job_id}-n{n1}", "n1": n1, "cubin": job_id, "rank": rank}
+                other["estimate_us"] = estimate_of(other, job.arrays, device).time_us if c.status == Status.OK \
+                    else float("inf")
+                rows.append(other)
             if done % 20 == 0 or done == len(jobs):
                 say(f"compiled {done}/{len(jobs)}")
     pq.write_table(pa.Table.from_pylist(rows), dest / "launches.parquet")
@@ -687,7 +703,8 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
     out = []
     for r in pq.read_table(folder / "launches.parquet").to_pylist():
         r = r | {"measured_us": float("inf"), "measure_status": "not run", "measure_message": ""}
-        with np.load(folder / f"{r['id']}.npz") as npz:
+        file_id = r.get("cubin") or r["id"]  # rows launching one cubin at several N1 share its files
+        with np.load(folder / f"{file_id}.npz") as npz:
             arrays = dict(npz)
         if r["compile_status"] != "ok":
             r["measure_status"] = "not compiled"
@@ -696,9 +713,11 @@ def measured_launches(folder: Path, deadline: Deadline | None = None, repeats: i
         elif deadline is not None and deadline.over():
             r["measure_status"] = "stopped at the time budget"
         else:
-            cubin = (folder / f"{r['id']}.cubin").read_bytes()
+            cubin = (folder / f"{file_id}.cubin").read_bytes()
             layout = (LaunchLayout(**json.loads(r["launch"])) if r.get("launch")
                       else LaunchLayout(r["grid_x"], r["n1"]))  # a full kernel of a bundle from before
+            if r["role"] == "full" and layout.threads == 0:  # a full kernel reading N1 at launch
+                layout = replace(layout, threads=r["n1"])
             if r["role"] == "proxy":
                 t = time_proxy_cubin(cubin, r["kernel"], layout, r["m"], r["k"], r["n"], r["n1"], arrays["cluster_of"],
                                      r["smem_bytes"], opts)

@@ -10,8 +10,9 @@ FILEs are benchmarks.gpu_plan launch files (launches-*.parquet). Files that meas
 - proxies: the emit stage's rule on the measured proxies (fastest_proxy, its 5% tie band);
 - ranker: the ranker's top-1 among the layer's measured full kernels (default: the shipped model);
 - estimate: the estimate timer's fastest full kernel (the device's calibration, recomputed here).
-The best is over every measured full kernel of the layer (the plain variant and those outside the
-ranker's top-k). A strategy whose tile has no measured full kernel gets loss NaN.
+The best is over every measured full kernel of the layer (the plain variant, those outside the
+ranker's top-k, and — from a sample prepared with `--every-kept` — every kept candidate, from one
+cubin per M1 that reads N1 at launch). A strategy whose tile has no measured full kernel gets loss NaN.
 
 Writes benchmarks/results/<device folder of the first file>/table4-<name>.parquet with the columns
 model, layer, sparsity, strategy, chosen_tile, best_tile, loss, spread, beyond_noise, chosen_us,
@@ -62,13 +63,17 @@ def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer) ->
     groups = sorted({(r["model"], r["layer"], float(r["sparsity"])) for r in kernels.values()})
     for model, layer, sparsity in groups:
         mine = [r for r in kernels.values() if (r["model"], r["layer"], float(r["sparsity"])) == (model, layer, sparsity)]
-        full = {(r["m1"], r["n1"]): r for r in mine if r["role"] == "full" and r["variant"] in ("", "outside-top-k")}
+        full = {}
+        for variant in ("every-kept", "outside-top-k", ""):  # where two measured one tile, the flow's kernel counts
+            full |= {(r["m1"], r["n1"]): r for r in mine if r["role"] == "full" and r["variant"] == variant}
+        every_kept = any(r["variant"] == "every-kept" for r in mine)
         proxies = [{**r, "time_us": r["measured_us"], "status": "ok"} for r in mine
                    if r["role"] == "proxy" and r["variant"] == ""]
         if len(full) < 2:
             continue
         best_key = min(full, key=lambda key: full[key]["measured_us"])
-        ranked = [key for key, r in full.items() if r["variant"] == ""]
+        # the ranker's top-1: over every kept candidate where all were measured, else over its top-k
+        ranked = list(full) if every_kept else [key for key, r in full.items() if r["variant"] == ""]
         chosen = {"proxies": None, "ranker": None, "estimate": None}
         pick = fastest_proxy(proxies, EmitParams().tie_band)
         if pick is not None:

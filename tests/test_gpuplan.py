@@ -153,3 +153,29 @@ def test_an_emitted_kernels_work_is_recovered_from_its_kernel_json_as_the_estima
     assert (got.registers, got.spill_bytes, got.m1, got.n1) == (30, 8, 4, 64)
     measured = gpuplan.speedup_launch_rows([row | {"ours_us": 12.0}, row | {"ours_us": float("inf")}])
     assert len(measured) == 1 and measured[0]["measured_us"] == 12.0 and measured[0]["role"] == "full"
+
+
+def test_an_every_kept_sample_launches_one_cubin_per_kept_m1_at_each_of_its_kept_n1(tmp_path):
+    """Issue 24's Table 4 over every kept candidate: the launch list holds, per kept M1, one full
+    kernel that reads N1 at launch and a row per kept N1 sharing its cubin — as many rows as the
+    layer has kept candidates, for as many compiles as kept M1."""
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.storage.ranker_store import load_ranker
+    from lospmm.stages.devices import device_named
+    from lospmm.stages.prune import pruned_layer
+    from lospmm.stages.search import layer_search
+
+    params = gpuplan.SampleParams(per_model=1, max_nnz=1500, models=("shufflenetv2",), top_k=2, every_kept=True)
+    (shape,) = gpuplan.sampled_shapes(list(zoo_shapes("shufflenetv2")), params)
+    dest = gpuplan.sample_bundle(params, tmp_path, workers=1, say=lambda *_: None)
+    rows = pq.read_table(dest / "launches.parquet").to_pylist()
+    every = [r for r in rows if r["variant"] == "every-kept"]
+    search = layer_search(pruned_layer(shape, params.sparsity).matrix, shape.n, params.sparsity, device_named("h100"),
+                          load_ranker()[0])
+    assert sorted((r["m1"], r["n1"]) for r in every) == sorted((c.m1, c.n1) for c in search.kept)
+    cubins = {r.get("cubin") or r["id"] for r in every}
+    assert len(cubins) == len({c.m1 for c in search.kept})  # one compile per kept M1
+    for r in every:
+        assert (dest / f"{r.get('cubin') or r['id']}.cubin").is_file() and r["compile_status"] == "ok"
+        assert json.loads(r["launch"])["threads"] == 0 and np.isfinite(r["estimate_us"])

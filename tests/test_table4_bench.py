@@ -28,3 +28,25 @@ def test_table4_has_each_strategy_per_layer_with_the_repeats_spread(tmp_path):
     both = main([str(RESULTS / "b" / "launches-sample-0.9.parquet"), str(RESULTS / "d" / "launches-sample-0.7.parquet"),
                  "--out", str(tmp_path / "bd.parquet")])
     assert len(both) == (11 + 9) * len(STRATEGIES) and all(r["repeats"] == 1 for r in both)
+
+
+def test_every_kept_candidate_measured_from_one_cubin_per_m1_sets_the_best_and_the_rankers_field(tmp_path):
+    """A sample prepared with --every-kept adds full kernels at every kept (M1, N1), launched from a
+    cubin reading N1 at launch: they count in the best, and the ranker's top-1 is over all of them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.table4 import main
+
+    rows = pq.read_table(RESULTS / "b" / "launches-sample-0.9.parquet").to_pylist()
+    layer = next(r["layer"] for r in rows if r["role"] == "full")
+    full = [r for r in rows if r["layer"] == layer and r["role"] == "full" and r["variant"] == ""]
+    fastest = min(r["measured_us"] for r in full)
+    extra = full[0] | {"id": full[0]["id"] + "-every-kept-n999", "variant": "every-kept", "n1": 999,
+                       "cubin": full[0]["id"], "measured_us": fastest / 2}
+    path = tmp_path / "launches-sample-0.9.parquet"
+    pq.write_table(pa.Table.from_pylist(rows + [extra]), path)
+    (tmp_path / "env.json").write_text((RESULTS / "b" / "env.json").read_text())
+    got = [r for r in main([str(path), "--out", str(tmp_path / "t4.parquet")]) if r["layer"] == layer]
+    assert {r["best_tile"] for r in got} == {f"{extra['m1']}×999"}
+    assert all(r["loss"] > 0 or r["chosen_tile"] == r["best_tile"] for r in got)

@@ -272,11 +272,14 @@ def design_named(text: str) -> KernelDesign:
 class CodegenParams:
     """Defaults: prefetch=1 (B values loaded one column ahead, Alg. 2's b); shard_nnz=SHARD_NNZ
     (multiply-adds per compiled unit at most; a bigger tile is a unit of its own), chosen from
-    benchmarks/shard_compile.py; design=BASELINE (see KernelDesign)."""
+    benchmarks/shard_compile.py; design=BASELINE (see KernelDesign); n1_at_launch=False (True: a full
+    kernel reads its block size from blockDim, as a proxy does, so one cubin serves every N1 of its
+    M1 — what a measurement of every kept candidate launches; the emitted kernels bake N1 in)."""
 
     prefetch: int = 1
     shard_nnz: int = 4096
     design: KernelDesign = BASELINE
+    n1_at_launch: bool = False
 
     def __post_init__(self):
         if self.prefetch < 0:
@@ -528,9 +531,11 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     m, k = a.shape
     v = design.columns_per_thread
     name = kernel_name("lospmm_full", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), "at launch" if params.n1_at_launch else n1,
+                       params.prefetch, params.shard_nnz,
                        *_design_parts(design), *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
-    header = (f"// lospmm full kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} "
+    header = (f"// lospmm full kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} "
+              f"N1={'at launch' if params.n1_at_launch else n1} "
               f"tiles={tiles.num_tiles} prefetch={params.prefetch}"
               + (f" design={design.code_label}" if design != BASELINE else "")
               + (f" bias={bool(epilogue.bias)} activation={epilogue.activation or 'none'}" if not epilogue.empty else ""))
@@ -542,7 +547,7 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
                                f"{_zero_value(v) if epilogue.empty else epilogue.of_zero(int(r), v)});\n" for r in rows))
                       for rows in zero_blocks]
     tile_axis, column_axis = _axes(design)
-    per_block = n1 * v
+    per_block = (("blockDim.x" if v == 1 else f"(blockDim.x * {v})") if params.n1_at_launch else n1 * v)
     head = [f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"]
     head.append(_first_column(design, str(per_block)) + "  if (n >= N) return;\n")
     if design.looped:
@@ -555,7 +560,8 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     entry = _entry_unit(header, tiles.num_tiles, _tile_signature(design), zero_functions, "".join(head), tile_args,
                         zero_call, tile_axis, preamble)
     units = _units("tile", functions, _tile_costs(a, tiles), params.shard_nnz, preamble) + [entry]
-    layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), n1, v, design.column_walks, design.order)
+    layout = LaunchLayout(tiles.num_tiles + len(zero_blocks), 0 if params.n1_at_launch else n1, v, design.column_walks,
+                          design.order)
     return KernelSource(name, "full", tuple(units), ("const float* B", "float* C", "int N"), m, k,
                         tiles.m1, layout, tiles.num_tiles, design)
 

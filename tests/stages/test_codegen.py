@@ -380,3 +380,19 @@ def test_an_epilogue_changes_the_kernel_and_the_empty_one_does_not():
         Epilogue(activation="tanh")
     assert Epilogue.of_facts({"epilogue": Epilogue((1.5, -2.0), "relu").facts()}) == Epilogue((1.5, -2.0), "relu")
     assert Epilogue.of_facts({"epilogue": {"bias": False, "relu": True}}) == Epilogue(activation="relu")  # older kernel.json
+
+
+def test_a_full_kernel_reading_n1_at_launch_is_right_at_every_n1_and_shares_its_tile_units():
+    """One cubin per M1 for every kept N1 (issue 24's Table 4 over every kept candidate): the block
+    size comes from blockDim; the tile units are the baked kernel's, so the compile cache shares them."""
+    a = random_pruned(40, 60, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 2)
+    baked = full_kernel_source(a, tiles, 64)
+    any_n1 = full_kernel_source(a, tiles, 64, CodegenParams(n1_at_launch=True))
+    assert any_n1.layout.threads == 0 and any_n1.name != baked.name
+    assert any_n1.units[:-1] == baked.units[:-1] and "blockIdx.y * blockDim.x" in any_n1.units[-1]
+    b = np.random.default_rng(1).standard_normal((60, 77)).astype(np.float32)
+    for n1 in (32, 96):
+        c = run_on_host(any_n1, {"B": b.ravel(), "C": np.empty(40 * 77, np.float32), "N": 77},
+                        any_n1.layout.grid(77, n1), n1)["C"].reshape(40, 77)
+        np.testing.assert_allclose(c, a @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
