@@ -10,9 +10,12 @@ FILEs are benchmarks.gpu_plan launch files (launches-*.parquet). Files that meas
 - proxies: the emit stage's rule on the measured proxies (fastest_proxy, its 5% tie band);
 - ranker: the ranker's top-1 among the layer's measured full kernels (default: the shipped model);
 - estimate: the estimate timer's fastest full kernel (the device's calibration, recomputed here).
-The best is over every measured full kernel of the layer (the plain variant, those outside the
-ranker's top-k, and — from a sample prepared with `--every-kept` — every kept candidate, from one
-cubin per M1 that reads N1 at launch). A strategy whose tile has no measured full kernel gets loss NaN.
+The best is over every measured full kernel of the layer (the plain variant and those outside the
+ranker's top-k). From a sample prepared with `--every-kept`, it is over every kept candidate instead
+(one cubin per M1 that reads N1 at launch: one kind of kernel for all of the layer's picks), the
+ranker's top-1 is over every kept candidate launched, measured or not, and `kept_launched` /
+`kept_measured` say whether the best is over all of them. A strategy whose tile has no measured full
+kernel gets loss NaN.
 
 Writes benchmarks/results/<device folder of the first file>/table4-<name>.parquet with the columns
 model, layer, sparsity, strategy, chosen_tile, best_tile, loss, spread, beyond_noise, chosen_us,
@@ -52,7 +55,7 @@ def repeated(files: list[list[dict]]) -> dict[tuple, dict]:
     return out
 
 
-def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer) -> list[dict]:
+def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer, launched: list[dict] = ()) -> list[dict]:
     """One row per (model, layer, sparsity, strategy) of the measured `kernels` (repeated's)."""
     from benchmarks.gpuplan import launch_work
     from lospmm.stages.emit import EmitParams, fastest_proxy
@@ -63,23 +66,31 @@ def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer) ->
     groups = sorted({(r["model"], r["layer"], float(r["sparsity"])) for r in kernels.values()})
     for model, layer, sparsity in groups:
         mine = [r for r in kernels.values() if (r["model"], r["layer"], float(r["sparsity"])) == (model, layer, sparsity)]
+        # where every kept candidate was launched (a cubin reading N1 at launch per M1), the best, the
+        # ranker's and the estimate's picks are all among those kernels: one kind of kernel throughout
+        kept = [r for r in launched if r.get("variant") == "every-kept" and
+                (r["model"], r["layer"], float(r["sparsity"])) == (model, layer, sparsity)]
+        every_kept = bool(kept)
+        variants = ("every-kept",) if every_kept else ("outside-top-k", "")  # the flow's own kernel last
         full = {}
-        for variant in ("every-kept", "outside-top-k", ""):  # where two measured one tile, the flow's kernel counts
+        for variant in variants:
             full |= {(r["m1"], r["n1"]): r for r in mine if r["role"] == "full" and r["variant"] == variant}
-        every_kept = any(r["variant"] == "every-kept" for r in mine)
         proxies = [{**r, "time_us": r["measured_us"], "status": "ok"} for r in mine
                    if r["role"] == "proxy" and r["variant"] == ""]
         if len(full) < 2:
             continue
         best_key = min(full, key=lambda key: full[key]["measured_us"])
-        # the ranker's top-1: over every kept candidate where all were measured, else over its top-k
-        ranked = list(full) if every_kept else [key for key, r in full.items() if r["variant"] == ""]
+        # the ranker's top-1: over every kept candidate launched, measured or not (an unmeasured pick
+        # has no loss: NaN, never the next one's), else over its measured top-k
+        candidates = {(r["m1"], r["n1"]): r for r in kept} if every_kept else \
+            {key: r for key, r in full.items() if r["variant"] == ""}
+        ranked = list(candidates)
         chosen = {"proxies": None, "ranker": None, "estimate": None}
         pick = fastest_proxy(proxies, EmitParams().tie_band)
         if pick is not None:
             chosen["proxies"] = (pick["m1"], pick["n1"])
         if ranked:
-            scores = booster.predict(feature_matrix([launch_features(full[key]) for key in ranked]))
+            scores = booster.predict(feature_matrix([launch_features(candidates[key]) for key in ranked]))
             chosen["ranker"] = ranked[int(np.argmax(scores))]
         estimates = {key: estimated_timing(launch_work(r), estimate_timer.device, estimate_timer.params).time_us
                      for key, r in full.items()}
@@ -95,7 +106,11 @@ def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer) ->
                         "loss": loss, "spread": spread,
                         "beyond_noise": bool(loss > spread) if np.isfinite(loss) and np.isfinite(spread) else None,
                         "chosen_us": row["measured_us"] if row else float("nan"), "best_us": best["measured_us"],
-                        "repeats": min(len(best["times"]), len(row["times"])) if row else len(best["times"])})
+                        "repeats": min(len(best["times"]), len(row["times"])) if row else len(best["times"]),
+                        # every kept candidate launched, and how many of them measured: below all, the
+                        # best is only the best of those measured
+                        "kept_launched": len(kept) if every_kept else None,
+                        "kept_measured": len(full) if every_kept else None})
     return out
 
 
@@ -114,10 +129,12 @@ def main(argv=None) -> list[dict]:
     from lospmm.stages.devices import device_named
     from lospmm.stages.timing import estimate_timer
 
-    kernels = repeated([pq.read_table(f).to_pylist() for f in args.files])
+    tables = [pq.read_table(f).to_pylist() for f in args.files]
+    kernels = repeated(tables)
     booster, meta = load_ranker(args.ranker)
     timer = estimate_timer(device_named(args.gpu))
-    rows = table4_strategy_rows(kernels, booster, timer)
+    launched = list({(r["model"], r["layer"], float(r["sparsity"]), r["id"]): r for rows in tables for r in rows}.values())
+    rows = table4_strategy_rows(kernels, booster, timer, launched)
     name = args.name or args.files[0].stem.removeprefix("launches-")
     out = args.out or args.files[0].parent.parent / f"table4-{name}.parquet"
     pq.write_table(pa.Table.from_pylist(rows), out)

@@ -31,8 +31,9 @@ def test_table4_has_each_strategy_per_layer_with_the_repeats_spread(tmp_path):
 
 
 def test_every_kept_candidate_measured_from_one_cubin_per_m1_sets_the_best_and_the_rankers_field(tmp_path):
-    """A sample prepared with --every-kept adds full kernels at every kept (M1, N1), launched from a
-    cubin reading N1 at launch: they count in the best, and the ranker's top-1 is over all of them."""
+    """A sample prepared with --every-kept launches every kept (M1, N1) from a cubin reading N1 at
+    launch: the layer's picks are all priced among those kernels, the ranker's top-1 is over every
+    kept candidate launched, and a pick that was not measured has no loss (never the next one's)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -41,12 +42,21 @@ def test_every_kept_candidate_measured_from_one_cubin_per_m1_sets_the_best_and_t
     rows = pq.read_table(RESULTS / "b" / "launches-sample-0.9.parquet").to_pylist()
     layer = next(r["layer"] for r in rows if r["role"] == "full")
     full = [r for r in rows if r["layer"] == layer and r["role"] == "full" and r["variant"] == ""]
-    fastest = min(r["measured_us"] for r in full)
-    extra = full[0] | {"id": full[0]["id"] + "-every-kept-n999", "variant": "every-kept", "n1": 999,
-                       "cubin": full[0]["id"], "measured_us": fastest / 2}
-    path = tmp_path / "launches-sample-0.9.parquet"
-    pq.write_table(pa.Table.from_pylist(rows + [extra]), path)
+    kept = [r | {"id": r["id"] + "-every-kept", "variant": "every-kept", "cubin": r["id"]} for r in full]
+    kept.append(full[0] | {"id": full[0]["id"] + "-every-kept-n999", "variant": "every-kept", "n1": 999,
+                           "cubin": full[0]["id"], "measured_us": min(r["measured_us"] for r in full) / 2})
     (tmp_path / "env.json").write_text((RESULTS / "b" / "env.json").read_text())
-    got = [r for r in main([str(path), "--out", str(tmp_path / "t4.parquet")]) if r["layer"] == layer]
-    assert {r["best_tile"] for r in got} == {f"{extra['m1']}×999"}
-    assert all(r["loss"] > 0 or r["chosen_tile"] == r["best_tile"] for r in got)
+
+    def table(launches):
+        path = tmp_path / "launches-sample-0.9.parquet"
+        pq.write_table(pa.Table.from_pylist(launches), path)
+        return {r["strategy"]: r for r in main([str(path), "--out", str(tmp_path / "t4.parquet")]) if r["layer"] == layer}
+
+    got = table(rows + kept)
+    assert {r["best_tile"] for r in got.values()} == {f"{kept[-1]['m1']}×999"}
+    assert all(r["kept_launched"] == r["kept_measured"] == len(kept) for r in got.values())
+    pick = got["ranker"]["chosen_tile"]
+    unmeasured = [r | ({"measure_status": "stopped at the time budget", "measured_us": float("inf")}
+                       if f"{r['m1']}×{r['n1']}" == pick else {}) for r in kept]
+    again = table(rows + unmeasured)["ranker"]
+    assert again["chosen_tile"] == pick and math.isnan(again["loss"]) and again["kept_measured"] == len(kept) - 1

@@ -522,6 +522,8 @@ def full_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int,
     design = params.design
     if epilogue.bias and len(epilogue.bias) != a.shape[0]:
         raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output rows")
+    if params.n1_at_launch and (design.a_values == "streamed" or design.half):
+        raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
     if design.a_values == "streamed":
         if not epilogue.empty:
             raise ValueError(f"design {design.label}: the streamed kernel fuses no epilogue yet")
@@ -737,6 +739,8 @@ def conv_kernel_source(matrix: sp.csr_matrix, tiles: Tiles, n1: int, geometry: C
     a.sort_indices()
     m, k = a.shape
     design = params.design
+    if params.n1_at_launch:
+        raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
     if design != KernelDesign(order=design.order):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
                          f"(tile-x or column-x) so far")

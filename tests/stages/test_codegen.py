@@ -391,6 +391,9 @@ def test_a_full_kernel_reading_n1_at_launch_is_right_at_every_n1_and_shares_its_
     any_n1 = full_kernel_source(a, tiles, 64, CodegenParams(n1_at_launch=True))
     assert any_n1.layout.threads == 0 and any_n1.name != baked.name
     assert any_n1.units[:-1] == baked.units[:-1] and "blockIdx.y * blockDim.x" in any_n1.units[-1]
+    for design in ("streamed", "fp16"):  # the baked fp32 kernels' so far: refused, never ignored
+        with pytest.raises(ValueError, match="N1 at launch"):
+            full_kernel_source(a, tiles, 64, CodegenParams(design=design_named(design), n1_at_launch=True))
     b = np.random.default_rng(1).standard_normal((60, 77)).astype(np.float32)
     for n1 in (32, 96):
         c = run_on_host(any_n1, {"B": b.ravel(), "C": np.empty(40 * 77, np.float32), "N": 77},
