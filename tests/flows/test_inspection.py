@@ -50,3 +50,25 @@ def test_a_clean_run_has_no_problem_table_and_its_depthwise_skips_group_across_m
                                     "shufflenetv2: 3 × depthwise convolution is not a GEMM "
                                     "(`lospmm inspect r2 --stage extract` lists them)")
     assert skipped_line({"entries": []}) is None
+
+
+def test_the_run_summary_names_each_kernels_dtype(tmp_path):
+    import io
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    from lospmm.flows.reports.inspection import summary_table
+    from lospmm.flows.storage.store import write_artifact
+
+    row = {"model": "m", "layer": "enc.0.weight", "sparsity": 0.9, "status": "ok", "candidates": 10,
+           "after_constrain": 5, "after_rank": 3, "timed": 3, "m1": 2, "n1": 32, "dtype": "bf16", "timer": "estimate",
+           "time_us": 6.5, "speedup_vs_dense": float("nan"), "compile_seconds": 0.5, "emit_seconds": 2.0,
+           "search_seconds": 4.0}
+    write_artifact(tmp_path / "summary" / "r.parquet", pa.Table.from_pylist([row]), {"stage": "summary"})
+    out = io.StringIO()
+    Console(file=out, width=250).print(summary_table(str(tmp_path), {"summary": "summary/r.parquet"}))
+    lines = out.getvalue().splitlines()
+    header = next(l for l in lines if l.startswith("┃"))
+    line = next(l for l in lines if l.startswith("│") and "enc.0" in l)
+    assert header.split("┃")[10].strip() == "dtype" and line.split("│")[10].strip() == "bf16"

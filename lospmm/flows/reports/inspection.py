@@ -174,9 +174,9 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
     if not record.get("summary"):
         return None
     rows = read_artifact(Path(artifacts).resolve() / record["summary"]).to_pylist()
-    t = Table(title="per layer: candidates after each step, chosen tile, time (timer named per row; "
-                    "'estimate' = analytic model, not a measurement), search seconds")
-    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "timer",
+    t = Table(title="per layer: candidates after each step, chosen tile, the kernel's dtype, time (timer named per "
+                    "row; 'estimate' = analytic model, not a measurement; vs cuBLAS in the kernel's dtype), search seconds")
+    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "dtype", "timer",
               "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
         # a long layer name wraps: cut short it would name no layer (other cells may shorten)
         t.add_column(c, overflow="fold" if c == "layer" else "ellipsis", min_width=12 if c == "layer" else None)
@@ -184,7 +184,8 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
         fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
-                  f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r["timer"]), fmt(r["time_us"], "{:.1f}"),
+                  f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r.get("dtype")), fmt(r["timer"]),
+                  fmt(r["time_us"], "{:.1f}"),
                   _speedup(r.get("speedup_vs_dense")), fmt(r["compile_seconds"], "{:.1f}"),
                   fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
     return t
