@@ -33,6 +33,7 @@ rounding bound, and cuBLAS's error in the same dtype is measured on the same dat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -194,7 +195,6 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> 
     """The tile the search chooses for the layer's pruned A (a half design's: A rounded to its dtype)
     in `design`: the shipped ranker of the design's kind, its top-10 proxies timed by `timer` (the
     flow's choice, search.choice). None for an empty layer."""
-    from lospmm.flows.storage.ranker_store import load_ranker, shipped_ranker
     from lospmm.stages.search import SearchParams, choice, layer_search
     from lospmm.stages.timing import LaunchUnderTest
 
@@ -203,7 +203,7 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> 
         return None
     if design.half:
         a = rounded_matrix(a, design.dtype)[0]
-    booster = _ranker(shipped_ranker(half=design.half), load_ranker)
+    booster = _shipped_booster(design.half)
     search = layer_search(a, shape.n, sparsity, device, booster, SearchParams(design=design))
     timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
         search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
@@ -212,13 +212,12 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> 
     return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
 
 
-_RANKERS: dict = {}
+@functools.lru_cache(maxsize=None)
+def _shipped_booster(half: bool):
+    """The shipped ranker of a design's kind, loaded once for every layer of a plan."""
+    from lospmm.flows.storage.ranker_store import load_ranker, shipped_ranker
 
-
-def _ranker(path: Path, load):
-    if path not in _RANKERS:
-        _RANKERS[path] = load(path)[0]
-    return _RANKERS[path]
+    return load_ranker(shipped_ranker(half=half))[0]
 
 
 # The half-precision set (issue 23): every variant of the half kernel on the tile the half search
@@ -459,10 +458,10 @@ def cublas_half_error(a: sp.csr_matrix, n: int, dtype: str, seed: int) -> float:
     float64 product: the accuracy bar's other side (issue 23: ours within 2× of it)."""
     import torch
 
-    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, to_dtype_bits
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, random_b_bits
 
     kind = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    b = from_dtype_bits(to_dtype_bits(np.random.default_rng(seed).standard_normal((a.shape[1], n)), dtype), dtype)
+    b = from_dtype_bits(random_b_bits(a.shape[1], n, dtype, seed), dtype)  # the B checked() drew at this N
     with torch.no_grad():
         c = torch.matmul(torch.tensor(a.toarray(), device="cuda").to(kind), torch.tensor(b, device="cuda").to(kind))
     c64 = c.double().cpu().numpy()

@@ -435,10 +435,9 @@ def checked_half_kernel(kernel: KernelSource, matrix, n: int, dtype: str, seed: 
     for bit, within one value after a GELU), or the error exceeds `bound` (when given:
     codegen_half.error_bound's γ, `absolute` its η)."""
     from lospmm.stages.codegen import Epilogue
-    from lospmm.stages.codegen_half import (from_dtype_bits, normalised_error, output_problem, precision_of,
-                                            to_dtype_bits)
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, output_problem, precision_of, random_b_bits
 
-    b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((kernel.k, n)), dtype)
+    b_bits = random_b_bits(kernel.k, n, dtype, seed)
     c_bits = half_gemm_on_host(kernel, b_bits, sanitize=sanitize)
     c = from_dtype_bits(c_bits, dtype)
     if np.isnan(c).any():

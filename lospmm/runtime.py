@@ -392,12 +392,11 @@ def half_gemm_on_device(cubin: bytes, name: str, layout, m: int, b_bits: np.ndar
     padded to the N it launches with, C poisoned with NaN bits (0x7fff) first."""
     from cuda.bindings import driver
 
-    k, n = b_bits.shape
+    n = b_bits.shape[1]
     launched = layout.launch_columns(n)
-    padded = np.zeros((k, launched), np.uint16)
-    padded[:, :n] = b_bits
     kernel = LoadedKernel(cubin, name)
-    bb, cb = DeviceBuffer.of(padded), DeviceBuffer.of(np.full((m, launched), 0x7FFF, np.uint16))
+    bb = DeviceBuffer.of(_padded(np.asarray(b_bits, np.uint16), launched))
+    cb = DeviceBuffer.of(np.full((m, launched), 0x7FFF, np.uint16))
     try:
         kernel.launch(layout.grid(n), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", launched)])
         _ck(driver.cuCtxSynchronize(), name)
@@ -416,10 +415,10 @@ def check_half_kernel(cubin: bytes, name: str, layout, matrix, n: int, precision
     poisoned with NaN first. inf if an output was left unwritten or differs from the kernel's exact
     model (codegen_half.output_problem)."""
     from lospmm.stages.codegen import Epilogue
-    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, output_problem, to_dtype_bits
+    from lospmm.stages.codegen_half import from_dtype_bits, normalised_error, output_problem, random_b_bits
 
     epilogue, dtype = epilogue or Epilogue(), precision.dtype
-    b_bits = to_dtype_bits(np.random.default_rng(seed).standard_normal((matrix.shape[1], n)), dtype)
+    b_bits = random_b_bits(matrix.shape[1], n, dtype, seed)
     c_bits = half_gemm_on_device(cubin, name, layout, matrix.shape[0], b_bits)
     c = from_dtype_bits(c_bits, dtype)
     if not np.isfinite(c).all() or output_problem(c_bits, matrix, b_bits, precision, epilogue):

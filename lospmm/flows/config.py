@@ -153,9 +153,10 @@ def resolved(cfg: RunConfig) -> RunPlan:
             source_design(design, source.dtype, cfg.accumulate, cfg.promote_every)
         except ValueError as e:
             raise ConfigError(f"{source.label}: {source.dtype} kernels: {e}") from None
-    if cfg.ranker and cfg.rank and "rank" in stages:
-        kind = "half" if _ranks_half(cfg.ranker) else "fp32"
-        if all((s.dtype != "fp32") != (kind == "half") for s in sources):
+    given_half = _ranks_half(cfg.ranker) if cfg.ranker and cfg.rank and "rank" in stages else None
+    if given_half is not None:
+        kind = "half" if given_half else "fp32"
+        if all((s.dtype != "fp32") != given_half for s in sources):
             raise ConfigError(f"--ranker {cfg.ranker} ranks {kind} kernels; this run's sources are "
                               f"{', '.join(sorted({s.dtype for s in sources}))} (train one with `lospmm train-ranker "
                               f"--dtype ...`, or leave --ranker out for the shipped one)")
@@ -164,8 +165,8 @@ def resolved(cfg: RunConfig) -> RunPlan:
                           "half weights)")
     return RunPlan(
         config=cfg, root=Path(cfg.artifacts).resolve(), stages=stages, sources=sources, device=device,
-        timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages),
-        half_ranker=_ranker(cfg, stages, half=True) if any(s.dtype != "fp32" for s in sources) else None,
+        timer=resolved_timer(cfg.timer, device), ranker=_ranker(cfg, stages, False, given_half),
+        half_ranker=_ranker(cfg, stages, True, given_half) if any(s.dtype != "fp32" for s in sources) else None,
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
@@ -255,15 +256,15 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool = False) -> RankerRef:
+def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool, given_half: bool | None) -> RankerRef:
     """The ranker of the run's fp32 sources, or (`half`) of its fp16/bf16 ones: --ranker for the kind
-    of kernels it was trained on (its metadata's design; fp32 when it names none), the shipped model
-    of the kind otherwise."""
+    of kernels it was trained on (`given_half`, _ranks_half of it), the shipped model of the kind
+    otherwise."""
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
     from lospmm.flows.storage.ranker_store import RankerError, load_ranker, shipped_ranker
 
-    path = cfg.ranker if cfg.ranker and _ranks_half(cfg.ranker) == half else \
+    path = cfg.ranker if cfg.ranker and given_half == half else \
         (str(shipped_ranker(half=True)) if half else None)
     try:
         _, meta = load_ranker(path)  # the model itself, not only its metadata: a bad file fails here

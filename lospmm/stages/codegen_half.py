@@ -400,21 +400,17 @@ def sum_to_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where((e != 0) & even & np.isfinite(s), np.nextafter(s, np.copysign(np.inf, e)), s)
 
 
+def random_b_bits(k: int, n: int, dtype: str, seed: int) -> np.ndarray:
+    """A fresh random B (K×n, standard normal, seeded) rounded to `dtype`, as uint16 bits: the data
+    every half check draws, so that a library's error can be measured on the same B."""
+    return to_dtype_bits(np.random.default_rng(seed).standard_normal((k, n)), dtype)
+
+
 def packed_reference(matrix: sp.csr_matrix, b_bits: np.ndarray, dtype: str) -> np.ndarray:
     """What a `packed` kernel computes, bit for bit: each output's nonzeros in ascending column
-    order, each multiply-add rounded once to the dtype from the exact value (the product of two
-    halves is exact in float64; the sum is rounded to odd there first: sum_to_odd). Returns uint16
-    bits, M×N."""
-    a = sp.csr_matrix(matrix, dtype=np.float64)
-    a.sort_indices()
-    b = from_dtype_bits(b_bits, dtype)
-    out = np.zeros((a.shape[0], b.shape[1]), np.uint16)
-    for r in range(a.shape[0]):
-        acc = np.zeros(b.shape[1], np.float64)
-        for p in range(a.indptr[r], a.indptr[r + 1]):
-            acc = from_dtype_bits(to_dtype_bits(sum_to_odd(a.data[p] * b[a.indices[p]], acc), dtype), dtype)
-        out[r] = to_dtype_bits(acc, dtype)
-    return out
+    order, each multiply-add rounded once to the dtype from the exact value (kernel_reference's
+    packed case). Returns uint16 bits, M×N."""
+    return kernel_reference(matrix, b_bits, Precision(dtype))
 
 
 def _f32_fma(x: np.ndarray, y: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -443,18 +439,27 @@ def kernel_reference(matrix: sp.csr_matrix, b_bits: np.ndarray, precision: Preci
                      epilogue: Epilogue = Epilogue()) -> np.ndarray:
     """What a correct half kernel of `precision` stores, bit for bit (uint16, M×N), for the rounded A
     (`matrix`) and B's bits: each row's nonzeros in ascending column order — packed FMAs each rounded
-    once to the dtype (sum_to_odd), or fp32 FMAs on the converted pair, or packed sums moved into
+    once to the dtype from the exact value (the product of two halves is exact in float64, the sum
+    rounded to odd there: sum_to_odd), or fp32 FMAs on the converted pair, or packed sums moved into
     fp32 every `promote_every` — then the epilogue in fp32 and one rounding to the dtype. Rows with
     no nonzero store the epilogue of zero as the kernel's literal does."""
+    return _reference(matrix, b_bits, precision, epilogue)[0]
+
+
+def _reference(matrix: sp.csr_matrix, b_bits: np.ndarray, precision: Precision,
+               epilogue: Epilogue) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel_reference's bits, each output's fp32 value before the activation: its sum plus bias)."""
     a = sp.csr_matrix(matrix, dtype=np.float64)
     a.sort_indices()
     dtype, promote = precision.dtype, precision.promote_every
     b = from_dtype_bits(b_bits, dtype)
     out = np.zeros((a.shape[0], b.shape[1]), np.uint16)
+    pre = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for r in range(a.shape[0]):
         lo, hi = a.indptr[r], a.indptr[r + 1]
         if lo == hi:
             out[r] = int(_zero_pair(epilogue, r, dtype).removesuffix("u"), 16) & 0xFFFF
+            pre[r] = np.float32(epilogue.bias[r]) if epilogue.bias else 0.0
             continue
         if precision.accumulate == "f32":
             total = np.zeros(b.shape[1], np.float32)
@@ -471,10 +476,11 @@ def kernel_reference(matrix: sp.csr_matrix, b_bits: np.ndarray, precision: Preci
             elif (hi - lo) % promote:
                 total = total + acc.astype(np.float32)
             if not promote and epilogue.empty:
-                out[r] = to_dtype_bits(acc, dtype)
+                out[r], pre[r] = to_dtype_bits(acc, dtype), total
                 continue
+        pre[r] = _epilogued(total, r, Epilogue(epilogue.bias))
         out[r] = to_dtype_bits(_epilogued(total, r, epilogue).astype(np.float64), dtype)
-    return out
+    return out, pre
 
 
 def bits_apart(x_bits: np.ndarray, y_bits: np.ndarray) -> np.ndarray:
@@ -498,13 +504,12 @@ def output_problem(c_bits: np.ndarray, matrix: sp.csr_matrix, b_bits: np.ndarray
     """"" when a half kernel's output equals kernel_reference's value for value (±0 alike, NaN as
     NaN; after a GELU, within one value of the dtype and erff's own error), else one line: how many
     outputs differ and the first of them."""
-    want = kernel_reference(matrix, b_bits, precision, epilogue)
+    want, pre = _reference(matrix, b_bits, precision, epilogue)
     got_v, want_v = from_dtype_bits(c_bits, precision.dtype), from_dtype_bits(want, precision.dtype)
     same = (got_v == want_v) | (np.isnan(got_v) & np.isnan(want_v))
     if epilogue.activation == "gelu":
-        # x, the pre-activation value (sum + bias, to within the dtype's rounding: doubled below)
-        x = np.abs(from_dtype_bits(kernel_reference(matrix, b_bits, precision, Epilogue(epilogue.bias)),
-                                   precision.dtype))
+        # x, the pre-activation value (sum + bias) as the dtype holds it (within its rounding: doubled below)
+        x = np.abs(from_dtype_bits(to_dtype_bits(pre.astype(np.float64), precision.dtype), precision.dtype))
         one_value = (np.spacing(np.abs(want_v).astype(np.float16)).astype(np.float64) if precision.dtype == "fp16"
                      else np.abs(want_v) * 2.0 ** -7)  # bf16: 8 significant bits
         same |= bits_apart(c_bits, want) <= 1
