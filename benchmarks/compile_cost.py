@@ -22,15 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from lospmm.stages.cluster import proxy_active_blocks, proxy_clusters
-from lospmm.stages.codegen import full_kernel_source, proxy_kernel_source
+from lospmm.kernel.render import kernel_source as full_kernel_source, proxy_source as proxy_kernel_source
 from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import layer_candidates
-from lospmm.stages.devices import device_named
+from lospmm.devices import device_named
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import pruned_layer, random_pruned
 from lospmm.stages.rank import RankParams
 from lospmm.stages.reorder import reordered_tiles, tile_stats
-from lospmm.stages.search import SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
+from lospmm.search import SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
 
 # the flow's search without the ranker: every kept candidate chosen, one proxy per kept M1
 UNRANKED = SearchParams(rank=RankParams(use_rank=False))

@@ -21,9 +21,10 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     import numpy as np
 
-    from lospmm.sass import opcodes_by_function
-    from lospmm.stages.codegen import CodegenParams, design_named, full_kernel_source
-    from lospmm.stages.codegen_half import Precision, half_kernel_source, rounded_matrix
+    from lospmm.kernel.sass import opcodes_by_function
+    from lospmm.kernel.design import design_named, half_design
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+    from lospmm.kernel.render import CodegenParams, kernel_source
     from lospmm.stages.compile import compiled_kernel, kernel_options
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
@@ -40,14 +41,14 @@ def main(argv=None) -> list[dict]:
 
     for design in ("baseline", "chained,v=2"):
         d = design_named(design)
-        row(f"fp32 {design}", full_kernel_source(a0, reordered_tiles(a0, args.m1), args.n1, CodegenParams(design=d)),
+        row(f"fp32 {design}", kernel_source(a0, reordered_tiles(a0, args.m1), args.n1, CodegenParams(design=d)),
             a0.nnz, d.columns_per_thread, kernel_options("sm_90", args.m1, design=d))
-    for precision in (Precision("fp16"), Precision("fp16", "f32"), Precision("fp16", "packed", 8), Precision("bf16"),
-                      Precision("bf16", "f32")):
+    half = NumberFormat.half
+    for precision in (half("fp16"), half("fp16", "f32"), half("fp16", "packed", 8), half("bf16"), half("bf16", "f32")):
         a, _ = rounded_matrix(a0, precision.dtype)
         for loads in ("based", "chained"):
-            kernel = half_kernel_source(a, reordered_tiles(a, args.m1), args.n1, precision,
-                                        CodegenParams(design=design_named(loads)))
+            kernel = kernel_source(a, reordered_tiles(a, args.m1), args.n1,
+                                   CodegenParams(design=half_design(precision, design_named(loads))))
             row(f"{precision.label} {loads}", kernel, a.nnz, 2, kernel_options("sm_90", args.m1))
     print(f"{args.m}×{args.k} at sparsity {args.sparsity}, tile ({args.m1}, {args.n1}), sm_90 (static counts)")
     print(f"{'kernel':32} {'instr/useful FMA':>17} {'LDG/nnz':>8} {'regs':>5} {'spill B':>8}")

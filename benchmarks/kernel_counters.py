@@ -18,8 +18,9 @@ stalls, and the SM's instruction caches (ICC hit rate, GCC instruction misses).
     # the table again, anywhere
     python -m benchmarks.kernel_counters report OUT [--bundle BUNDLE]
 
-A bundle is a folder with kernels.parquet (id, set, model, layer, m, k, n, kernel, launch,
-instructions, ...) and <id>.cubin per row; its kernels take (const float* B, float* C, int N).
+A bundle is the device program's (benchmarks.bundle): launches.parquet (id, set, model, layer, m, k, n,
+kernel, package, instructions, ...) and a kernel package per kernel; a launch runs a row's kernel as
+its KernelSpec says, at the row's count (N or a batch), on random input of its dtype.
 
 Metric names: Nsight Compute's Kernel Profiling Guide (Warp Stall Reasons, Metrics Reference) and
 the rule scripts that ship with ncu (CPIStall, IssueSlotUtilization) use the names below; all were
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import os
 import re
@@ -177,9 +177,9 @@ class ProfileOptions:
 
 
 def kernel_rows(bundle: Path) -> list[dict]:
-    import pyarrow.parquet as pq
+    from benchmarks.bundle import bundle_rows
 
-    return pq.read_table(Path(bundle) / "kernels.parquet").to_pylist()
+    return bundle_rows(bundle)
 
 
 def chosen_rows(rows: list[dict], ids: Sequence[str] = (), kernel_set: str | None = None,
@@ -189,7 +189,7 @@ def chosen_rows(rows: list[dict], ids: Sequence[str] = (), kernel_set: str | Non
     by_id = {str(r["id"]): r for r in rows}
     missing = [i for i in ids if i not in by_id]
     picked = [by_id[i] for i in ids if i in by_id] if ids else list(rows)
-    if kernel_set:  # kernel_speed.py's sets: ab, micro, headline
+    if kernel_set:  # benchmarks.sets' sets: ab, micro, headline, ...
         picked = [r for r in picked if str(r.get("set")) == kernel_set]
     return (picked[:limit] if limit else picked), missing
 
@@ -198,34 +198,36 @@ def chosen_rows(rows: list[dict], ids: Sequence[str] = (), kernel_set: str | Non
 
 
 def launch(bundle: Path, kernel_id: str, n: int | None = None, repeats: int = 3, seed: int = 0) -> int:
-    """Launch one kernel of the bundle `repeats` times on random B (K × launch_columns(N)) and
-    synchronise. Returns the exit status; says nothing on stdout (ncu prints its CSV there)."""
+    """Launch one kernel of the bundle `repeats` times on random input (as its spec says, at the row's
+    count, or N columns) and synchronise. Returns the exit status; says nothing on stdout (ncu prints
+    its CSV there)."""
     import numpy as np
 
-    from lospmm.runtime import DeviceBuffer, LoadedKernel, _ck
-    from lospmm.stages.codegen import LaunchLayout
+    from benchmarks.bundle import package_of
+    from lospmm.kernel.cuda import CudaKernel, DeviceBuffer, _ck
 
-    if not (Path(bundle) / "kernels.parquet").is_file():
-        print(f"{kernel_id}: {bundle} holds no kernels.parquet", file=sys.stderr)
+    if not (Path(bundle) / "launches.parquet").is_file():
+        print(f"{kernel_id}: {bundle} holds no launches.parquet", file=sys.stderr)
         return 2
     rows, missing = chosen_rows(kernel_rows(bundle), [kernel_id])
     if missing:
-        print(f"{kernel_id}: not in {bundle}/kernels.parquet", file=sys.stderr)
+        print(f"{kernel_id}: not in {bundle}/launches.parquet", file=sys.stderr)
         return 2
     row = rows[0]
-    layout = LaunchLayout(**json.loads(row["launch"]))
-    columns = layout.launch_columns(int(n or row["n"]))
-    m, k = int(row["m"]), int(row["k"])
     buffers = []
     try:
         from cuda.bindings import driver
 
-        kernel = LoadedKernel((Path(bundle) / f"{kernel_id}.cubin").read_bytes(), str(row["kernel"]))
-        b = np.random.default_rng(seed).standard_normal((k, columns)).astype(np.float32)
-        buffers = [DeviceBuffer.of(b), DeviceBuffer(4 * m * columns)]
-        args = [("ptr", buffers[0].ptr), ("ptr", buffers[1].ptr), ("int", columns)]
+        spec = package_of(bundle, row).spec
+        kernel = CudaKernel(spec, package_of(bundle, row).cubin())
+        count = spec.launch_count(int(n or row["count"]))
+        buffers = [DeviceBuffer.of(spec.number.sample(spec.input_shape(count), seed)), DeviceBuffer(spec.element_bytes * int(np.prod(spec.output_shape(count))))]
+        threads = int(row["n1"]) if spec.n1_at_launch else None
+        if row.get("cluster_of"):
+            buffers.append(DeviceBuffer.of(np.asarray(row["cluster_of"], np.int32)))
+        extra = [("ptr", b.ptr) for b in buffers[2:]]
         for _ in range(repeats):
-            kernel.launch(layout.grid(columns), layout.block(), args)
+            kernel.launch(buffers[0].ptr, buffers[1].ptr, count, 0, threads, extra, int(row.get("smem_bytes") or 0))
         _ck(driver.cuCtxSynchronize(), f"{row['kernel']} ({kernel_id})")
     except Exception as e:  # a CUDA error, no driver, a bad cubin: one line for ncu's log, and exit 1
         print(f"{kernel_id}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
@@ -233,8 +235,8 @@ def launch(bundle: Path, kernel_id: str, n: int | None = None, repeats: int = 3,
     finally:
         for buf in buffers:
             buf.close()
-    print(f"{kernel_id}: {row['kernel']} launched {repeats}x, grid {layout.grid(columns)}, block {layout.block()}, "
-          f"N {columns}", file=sys.stderr)
+    print(f"{kernel_id}: {row['kernel']} launched {repeats}x, grid {spec.grid(count, threads)}, count {count}",
+          file=sys.stderr)
     return 0
 
 
@@ -413,7 +415,7 @@ class Profiler:
     commands: list[str] = field(default_factory=list)
 
     def profile(self, row: dict) -> list[dict]:
-        from lospmm.stages.status import Status
+        from lospmm.status import Status
 
         kid, kernel = str(row["id"]), str(row["kernel"])
         out = []
@@ -452,14 +454,15 @@ def profile(args) -> None:
         print(options.problem())
         raise SystemExit(2)
     bundle, out = Path(args.bundle), Path(args.out)
-    if not (bundle / "kernels.parquet").is_file():
-        print(f"{bundle}: no kernels.parquet (a bundle holds kernels.parquet and one <id>.cubin per row)")
+    if not (bundle / "launches.parquet").is_file():
+        print(f"{bundle}: no launches.parquet (a bundle of benchmarks.bundle holds launches.parquet and its kernels' "
+              f"packages)")
         raise SystemExit(2)
     rows, missing = chosen_rows(kernel_rows(bundle), args.ids or (), args.set, args.limit)
-    from lospmm.stages.status import Status
+    from lospmm.status import Status
 
     profiler = Profiler(ncu, bundle, options)
-    counters = [_row(i, "", Status.ERROR, f"not in {bundle}/kernels.parquet") for i in missing]
+    counters = [_row(i, "", Status.ERROR, f"not in {bundle}/launches.parquet") for i in missing]
     for i, row in enumerate(rows):
         try:
             got = profiler.profile(row)
@@ -499,7 +502,7 @@ def summary_rows(counters: list[dict], kernels: list[dict] = ()) -> list[dict]:
     the bundle's row is given), issue-slot utilisation, occupancy, cycles per issued instruction,
     the shares of all stall cycles spent waiting for instructions (fetch) and for operands
     (data), the top stall reasons (cycles per issued instruction, share), and the i-caches."""
-    from lospmm.stages.status import Status
+    from lospmm.status import Status
 
     static = {str(k["id"]): k.get("instructions") for k in kernels}
     ids = list(dict.fromkeys(r["id"] for r in counters))
@@ -645,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("bundle")
     p.add_argument("out")
     p.add_argument("--ids", nargs="*", default=None, help="kernel ids; default every row (after --set, --limit)")
-    p.add_argument("--set", default=None, help="only rows of this set (kernel_speed.py's ab, micro, headline)")
+    p.add_argument("--set", default=None, help="only rows of this set (benchmarks.sets': ab, micro, headline, ...)")
     p.add_argument("--limit", type=int, default=None, help="at most this many kernels")
     p.add_argument("--n", type=int, default=None, help="output columns for every kernel; default each layer's N")
     p.add_argument("--repeats", type=int, default=ProfileOptions.repeats,

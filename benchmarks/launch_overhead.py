@@ -3,7 +3,7 @@ SpConv on torch CUDA tensors, the bare LoadedKernel.launch, and torch's own dens
 shapes, each in a loop of small launches whose GPU time is far below the host's. Prints µs per call
 (median of 5 loops).
 
-    python -m benchmarks.launch_overhead [--calls 2000]
+    python -m benchmarks.launch_overhead [--calls 2000] [--out FILE.parquet]
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ def per_call_us(fn, calls: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--out", default=None, help="also write the table here (launch-overhead.parquet: call, us_per_call)")
     args = p.parse_args()
 
     import torch
 
     import lospmm
     from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.cuda import device_facts
+    from lospmm.kernel.geometry import ConvGeometry
     from lospmm.loader import load_kernel
-    from lospmm.runtime import device_facts
-    from lospmm.stages.codegen import ConvGeometry
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
@@ -65,10 +66,8 @@ def main() -> None:
     dense_a = torch.from_numpy(a.toarray()).float().cuda()
     weight = torch.from_numpy(c.toarray().reshape(16, 16, 3, 3)).float().cuda()
     stream = torch.cuda.current_stream().cuda_stream
-    raw = [("ptr", b.data_ptr()), ("ptr", out.data_ptr()), ("int", 64)]
     rows = [
-        ("LoadedKernel.launch (the bare launch)", lambda: spmm._kernel.launch(spmm.layout.grid(64), spmm.layout.block(),
-                                                                              raw, 0, stream)),
+        ("CudaKernel.launch (the bare launch)", lambda: spmm._kernel.launch(b.data_ptr(), out.data_ptr(), 64, stream)),
         ("SpMM(B) 64×64", lambda: spmm(b)),
         ("SpMM(B, out=C) 64×64", lambda: spmm(b, out=out)),
         ("torch.matmul 64×64 (cuBLAS)", lambda: torch.matmul(dense_a, b)),
@@ -86,8 +85,16 @@ def main() -> None:
     except AttributeError:  # a lospmm from before the operators (PYTHONPATH=<older checkout>)
         pass
     print(f"lospmm from {Path(lospmm.__file__).parent}; {torch.cuda.get_device_name()}; {args.calls} calls a loop")
+    table = []
     for name, fn in rows:
-        print(f"{name:45s} {per_call_us(fn, args.calls):7.2f} µs per call", flush=True)
+        us = per_call_us(fn, args.calls)
+        table.append({"call": name, "us_per_call": us, "calls": args.calls, "device": torch.cuda.get_device_name()})
+        print(f"{name:45s} {us:7.2f} µs per call", flush=True)
+    if args.out:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(table), args.out)
 
 
 if __name__ == "__main__":

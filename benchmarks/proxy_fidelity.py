@@ -27,8 +27,8 @@ from lospmm.flows.config import resolved_timer
 from lospmm.flows.execution.taskio import RunContext
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
-from lospmm.stages.devices import device_named
-from lospmm.stages.search import full_kernel_time
+from lospmm.devices import device_named
+from lospmm.search import full_kernel_time
 
 from benchmarks.paper_plots import run_record
 

@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from lospmm.stages.codegen import full_kernel_source
+from lospmm.kernel.render import kernel_source as full_kernel_source
 from lospmm.stages.compile import CompileOptions, compiled_kernel
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.prune import random_pruned

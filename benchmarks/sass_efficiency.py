@@ -17,8 +17,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from lospmm.sass import sass_counts
-from lospmm.stages.codegen import full_kernel_source
+from lospmm.kernel.sass import sass_counts
+from lospmm.kernel.render import kernel_source as full_kernel_source
 from lospmm.stages.compile import CompileOptions, compiled_kernel
 from lospmm.stages.constrain import predicted_registers
 from lospmm.stages.prune import random_pruned
@@ -85,7 +85,8 @@ def conv_cost(sparsity: float, m1s: list[int]) -> None:
     the GEMM kernel (reads a materialised im2col B) for the same weights and tiles."""
     import time
 
-    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
 
     layers = {"resnet50 conv1 (7×7 s2, 3→64, 224²)": ConvGeometry(cin=3, h=224, w=224, kh=7, kw=7, stride=2, pad=3),
               "resnet50 layer1.0.conv2 (3×3, 64→64, 56²)": ConvGeometry(cin=64, h=56, w=56, kh=3, kw=3, pad=1)}
@@ -98,7 +99,7 @@ def conv_cost(sparsity: float, m1s: list[int]) -> None:
             tiles = reordered_tiles(a, m1)
             cols = int(tiles.tile_nnc.sum())
             for kind, kernel in (("GEMM (im2col B)", full_kernel_source(a, tiles, 128)),
-                                 ("conv (implicit)", conv_kernel_source(a, tiles, 128, g, Epilogue(activation="relu")))):
+                                 ("conv (implicit)", full_kernel_source(a, tiles, 128, epilogue=Epilogue(activation="relu"), conv=g))):
                 t0 = time.perf_counter()
                 out = compiled_kernel(kernel, CompileOptions(arch="sm_90", maxrregcount=predicted_registers(m1),
                                                              relocatable=True))

@@ -36,11 +36,11 @@ from rich.table import Table
 from benchmarks.compile_cost import in_child
 from lospmm.stages.compile import CompileOptions, compiled_kernel, kernel_options
 from lospmm.stages.constrain import predicted_registers
-from lospmm.stages.devices import device_named
+from lospmm.devices import device_named
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import pruned_layer
 from lospmm.stages.rank import RankParams
-from lospmm.stages.search import DEFAULT_M1, SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
+from lospmm.search import DEFAULT_M1, SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
 
 
 @dataclass

@@ -33,7 +33,7 @@ MODELS = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
 SPARSITIES = (0.5, 0.7, 0.8, 0.9, 0.95)
 STAGES = ("reorder", "constrain", "rank", "cluster", "pad")
 
-from benchmarks.gpuplan import geomean
+from benchmarks.analysis import geomean
 
 
 def sample() -> list[tuple[str, str, float]]:
@@ -65,7 +65,7 @@ def _warm_up(device) -> None:
     global _WARM
     if not _WARM:
         from lospmm.stages.prune import random_pruned
-        from lospmm.stages.search import SearchParams, layer_search
+        from lospmm.search import SearchParams, layer_search
         from lospmm.stages.rank import RankParams
 
         a = random_pruned(64, 64, 0.8, np.random.default_rng(0))
@@ -77,12 +77,12 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
     """The three strategies' seconds for one kernel (see the module docstring)."""
     from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.compile import compiled_kernel, kernel_options
-    from lospmm.stages.devices import device_named
+    from lospmm.devices import device_named
     from lospmm.stages.extract import zoo_shapes
     from lospmm.stages.prune import pruned_layer
     from lospmm.stages.rank import RankParams
-    from lospmm.stages.search import SearchParams, choice, full_source, layer_search, proxy_timings
-    from lospmm.stages.timing import estimate_timer
+    from lospmm.search import SearchParams, choice, full_source, layer_search, proxy_timings
+    from lospmm.kernel.estimate import estimate_timer
 
     device = device_named(gpu)
     timer = estimate_timer(device)

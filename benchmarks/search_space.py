@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from lospmm.stages.constrain import layer_candidates, reduction_counts
-from lospmm.stages.devices import device_named
+from lospmm.devices import device_named
 from lospmm.stages.extract import ZOO_NAMES, zoo_shapes
 from lospmm.stages.prune import pruned_layer
 from lospmm.stages.reorder import tile_stats
-from lospmm.stages.search import DEFAULT_M1, layer_tiles
+from lospmm.search import DEFAULT_M1, layer_tiles
 
 STEPS = ("total", "after_register", "after_utilisation", "after_load_balance")
 

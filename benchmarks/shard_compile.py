@@ -28,7 +28,7 @@ LAYERS = {  # name: (rows, K, sparsity, M1)
 
 
 def _child(rows, k, sparsity, m1, shard_nnz, mono, queue) -> None:
-    from lospmm.stages.codegen import CodegenParams, full_kernel_source
+    from lospmm.kernel.render import CodegenParams, kernel_source as full_kernel_source
     from lospmm.stages.compile import CompileOptions, compiled, kernel_options
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
@@ -66,10 +66,10 @@ def _child(rows, k, sparsity, m1, shard_nnz, mono, queue) -> None:
 
 def _proxy_child(model, layer, sparsity, m1, queue) -> None:
     from lospmm.stages.cluster import proxy_active_blocks, proxy_clusters
-    from lospmm.stages.codegen import proxy_kernel_source
+    from lospmm.kernel.render import proxy_source as proxy_kernel_source
     from lospmm.stages.compile import compiled_kernel, kernel_options
     from lospmm.stages.constrain import layer_candidates
-    from lospmm.stages.devices import device_named
+    from lospmm.devices import device_named
     from lospmm.stages.extract import zoo_shapes
     from lospmm.stages.prune import pruned_layer
     from lospmm.stages.reorder import reordered_tiles, tile_stats
@@ -151,7 +151,7 @@ def sweep(shard_nnz: int) -> None:
 
 
 def main() -> None:
-    from lospmm.stages.codegen import CodegenParams
+    from lospmm.kernel.render import CodegenParams
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--splits", type=int, nargs="+", default=[1024, 4096, 16384])

@@ -18,10 +18,9 @@ from rich.console import Console
 from lospmm.flows.config import ConfigError, RunConfig, resolved
 from lospmm.flows.storage.runs import RunStatus
 from lospmm.stages import STAGES
-from lospmm.stages.codegen import design_named
-from lospmm.stages.devices import DEVICES, device_named
+from lospmm.kernel.design import design_named
+from lospmm.devices import DEVICES, device_named
 from lospmm.stages.extract import ZOO_NAMES
-from lospmm.stages.status import Status
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
 # An explicit setting by the user still wins.
@@ -132,7 +131,7 @@ def train_ranker_cmd(
     timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
     seed: int = typer.Option(_RUN.seed, "--seed"),
     measured: list[Path] = typer.Option([], "--measured", help="Train on measured full-kernel times instead: a "
-                                        "device's launch file(s) (benchmarks.gpu_plan's launches-*.parquet), held "
+                                        "device's launch file(s) (benchmarks.device's kernel-speed-sample-*.parquet), held "
                                         "out by layer; the model is named for the device and driver (env.json beside "
                                         "the file) unless --out is given."),
     dtype: str = typer.Option("fp32", "--dtype", help="The kernels it ranks: fp32, or half kernels (fp16, bf16: "
@@ -145,7 +144,7 @@ def train_ranker_cmd(
 
     from lospmm.flows.config import resolved_timer, source_design
     from lospmm.flows.training import train_measured_ranker, train_ranker
-    from lospmm.stages.codegen import BASELINE
+    from lospmm.kernel.design import BASELINE
 
     if measured:
         if dtype != "fp32" or accumulate:
@@ -278,9 +277,9 @@ def kernel(
     """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.storage.runs import run_record
-    from lospmm.stages.codegen_half import Precision
-
     from lospmm.flows.storage.store import ArtifactError
+    from lospmm.flows.config import source_design
+    from lospmm.kernel.check import CheckResult
 
     existed = out.exists()
     try:
@@ -290,10 +289,10 @@ def kernel(
         if kernel_design.half:
             raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
                              f"and --promote-every")
-        precision = None if dtype == "fp32" else Precision(dtype, accumulate, promote_every)
+        kernel_design = source_design(kernel_design, dtype, accumulate, promote_every)
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
-                                  implicit_conv, relu, kernel_design, precision=precision)
+                                  implicit_conv, relu, kernel_design)
     except (LookupError, ValueError) as e:
         _fail(str(e))
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
@@ -308,19 +307,19 @@ def kernel(
     if c:
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")
-    hc = facts.get("host_check")
-    if hc and hc["status"] == Status.OK and "normalised_error" in hc:  # a half kernel
+    if not facts.get("host_check"):
+        return
+    check = CheckResult.of_facts(facts["host_check"])
+    against = ("the float64 product of the same rounded A and B" if dtype != "fp32"
+               else "a reference convolution" if implicit_conv else "scipy")
+    if not check.ok:
+        err.print(f"[red]host check vs {against} FAILED:[/] {check.message}")
+        raise typer.Exit(1)
+    if facts.get("rounding"):  # a half kernel's A, rounded to its dtype
         r = facts["rounding"]
         console.print(f"{dtype} ({facts['precision']['accumulate']} sums): {r['to_zero']} of A's {r['nnz']} values "
-                      f"round to zero and are not baked, {r['subnormal']} are subnormal; host check vs the float64 "
-                      f"product of the same rounded A and B: normalised error {hc['normalised_error']:.2e} "
-                      f"(bound {hc['bound']:.2e})")
-    elif hc and hc["status"] == Status.OK:
-        against = "a reference convolution" if implicit_conv else "scipy"
-        console.print(f"host check vs {against}: max relative error {hc['max_rel_error']:.2e}")
-    elif hc:
-        err.print(f"[red]host check vs scipy FAILED:[/] {hc['message']}")
-        raise typer.Exit(1)
+                      f"round to zero and are not baked, {r['subnormal']} are subnormal")
+    console.print(f"host check vs {against}: {check.metric.replace('_', ' ')} {check.error:.2e} (bound {check.bound:.2e})")
 
 
 def _run(cfg: RunConfig, refresh: list[str]) -> None:

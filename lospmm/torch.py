@@ -41,9 +41,11 @@ except ImportError as e:  # the extra is optional: say which one
 
 from lospmm.flows.inputs.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
-from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_facts, load_kernel
-from lospmm.stages.codegen import Epilogue
-from lospmm.stages.extract import GraphWeight, conv_output_size
+from lospmm.kernel.package import read_package
+from lospmm.kernel.spec import KernelSpec
+from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_package, load_kernel
+from lospmm.kernel.geometry import conv_output_size
+from lospmm.stages.extract import GraphWeight
 
 
 # --- inference transforms -----------------------------------------------------------------------
@@ -397,7 +399,7 @@ def save_model(model: nn.Module, example_input, path: str | Path, kwargs: Mappin
     Written atomically; returns the path."""
     from safetensors.torch import save_file
 
-    from lospmm.flows.storage.store import atomic_write
+    from lospmm.files import atomic_write
 
     weights = layer_weights(model, example_input, kwargs)
     state = model.state_dict()
@@ -490,7 +492,7 @@ def _zero_share(path: Path) -> float:
 
 def _inference_only(x, kernel) -> None:
     if torch.is_grad_enabled() and x.requires_grad:
-        raise RuntimeError(f"{kernel.facts['layer']}: an emitted kernel has no backward (A is baked into it); "
+        raise RuntimeError(f"{kernel.spec.layer}: an emitted kernel has no backward (A is baked into it); "
                            f"run the sparsified model for inference, under torch.no_grad()")
 
 
@@ -522,9 +524,10 @@ def _loaded(name: str) -> SpMM | SpConv:
     return _KERNELS[name]
 
 
-def _facts(name: str) -> dict:
-    """kernel.json of `name`: the registered kernel's, else read (not loaded: a fake needs no device)."""
-    return _KERNELS[name].facts if name in _KERNELS else kernel_facts(name.split("|", 1)[1])
+def _spec(name: str) -> KernelSpec:
+    """The KernelSpec of `name`: the registered kernel's, else read from its kernel.json (not loaded: a
+    fake needs no device)."""
+    return _KERNELS[name].spec if name in _KERNELS else kernel_package(name.split("|", 1)[1]).spec
 
 
 @torch.library.custom_op("lospmm::spmm", mutates_args=())
@@ -535,7 +538,7 @@ def spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
 
 @spmm.register_fake
 def _(b: torch.Tensor, kernel: str) -> torch.Tensor:
-    return b.new_empty((_facts(kernel)["m"], b.shape[1]))
+    return b.new_empty(_spec(kernel).output_shape(b.shape[1]))
 
 
 @torch.library.custom_op("lospmm::conv", mutates_args=())
@@ -546,8 +549,7 @@ def conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
 
 @conv.register_fake
 def _(x: torch.Tensor, kernel: str) -> torch.Tensor:
-    facts = _facts(kernel)
-    return x.new_empty((x.shape[0], facts["m"], facts["conv"]["h_out"], facts["conv"]["w_out"]))
+    return x.new_empty(_spec(kernel).output_shape(x.shape[0]))
 
 
 def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":
@@ -567,7 +569,7 @@ class SparseLinear(nn.Module):
     def forward(self, x):
         _inference_only(x, self.kernel)
         if x.shape[-1] != self.in_features:
-            raise ValueError(f"{self.kernel.facts['layer']}: input has {x.shape[-1]} features, the kernel "
+            raise ValueError(f"{self.kernel.spec.layer}: input has {x.shape[-1]} features, the kernel "
                              f"takes {self.in_features}")
         lead = x.shape[:-1]
         y = spmm(x.reshape(-1, self.in_features).t().contiguous(), self.name).t()  # C = A·Xᵀ is out × tokens
@@ -680,7 +682,7 @@ def _module_weight(a: np.ndarray, module: nn.Module) -> np.ndarray:
     return a.reshape(module.weight.shape)
 
 
-def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: Callable[[], str]) -> str:
+def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_after: Callable[[], str]) -> str:
     """"" when the kernel computes this module's operation (a plain nn.Linear / nn.Conv2d, the same
     convolution geometry) with its weight, entries zeroed, and what it fuses is the module's bias
     and the activation the model applies right after it (`activation_after()`); else why not."""
@@ -688,10 +690,10 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         return f"{layer}: the model's {type(module).__name__} is not an nn.Linear or nn.Conv2d"
     if not _plain(module):
         return f"{layer}: {type(module).__name__} overrides nn.{_base(module).__name__}'s forward"
-    if facts.get("conv"):
+    if spec.conv is not None:
         if not isinstance(module, nn.Conv2d):
             return f"{layer}: a convolution kernel for the model's {type(module).__name__}"
-        g = facts["conv"]
+        g = spec.conv.facts()
         mine = _conv_weight(layer, module, (1, module.in_channels, g["h"], g["w"]))
         if not mine.op:
             return f"{layer}: {mine.reason}"
@@ -699,7 +701,7 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
         theirs, ours = {k: g[k] for k in keys}, {k: mine.conv[k] for k in keys}
         if ours != theirs:
             return f"{layer}: the kernel's convolution ({theirs}) is not the module's ({ours})"
-    kernel_dtype = (facts.get("precision") or {}).get("dtype", "fp32")
+    kernel_dtype = spec.dtype
     model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
     if kernel_dtype != model_dtype:
         return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
@@ -713,10 +715,7 @@ def _matching(a, facts: dict, module: nn.Module, layer: str, activation_after: C
     if differ:
         return (f"{layer}: {differ} of the kernel's {a.nnz} nonzeros differ from the model's weight: "
                 f"the kernel was built from other weights")
-    try:
-        epilogue = Epilogue.of_facts(facts)
-    except ValueError as e:
-        return str(e)
+    epilogue = spec.epilogue
     if epilogue.bias:
         mine = None if module.bias is None else module.bias.detach().to("cpu", torch.float32).numpy()
         if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
@@ -748,22 +747,20 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
 
     out = []
     for d in kernel_dirs(source, artifacts, sparsity):
-        facts = kernel_facts(d, ("kernel.json", "weight.parquet"))
-        layer = facts["layer"]
+        try:
+            package = read_package(d, ("kernel.json", "weight.parquet"))
+        except KernelDirError as e:  # damaged, or one this lospmm cannot read: a reason, not the end of the plan
+            out.append(Replacement(d.name, str(d), reason=str(e)))
+            continue
+        layer = package.spec.layer
         owner, _, leaf = layer.rpartition(".")
         module = modules.get(owner) if leaf == "weight" else None
         if module is None:
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
-        reason = _matching(read_matrix(d / "weight.parquet"), facts, module, layer, lambda: activation_after(owner))
-        out.append(Replacement(layer, str(d), owner if not reason else "", reason, _fused_label(facts)))
+        reason = _matching(package.matrix(), package.spec, module, layer, lambda: activation_after(owner))
+        out.append(Replacement(layer, str(d), owner if not reason else "", reason, package.spec.epilogue.label))
     return out
-
-
-def _fused_label(facts: dict) -> str:
-    e = facts.get("epilogue") or {}
-    act = e.get("activation") or ("relu" if e.get("relu") else "")
-    return "+".join(p for p in ("bias" if e.get("bias") else "", act) if p)
 
 
 def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifacts: str | Path = "artifacts",
@@ -783,7 +780,7 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
     The copy is for inference (an emitted kernel has no backward). A convolution's kernel reads the
     input size it was searched for (any batch); another size raises ValueError naming the layer."""
     if checked_backend(backend) == "cuda":
-        from lospmm.runtime import gpu_present
+        from lospmm.kernel.cuda import gpu_present
 
         if not gpu_present():
             raise RuntimeError("no CUDA device here for backend='cuda'; backend='host' runs the kernels on the CPU "
@@ -807,7 +804,8 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
         if isinstance(original, nn.Linear):
             new = SparseLinear(kernel, bias)
         else:
-            new = SparseConv2d(kernel, original, kernel.facts.get("conv") or _geometry_of(original), bias)
+            geometry = kernel.spec.conv.facts() if kernel.spec.conv is not None else _geometry_of(original)
+            new = SparseConv2d(kernel, original, geometry, bias)
         for path in paths[id(original)]:  # every name the module goes by (a module shared by two parents)
             _put(out, path, new)
     out.lospmm_replacements = plan

@@ -122,7 +122,7 @@ def test_train_ranker_from_a_measured_launch_file(tmp_path):
 
 
 def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
-    from lospmm.runtime import gpu_present
+    from lospmm.kernel.cuda import gpu_present
 
     if gpu_present():
         pytest.skip("a GPU is present")
@@ -202,7 +202,7 @@ def test_a_layer_failing_for_a_passing_cause_is_reported_and_retried_on_the_next
     import numpy as np
     from safetensors.numpy import save_file
 
-    import lospmm.flows.kernels as kernels
+    import lospmm.kernel.package as kernels  # where a kernel directory writes its manifest
 
     rng = np.random.default_rng(0)
     weights = tmp_path / "w.safetensors"

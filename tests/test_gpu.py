@@ -1,39 +1,53 @@
-"""Tests that need a CUDA device (marked `gpu`, skipped without one): the cuda timer, device checks
-of an emitted kernel, and the loader on CuPy/torch arrays."""
+"""Tests that need a CUDA device (marked `gpu`, skipped without one): every kind of kernel checked on
+the CUDA backend with the one check (lospmm.kernel.check), the cuda timer, the loader on CuPy/torch
+arrays, a whole search with the cuda timer, and the device program's measurement of a bundle."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lospmm.runtime import gpu_present
-from lospmm.stages.codegen import LaunchLayout
+from lospmm.kernel.cuda import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no CUDA device")]
 
 
-def _kernel(tmp_path, m=96, k=64, sparsity=0.8, m1=8, n1=64, design="baseline"):
+def _arch() -> str:
+    from lospmm.kernel.cuda import device_facts
+
+    return device_facts()["arch"]
+
+
+def _package(tmp_path, m=96, k=64, sparsity=0.8, m1=8, n1=64, design="baseline", epilogue=None, conv=None, a=None):
+    """An emitted kernel package (compiled for this GPU, not checked on the host) and its A."""
     from lospmm.flows.kernels import emitted_kernel
-    from lospmm.runtime import device_facts
-    from lospmm.stages.codegen import design_named
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.package import read_package
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
-    a = random_pruned(m, k, sparsity, np.random.default_rng(0))
-    arch = device_facts()["arch"]
+    a = random_pruned(m, k, sparsity, np.random.default_rng(0)) if a is None else a
     out = tmp_path / design.replace(",", "_").replace("=", "")
-    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, m1), "test", sparsity, n1, arch, out, verify=False,
-                           design=design_named(design))
-    return a, facts, out
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, m1), "test", sparsity, n1, _arch(), out, verify=False,
+                           design=design_named(design), epilogue=epilogue or Epilogue(), conv=conv)
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    return a, read_package(out, ("kernel.json", "kernel.cubin"))
+
+
+def _device_checked(package, a, counts):
+    from lospmm.kernel.check import checked
+
+    kernel = package.on("cuda")
+    for count in counts:
+        result = checked(kernel, a, count, seed=count)
+        assert result.ok, (count, result.message)
+        assert result.error <= result.bound
 
 
 def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
-    from lospmm.runtime import check_full_kernel
-
-    a, facts, d = _kernel(tmp_path)
-    for n in (1, 63, 64, 200):
-        err = check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a, n=n)
-        assert err < 1e-5
+    a, package = _package(tmp_path)
+    _device_checked(package, a, (1, 63, 64, 200))
 
 
 @pytest.mark.parametrize("design", ["chained", "chained,column-x", "chained,walks=3", "chained,v=2", "chained,v=4",
@@ -42,87 +56,77 @@ def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
     """Each design's inline PTX (vector and chained loads, vector stores) runs only here: N of 1, 31
     and 32 (padded to the design's column multiple), 4096 and an odd N, C poisoned with NaN."""
     from lospmm.loader import load_kernel
-    from lospmm.runtime import check_full_kernel
 
-    a, facts, d = _kernel(tmp_path, m=130, k=200, sparsity=0.85, m1=4, n1=64, design=design)
-    assert facts["compile"]["status"] == "ok", facts["compile"]
-    for n in (1, 31, 32, 4096, 333):
-        assert check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a,
-                                 n=n, seed=n) < 1e-5, n
+    a, package = _package(tmp_path, m=130, k=200, sparsity=0.85, m1=4, n1=64, design=design)
+    _device_checked(package, a, (1, 31, 32, 4096, 333))
     torch = pytest.importorskip("torch")
     b = torch.randn(200, 77, device="cuda")
-    np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(load_kernel(package.dir)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("design", ["baseline", "chained,v=2"])
 def test_a_fused_bias_and_gelu_match_the_reference_on_the_device(tmp_path, design):
     """The epilogue's device code (erff, make_float2) runs only here; the loader serves it too."""
-    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.epilogue import Epilogue
     from lospmm.loader import load_kernel
-    from lospmm.runtime import check_full_kernel, device_facts
-    from lospmm.stages.codegen import Epilogue, design_named
     from lospmm.stages.prune import random_pruned
-    from lospmm.stages.reorder import reordered_tiles
 
-    a = random_pruned(130, 200, 0.85, np.random.default_rng(0))
-    a = a.tolil()
+    a = random_pruned(130, 200, 0.85, np.random.default_rng(0)).tolil()
     a[7, :] = 0  # an empty row: stores gelu(bias) alone
     a = a.tocsr()
     epilogue = Epilogue(tuple(np.random.default_rng(1).standard_normal(130).astype(np.float32).tolist()), "gelu")
-    d = tmp_path / "fused"
-    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "fused", 0.85, 64, device_facts()["arch"], d,
-                           verify=False, design=design_named(design), epilogue=epilogue)
-    assert facts["compile"]["status"] == "ok", facts["compile"]
-    for n in (1, 32, 333):
-        assert check_full_kernel((d / "kernel.cubin").read_bytes(), facts["kernel"], LaunchLayout.of_facts(facts), a,
-                                 n=n, seed=n, epilogue=epilogue) < 1e-5, n
+    a, package = _package(tmp_path, m1=4, design=design, epilogue=epilogue, a=a)
+    _device_checked(package, a, (1, 32, 333))
     torch = pytest.importorskip("torch")
     b = torch.randn(200, 77, device="cuda")
     want = epilogue.reference(a @ b.cpu().numpy().astype(np.float64))
-    np.testing.assert_allclose(load_kernel(d)(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(load_kernel(package.dir)(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("precision,loads", [(("fp16", "packed", 0), "based"), (("bf16", "packed", 0), "chained"),
-                                             (("fp16", "f32", 0), "chained"), (("bf16", "packed", 4), "based")])
-def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(precision, loads):
+@pytest.mark.parametrize("number,loads", [(("fp16", "packed", 0), "based"), (("bf16", "packed", 0), "chained"),
+                                          (("fp16", "f32", 0), "chained"), (("bf16", "packed", 4), "based")])
+def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(number, loads):
     """fma.rn.f16x2 / .bf16x2, cvt.rn and the packed loads and stores run only here: the device's C
-    is the host emulation's bit for bit (packed: also the numpy reference's), at N 1, 32 and 333."""
-    from lospmm.hostemu import half_gemm_on_host
-    from lospmm.runtime import device_facts, half_gemm_on_device
-    from lospmm.stages.codegen import CodegenParams, design_named
-    from lospmm.stages.codegen_half import (Precision, half_kernel_source, packed_reference, rounded_matrix,
-                                            to_dtype_bits)
+    is the host emulation's bit for bit (and the exact model's: kernel_reference), at N 1, 32 and 333."""
+    from lospmm.kernel.check import kernel_reference
+    from lospmm.kernel.cuda import CudaKernel
+    from lospmm.kernel.design import design_named, half_design
+    from lospmm.kernel.host import HostKernel
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix, to_dtype_bits
+    from lospmm.kernel.render import CodegenParams, kernel_source
     from lospmm.stages.compile import compiled_kernel, kernel_options
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles
 
-    p = Precision(*precision)
+    p = NumberFormat.half(*number)
+    design = half_design(p, design_named(loads))
     a, _ = rounded_matrix(random_pruned(130, 200, 0.85, np.random.default_rng(0)), p.dtype)
-    kernel = half_kernel_source(a, reordered_tiles(a, 4), 64, p, CodegenParams(design=design_named(loads)))
-    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4, design=kernel.design))
+    kernel = kernel_source(a, reordered_tiles(a, 4), 64, CodegenParams(design=design))
+    compiled = compiled_kernel(kernel, kernel_options(_arch(), 4, design=design))
     assert compiled.status == "ok", compiled.log[-500:]
+    on_device = CudaKernel(kernel.spec, compiled.cubin)
     for n in (1, 32, 333):
         b = to_dtype_bits(np.random.default_rng(n).standard_normal((200, n)), p.dtype)
-        on_device = half_gemm_on_device(compiled.cubin, kernel.name, kernel.layout, 130, b)
-        assert np.array_equal(on_device, half_gemm_on_host(kernel, b)), n
-        if p.accumulate == "packed" and not p.promote_every:
-            assert np.array_equal(on_device, packed_reference(a, b, p.dtype)), n
+        c = on_device.run(b)
+        assert np.array_equal(c, HostKernel(kernel).run(b)), n
+        assert np.array_equal(c, kernel_reference(a, b, p)), n
 
 
 @pytest.mark.parametrize("design", ["fp16,chained", "bf16,acc=f32"])
 def test_a_half_kernel_with_its_epilogue_and_its_proxy_run_right_on_the_device(design):
-    """The device check of a half kernel (runtime.check_half_kernel, what a half run's emit stage
-    runs): bias and GELU fused, within the rounding bound at N 1, 31, 32, 4096; a half proxy and the
-    full kernel timed by the cuda timer with 2-byte buffers."""
-    from lospmm.runtime import CudaTimer, check_half_kernel, device_facts
-    from lospmm.stages.codegen import CodegenParams, Epilogue, design_named
-    from lospmm.stages.codegen_half import error_bound, precision_of, rounded_matrix
+    """A half kernel's device check (what a half run's emit stage runs: the exact model, then the
+    rounding bound): bias and GELU fused, at N 1, 31, 32, 4096; half proxies timed by the cuda timer
+    with 2-byte buffers."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.cuda import CudaTimer, device_facts
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.numbers import rounded_matrix
+    from lospmm.kernel.render import CodegenParams, kernel_source
+    from lospmm.search import SearchParams, layer_search, proxy_timings
     from lospmm.stages.compile import compiled_kernel, kernel_options
-    from lospmm.stages.devices import device_named
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.rank import RankParams
-    from lospmm.stages.search import SearchParams, layer_search, proxy_timings
-    from lospmm.stages.sources import kernel_source
 
     d = design_named(design)
     a, _ = rounded_matrix(random_pruned(130, 200, 0.85, np.random.default_rng(0)), d.dtype)
@@ -130,13 +134,12 @@ def test_a_half_kernel_with_its_epilogue_and_its_proxy_run_right_on_the_device(d
     search = layer_search(a, 4096, 0.85, device_named("h100"), None,
                           SearchParams(m1s=(4,), design=d, rank=RankParams(use_rank=False)))
     kernel = kernel_source(a, search.tiles[4], 64, CodegenParams(design=d), epilogue)
-    compiled = compiled_kernel(kernel, kernel_options(device_facts()["arch"], 4, design=d))
+    compiled = compiled_kernel(kernel, kernel_options(_arch(), 4, design=d))
     assert compiled.status == "ok", compiled.log[-500:]
-    gamma, eta = error_bound(a, precision_of(d))
-    for n in (1, 31, 32, 4096):
-        assert check_half_kernel(compiled.cubin, kernel.name, kernel.layout, a, n, precision_of(d), eta, n,
-                                 epilogue) <= gamma, n
     timer = CudaTimer(device_named("h100"), device_facts()["name"])
+    for n in (1, 31, 32, 4096):
+        result = timer.checked(kernel.spec, compiled.cubin, a, n)
+        assert result.ok and result.metric == "normalised_error", (n, result.message)
     timings = proxy_timings(search, 130, 200, 4096, timer)
     assert timings and all(0 < t.time_us < 1e4 for t in timings.values())
 
@@ -146,46 +149,37 @@ def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
     loaded here must launch from a thread that has never touched CUDA."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cuda.bindings import driver
-
-    from lospmm.runtime import DeviceBuffer, LoadedKernel, _ck, time_full_kernel_cubin
-
-    a, facts, d = _kernel(tmp_path)
-    cubin = (d / "kernel.cubin").read_bytes()
-    kernel = LoadedKernel(cubin, facts["kernel"])
+    a, package = _package(tmp_path)
+    kernel = package.on("cuda")
     b = np.random.default_rng(5).standard_normal((64, 50)).astype(np.float32)
-    bb, cb = DeviceBuffer.of(b), DeviceBuffer.of(np.full((96, 50), np.nan, np.float32))
     with ThreadPoolExecutor(1) as pool:
-        layout = LaunchLayout.of_facts(facts)
-        pool.submit(kernel.launch, layout.grid(50), layout.block(), [("ptr", bb.ptr), ("ptr", cb.ptr), ("int", 50)]).result()
-        t = pool.submit(time_full_kernel_cubin, cubin, facts["kernel"], layout, 96, 64, 1000).result()
-    _ck(driver.cuCtxSynchronize(), "sync")
-    c = cb.to_host(np.float32, 96 * 50).reshape(96, 50)
+        c = pool.submit(kernel.run, b).result()
+        t = pool.submit(kernel.time, 1000).result()
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
     assert t.status == "ok" and 0 < t.time_us < 1e4, t.message
 
 
-def test_cuda_timer_measures(tmp_path):
-    from lospmm.runtime import CudaTimer, device_facts
-    from lospmm.stages.devices import device_named
+def test_cuda_timer_measures_and_checks(tmp_path):
+    from lospmm.devices import device_named
+    from lospmm.kernel.cuda import CudaTimer, device_facts
+    from lospmm.kernel.timing import LaunchUnderTest
     from lospmm.stages.reorder import reordered_tiles
-    from lospmm.stages.timing import LaunchUnderTest
 
-    a, facts, d = _kernel(tmp_path)
+    a, package = _package(tmp_path)
     timer = CudaTimer(device_named("h100"), device_facts()["name"])
-    launch = LaunchUnderTest(reordered_tiles(a, 8), 96, 64, 4096, 64, facts["compile"]["registers"],
-                             kernel=facts["kernel"], layout=LaunchLayout.of_facts(facts),
-                             cubin=(d / "kernel.cubin").read_bytes())
+    launch = LaunchUnderTest(reordered_tiles(a, 8), 96, 64, 4096, 64, package.facts["compile"]["registers"],
+                             spec=package.spec, cubin=package.cubin())
     t = timer.time(launch)
     assert t.timer == "cuda" and t.status == "ok" and 0 < t.time_us < 1e4 and t.repeats == 20
-    assert timer.device_error(launch, a, 77) < 1e-5 and timer.measures and timer.runs_binary
+    result = timer.checked(package.spec, package.cubin(), a, 77)
+    assert result.ok and result.error < 1e-5 and timer.measures and timer.runs_binary
 
 
 def test_loader_on_torch_or_cupy(tmp_path):
     from lospmm.loader import load_kernel
 
-    a, facts, d = _kernel(tmp_path)
-    spmm = load_kernel(d)
+    a, package = _package(tmp_path)
+    spmm = load_kernel(package.dir)
     b = np.random.default_rng(1).standard_normal((64, 130)).astype(np.float32)
     try:
         import torch
@@ -197,6 +191,24 @@ def test_loader_on_torch_or_cupy(tmp_path):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path):
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import random_pruned
+
+    g = ConvGeometry(cin=5, h=11, w=9, kh=3, kw=3, stride=2, pad=1)
+    a = random_pruned(12, g.k, 0.7, np.random.default_rng(3))
+    bias = tuple(float(v) for v in np.linspace(-1, 1, 12))
+    a, package = _package(tmp_path, m1=4, n1=32, conv=g, epilogue=Epilogue(bias, "relu"), a=a)
+    _device_checked(package, a, (1, 3))  # batches
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 5, 11, 9, device="cuda")
+    weight = torch.from_numpy(a.toarray().reshape(12, 5, 3, 3)).float().cuda()
+    want = torch.relu(torch.nn.functional.conv2d(x, weight, torch.tensor(bias, device="cuda").float(), 2, 1))
+    torch.testing.assert_close(load_kernel(package.dir)(x), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_whole_search_with_the_cuda_timer(tmp_path):
     """The default timer on a GPU host is cuda: proxies and the emitted kernel are measured, the
@@ -206,12 +218,11 @@ def test_whole_search_with_the_cuda_timer(tmp_path):
 
     from lospmm.flows import pipeline as pl
     from lospmm.flows.storage.runs import run_record
-    from lospmm.runtime import device_facts
 
     rng = np.random.default_rng(0)
     weights = tmp_path / "w.safetensors"
     save_file({"fc.weight": rng.standard_normal((256, 192)).astype(np.float32)}, str(weights))
-    gpu = {"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(device_facts()["arch"], "h100")
+    gpu = {"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(_arch(), "h100")
     cfg = {"zoo": [], "weights": str(weights), "tokens": 2048, "sparsities": [0.9], "artifacts": str(tmp_path / "a"),
            "m1s": [2, 8], "until": "emit", "timer": "auto", "top_k": 4, "gpu": gpu}
     result = pl.pipeline(config=cfg)
@@ -232,63 +243,26 @@ def test_whole_search_with_the_cuda_timer(tmp_path):
         assert em["speedup_vs_dense"] == pytest.approx(em["dense_time_us"] / em["full_time_us"])
 
 
-def test_the_gpu_plans_device_check_and_speedup_steps_run_an_emitted_kernel(tmp_path):
-    import json
+def test_the_device_program_checks_and_times_a_bundle_with_its_libraries(tmp_path):
+    """benchmarks.measure on this GPU: a GEMM and a conv kernel and a proxy of a small bundle, each
+    checked (the GEMM at N 1, 31, 32, 4096 and its own; the conv at batches 1, 3 and its own), timed
+    by graph_timed, with SGEMM beside the GEMM and cuDNN beside the conv; and a run cut off at once
+    goes on where it stopped."""
+    pytest.importorskip("torch")
+    import pyarrow.parquet as pq
 
+    from benchmarks import bundle, measure, sets
 
-    from benchmarks import gpuplan
-
-    a, facts, d = _kernel(tmp_path)
-    gpuplan.write_matrix(d / "a.parquet", a)
-    row = {"model": "test", "layer": "fc", "m": 96, "k": 64, "n": 300, "nnz": int(a.nnz), "m1": 8, "n1": 64,
-           "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
-    checks = gpuplan.device_check_rows([row])
-    assert sorted(r["n"] for r in checks) == [1, 31, 32, 300, 4096]
-    assert all(r["status"] == "ok" and r["max_rel_error"] < 1e-5 for r in checks), json.dumps(checks, default=str)
-    (speed,) = gpuplan.speedup_rows([row], repeats=5)
-    assert 0 < speed["ours_us"] < 1e4 and speed["ours_status"] == "ok" and speed["cublas_fp32_us"] > 0
-
-
-def test_the_gpu_plans_steps_launch_an_emitted_conv_kernel_as_a_convolution(tmp_path):
-    """A run now emits implicit-im2col kernels for convolutions: the plan's check, loader and speedup
-    steps must launch them with an NCHW X, not as a GEMM on B."""
-    import json
-
-    from benchmarks import gpuplan
-    from lospmm.flows.kernels import emitted_kernel
-    from lospmm.runtime import device_facts
-    from lospmm.stages.codegen import ConvGeometry
-    from lospmm.stages.prune import random_pruned
-    from lospmm.stages.reorder import reordered_tiles
-
-    g = ConvGeometry(cin=8, h=14, w=14, kh=3, kw=3, stride=2, pad=1)
-    a = random_pruned(32, g.k, 0.8, np.random.default_rng(1))
-    d = tmp_path / "conv"
-    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "conv", 0.8, 64, device_facts()["arch"], d,
-                   verify=False, conv=g)
-    gpuplan.write_matrix(d / "a.parquet", a)
-    row = {"model": "test", "layer": "conv", "m": 32, "k": g.k, "n": g.n(4), "nnz": int(a.nnz), "m1": 4, "n1": 64,
-           "sparsity": 0.8, "full_time_us": 1.0, "path": str(d)}
-    checks = gpuplan.device_check_rows([row])
-    assert sorted(r["n"] for r in checks) == [g.n(1), g.n(3), g.n(4)]
-    assert all(r["status"] == "ok" and r["form"] == "implicit-conv" for r in checks), json.dumps(checks, default=str)
-    (loaded,) = gpuplan.loader_rows([row])
-    assert loaded["torch_max_rel_error"] < 1e-5, loaded
-    (speed,) = gpuplan.speedup_rows([row], repeats=5)
-    assert speed["ours_status"] == "ok" and speed["cudnn_fp32_us"] > 0 and speed["form"] == "implicit-conv"
-
-
-def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device():
-    from lospmm.runtime import check_conv_kernel, device_facts
-    from lospmm.stages.codegen import ConvGeometry, Epilogue, conv_kernel_source
-    from lospmm.stages.compile import compiled_kernel, kernel_options
-    from lospmm.stages.prune import random_pruned
-    from lospmm.stages.reorder import reordered_tiles
-
-    g = ConvGeometry(cin=5, h=11, w=9, kh=3, kw=3, stride=2, pad=1)
-    a = random_pruned(12, g.k, 0.7, np.random.default_rng(3))
-    bias = tuple(float(v) for v in np.linspace(-1, 1, 12))
-    src = conv_kernel_source(a, reordered_tiles(a, 4), 32, g, Epilogue(bias, "relu"))
-    c = compiled_kernel(src, kernel_options(device_facts()["arch"], 4))
-    for batch in (1, 3):
-        assert check_conv_kernel(c.cubin, src.name, src.layout, a, g, Epilogue(bias, "relu"), batch=batch, seed=batch) < 1e-5
+    jobs = [sets.planned_job(p) for p in sets.conv_plan(batch=2)[:2]] + \
+        [j for j in sets.sample_jobs(sets.SampleParams(per_model=1, models=("shufflenetv2",), max_nnz=3000))
+         if j.planned.role == "proxy"][:1]
+    folder = bundle.build("gpu-test", jobs, tmp_path, threads=4, arch=_arch(), cache=tmp_path / "cache",
+                          say=lambda *a: None)
+    assert measure.run_bundle(folder, tmp_path / "out", "gpu-test", measure.Deadline.after(0)) == {}
+    tables = measure.run_bundle(folder, tmp_path / "out", "gpu-test")
+    rows = {r["id"]: r for r in pq.read_table(tables["kernel-speed"]).to_pylist()}
+    assert all(r["status"] == "ok" and 0 < r["ours_us"] < 1e5 for r in rows.values()), rows
+    conv = next(r for r in rows.values() if r["form"] == "conv")
+    assert conv["cudnn_us"] > 0 and next(r for r in rows.values() if r["variant"] == "im2col-gemm")["sgemm_us"] > 0
+    checks = pq.read_table(tables["checks"]).to_pylist()
+    assert checks and all(c["status"] == "ok" for c in checks)

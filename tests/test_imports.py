@@ -51,3 +51,21 @@ def test_stages_are_pure():
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {n for n in names if n.startswith(("prefect", "lospmm.flows"))}, path.name
+
+
+def test_the_kernel_package_stands_on_its_own():
+    """lospmm.kernel describes, renders, checks, packages and times every kernel without the flows or
+    Prefect; of the stages it names reorder's Tiles in annotations alone (never imported at run time)."""
+    graph = _module_imports()
+    for module, deps in graph.items():
+        if not module.startswith("lospmm.kernel"):
+            continue
+        assert not {d for d in deps if d.startswith(("lospmm.flows", "prefect"))}, module
+        assert {d for d in deps if d.startswith("lospmm.stages")} <= {"lospmm.stages.reorder"}, module
+
+
+def test_the_stages_folder_holds_the_stages_and_nothing_else():
+    from lospmm.stages import STAGE_TABLE
+
+    modules = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
+    assert modules == {s.module.rsplit(".", 1)[1] for s in STAGE_TABLE}

@@ -16,7 +16,7 @@ import lospmm.torch as lt  # noqa: E402
 from lospmm.flows.inputs.weights import saved_graph, tensor_infos  # noqa: E402
 from lospmm.loader import KernelDirError, load_kernel  # noqa: E402
 from lospmm.sparse_file import read_matrix  # noqa: E402
-from lospmm.stages.codegen import Epilogue  # noqa: E402
+from lospmm.kernel.epilogue import Epilogue  # noqa: E402
 from lospmm.stages.extract import graph_shapes  # noqa: E402
 
 
@@ -176,7 +176,7 @@ def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
     spmm = load_kernel(d, backend="host")
     a = read_matrix(d / "weight.parquet")
     b = np.random.default_rng(0).standard_normal((32, 45)).astype(np.float32)
-    fused = Epilogue.of_facts(spmm.facts)  # fc's kernel adds fc's bias itself
+    fused = spmm.spec.epilogue  # fc's kernel adds fc's bias itself
     assert fused.bias == tuple(_model().fc.bias.detach().numpy().tolist()) and not fused.activation
     assert np.abs(spmm(b) - fused.reference(a @ b)).max() < 1e-5
     assert np.abs(spmm(b) - a @ b).max() > 1e-3  # the bias is there: the comparison can tell
@@ -209,7 +209,7 @@ def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
     fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
     with pytest.raises(ValueError, match="fc.weight: input has 31 features, the kernel takes 32"):
         fast.fc(torch.randn(2, 31))
-    from lospmm.runtime import gpu_present
+    from lospmm.kernel.cuda import gpu_present
 
     if not gpu_present():
         with pytest.raises(RuntimeError, match="no CUDA device here for backend='cuda'; backend='host'"):

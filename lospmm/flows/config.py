@@ -17,18 +17,19 @@ from typing import Any
 from lospmm.flows.inputs.onnx_model import is_onnx
 from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
-from lospmm.stages.codegen import KernelDesign, design_named
-from lospmm.stages.codegen_half import Precision, half_design
+from lospmm.kernel.design import KernelDesign, design_in, design_named
+from lospmm.kernel.numbers import NumberFormat
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
-from lospmm.stages.devices import Device, device_named
+from lospmm.devices import Device, device_named
 from lospmm.stages.emit import EmitParams, emit_params
 from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, is_pooler, sanitized_name,
                                    used_zoo_params)
 from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method
 from lospmm.stages.rank import RankParams
-from lospmm.stages.search import DEFAULT_M1, SearchParams
-from lospmm.stages.timing import Timer, estimate_timer
+from lospmm.search import DEFAULT_M1, SearchParams
+from lospmm.kernel.estimate import estimate_timer
+from lospmm.kernel.timing import Timer
 
 TIMERS = ("auto", "estimate", "cuda")
 
@@ -49,7 +50,7 @@ class RunConfig:
     cluster through prefect-dask; its workers must see the artifact root at the same path),
     implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
-    codegen.design_named's tokens, `--design`; a half source's is its half form: source_design),
+    kernel.design.design_named's tokens, `--design`; a half source's is its half form: source_design),
     dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
     to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also
@@ -201,15 +202,15 @@ def run_design(text: str) -> KernelDesign:
     if design.half:
         raise ConfigError(f"--design {text}: a run's kernels take their dtype from --dtype (or the weights), and a "
                           f"half run's sums from --accumulate and --promote-every")
-    if design.a_values == "streamed":
+    if not design.proxied:
         raise ConfigError("--design streamed: the search times proxies of baked kernels; build a streamed kernel "
-                          "with `lospmm kernel --design streamed` (or benchmarks/kernel_speed.py)")
+                          "with `lospmm kernel --design streamed` (or the device program's A/B: benchmarks/device.py)")
     return design
 
 
 def resolved_timer(timer: str, device: Device) -> Timer:
     """"auto" -> cuda when a GPU is present, else estimate; "cuda" without a GPU is a ConfigError."""
-    from lospmm.runtime import gpu_present
+    from lospmm.kernel.cuda import gpu_present
 
     if timer not in TIMERS:
         raise ConfigError(f"--timer {timer!r}: choose one of {', '.join(TIMERS)}")
@@ -219,7 +220,7 @@ def resolved_timer(timer: str, device: Device) -> Timer:
         return estimate_timer(device)
     if not gpu_present():
         raise ConfigError("--timer cuda: no CUDA device here (use --timer estimate, or auto)")
-    from lospmm.runtime import CudaTimer, device_facts
+    from lospmm.kernel.cuda import CudaTimer, device_facts
 
     return CudaTimer(device, device_facts()["name"])
 
@@ -291,7 +292,7 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                                                                          cfg.image_size)), dtype=cfg.dtype or "fp32")
            for name in dict.fromkeys(cfg.zoo)]
     if cfg.weights:
-        from lospmm.flows.storage.store import file_sha256
+        from lospmm.files import file_sha256
 
         path = str(Path(cfg.weights).resolve())
         onnx = is_onnx(path)
@@ -307,15 +308,13 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
 def source_design(design: KernelDesign, dtype: str, accumulate: str = "", promote_every: int = 0) -> KernelDesign:
     """`design` (a run's, fp32) for kernels of `dtype`: unchanged for fp32 (the sums are a half
     source's), else the half design with its loads (ValueError when the design has no half form)."""
-    if dtype == "fp32":
-        return design
-    return half_design(Precision(dtype, accumulate or "packed", promote_every), design)
+    return design_in(NumberFormat.of(dtype, accumulate, promote_every), design)
 
 
 def checked_dtype(source: Source, device: Device) -> None:
     """ConfigError when the device cannot run `source`'s kernel dtype: a half kernel's packed FMAs
     and conversions (fma.rn.bf16x2, cvt.rn.f16x2.f32) need sm_80 or newer."""
-    if source.dtype != "fp32" and int(device.arch.split("_")[1].rstrip("a")) < 80:
+    if int(device.arch.split("_")[1].rstrip("a")) < NumberFormat.of(source.dtype).min_sm:
         raise ConfigError(f"{source.label}: {source.dtype} kernels need sm_80 or newer; the {device.name} is "
                           f"{device.arch} (give --dtype fp32, or another --gpu)")
 

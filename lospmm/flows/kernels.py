@@ -1,52 +1,49 @@
-"""Kernel directories: the full Alg. 2 kernel of one layer and tile written to a directory
-(kernel.cu, and when compiled kernel.cubin; kernel.json with the launch facts),
-compiled through the compile cache and checked on the host against scipy. The emit stage writes
-one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer and tile of a run."""
+"""Kernel directories (lospmm.kernel.package): the full kernel of one layer and tile rendered,
+written, compiled through the compile cache and checked (lospmm.kernel.check). The emit stage
+writes one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer and tile of a run."""
 
 from __future__ import annotations
 
-import json
-import math
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
-from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
-from lospmm.flows.execution.units import UnitCompiler
-from lospmm.flows.storage.schemas import LAYER_COLUMNS
-from lospmm.flows.storage.runs import artifacts_of
-from lospmm.flows.storage.store import MANIFEST, atomic_write, read_artifact, write_manifest
-from lospmm.flows.execution.taskio import failed_row, is_transient
+from lospmm.files import file_sha256
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import tiles_from_row
-from lospmm.sparse_file import write_matrix
-from lospmm.hostemu import checked_against_scipy, checked_conv_against_reference, checked_half_kernel
-from lospmm.stages.codegen import (BASELINE, CodegenParams, ConvGeometry, Epilogue, KernelDesign, LaunchLayout,
-                                   conv_kernel_source, design_of_facts, full_kernel_source)
-from lospmm.stages.codegen_half import (Precision, error_bound, half_design, half_kernel_source, precision_of,
-                                        rounded_matrix)
+from lospmm.flows.execution.taskio import failed_row, is_transient
+from lospmm.flows.execution.units import UnitCompiler
+from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
+from lospmm.flows.storage.runs import artifacts_of
+from lospmm.flows.storage.schemas import LAYER_COLUMNS
+from lospmm.flows.storage.store import read_artifact
+from lospmm.devices import device_named
+from lospmm.kernel.check import CheckResult, check_count, checked
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.host import HostKernel
+from lospmm.kernel.numbers import in_format
+from lospmm.kernel.package import cleared, write_cubin, write_record, write_source
+from lospmm.kernel.render import CodegenParams, kernel_source
+from lospmm.kernel.spec import KernelSpec
+from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
-from lospmm.stages.devices import device_named
-from lospmm.stages.emit import (EmitParams, checked, emit_failed, fastest_proxy, host_check_columns, kernel_facts,
-                                speedup, timed_ok)
-from lospmm.stages.status import Status
-from lospmm.stages.timing import LaunchUnderTest, Timer
+from lospmm.stages.emit import (EmitParams, check_column, emit_failed, fastest_proxy, host_check_columns, speedup,
+                                timed_ok)
+from lospmm.status import Status
 
 
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
                       implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE,
-                      epilogue: Epilogue | None = None, precision: Precision | None = None) -> dict:
-    """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1); returns kernel.json.
-    `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no im2col), with the
-    layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`: what the kernel
-    fuses (default: what the run's emit stage fuses into this layer — its bias and activation).
-    `precision`: a half kernel (fp16/bf16, codegen_half) of the same tile, A rounded to its dtype
-    (or give a half `design`)."""
-    if precision is not None:
-        design = half_design(precision, design)
-    precision = precision_of(design)
+                      epilogue: Epilogue | None = None) -> dict:
+    """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1) in `design`; returns
+    its kernel.json. `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no
+    im2col), with the layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`:
+    what the kernel fuses (default: what the run's emit stage fuses into this layer — its bias and
+    activation). A half `design` (kernel.design.half_design) is a half kernel of the same tile, A
+    rounded to its dtype."""
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -84,8 +81,6 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
 
 def checked_unchanged(path: str, sha256: str) -> None:
     """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
-    from lospmm.flows.storage.store import file_sha256
-
     if sha256 and file_sha256(Path(path)) != sha256:
         raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
@@ -116,99 +111,44 @@ def conv_geometry(shape_row: dict) -> ConvGeometry:
 
 def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: int, arch: str, out: Path,
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
-                   measured: Callable[[dict, bytes], dict] | None = None, rtol: float = EmitParams.rtol,
+                   measured: Callable[[KernelSpec, bytes, dict], dict] | None = None,
                    compile_units: UnitCompiler | None = None, conv: ConvGeometry | None = None,
-                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue(),
-                   precision: Precision | None = None) -> dict:
-    """Write one full kernel directory: kernel.cu, kernel.cubin (its units compiled through the
-    compile cache by `compile_units`, then linked), and kernel.json with the launch facts, `extra`, the compile result, the host check and
-    what `measured(facts, cubin)` adds once the kernel compiled (its time, a device check). A
-    convolution's kernel has the grid's order of the designs (ValueError naming the design otherwise).
-    `conv`: the geometry of an implicit-im2col convolution kernel; `epilogue`: the bias and activation
-    the kernel fuses, checked with them; `precision`: a half kernel (B and C in fp16/bf16), A rounded
-    to its dtype first (weight.parquet holds the rounded A; kernel.json what rounding lost); a half
-    `design` says the same."""
-    rounding = None
-    if precision is not None:
-        design = half_design(precision, design)
-    precision = precision_of(design)
-    if precision is not None:
-        if conv is not None:
-            raise ValueError("a half kernel is a GEMM kernel so far (no implicit-im2col convolution)")
-        matrix, rounding = rounded_matrix(matrix, precision.dtype)
-        kernel = half_kernel_source(matrix, tiles, n1, None, CodegenParams(design=design), epilogue)
-    elif conv is None:
-        kernel = full_kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue)
-    else:
-        kernel = conv_kernel_source(matrix, tiles, n1, conv, epilogue, CodegenParams(design=design))  # ValueError: no such design
-    out.mkdir(parents=True, exist_ok=True)
-    # a file left from an earlier kernel here (kernel.ptx: from before kernels were linked) must not stay
-    for f in (*KERNEL_FILES, "kernel.ptx", MANIFEST):
-        (out / f).unlink(missing_ok=True)
-    atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
-    # the pruned A the kernel bakes in, rows in the layer's order: what `lospmm.torch.sparsify` checks
-    # a model's weight against, and a user's way to evaluate the pruned layer without a GPU
-    atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
-    facts = {**kernel_facts(kernel, matrix, tiles, layer, sparsity, arch, conv, epilogue), **(extra or {})}
-    if precision is not None:
-        facts.update(precision=precision.facts(), rounding=rounding.facts(),
-                     layout=f"B is K×N and C is M×N, row-major {precision.dtype} (16-bit); N is a runtime argument, "
-                            f"even (pad B and C with a column), B and C 4-byte aligned")
+                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue()) -> dict:
+    """Write one kernel package (lospmm.kernel.package) at `out`: the kernel of `matrix` on `tiles`
+    in `design` rendered (an implicit-im2col convolution kernel when `conv` is given; A rounded to a
+    half design's dtype first, weight.parquet holding the rounded A and kernel.json what rounding
+    lost), its units compiled through the compile cache by `compile_units` and linked, checked on the
+    host under AddressSanitizer (`verify`), and what `measured(spec, cubin, results so far)` adds once
+    it compiled (its time, a device check). Returns its kernel.json record. ValueError naming what no renderer can do."""
+    matrix, rounding = in_format(matrix, design.number)
+    kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue, conv)
+    spec = kernel.spec.located(layer, sparsity, arch, tiles, rounding)
+    cleared(out)
+    write_source(out, kernel, matrix)
+    results = dict(extra or {})
     cubin = None
     if compile_:
-        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=kernel.design), compile_units)
+        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=design), compile_units)
         kept = ("status", "registers", "spill_stores", "spill_loads", "thread_spill_bytes", "stack_bytes", "seconds",
                 "cost_seconds", "wall_seconds", "link_seconds", "units", "units_compiled", "key", "options", "unit_keys")
-        facts["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
+        results["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
         if result["status"] == Status.OK:
-            shutil.copyfile(Path(root) / result["paths"]["cubin"], out / "kernel.cubin")
-            cubin = (out / "kernel.cubin").read_bytes()
+            cubin = write_cubin(out, Path(root) / result["paths"]["cubin"])
         else:
-            facts["compile"]["log"] = result["log"][-4000:]
+            results["compile"]["log"] = result["log"][-4000:]
     if verify:
-        n = host_check_columns(n1)
+        count = check_count(spec, host_check_columns(n1))
         try:
-            if precision is not None:  # against the float64 product of the same rounded A and B
-                gamma, eta = error_bound(matrix, precision)
-                error, _, _ = checked_half_kernel(kernel, matrix, n, precision.dtype, sanitize=True, bound=gamma,
-                                                  absolute=eta, epilogue=epilogue)
-                facts["host_check"] = {"normalised_error": error, "bound": gamma, "n": n, "sanitizer": "address",
-                                       "reference": "the kernel's exact model, bit for bit (codegen_half."
-                                                    "kernel_reference), then the float64 product",
-                                       "status": Status.OK}
-            elif conv is None:
-                error = checked_against_scipy(kernel, matrix, n=n, sanitize=True, rtol=rtol, epilogue=epilogue)
-                facts["host_check"] = {"max_rel_error": error, "n": n, "sanitizer": "address", "status": Status.OK}
-            else:  # two images against a reference convolution
-                error = checked_conv_against_reference(kernel, matrix, conv, epilogue, batch=2, sanitize=True, rtol=rtol)
-                facts["host_check"] = {"max_rel_error": error, "batch": 2, "reference": "numpy conv2d",
-                                       "sanitizer": "address", "status": Status.OK}
+            results["host_check"] = checked(HostKernel(kernel, sanitize=True), matrix, count).facts() | {
+                "sanitizer": "address"}
         except Exception as e:
             if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
                 raise
-            facts["host_check"] = {"status": Status.ERROR, "message": f"{type(e).__name__}: {e}"[:2000], "n": n}
+            results["host_check"] = {"status": Status.ERROR, "message": f"{type(e).__name__}: {e}"[:2000], "n": count}
     if measured is not None and cubin is not None:
-        facts.update(measured(facts, cubin))
-    # strict JSON (C++ parsers reject NaN): a missing figure is null
-    text = json.dumps(_json_safe(facts), indent=1, allow_nan=False)
-    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    write_manifest(out, KERNEL_FILES)
-    return facts
-
-
-# No kernel.ptx: the kernel is linked from relocatable units, whose PTX are separate modules (each
-# unit's kernel.ptx stays in the compile cache, at the unit keys kernel.json lists).
-KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json", "weight.parquet")
-
-
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+        results.update(measured(spec, cubin, results))
+    write_record(out, spec, results)
+    return {**spec.facts(), **results}
 
 
 def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, timer: Timer, arch: str,
@@ -222,32 +162,28 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     activation fused into it (layer_epilogue). A half `design` emits a half kernel (GEMM form; no
     implicit-im2col convolution yet), checked against the float64 product of the same rounded A and
     B through its epilogue (on the device where the timer runs binaries, else on the host)."""
-    precision = precision_of(design)
     layer = timed[0]["layer"]
     best = fastest_proxy(timed, params.tie_band if timer.measures else 0.0)  # an estimate has no noise to tie in
     ok = timed_ok(timed)
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok,
-            "form": "gemm" if conv is None else "implicit-conv",
-            "dtype": "fp32" if precision is None else precision.dtype}
+            "form": "gemm" if conv is None else "implicit-conv", "dtype": design.dtype}
     if best is None:
         return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
     m1, n1, t0 = best["m1"], best["n1"], time.perf_counter()
     try:
-        def measured(facts: dict, cubin: bytes) -> dict:
-            comp = facts["compile"]
+        def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
+            comp = results["compile"]
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
-                                   comp["thread_spill_bytes"], kernel=facts["kernel"],
-                                   layout=LaunchLayout.of_facts(facts), cubin=cubin, conv=conv,
-                                   design=design_of_facts(facts), epilogue=epilogue)
-            if precision is None:
-                device_error = timer.device_error(full, matrix, params.device_check_n)
-                error, check = checked(device_error, facts.get("host_check"), params)
-            else:  # against the float64 product of the same rounded A, within the rounding bound
-                rounded = rounded_matrix(matrix, precision.dtype)[0]
-                device_error = timer.device_error(full, rounded, params.device_check_n)
-                error, check = checked(device_error, facts.get("host_check"), params, error_bound(rounded, precision)[0])
+                                   comp["thread_spill_bytes"], spec=spec, cubin=cubin)
+            # the device check where the timer runs the kernel, else the host check's verdict: in the
+            # kernel's number format's metric, against its tolerance
+            result = timer.checked(spec, cubin, in_format(matrix, design.number)[0],
+                                   check_count(spec, params.device_check_n))
+            host = results.get("host_check")
+            error, check = (check_column("device", result) if result is not None
+                            else check_column("host", CheckResult.of_facts(host) if host else None))
             full_us = timer.time(full).time_us
             # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
             # GEMM for fp16 / bf16
@@ -260,7 +196,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                verify=params.verify and not timer.runs_binary,
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
-                               rtol=params.rtol, compile_units=compile_units,
+                               compile_units=compile_units,
                                conv=conv, design=design, epilogue=epilogue)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)

@@ -10,15 +10,15 @@ from typing import Callable
 import numpy as np
 
 from lospmm.flows.storage.ranker_store import save_ranker
-from lospmm.stages.codegen import BASELINE, KernelDesign
-from lospmm.stages.codegen_half import rounded_matrix
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.numbers import in_format
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import (RankerParams, SyntheticKernel, SyntheticParams, feature_row, synthetic_kernels,
                                 trained_ranker, training_rows)
 from lospmm.stages.reorder import tile_stats
-from lospmm.stages.search import full_kernel_time, layer_tiles
-from lospmm.stages.timing import Timer
+from lospmm.search import full_kernel_time, layer_tiles
+from lospmm.kernel.timing import Timer
 
 
 def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = SyntheticParams(),
@@ -26,8 +26,7 @@ def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = Synthe
     """The kept candidates of one synthetic kernel (the search's own reorder and constrain) for
     kernels of `design`, with the tiles needed to time them (a half design's A rounded to its dtype)."""
     a = random_pruned(sk.m, sk.k, sk.sparsity, np.random.default_rng(sk.seed))
-    if design.half:
-        a = rounded_matrix(a, design.dtype)[0]
+    a = in_format(a, design.number)[0]
     tiles = layer_tiles(a, params.m1)
     return [{**vars(c), **feature_row(c, sk.sparsity, sk.k), "m": sk.m, "n": sk.n, "_tiles": tiles[c.m1],
              "_matrix": a}
@@ -70,9 +69,10 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
 
 
 def measured_launches(files: list[Path]) -> tuple[list[dict], dict]:
-    """The rows of measured launch files (benchmarks.gpu_plan's launches-*.parquet) and the device
-    they were measured on, from the env.json beside the first (name, driver; {} when there is none).
-    ValueError names a file that cannot be read or holds no measured full kernel."""
+    """The rows of measured launch files (the device program's kernel-speed-*.parquet of a sample
+    bundle, or the launches-*.parquet of the plan before it) and the device they were measured on,
+    from the env.json beside the first (name, driver; {} when there is none). ValueError names a file
+    that cannot be read or holds no measured full kernel."""
     import json
 
     import pyarrow.parquet as pq
@@ -83,10 +83,11 @@ def measured_launches(files: list[Path]) -> tuple[list[dict], dict]:
             table = pq.read_table(f)
         except Exception as e:
             raise ValueError(f"{f}: not a readable launch file ({type(e).__name__}: {e})") from None
-        lacking = sorted(set(LAUNCH_COLUMNS) - set(table.column_names))
+        names = set(table.column_names) | {old for new, old in RENAMED.items() if new in table.column_names}
+        lacking = sorted(set(LAUNCH_COLUMNS) - names)
         if lacking:
             raise ValueError(f"{f}: not a measured launch file: no {', '.join(lacking)} column(s)")
-        table = table.to_pylist()
+        table = [r | {old: r[new] for new, old in RENAMED.items() if new in r and old not in r} for r in table.to_pylist()]
         if not any(r.get("role") == "full" and r.get("measured_us") is not None for r in table):
             raise ValueError(f"{f}: no measured full kernel (role 'full', measured_us) in {len(table)} rows")
         rows += table
@@ -102,6 +103,8 @@ def measured_launches(files: list[Path]) -> tuple[list[dict], dict]:
     return rows, device
 
 
+# the device program's names (benchmarks.measure) for what the launch files before it called otherwise
+RENAMED = {"ours_us": "measured_us", "status": "measure_status"}
 # what measured_rows reads of a launch file
 LAUNCH_COLUMNS = ("model", "layer", "sparsity", "id", "role", "variant", "m1", "n1", "n", "k", "measured_us",
                   "measure_status", "tile_loads", "tile_fmas")

@@ -11,13 +11,13 @@ the DAG itself, each node's inputs and parameters, is declared once in `lospmm.f
     5 rank       lospmm.stages.rank       kept candidates -> LambdaMART score, top-K chosen
     6 cluster    lospmm.stages.cluster    A_tiles of a chosen M1 -> proxy block functions
     7 pad        lospmm.stages.pad        chosen candidate -> proxy launch (Eq. 5-6)
-    8 compile    lospmm.stages.compile    proxy source (lospmm.stages.codegen) -> cubin via NVRTC
-    9 time       lospmm.stages.timing     proxy -> time from the run's Timer (estimate | cuda)
+    8 compile    lospmm.stages.compile    proxy source (lospmm.kernel.render) -> cubin via NVRTC
+    9 time       lospmm.stages.time       proxy -> time from the run's Timer (estimate | cuda)
    10 emit       lospmm.stages.emit       timed proxies -> chosen tile -> full kernel, checked
 
-Shared by several: `search` (one layer's whole search, for the benchmarks; train-ranker uses its first steps),
-`occupancy` (registers per block, resident and active blocks), `devices` (the GPU table),
-`status` (the one Status enum).
+Not stages, used by them: `lospmm.kernel` (every kernel: its description, rendering, checks,
+packages and timers), `lospmm.search` (one layer's whole search, composed from these for the
+benchmarks and train-ranker), `lospmm.devices` (the GPU table and occupancy), `lospmm.status`.
 """
 
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ STAGE_TABLE: tuple[Stage, ...] = (
     Stage("cluster", "06_clusters", "lospmm.stages.cluster"),
     Stage("pad", "07_launch", "lospmm.stages.pad"),
     Stage("compile", "08_compiled", "lospmm.stages.compile"),
-    Stage("time", "09_timed", "lospmm.stages.timing"),
+    Stage("time", "09_timed", "lospmm.stages.time"),
     Stage("emit", "10_kernels", "lospmm.stages.emit"),
 )
 STAGES = tuple(s.name for s in STAGE_TABLE)

@@ -15,8 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from lospmm.stages.devices import Device
-from lospmm.stages.occupancy import active_blocks_per_sm
+from lospmm.devices import Device
+from lospmm.devices import active_blocks_per_sm
 from lospmm.stages.reorder import Tiles
 
 

@@ -15,9 +15,9 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from lospmm.stages.codegen import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.stages.constrain import predicted_registers
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @dataclass(frozen=True)

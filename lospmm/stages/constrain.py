@@ -41,9 +41,9 @@ from typing import Mapping
 
 import numpy as np
 
-from lospmm.stages.codegen import BASELINE, KernelDesign
-from lospmm.stages.devices import Device
-from lospmm.stages.occupancy import block_registers
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.devices import Device
+from lospmm.devices import block_registers
 from lospmm.stages.reorder import TileStats
 
 UPSTREAM_ERROR = "error"  # the layer failed before constrain: one row, no candidates

@@ -1,10 +1,11 @@
 """Stage 10, emit: the timed proxies of one layer -> the chosen tile, and what its full kernel's
 directory says about it (§6.1). Pure: the flow compiles, checks and writes what these decide.
 
-The choice: the fastest proxy that timed ok (ties: smaller M1, then smaller N1). The full kernel of
-that tile is compiled and checked: on the device when the run's timer runs binaries (`cuda`), else
-on the host from the same source under AddressSanitizer, with N = 2·N1 + 3 columns (two full column
-blocks and a partial one). A speedup over dense is only ever a ratio of two measurements.
+The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). The full kernel of that
+tile is compiled and checked (lospmm.kernel.check: one metric and tolerance per number format): on
+the device when the run's timer runs binaries (`cuda`), else on the host from the same source under
+AddressSanitizer, with N = 2·N1 + 3 columns (two full column blocks and a partial one; a
+convolution: two images). A speedup over dense is only ever a ratio of two measurements.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from typing import Sequence
 
 import numpy as np
 
-from lospmm.stages.codegen import BASELINE, Epilogue, KernelDesign, KernelSource, conv_design
+from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.stages.rank import RankParams
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @dataclass(frozen=True)
 class EmitParams:
-    """Defaults: verify=True (check every emitted kernel), rtol=1e-4 (largest relative error a
-    check accepts), device_check_n=77 (columns of B in the device check), chosen_by="" (filled
+    """Defaults: verify=True (check every emitted kernel; its tolerance is its number format's),
+    device_check_n=77 (columns of B in the device check of a GEMM kernel), chosen_by="" (filled
     from the rank parameters by `emit_params`), implicit_conv=True (a dense convolution whose
     geometry is known gets a kernel that reads its NCHW input itself, §6.2, instead of the im2col
     GEMM's; same tile, bias and activation left to the caller), tie_band=0.05 (measured proxies within
@@ -31,7 +32,6 @@ class EmitParams:
     between calls on the H100, so a smaller difference says nothing)."""
 
     verify: bool = True
-    rtol: float = 1e-4
     device_check_n: int = 77
     chosen_by: str = ""
     implicit_conv: bool = True
@@ -84,72 +84,24 @@ def speedup(dense_us: float, full_us: float, measured: bool) -> float:
     return dense_us / full_us
 
 
-def check_verdict(where: str, max_rel_error: float, params: EmitParams = EmitParams()) -> str:
-    """The `check` column: `host-asan` / `device` when the error is within rtol, else `… FAILED`."""
-    ok = math.isfinite(max_rel_error) and max_rel_error <= params.rtol
-    label = "host-asan" if where == "host" else "device"
-    return label if ok else f"{where}: FAILED"
-
-
-def checked(device_error: float | None, host_check: dict | None,
-            params: EmitParams = EmitParams(), bound: float | None = None) -> tuple[float, str]:
-    """(max relative error, `check` column) of an emitted kernel: the device check where the timer
-    ran one, else the host check, else NaN and "not run". A half kernel's device error is its
-    normalised error, held against its rounding `bound` (codegen_half.error_bound's γ)."""
-    if device_error is not None and bound is not None:
-        ok = math.isfinite(device_error) and device_error <= bound
-        return device_error, "device" if ok else "device: FAILED"
-    if device_error is not None:
-        return device_error, check_verdict("device", device_error, params)
-    if host_check and "bound" in host_check:  # a half kernel: its normalised error within its rounding bound
-        error = host_check.get("normalised_error", float("inf"))
-        ok = host_check.get("status") == Status.OK and error <= host_check["bound"]
-        return error, "host-asan" if ok else "host: FAILED"
-    if host_check:
-        error = host_check.get("max_rel_error", float("inf"))
-        return error, check_verdict("host", error, params)
-    return float("nan"), "not run"
+def check_column(where: str, result) -> tuple[float, str]:
+    """(the error, the `check` column) of an emitted kernel's check (kernel.check.CheckResult, or
+    None: not run) on the `host` (under AddressSanitizer) or the `device`."""
+    if result is None:
+        return float("nan"), "not run"
+    if result.ok:
+        return result.error, "host-asan" if where == "host" else "device"
+    return result.error, f"{where}: FAILED"
 
 
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
     """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry when params ask for
-    it and the kernel design has a conv kernel (codegen.conv_design: the grid's order alone), else
+    it and the kernel design has a conv kernel (KernelDesign.serves_conv: the grid's order alone), else
     `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
     conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
-    return "implicit-conv" if params.implicit_conv and conv and conv_design(design) == design else "gemm"
+    return "implicit-conv" if params.implicit_conv and conv and design.serves_conv else "gemm"
 
 
 def emit_failed(compile_status: str, check: str) -> bool:
     """A layer's emit failed when its full kernel did not compile or its check failed."""
     return compile_status != Status.OK or "FAILED" in check
-
-
-def kernel_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str,
-                 conv=None, epilogue: Epilogue = Epilogue()) -> dict:
-    """The launch facts of a full kernel, as kernel.json records them (for C++ and the loader);
-    `conv`: the ConvGeometry of an implicit-im2col convolution kernel; `epilogue`: what the kernel
-    fuses (a GEMM kernel records it only when it fuses something: older readers see no change)."""
-    facts = _gemm_facts(kernel, matrix, tiles, layer, sparsity, arch)
-    if not epilogue.empty:
-        facts["epilogue"] = epilogue.facts()
-    if conv is not None:
-        g = conv
-        facts.update(
-            layout=(f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({kernel.m}×{g.h_out}×{g.w_out} per "
-                    f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"),
-            grid=kernel.layout.grid_formula(f"batch * {g.h_out * g.w_out}"),
-            conv={**vars(g), "h_out": g.h_out, "w_out": g.w_out},
-            epilogue=epilogue.facts())
-    return facts
-
-
-def _gemm_facts(kernel: KernelSource, matrix, tiles, layer: str, sparsity: float, arch: str) -> dict:
-    v = kernel.layout.columns_per_thread
-    return {"kernel": kernel.name, "layer": layer, "sparsity": sparsity, "m": kernel.m, "k": kernel.k,
-            "nnz": int(matrix.nnz), "m1": tiles.m1, "n1": kernel.n1, "params": list(kernel.params),
-            "layout": "B is K×N and C is M×N, row-major float32; N is a runtime argument"
-                      + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else ""),
-            "launch": kernel.layout.facts(), "design": kernel.design.facts(),
-            "grid": kernel.layout.grid_formula("N"), "block": {"x": kernel.n1, "y": 1, "z": 1},
-            "dynamic_smem_bytes": 0, "arch": arch, "row_order": tiles.rows.tolist(),
-            "tile_ptr": tiles.tile_ptr.tolist(), "empty_rows": tiles.empty_rows.tolist()}

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
-from lospmm.stages.status import Status
+from lospmm.kernel.geometry import conv_output_size
+from lospmm.status import Status
 
 ZOO_NAMES = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
 
@@ -69,11 +70,6 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     dtype: str
-
-
-def conv_output_size(size: int, window: int, stride: int, pad: int, dilation: int = 1) -> int:
-    """Output rows (or columns) of a convolution along one axis of `size` input pixels."""
-    return (size + 2 * pad - dilation * (window - 1) - 1) // stride + 1
 
 
 def zoo_shapes(name: str, params: ZooParams = ZooParams()) -> list[LayerShape]:

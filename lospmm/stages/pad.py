@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lospmm.stages.codegen import BASELINE, KernelDesign, proxy_layout
-from lospmm.stages.devices import Device
-from lospmm.stages.occupancy import active_blocks_per_sm
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.layout import proxy_layout
+from lospmm.devices import Device
+from lospmm.devices import active_blocks_per_sm
 
 
 @dataclass(frozen=True)

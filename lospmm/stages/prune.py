@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lospmm.stages.extract import LayerShape
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 METHODS = ("random", "magnitude", "global", "keep")
 WEIGHT_METHODS = ("magnitude", "global", "keep")  # they need real weights

@@ -236,7 +236,7 @@ def launch_features(row: dict) -> dict:
 
 def measured_rows(launches: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Table 1's features, measured times and group ids of a measured launch file's full kernels
-    (benchmarks.gpu_plan's launches: role "full", the plain variant, measured ok), one group per
+    (flows.training.measured_launches' rows: role "full", the plain variant, measured ok), one group per
     (model, layer, sparsity) with 2+ tiles; and group id -> (model, layer). The features come from
     the rows themselves: a tile's loads are its non-empty columns (NNC), its FMAs its nonzeros."""
     kept = [r for r in launches if r.get("role") == "full" and not r.get("variant")

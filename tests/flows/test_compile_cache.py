@@ -8,7 +8,7 @@ from lospmm.stages import compile as nv
 
 
 def _small_kernel(seed: int = 0):
-    from lospmm.stages.codegen import full_kernel_source
+    from lospmm.kernel.render import kernel_source as full_kernel_source
     from lospmm.stages.reorder import reordered_tiles
 
     a = sp.random(16, 12, density=0.3, format="csr", random_state=np.random.default_rng(seed), dtype=np.float32)
@@ -77,7 +77,7 @@ def _compile_in_child(root: str, queue) -> None:
 
 
 def _slow_kernel():
-    from lospmm.stages.codegen import full_kernel_source
+    from lospmm.kernel.render import kernel_source as full_kernel_source
     from lospmm.stages.reorder import reordered_tiles
 
     a = sp.random(64, 256, density=0.3, format="csr", random_state=np.random.default_rng(7), dtype=np.float32)
@@ -100,7 +100,7 @@ def test_two_processes_build_one_kernel_once(tmp_path):
 
 
 def _sharded(values: np.ndarray, m1: int = 4):
-    from lospmm.stages.codegen import CodegenParams, full_kernel_source
+    from lospmm.kernel.render import CodegenParams, kernel_source as full_kernel_source
     from lospmm.stages.reorder import reordered_tiles
 
     a = sp.csr_matrix(values)

@@ -11,9 +11,9 @@ from safetensors.numpy import save_file
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved, resolved_timer
 from lospmm.flows.storage.ranker_store import ranker_metadata
-from lospmm.runtime import gpu_present
-from lospmm.stages.devices import device_named
-from lospmm.stages.timing import EstimateTimer
+from lospmm.kernel.cuda import gpu_present
+from lospmm.devices import device_named
+from lospmm.kernel.estimate import EstimateTimer
 
 
 def test_a_plan_holds_typed_values():
@@ -279,7 +279,7 @@ def test_a_half_source_is_searched_in_its_half_design_with_the_half_ranker(tmp_p
     from lospmm.flows.config import ConfigError, RunConfig, resolved
     from lospmm.flows.dag import NODES
     from lospmm.flows.storage.ranker_store import SHIPPED_HALF
-    from lospmm.stages.codegen import design_named
+    from lospmm.kernel.design import design_named
 
     half = tmp_path / "half.safetensors"
     save_file({"enc.0.weight": np.ones((8, 8), np.float16)}, str(half))

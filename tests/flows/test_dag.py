@@ -46,7 +46,7 @@ def test_editing_occupancy_changes_every_stage_that_sizes_blocks_with_it(edited)
     # Eq. 5 (active blocks per SM) used to live in pad.py while cluster called it: cluster's key did
     # not move when it changed. It is in occupancy.py now, and cluster's version covers it.
     before = _versions()
-    edited("lospmm.stages.occupancy")
+    edited("lospmm.devices")
     after = _versions()
     changed = {s for s in STAGES if after[s] != before[s]}
     assert {"constrain", "cluster", "pad", "time", "emit"} <= changed
@@ -86,7 +86,7 @@ def test_no_stage_version_holds_a_module_of_a_stage_downstream_of_it():
 def test_a_parameter_objects_code_is_part_of_the_key(edited):
     plan = resolved(RunConfig(zoo=("shufflenetv2",)))
     form = key_form({"timer": plan.timer})
-    edited("lospmm.stages.timing")  # the estimate timer's model
+    edited("lospmm.kernel.estimate")  # the estimate timer's model
     assert key_form({"timer": plan.timer}) != form
     # and a Source leaves out where a weights file lies: its content identifies it
     src = plan.sources[0]

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from lospmm.flows.execution import units
 from lospmm.flows.storage.compile_cache import cached_kernel
-from lospmm.stages.codegen import CodegenParams, full_kernel_source
+from lospmm.kernel.render import CodegenParams, kernel_source as full_kernel_source
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.reorder import reordered_tiles
 

@@ -18,14 +18,14 @@ def test_a_kernel_directory_holds_a_checked_compiled_kernel(tmp_path):
     tiles = reordered_tiles(a, 4)
     calls = []
 
-    def measured(facts, cubin):
-        calls.append((facts["compile"]["status"], cubin[:4]))
+    def measured(spec, cubin, results):
+        calls.append((results["compile"]["status"], cubin[:4], spec.layer))
         return {"full_time_us": 1.5, "check": "host-asan"}
 
     out = tmp_path / "k"
     facts = emitted_kernel(str(tmp_path), a, tiles, "enc.0", 0.8, 64, "sm_80", out, extra={"timer": "estimate"},
                            measured=measured)
-    assert calls == [("ok", b"\x7fELF")]  # measured once, after the compile, with the cubin
+    assert calls == [("ok", b"\x7fELF", "enc.0")]  # measured once, after the compile, with the cubin and its spec
     on_disk = json.loads((out / "kernel.json").read_text())
     assert on_disk == json.loads(json.dumps(facts))
     assert on_disk["full_time_us"] == 1.5 and on_disk["timer"] == "estimate" and on_disk["arch"] == "sm_80"
@@ -43,20 +43,20 @@ def test_without_a_compile_nothing_is_measured(tmp_path):
     a = random_pruned(16, 16, 0.5, np.random.default_rng(1))
     out = tmp_path / "k"
     facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 2), "x", 0.5, 32, "sm_90", out, compile_=False,
-                           verify=False, measured=lambda facts, cubin: {"full_time_us": 1.0})
+                           verify=False, measured=lambda spec, cubin, results: {"full_time_us": 1.0})
     assert "compile" not in facts and "full_time_us" not in facts and not (out / "kernel.cubin").exists()
 
 
 def test_kernel_json_is_strict_json_and_the_directory_carries_its_checksums(tmp_path):
     import hashlib
 
-    from lospmm.flows.storage.store import MANIFEST, manifest_problem
+    from lospmm.files import MANIFEST, manifest_problem
     from lospmm.loader import KernelDirError, SpMM
 
     a = random_pruned(32, 32, 0.8, np.random.default_rng(2))
     out = tmp_path / "k"
     emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "x", 0.8, 32, "sm_90", out,
-                   measured=lambda facts, cubin: {"full_time_us": float("nan"), "speedup_vs_dense": float("nan")})
+                   measured=lambda spec, cubin, results: {"full_time_us": float("nan"), "speedup_vs_dense": float("nan")})
 
     def no_constants(name):
         raise ValueError(f"bare {name} in kernel.json")
@@ -92,7 +92,8 @@ def test_a_kernel_directory_of_another_design_records_its_launch_and_loads_padde
     """kernel.json carries the design and its launch layout; the loader reads them, and a kernel of
     4 columns per thread serves an N that is no multiple of 4 (B and C padded for the launch)."""
     from lospmm.loader import load_kernel
-    from lospmm.stages.codegen import LaunchLayout, design_named
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.layout import LaunchLayout
 
     a = random_pruned(24, 40, 0.7, np.random.default_rng(3))
     design = design_named("chained,v=4,walks=2,column-x")
@@ -114,15 +115,16 @@ def test_a_half_kernel_directory_is_checked_and_served_in_its_dtype_alone(tmp_pa
     torch = pytest.importorskip("torch")
     from lospmm.loader import load_kernel
     from lospmm.sparse_file import read_matrix
-    from lospmm.stages.codegen_half import Precision, from_dtype_bits, to_dtype_bits
+    from lospmm.kernel.design import half_design
+    from lospmm.kernel.numbers import NumberFormat, from_dtype_bits, to_dtype_bits
 
     a = random_pruned(40, 56, 0.8, np.random.default_rng(3))
     a.data[0] = 1e-9  # rounds to zero in fp16: counted, not baked
     b64 = np.random.default_rng(4).standard_normal((56, 9))
-    for precision in (Precision("fp16"), Precision("bf16", "f32")):
+    for precision in (NumberFormat.half("fp16"), NumberFormat.half("bf16", "f32")):
         out = tmp_path / precision.label
         facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "enc.0", 0.8, 32, "sm_90", out,
-                               precision=precision)
+                               design=half_design(precision))
         check = facts["host_check"]
         assert check["status"] == "ok" and 0 < check["normalised_error"] <= check["bound"] < 0.05
         assert facts["precision"]["dtype"] == precision.dtype and facts["launch"]["columns_per_thread"] == 2
@@ -146,7 +148,7 @@ def test_a_half_kernel_directory_is_checked_and_served_in_its_dtype_alone(tmp_pa
 
 def test_a_bias_is_read_only_from_the_weights_file_the_run_searched(tmp_path):
     from lospmm.flows.kernels import checked_unchanged
-    from lospmm.flows.storage.store import file_sha256
+    from lospmm.files import file_sha256
 
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"one")

@@ -15,7 +15,7 @@ from lospmm.flows.storage import schemas
 from lospmm.flows.storage.store import artifact_path
 from lospmm.flows.catalog.launch import SCHEMA as LAUNCH
 from lospmm.flows.execution.taskio import RunContext, failed_row, grouped, in_parallel, layer_fields, run_logger, run_stage
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 _KEY = "ab" * 32
 

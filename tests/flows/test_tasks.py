@@ -78,7 +78,7 @@ def test_a_damaged_kernel_directory_is_rebuilt_not_served(colliding, damage):
 
 
 def test_a_full_disk_is_retried_and_never_cached(colliding, monkeypatch):
-    import lospmm.flows.kernels as kernels
+    import lospmm.kernel.package as kernels  # where a kernel directory copies its cubin in
 
     real, calls = shutil.copyfile, []
 
@@ -100,7 +100,7 @@ def test_a_full_disk_is_retried_and_never_cached(colliding, monkeypatch):
 
 
 def test_a_transient_failure_that_passes_on_the_retry_costs_nothing(colliding, monkeypatch):
-    import lospmm.flows.kernels as kernels
+    import lospmm.kernel.package as kernels  # where a kernel directory copies its cubin in
 
     real, failed = shutil.copyfile, set()
 

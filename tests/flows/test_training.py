@@ -6,12 +6,13 @@ import numpy as np
 
 from lospmm.flows.training import candidate_rows, candidate_time
 from lospmm.stages.constrain import layer_candidates
-from lospmm.stages.devices import device_named
+from lospmm.devices import device_named
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import FEATURES, SyntheticKernel
 from lospmm.stages.reorder import tile_stats
-from lospmm.stages.search import layer_tiles
-from lospmm.stages.timing import EstimateTimer, LaunchUnderTest
+from lospmm.search import layer_tiles
+from lospmm.kernel.estimate import EstimateTimer
+from lospmm.kernel.timing import LaunchUnderTest
 
 H100 = device_named("h100")
 

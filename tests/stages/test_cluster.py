@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.cluster import ClusterParams, cluster_count, proxy_active_blocks, proxy_clusters
 from lospmm.stages.constrain import constrained_candidates
-from lospmm.stages.devices import device_named
-from lospmm.stages.occupancy import active_blocks_per_sm
+from lospmm.devices import device_named
+from lospmm.devices import active_blocks_per_sm
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles, tile_stats
 

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from lospmm.stages import compile as nv
-from lospmm.stages.codegen import full_kernel_source
+from lospmm.kernel.render import CodegenParams, kernel_source as full_kernel_source
 from lospmm.stages.reorder import reordered_tiles
 
 
@@ -70,7 +70,6 @@ def test_ptxas_level_is_an_explicit_option():
 
 
 def test_units_link_into_one_cubin_within_the_register_prediction():
-    from lospmm.stages.codegen import CodegenParams
     from lospmm.stages.constrain import predicted_registers
     from lospmm.stages.prune import random_pruned
 
@@ -98,8 +97,6 @@ def test_tile_functions_save_no_callee_saved_registers():
 
 
 def test_a_link_failure_is_a_result_with_its_log():
-    from lospmm.stages.codegen import CodegenParams
-
     k = full_kernel_source(sp.eye(8, format="csr", dtype=np.float32), reordered_tiles(sp.eye(8, format="csr"), 4),
                            32, CodegenParams())
     entry = nv.compiled(k.units[-1], k.name, nv.kernel_options("sm_90", 4))

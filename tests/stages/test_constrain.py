@@ -5,7 +5,7 @@ from lospmm.stages.constrain import (
     REMOVED_BY, ConstrainParams, constrained_candidates, layer_candidates, overshoot, n1_choices, predicted_registers,
     reduction_counts,
 )
-from lospmm.stages.devices import DEVICES, device_named
+from lospmm.devices import DEVICES, device_named
 from lospmm.stages.reorder import TileStats
 
 H100 = device_named("h100")
@@ -120,7 +120,7 @@ def test_the_constraints_follow_the_kernel_design():
     waste on N1·V wide B tiles, and the design's registers (V-wide accumulators, the loop's)."""
     import numpy as np
 
-    from lospmm.stages.codegen import design_named
+    from lospmm.kernel.design import design_named
     from lospmm.stages.prune import random_pruned
     from lospmm.stages.reorder import reordered_tiles, tile_stats
 

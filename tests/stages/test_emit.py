@@ -1,22 +1,17 @@
-"""Stage 10, emit: the choice among timed proxies, the check verdict, the speedup rule, kernel facts."""
+"""Stage 10, emit: the choice among timed proxies, the check column, the speedup rule, the kernel's form."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from lospmm.stages.codegen import full_kernel_source
-from lospmm.stages.emit import (EmitParams, check_verdict, chosen_by, emit_params, fastest_proxy, host_check_columns,
-                                kernel_facts, speedup)
-from lospmm.stages.prune import random_pruned
+from lospmm.kernel.check import CheckResult
+from lospmm.kernel.design import design_named
+from lospmm.stages.emit import EmitParams, check_column, chosen_by, emit_params, fastest_proxy, host_check_columns, speedup
 from lospmm.stages.rank import RankParams
-from lospmm.stages.reorder import reordered_tiles
 
 
 def _row(m1, n1, t, status="ok"):
     return {"m1": m1, "n1": n1, "time_us": t, "status": status}
-
 
 def test_fastest_proxy_skips_failures_and_breaks_ties_by_a_stated_rule_not_by_noise():
     rows = [_row(8, 128, 5.0), _row(4, 256, 5.0), _row(2, 64, 1.0, "error"), _row(1, 32, math.inf),
@@ -33,47 +28,31 @@ def test_fastest_proxy_skips_failures_and_breaks_ties_by_a_stated_rule_not_by_no
     spilled = [{**noisy[0], "spill_bytes": 0}, {**noisy[2], "spill_bytes": 24}]
     assert fastest_proxy(spilled, 0.05)["m1"] == 2
 
-
 def test_a_speedup_is_only_a_ratio_of_two_measurements():
     assert speedup(10.0, 4.0, measured=True) == 2.5
     assert math.isnan(speedup(10.0, 4.0, measured=False))
     assert math.isnan(speedup(math.nan, 4.0, measured=True))
     assert math.isnan(speedup(10.0, 0.0, measured=True))
 
-
-def test_check_verdict():
-    p = EmitParams(rtol=1e-4)
-    assert check_verdict("host", 3e-7, p) == "host-asan"
-    assert check_verdict("device", 3e-7, p) == "device"
-    assert check_verdict("host", 2e-4, p) == "host: FAILED"
-    assert check_verdict("device", math.inf, p) == "device: FAILED"
-    assert check_verdict("device", math.nan, p) == "device: FAILED"
-
+def test_the_check_column_says_where_a_kernel_was_checked_and_whether_it_passed():
+    good = CheckResult(3e-7, 1e-4, "max_rel_error", 67)
+    bad = CheckResult(2e-4, 1e-4, "max_rel_error", 67, "wrong", "max rel error 2e-4 exceeds 1e-4")
+    assert check_column("host", good) == (3e-7, "host-asan") and check_column("device", good) == (3e-7, "device")
+    assert check_column("host", bad) == (2e-4, "host: FAILED") and check_column("device", bad)[1] == "device: FAILED"
+    error, label = check_column("device", None)
+    assert math.isnan(error) and label == "not run"
+    # a record read back from kernel.json is the same verdict; one that could not run is a failure
+    assert CheckResult.of_facts(good.facts()) == good and not CheckResult.of_facts({"status": "error", "message": "x"}).ok
 
 def test_chosen_by_follows_the_rank_parameters():
     assert chosen_by(RankParams(top_k=7)) == "top-1 proxy of the ranker's top-7"
     assert chosen_by(RankParams(use_rank=False)) == "top-1 proxy of every kept candidate"
     assert emit_params(RankParams(top_k=3)).chosen_by == chosen_by(RankParams(top_k=3))
 
-
 def test_host_check_covers_a_partial_column_block():
     for n1 in (32, 128, 1024):
         n = host_check_columns(n1)
         assert n > 2 * n1 and n % n1 != 0
-
-
-def test_kernel_facts_describe_the_launch():
-    a = random_pruned(40, 24, 0.7, np.random.default_rng(0)).tolil()
-    a[3] = 0  # an empty row: its zeroing block is part of the grid
-    a = a.tocsr()
-    tiles = reordered_tiles(a, 4)
-    kernel = full_kernel_source(a, tiles, 64)
-    facts = kernel_facts(kernel, a, tiles, "enc.0", 0.7, "sm_90")
-    assert facts["kernel"] == kernel.name and facts["grid"]["x"] == kernel.grid_x > tiles.num_tiles
-    assert (facts["m"], facts["k"], facts["nnz"], facts["m1"], facts["n1"]) == (40, 24, a.nnz, 4, 64)
-    assert facts["empty_rows"] == [3] and sorted(facts["row_order"] + facts["empty_rows"]) == list(range(40))
-    assert facts["params"] == list(kernel.params) and facts["arch"] == "sm_90"
-
 
 def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     from lospmm.stages.emit import kernel_form
@@ -84,4 +63,8 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     assert kernel_form({**conv, "groups": 32}) == "implicit-conv"  # grouped: its block-diagonal dense form
     assert kernel_form({**conv, "h_in": 0}) == "gemm"  # no geometry (a plain checkpoint)
     assert kernel_form({"op": "linear", "groups": 0, "h_in": 0}) == "gemm"
+    # a design with no conv kernel (vector columns, a half format): the im2col GEMM the search searched
+    for design in ("chained,v=4", "fp16"):
+        assert kernel_form(conv, design=design_named(design)) == "gemm"
+    assert kernel_form(conv, design=design_named("column-x")) == "implicit-conv"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lospmm.stages.devices import device_named
-from lospmm.stages.occupancy import active_blocks_per_sm, resident_blocks
+from lospmm.devices import device_named
+from lospmm.devices import active_blocks_per_sm, resident_blocks
 from lospmm.stages.pad import proxy_launch
 
 H100, V100 = device_named("h100"), device_named("v100")

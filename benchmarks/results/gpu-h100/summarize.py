@@ -4,8 +4,9 @@ is typed in.
 
     PYTHONPATH=. python benchmarks/results/gpu-h100/summarize.py > benchmarks/results/gpu-h100/SUMMARY.md
 
-(from the repository's root: it reads benchmarks.gpuplan; its estimate columns are those of the
-calibration current when it runs, not of the session's.)
+(from the repository's root: it reads benchmarks.analysis; its estimate columns are those of the
+calibration current when it runs, not of the session's. These files are the plan's before the device
+program: their launch times are `measured_us`, read through analysis.launch_rows.)
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks import gpuplan
-from lospmm.stages.devices import device_named
-from lospmm.stages.timing import estimate_timer, estimated_timing
+from benchmarks import analysis
+from lospmm.devices import device_named
+from lospmm.kernel.estimate import estimate_timer, estimated_timing
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,7 +29,8 @@ BUSY_WAIT_CALLS = "cdefghl"  # calls a and b timed the libraries without the bus
 
 def rows(call: str, name: str) -> list[dict]:
     p = HERE / call / f"{name}.parquet"
-    return pq.read_table(p).to_pylist() if p.exists() else []
+    got = pq.read_table(p).to_pylist() if p.exists() else []
+    return analysis.launch_rows(got) if name.startswith("launches") else got
 
 
 def table(header: list[str], body: list[list]) -> str:
@@ -41,7 +43,7 @@ def speedups(ours: dict, baselines: dict) -> list[list]:
     out = []
     for model in [*sorted({k[0] for k in ours}), "all"]:
         keys = [k for k in ours if model in ("all", k[0]) and np.isfinite(ours[k])]
-        out.append([model, len(keys)] + [gpuplan.geomean([baselines[k][b] / ours[k] for k in keys]) for b in BASELINES])
+        out.append([model, len(keys)] + [analysis.geomean([baselines[k][b] / ours[k] for k in keys]) for b in BASELINES])
     return out
 
 
@@ -85,7 +87,7 @@ def main() -> None:
         ratio = [datasheet[k]["ours_us"] / calibrated[k]["ours_us"] for k in calibrated if k[1] == s]
         changed = sum(datasheet[k]["tile"] != calibrated[k]["tile"] for k in calibrated if k[1] == s)
         print(f"Against the datasheet estimate's tiles for the same layers (calls c, d): {changed} of {len(ratio)} "
-              f"tiles changed; per-kernel time ratio geometric mean {gpuplan.geomean(ratio):.2f}×, "
+              f"tiles changed; per-kernel time ratio geometric mean {analysis.geomean(ratio):.2f}×, "
               f"{sum(x > 1.05 for x in ratio)} faster and {sum(x < 0.95 for x in ratio)} slower by more than 5%; "
               f"summed time {sum(datasheet[k]['ours_us'] for k in calibrated if k[1] == s):.0f} → "
               f"{sum(r['ours_us'] for k, r in calibrated.items() if k[1] == s):.0f} µs.\n")
@@ -103,8 +105,8 @@ def main() -> None:
         launches = rows(c, name)
         for r in launches:  # the calibrated estimate's choice too (the measured rows carry their work)
             r["datasheet_us"] = r["estimate_us"]
-        t4 = gpuplan.table4_rows(launches)
-        t4c = gpuplan.table4_rows([r | {"estimate_us": estimated_timing(gpuplan.launch_work(r), cal.device, cal.params).time_us}
+        t4 = analysis.table4_rows(launches)
+        t4c = analysis.table4_rows([r | {"estimate_us": estimated_timing(analysis.launch_work(r), cal.device, cal.params).time_us}
                                    for r in launches])  # the shipped calibration, fitted on the 0.9 launches
         loss = [r["proxy_loss"] for r in t4]
         print(f"{name} ({len(t4)} layers): proxy choice within 2% of the best on {sum(x <= 0.02 for x in loss)}, "
@@ -130,7 +132,7 @@ def main() -> None:
     print("## A/B of the choices made blind\n")
     print("Sample c (0.9) ran its variants on each model's smallest sampled layer, sample d (0.7) on the largest.\n")
     ab = [r | {"sample": c} for c, name in (("c", "launches-sample-0.9"), ("d", "launches-sample-0.7"))
-          for r in gpuplan.ab_rows(rows(c, name))]
+          for r in analysis.ab_rows(rows(c, name))]
     print(table(["sample", "model", "layer", "tile", "A vs B", "A µs", "B µs", "A/B", "datasheet estimate A/B"],
                 [[r["sample"], r["model"], r["layer"], r["tile"], r["a_b"], r["a_us"], r["b_us"], r["a_over_b"],
                   r.get("estimate_a_over_b", "")] for r in ab]) + "\n")

@@ -8,7 +8,7 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from lospmm.flows.storage.schemas import F32, F64, I32, I64, LAYER, STATUS, STR, list_values
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 if TYPE_CHECKING:  # a reader takes the flow's context; the catalog itself needs no Prefect
     from lospmm.flows.execution.taskio import RunContext

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from lospmm.flows.storage.schemas import F64, I32, I64, LAYER, STATUS, list_values
 from lospmm.stages.reorder import Tiles, TileStats
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 if TYPE_CHECKING:  # a reader takes the flow's context; the catalog itself needs no Prefect
     from lospmm.flows.execution.taskio import RunContext

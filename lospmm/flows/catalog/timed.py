@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lospmm.flows.storage.schemas import F64, I32, LAYER_AT, STATUS, STR
-from lospmm.stages.timing import Timing
+from lospmm.kernel.timing import Timing
 
 # 09_timed (artifacts/README.md documents every column)
 SCHEMA = pa.schema(

@@ -17,9 +17,10 @@ from prefect import task
 
 from lospmm.flows.execution import progress
 from lospmm.flows.storage import schemas
-from lospmm.flows.storage.store import (artifact_path, locked, manifest_hash, read_artifact, valid_sidecar,
+from lospmm.files import manifest_hash
+from lospmm.flows.storage.store import (artifact_path, locked, read_artifact, valid_sidecar,
                                  write_artifact)
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 # Set when the run is asked to stop (SIGINT, SIGTERM): tasks stop at their next item, and a stage

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lospmm.stages.extract import GraphWeight, conv_output_size
+from lospmm.kernel.geometry import conv_output_size
+from lospmm.stages.extract import GraphWeight
 
 
 class OnnxModelError(ValueError):

@@ -15,7 +15,7 @@ from lospmm.flows.dag import list_columns
 from lospmm.flows.storage.runs import shown_status
 from lospmm.flows.storage.store import read_artifact
 from lospmm.stages.constrain import REMOVED_BY
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {

@@ -15,7 +15,7 @@ from lospmm.flows.storage.schemas import F64, I32, LAYER, STR
 from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.store import read_artifact, write_artifact
 from lospmm.flows.execution.taskio import layer_fields
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
 SUMMARY = pa.schema(

@@ -16,12 +16,13 @@ import json
 import time
 from pathlib import Path
 
-from lospmm.flows.storage.store import atomic_write, file_sha256, locked
+from lospmm.files import atomic_write, file_sha256
+from lospmm.flows.storage.store import locked
 from lospmm.flows.execution.taskio import stop_requested
-from lospmm.stages.codegen import KernelSource
+from lospmm.kernel.spec import KernelSource
 from lospmm.flows.execution.units import UnitCompiler, threads
 from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 FILES = {"source": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin", "log": "ptxas.log"}
 # result.json's format: an entry of another format (missing fields, other meanings) is rebuilt,

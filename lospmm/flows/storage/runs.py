@@ -9,11 +9,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from lospmm.flows.storage.store import atomic_write
+from lospmm.files import atomic_write
 
 
 class RunStatus(enum.StrEnum):
-    """A run's state in its record (a layer's outcome is a lospmm.stages.status.Status)."""
+    """A run's state in its record (a layer's outcome is a lospmm.status.Status)."""
 
     RUNNING = "running"
     COMPLETED = "completed"

@@ -14,8 +14,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import os
-import tempfile
 import time
 from contextlib import contextmanager
 from functools import lru_cache
@@ -25,6 +23,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lospmm.files import atomic_write, file_sha256, manifest_problem
 from lospmm.stages import STAGE_LAYERS
 
 
@@ -43,7 +42,7 @@ def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ..
             continue
         module = importlib.import_module(name)
         source = _source(module)
-        seen[name] = source
+        seen[name] = source + _code_files(module)
         todo.extend(_imports_under(prefix, source, name, getattr(module, "__path__", None) is not None))
     return seen
 
@@ -84,6 +83,13 @@ def _source(module) -> str:
     return Path(origin).read_text(encoding="utf-8") if origin and origin.endswith(".py") else ""
 
 
+def _code_files(module) -> str:
+    """The data files a module reads as code (`__code_files__`: the C++ a kernel's text includes), so
+    that editing one changes the version of every module that imports it, as editing the module would."""
+    return "".join(f"\0{Path(f).name}\0" + Path(f).read_text(encoding="utf-8")
+                   for f in getattr(module, "__code_files__", ()))
+
+
 def _is_package(name: str) -> bool:
     try:
         return hasattr(importlib.import_module(name), "__path__")
@@ -106,14 +112,6 @@ def artifact_path(root: str | Path, stage: str, label: str, key: str) -> Path:
 
 def sidecar_path(path: Path) -> Path:
     return path.with_suffix(".json")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_artifact(path: Path, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
@@ -153,47 +151,6 @@ def intact_sidecar(path: Path) -> dict[str, Any] | None:
         return None
 
 
-MANIFEST = "SHA256SUMS"
-
-
-def write_manifest(directory: Path, files: Iterable[str]) -> str:
-    """`SHA256SUMS` (the format `sha256sum -c` reads) over `files` of `directory`, written last and
-    atomically: a directory whose files match it is whole. Returns the manifest's own hash."""
-    lines = "".join(f"{file_sha256(directory / f)}  {f}\n" for f in files if (directory / f).exists())
-    atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(lines, encoding="utf-8"))
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def manifest_problem(directory: Path, expected: str | None = None, required: tuple[str, ...] = ()) -> str | None:
-    """Why `directory` cannot be trusted (its manifest or a listed file missing or altered, a
-    `required` file not listed, or the manifest not the one recorded as `expected`), or None."""
-    try:
-        text = (directory / MANIFEST).read_text(encoding="utf-8")
-    except OSError:
-        return f"{directory / MANIFEST} is missing"
-    if expected is not None and hashlib.sha256(text.encode()).hexdigest() != expected:
-        return f"{directory / MANIFEST} is not the one its artifact recorded"
-    listed = {line.partition("  ")[2] for line in text.splitlines()}
-    missing = [f for f in required if f not in listed]
-    if missing:
-        return f"{directory / MANIFEST} does not list {', '.join(missing)} (not compiled?)"
-    for line in text.splitlines():
-        digest, _, name = line.partition("  ")
-        try:
-            if file_sha256(directory / name) != digest:
-                return f"{directory / name} does not match its checksum in {MANIFEST}"
-        except OSError:
-            return f"{directory / name} is missing"
-    return None
-
-
-def manifest_hash(directory: Path) -> str | None:
-    try:
-        return hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     """Read a checked artifact; ArtifactError names the file if it is missing or corrupt."""
     path = Path(path)
@@ -222,16 +179,3 @@ def locked(path: Path, check=None, poll_s: float = 0.2):
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

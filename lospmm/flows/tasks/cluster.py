@@ -10,8 +10,8 @@ from lospmm.flows.catalog.clusters import SCHEMA, clusters_row
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.stages.cluster import ClusterParams, chosen_proxy_clusters
-from lospmm.stages.devices import Device
-from lospmm.stages.status import Status
+from lospmm.devices import Device
+from lospmm.status import Status
 
 
 @stage_task("cluster")

@@ -9,11 +9,11 @@ from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
-from lospmm.hostemu import proxy_check
-from lospmm.stages.codegen import CodegenParams, KernelDesign
-from lospmm.stages.sources import proxy_source
+from lospmm.kernel.design import KernelDesign
+from lospmm.kernel.host import proxy_check
+from lospmm.kernel.render import CodegenParams, proxy_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @stage_task("compile")

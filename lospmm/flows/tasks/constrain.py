@@ -5,11 +5,11 @@ from __future__ import annotations
 from lospmm.flows.catalog.candidates import SCHEMA
 from lospmm.flows.catalog.reordered import SCHEMA as REORDERED
 from lospmm.flows.execution.taskio import RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows, stage_task
-from lospmm.stages.codegen import KernelDesign
+from lospmm.kernel.design import KernelDesign
 from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
-from lospmm.stages.devices import Device
+from lospmm.devices import Device
 from lospmm.stages.reorder import TileStats
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @stage_task("constrain")

@@ -13,10 +13,11 @@ from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, in_p
                                            run_stage, stage_task)
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
-from lospmm.stages.codegen import Epilogue, KernelDesign
+from lospmm.kernel.design import KernelDesign
+from lospmm.kernel.epilogue import Epilogue
 from lospmm.stages.emit import EmitParams, kernel_form
 from lospmm.stages.extract import layer_id
-from lospmm.stages.timing import Timer
+from lospmm.kernel.timing import Timer
 
 
 @stage_task("emit")
@@ -27,10 +28,7 @@ def emit(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
         kernels_root = artifact_path(ctx.root, "emit", label, key).with_suffix("")
         logger = run_logger()
         shapes = ctx.read(inputs["extract"]).to_pylist()
-        # a half run (its design is half): GEMM kernels so far (convolutions as im2col GEMMs), with the
-        # bias and activation fused as in fp32
-        convs = {r["layer"]: conv_geometry(r) for r in shapes
-                 if not design.half and kernel_form(r, params, design) == "implicit-conv"}
+        convs = {r["layer"]: conv_geometry(r) for r in shapes if kernel_form(r, params, design) == "implicit-conv"}
         fused = {r["layer"]: r for r in shapes if r.get("bias") or r.get("activation")}
         if any(r.get("bias") for r in fused.values()):
             checked_unchanged(source.path, source.sha256)  # the biases are read from the file the run searched

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from lospmm.flows.catalog.launch import SCHEMA
 from lospmm.flows.execution.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
-from lospmm.stages.codegen import KernelDesign
-from lospmm.stages.devices import Device
+from lospmm.kernel.design import KernelDesign
+from lospmm.devices import Device
 from lospmm.stages.pad import proxy_launch
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @stage_task("pad")

@@ -11,7 +11,7 @@ from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, 
 from lospmm.flows.inputs.onnx_model import graph_weight_matrix, is_onnx
 from lospmm.flows.inputs.weights import load_tensor
 from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @stage_task("prune")

@@ -9,7 +9,7 @@ from lospmm.flows.catalog.reordered import SCHEMA, prefixed, tiles_row
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
 from lospmm.stages.reorder import ReorderParams, distinct_m1s, identity_tiles, reordered_tiles, tile_stats
-from lospmm.stages.status import Status
+from lospmm.status import Status
 
 
 @stage_task("reorder")

@@ -8,9 +8,10 @@ import time as clock
 from lospmm.flows.catalog.clusters import clusters_from_row
 from lospmm.flows.catalog.timed import SCHEMA, timing_row
 from lospmm.flows.execution.taskio import RunContext, in_parallel, layer_fields, run_stage, stage_task
-from lospmm.stages.codegen import KernelDesign, proxy_layout
-from lospmm.stages.status import Status
-from lospmm.stages.timing import LaunchUnderTest, Timer, untimed_reason
+from lospmm.kernel.design import KernelDesign
+from lospmm.kernel.timing import Timer
+from lospmm.status import Status
+from lospmm.stages.time import proxy_under_test, untimed_reason
 
 
 @stage_task("time")
@@ -29,15 +30,11 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
             if why:
                 return {**base, "status": Status.SKIPPED, "message": f"{where}: {why}", "time_us": float("inf")}
             t0 = clock.perf_counter()
-            spill = int(p["thread_spill_bytes"])  # what one thread executes, not the units' total
-            proxy_clusters = clusters_from_row(clusters, cluster_row[at])
-            t = timer.time(LaunchUnderTest(  # a proxy's launch needs its clusters, not the layer's tiles
-                None, c["m"], c["k"], c["n"], c["n1"], p["registers"], spill,
-                c["smem_bytes"], clusters=proxy_clusters, kernel=p["kernel"],
-                layout=proxy_layout(len(proxy_clusters.cluster_of), design),
-                cubin=ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None, design=design))
+            launch = proxy_under_test(c, p, clusters_from_row(clusters, cluster_row[at]), design,
+                                      ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None)
+            t = timer.time(launch)
             return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
-                    "registers": p["registers"], "spill_bytes": spill, "smem_bytes": c["smem_bytes"],
+                    "registers": p["registers"], "spill_bytes": launch.spill_bytes, "smem_bytes": c["smem_bytes"],
                     "rank": c.get("rank"), "seconds": clock.perf_counter() - t0}
 
         # one at a time: concurrent launches would disturb each other's measurements

@@ -1,0 +1,454 @@
+"""Tables from device measurements, anywhere (pure functions over rows): the figures the issues
+define — per-nonzero efficiency, speedups, the A/B decision, Table 4, the half set's accumulation
+choice, the estimate's calibration — computed from the rows the device program (benchmarks.device)
+writes. Nothing here needs a GPU."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+from lospmm.kernel.design import design_named
+
+WORK_BOUND_US = 15.0  # issue 30's work-bound layers: cuBLAS SGEMM at least this long at that N
+HALF_WORK_BOUND_US = 10.0  # issue 23's work-bound layers: cuBLAS FP16 at least this long
+FP32_SAME_TILE = "chained,v=2"  # our fp32 kernel with a half kernel's columns per thread: issue 23's comparison
+STRATEGIES = ("proxies", "ranker", "estimate")  # Table 4's ways of choosing a layer's tile
+
+
+def rows_table(rows: list[dict]):
+    """Rows as a pyarrow table with every row's keys as columns (from_pylist takes the first row's
+    alone: a failed launch first would lose every measured column), None where a row has none."""
+    import pyarrow as pa
+
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows])
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    """Rows as a table on the terminal (rich), every key a column."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "") for v in
+                        (r.get(c) for c in columns)])
+    Console(width=200).print(table)
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+
+def geomean(values) -> float:
+    v = np.asarray([x for x in values if np.isfinite(x) and x > 0], np.float64)
+    return float(np.exp(np.log(v).mean())) if len(v) else float("nan")
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation of the finite pairs (nan with fewer than 3)."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return float("nan")
+    return float(spearmanr(x[ok], y[ok]).statistic)
+
+
+def within_layer_spearman(rows: list[dict], key: str) -> float:
+    """Mean over layers of Spearman's correlation between `key` and the measured time: how well
+    `key` ranks one layer's candidates, which is what the search asks of it."""
+    values = []
+    for layer in sorted({(r["model"], r["layer"]) for r in rows}):
+        mine = [r for r in rows if (r["model"], r["layer"]) == layer]
+        s = spearman([r[key] for r in mine], [r["ours_us"] for r in mine])
+        if np.isfinite(s):
+            values.append(s)
+    return float(np.mean(values)) if values else float("nan")
+
+
+# --- kernel speed (issues 20 and 30) ----------------------------------------------------------------
+
+
+def efficiency(r: dict) -> float:
+    """Per-nonzero efficiency: our useful FLOP/s over cuBLAS SGEMM's dense FLOP/s on the same shape."""
+    return r["nnz"] * r["sgemm_us"] / (r["m"] * r["k"] * r["ours_us"])
+
+
+def headline_summary(rows: list[dict], peak_tflops: float = 66.9) -> list[dict]:
+    """Per sparsity over the work-bound rows (SGEMM ≥ 15 µs; the fastest design of each layer and N):
+    median per-nonzero efficiency, geomean speedup over SGEMM, TF32 and FP16, slower-than-SGEMM count,
+    and the largest layers' share of FP32 peak; then the same over every row."""
+    best: dict = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("sgemm_us") and math.isfinite(r["ours_us"]):
+            key = (r["model"], r["layer"], r["sparsity"], r["n"])
+            if key not in best or r["ours_us"] < best[key]["ours_us"]:
+                best[key] = r
+    out = []
+    for scope, keep in (("work-bound", lambda r: r["sgemm_us"] >= WORK_BOUND_US), ("all", lambda r: True)):
+        for s in sorted({r["sparsity"] for r in best.values()}):
+            xs = [r for r in best.values() if r["sparsity"] == s and keep(r)]
+            if not xs:
+                continue
+            useful = [2 * r["nnz"] * r["n"] / (r["ours_us"] * 1e-6) / 1e12 for r in xs]
+            out.append({"scope": scope, "sparsity": s, "layers": len(xs),
+                        "efficiency (median)": float(np.median([efficiency(r) for r in xs])),
+                        "vs SGEMM (geomean)": geomean([r["sgemm_us"] / r["ours_us"] for r in xs]),
+                        "vs TF32": geomean([r["tf32_us"] / r["ours_us"] for r in xs if r.get("tf32_us")]),
+                        "vs FP16": geomean([r["fp16_us"] / r["ours_us"] for r in xs if r.get("fp16_us")]),
+                        "slower than SGEMM": sum(r["ours_us"] > r["sgemm_us"] for r in xs),
+                        "% FP32 peak (max)": 100 * max(useful) / peak_tflops})
+    return out
+
+
+def ab_summary(rows: list[dict]) -> list[dict]:
+    """Per A/B layer: today's kernel's µs and each design's time over it (< 1: faster)."""
+    by_layer: dict = {}
+    for r in rows:
+        if r.get("set") == "ab":
+            by_layer.setdefault((r["model"], r["layer"]), {})[r["design"]] = r
+    baseline = design_named("baseline").label
+    out = []
+    for (model, layer), designs in by_layer.items():
+        base = designs.get(baseline, {}).get("ours_us", float("nan"))
+        out.append({"model": model, "layer": layer, "baseline_us": base,
+                    **{d: designs[d]["ours_us"] / base for d in designs if d != baseline}})
+    return out
+
+
+# issue 30, item 3: the default design changes only on this evidence
+DECISION_GAIN = 0.05  # geomean at least 5% faster than the baseline on the A/B layers
+DECISION_SPREAD = 0.05  # with every repeat spread under 5%
+DECISION_WORST = 0.10  # and no layer more than 10% slower
+DIAGNOSIS_EFFICIENCY = 0.35  # below this median per-nonzero efficiency at 0.9 (work-bound), diagnose first
+
+
+def design_decision(rows: list[dict]) -> dict:
+    """Issue 30's decision from the A/B rows (set "ab"): per design, the geomean of its time over the
+    baseline's on the layers both measured, the largest spread, the worst layer, and whether it
+    qualifies (DECISION_GAIN faster, spreads under DECISION_SPREAD, no layer DECISION_WORST slower); the
+    design to make the default (the fastest that qualifies, else the baseline, kept); and whether any
+    design reaches DIAGNOSIS_EFFICIENCY median per-nonzero efficiency on the work-bound layers
+    (SGEMM ≥ WORK_BOUND_US) — if none does, the next steps are diagnosis, not more tables."""
+    baseline = design_named("baseline").label
+    ab = [r for r in rows if r.get("set") == "ab" and r.get("status") == "ok" and math.isfinite(r["ours_us"])]
+    by = {}
+    for r in ab:
+        by.setdefault(r["design"], {})[(r["model"], r["layer"])] = r
+    base = by.get(baseline, {})
+    designs = []
+    for design, layers in by.items():
+        common = sorted(set(layers) & set(base))
+        if design == baseline or not common:
+            continue
+        ratios = [layers[key]["ours_us"] / base[key]["ours_us"] for key in common]
+        spread = max(max(layers[key].get("spread") or 0, base[key].get("spread") or 0) for key in common)
+        gain = 1 / geomean(ratios) - 1
+        qualifies = gain >= DECISION_GAIN and spread < DECISION_SPREAD and max(ratios) <= 1 + DECISION_WORST
+        designs.append({"design": design, "layers": len(common), "speedup (geomean)": 1 + gain,
+                        "worst layer (time over baseline)": max(ratios), "largest spread": spread,
+                        "qualifies": qualifies})
+    qualified = [d for d in designs if d["qualifies"]]
+    chosen = max(qualified, key=lambda d: d["speedup (geomean)"])["design"] if qualified else baseline
+    work = [r for r in ab if (r.get("sgemm_us") or 0) >= WORK_BOUND_US and abs(r["sparsity"] - 0.9) < 1e-9]
+    efficiencies = {design: float(np.median([efficiency(r) for r in work if r["design"] == design]))
+                    for design in {r["design"] for r in work}}
+    best = max(efficiencies.values(), default=float("nan"))
+    return {"default": chosen, "changed": chosen != baseline, "designs": designs,
+            "median_efficiency_at_0.9": efficiencies, "best_median_efficiency": best,
+            "diagnose_first": not best >= DIAGNOSIS_EFFICIENCY}
+
+
+# --- half precision (issue 23) -----------------------------------------------------------------------
+
+
+def half_rows(rows: list[dict]) -> list[dict]:
+    """Issue 23's table from a run's rows: one per half kernel with its time, cuBLAS's in the same
+    dtype, our fp32 kernel's on the same tile (FP32_SAME_TILE: same model, layer, sparsity, batch and
+    tile), and both errors on the same data."""
+    fp32_label = design_named(FP32_SAME_TILE).label
+    fp32 = {(r["model"], r["layer"], r["sparsity"], r["batch"], r["m1"], r["n1"]): r for r in rows
+            if r.get("set") == "half" and r["design"] == fp32_label}
+    out = []
+    for r in rows:
+        if r.get("set") != "half" or r.get("dtype") in (None, "", "fp32"):
+            continue
+        same = fp32.get((r["model"], r["layer"], r["sparsity"], r["batch"], r["m1"], r["n1"]), {})
+        out.append({k: r.get(k) for k in ("model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "dtype",
+                                          "accumulate", "design", "m1", "n1", "spread", "status")}
+                   | {"ours_us": r.get("ours_us", float("inf")), "cublas_same_dtype_us": r.get(f"{r['dtype']}_us"),
+                      "ours_fp32_us": same.get("ours_us", float("nan")), "max_rel_error": r.get("max_rel_error"),
+                      "cublas_max_rel_error": r.get("cublas_max_rel_error")})
+    return out
+
+
+def chosen_accumulation(rows: list[dict], dtype: str = "fp16") -> str | None:
+    """Issue 23's rule for the default sums of `dtype`: of the accumulations whose every measured
+    kernel meets the accuracy bar (error ≤ 2× cuBLAS's on the same data), the fastest (geomean over
+    the kernels all of them ran; ties to the earlier in HALF_VARIANTS' order); None if none meets it."""
+    by = {}
+    for r in rows:
+        if r.get("dtype") == dtype:
+            by.setdefault(r["accumulate"], {})[(r["model"], r["layer"], r["sparsity"], r["batch"])] = r
+    # a variant with a kernel that failed (not compiled, wrong, unmeasured) meets nothing
+    meeting = {label: kernels for label, kernels in by.items()
+               if all(r.get("status") == "ok" and r.get("cublas_max_rel_error") is not None
+                      and r["max_rel_error"] <= 2 * r["cublas_max_rel_error"] for r in kernels.values())}
+    if not meeting:
+        return None
+    common = set.intersection(*(set(k) for k in meeting.values()))
+    speed = {label: geomean([kernels[key]["ours_us"] for key in common]) if common else float("inf")
+             for label, kernels in meeting.items()}
+    return min(speed, key=lambda label: speed[label])
+
+
+def half_summary(rows: list[dict]) -> list[dict]:
+    """Per accumulation (fp16/bf16 and its sums) and sparsity, over the work-bound rows (cuBLAS FP16
+    ≥ 10 µs): geomean speedup over cuBLAS in the same dtype and over our fp32 kernel on the same
+    tile, and how many kernels meet the accuracy bar (error ≤ 2× cuBLAS's on the same data)."""
+    out = []
+    ok = [r for r in rows if r.get("status") == "ok" and math.isfinite(r["ours_us"] or math.inf)
+          and (r.get("cublas_same_dtype_us") or 0) > 0]
+    for label in dict.fromkeys(r["accumulate"] for r in ok):
+        for s in sorted({r["sparsity"] for r in ok if r["accumulate"] == label}):
+            xs = [r for r in ok if r["accumulate"] == label and r["sparsity"] == s]
+            work = [r for r in xs if r["cublas_same_dtype_us"] >= HALF_WORK_BOUND_US]
+            fp32 = [r for r in work if r.get("ours_fp32_us") and math.isfinite(r["ours_fp32_us"])]
+            out.append({"kernels": label, "sparsity": s, "work-bound": len(work), "all": len(xs),
+                        "vs cuBLAS same dtype (geomean, work-bound)":
+                            geomean([r["cublas_same_dtype_us"] / r["ours_us"] for r in work]) if work else float("nan"),
+                        "vs ours fp32, same tile": geomean([r["ours_fp32_us"] / r["ours_us"] for r in fp32])
+                        if fp32 else float("nan"),
+                        "within 2x cuBLAS error": sum(r["max_rel_error"] <= 2 * r["cublas_max_rel_error"] for r in xs
+                                                      if r.get("cublas_max_rel_error") is not None),
+                        "error vs cuBLAS (median)": float(np.median([r["max_rel_error"] / r["cublas_max_rel_error"]
+                                                                    for r in xs if r.get("cublas_max_rel_error")]))
+                        if any(r.get("cublas_max_rel_error") for r in xs) else float("nan")})
+    return out
+
+
+# --- the search's quality: Table 4 and the A/B of the flow's own kernels (issue 24) ------------------
+
+
+def launch_rows(rows: list[dict]) -> list[dict]:
+    """Launch rows as this module reads them: `ours_us` and `status` (a launch file of the plan before
+    the device program, as the committed gpu-h100 results hold, named them measured_us and
+    measure_status)."""
+    return [r if "ours_us" in r else r | {"ours_us": r["measured_us"], "status": r.get("measure_status", "")}
+            for r in rows]
+
+
+def launch_work(row: dict, arrays: dict | None = None):
+    """The estimate's KernelWork of a launch-list row (arrays: the row's own columns by default)."""
+    from lospmm.kernel.estimate import KernelWork
+
+    arrays = row if arrays is None else arrays
+    design = design_named(row["design"]) if row.get("design") else design_named("baseline")
+    return KernelWork(row["m"], row["k"], row["n"], row["m1"], row["n1"], np.asarray(arrays["tile_loads"], np.int64),
+                      np.asarray(arrays["tile_fmas"], np.int64), row["registers"], row["spill_bytes"],
+                      row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design)
+
+
+def table4_rows(measured: list[dict]) -> list[dict]:
+    """Per sampled layer: the tile the measured proxies choose (the emit stage's rule), its full
+    kernel's time against the best full kernel measured among the top-K, and the same for the
+    estimate's choice. Only the flow's own variant ("") counts; outside-top-k rows are excluded."""
+    from lospmm.search import choice
+    from lospmm.status import Status
+    from lospmm.kernel.timing import Timing
+
+    out = []
+    layers = sorted({(r["model"], r["layer"]) for r in measured})
+    for model, layer in layers:
+        rows = [r for r in measured if (r["model"], r["layer"]) == (model, layer) and r["variant"] == ""]
+        full = {(r["m1"], r["n1"]): r for r in rows if r["role"] == "full"}
+        proxy = {(r["m1"], r["n1"]): r for r in rows if r["role"] == "proxy"}
+        full_t = {key: r["ours_us"] for key, r in full.items() if np.isfinite(r["ours_us"])}
+        if not full_t or not proxy:
+            continue
+        measured_choice = choice({key: Timing("cuda", r["ours_us"], Status.OK if np.isfinite(r["ours_us"]) else Status.ERROR)
+                                  for key, r in proxy.items()}, measured=True,
+                                 registers={key: r.get("registers") for key, r in proxy.items()})
+        estimate_choice = choice({key: Timing("estimate", r["estimate_us"]) for key, r in proxy.items()})
+        best_key = min(full_t, key=full_t.get)
+        best = full_t[best_key]
+        row = {"model": model, "layer": layer, "m": rows[0]["m"], "k": rows[0]["k"], "n": rows[0]["n"],
+               "candidates": len(full_t), "best_tile": f"{best_key[0]}×{best_key[1]}", "best_us": best,
+               "proxy_tile": "", "proxy_us": float("nan"), "proxy_loss": float("nan"),
+               "estimate_tile": "", "estimate_us": float("nan"), "estimate_loss": float("nan"),
+               "spearman_proxy_full": spearman([proxy[k]["ours_us"] for k in full_t if k in proxy],
+                                               [full_t[k] for k in full_t if k in proxy])}
+        for prefix, key in (("proxy", measured_choice), ("estimate", estimate_choice)):
+            if key is not None and key in full_t:
+                row |= {f"{prefix}_tile": f"{key[0]}×{key[1]}", f"{prefix}_us": full_t[key],
+                        f"{prefix}_loss": full_t[key] / best - 1}
+        out.append(row)
+    return out
+
+
+def repeated(files: list[list[dict]]) -> dict[tuple, dict]:
+    """(model, layer, sparsity, id) -> the row (of the first file holding it) with `times` (every
+    repeat's ours_us), `ours_us` their median and `spread` (max − min) / median. Launch ids
+    do not name the sparsity, so a kernel is a repeat only at the same sparsity; ValueError when
+    one key's shape (m, k, n, nnz) differs between files (not the same kernel)."""
+    out: dict[tuple, dict] = {}
+    for rows in files:
+        for r in rows:
+            if r.get("status") != "ok" or not np.isfinite(r.get("ours_us") or np.nan):
+                continue
+            key = (r["model"], r["layer"], float(r["sparsity"]), r["id"])
+            first = out.setdefault(key, {**r, "times": []})
+            if tuple(first[c] for c in ("m", "k", "n", "nnz")) != tuple(r[c] for c in ("m", "k", "n", "nnz")):
+                raise ValueError(f"{r['id']} at sparsity {r['sparsity']}: a different kernel in two files "
+                                 f"(m, k, n, nnz differ): not repeats of one measurement")
+            first["times"].append(float(r["ours_us"]))
+    for r in out.values():
+        r["ours_us"] = statistics.median(r["times"])
+        r["spread"] = (max(r["times"]) - min(r["times"])) / r["ours_us"] if len(r["times"]) > 1 else float("nan")
+    return out
+
+
+def table4_strategy_rows(kernels: dict[tuple, dict], booster, estimate_timer, launched: list[dict] = ()) -> list[dict]:
+    """One row per (model, layer, sparsity, strategy) of the measured `kernels` (repeated's)."""
+    from lospmm.stages.emit import EmitParams, fastest_proxy
+    from lospmm.stages.rank import launch_features, feature_matrix
+    from lospmm.kernel.estimate import estimated_timing
+
+    out = []
+    groups = sorted({(r["model"], r["layer"], float(r["sparsity"])) for r in kernels.values()})
+    for model, layer, sparsity in groups:
+        mine = [r for r in kernels.values() if (r["model"], r["layer"], float(r["sparsity"])) == (model, layer, sparsity)]
+        # where every kept candidate was launched (a cubin reading N1 at launch per M1), the best, the
+        # ranker's and the estimate's picks are all among those kernels: one kind of kernel throughout
+        kept = [r for r in launched if r.get("variant") == "every-kept" and
+                (r["model"], r["layer"], float(r["sparsity"])) == (model, layer, sparsity)]
+        every_kept = bool(kept)
+        variants = ("every-kept",) if every_kept else ("outside-top-k", "")  # the flow's own kernel last
+        full = {}
+        for variant in variants:
+            full |= {(r["m1"], r["n1"]): r for r in mine if r["role"] == "full" and r["variant"] == variant}
+        proxies = [{**r, "time_us": r["ours_us"], "status": "ok"} for r in mine
+                   if r["role"] == "proxy" and r["variant"] == ""]
+        if len(full) < 2:
+            continue
+        best_key = min(full, key=lambda key: full[key]["ours_us"])
+        # the ranker's top-1: over every kept candidate launched, measured or not (an unmeasured pick
+        # has no loss: NaN, never the next one's), else over its measured top-k
+        candidates = {(r["m1"], r["n1"]): r for r in kept} if every_kept else \
+            {key: r for key, r in full.items() if r["variant"] == ""}
+        ranked = list(candidates)
+        chosen = {"proxies": None, "ranker": None, "estimate": None}
+        pick = fastest_proxy(proxies, EmitParams().tie_band)
+        if pick is not None:
+            chosen["proxies"] = (pick["m1"], pick["n1"])
+        if ranked:
+            scores = booster.predict(feature_matrix([launch_features(candidates[key]) for key in ranked]))
+            chosen["ranker"] = ranked[int(np.argmax(scores))]
+        estimates = {key: estimated_timing(launch_work(r), estimate_timer.device, estimate_timer.params).time_us
+                     for key, r in full.items()}
+        chosen["estimate"] = min(estimates, key=estimates.get)
+        best = full[best_key]
+        for strategy in STRATEGIES:
+            key = chosen[strategy]
+            row = full.get(key) if key else None
+            loss = row["ours_us"] / best["ours_us"] - 1 if row else float("nan")
+            spread = max(row["spread"], best["spread"]) if row else float("nan")
+            out.append({"model": model, "layer": layer, "sparsity": sparsity, "strategy": strategy,
+                        "chosen_tile": f"{key[0]}×{key[1]}" if key else "", "best_tile": f"{best_key[0]}×{best_key[1]}",
+                        "loss": loss, "spread": spread,
+                        "beyond_noise": bool(loss > spread) if np.isfinite(loss) and np.isfinite(spread) else None,
+                        "chosen_us": row["ours_us"] if row else float("nan"), "best_us": best["ours_us"],
+                        "repeats": min(len(best["times"]), len(row["times"])) if row else len(best["times"]),
+                        # every kept candidate launched, and how many of them measured: below all, the
+                        # best is only the best of those measured
+                        "kept_launched": len(kept) if every_kept else None,
+                        "kept_measured": len(full) if every_kept else None})
+    return out
+
+
+def ab_rows(measured: list[dict]) -> list[dict]:
+    """Each A/B variant's time against the flow's own kernel of the same layer and tile, and, per
+    layer, the best measured M1 = 1 full kernel against the best other one."""
+    out = []
+    for r in measured:
+        if r["variant"].startswith(("ptxas-", "prefetch-")):
+            base = [b for b in measured if b["variant"] == "" and b["role"] == "full"
+                    and (b["model"], b["layer"], b["m1"], b["n1"]) == (r["model"], r["layer"], r["m1"], r["n1"])]
+            if base:
+                out.append({"model": r["model"], "layer": r["layer"], "tile": f"{r['m1']}×{r['n1']}",
+                            "a_b": f"{r['variant']} vs ptxas-O1 prefetch-1", "a_us": r["ours_us"],
+                            "b_us": base[0]["ours_us"], "a_over_b": r["ours_us"] / base[0]["ours_us"],
+                            "a_spill_bytes": r["spill_bytes"], "b_spill_bytes": base[0]["spill_bytes"]})
+    for model, layer in sorted({(r["model"], r["layer"]) for r in measured}):
+        fulls = [r for r in measured if (r["model"], r["layer"]) == (model, layer) and r["role"] == "full"
+                 and r["variant"] in ("", "outside-top-k") and np.isfinite(r["ours_us"])]
+        one = [r for r in fulls if r["m1"] == 1]
+        rest = [r for r in fulls if r["m1"] != 1]
+        if one and rest:
+            a, b = min(one, key=lambda r: r["ours_us"]), min(rest, key=lambda r: r["ours_us"])
+            est_a, est_b = min(one, key=lambda r: r["estimate_us"]), min(rest, key=lambda r: r["estimate_us"])
+            out.append({"model": model, "layer": layer, "tile": f"{a['m1']}×{a['n1']} vs {b['m1']}×{b['n1']}",
+                        "a_b": "best M1=1 vs best M1>1", "a_us": a["ours_us"], "b_us": b["ours_us"],
+                        "a_over_b": a["ours_us"] / b["ours_us"],
+                        "estimate_a_over_b": est_a["estimate_us"] / est_b["estimate_us"],
+                        "a_spill_bytes": a["spill_bytes"], "b_spill_bytes": b["spill_bytes"]})
+    return out
+
+
+BASELINES = ("sgemm", "tf32", "fp16", "cusparse", "torch_csr")  # a row's <name>_us: the libraries timed beside ours
+
+
+def speedup_summary(rows: list[dict], baselines: tuple[str, ...] = BASELINES) -> list[dict]:
+    """Geometric means of each baseline's time over ours, per model and sparsity and over all models
+    (`baselines`: the rows' <name>_us columns present)."""
+    baselines = [b for b in baselines if any(f"{b}_us" in r for r in rows)]
+    out = []
+    for sparsity in sorted({r["sparsity"] for r in rows}):
+        for model in [*sorted({r["model"] for r in rows}), "all"]:
+            mine = [r for r in rows if model in ("all", r["model"]) and r["sparsity"] == sparsity
+                    and np.isfinite(r["ours_us"])]
+            if mine:
+                out.append({"model": model, "sparsity": sparsity, "kernels": len(mine)}
+                           | {f"vs_{b}": geomean([(r.get(f"{b}_us") or np.nan) / r["ours_us"] for r in mine])
+                              for b in baselines})
+    return out
+
+
+# --- the estimate's calibration ------------------------------------------------------------------------
+
+
+def calibration_rows(sets: dict[str, list[dict]], device, params, calibrated_device, calibrated_params) -> list[dict]:
+    """Per named set of measured launches and role: Spearman (pooled and within layer), the median
+    |log(estimate / measured)|, and Table 4's loss of the estimate's choice, before and after."""
+    from lospmm.kernel.estimate import estimated_timing
+
+    out = []
+    for name, rows in sets.items():
+        rows = [dict(r) for r in rows if r["variant"] == "" and np.isfinite(r["ours_us"])]
+        for r in rows:
+            w = launch_work(r)
+            r["before_us"] = estimated_timing(w, device, params).time_us
+            r["after_us"] = estimated_timing(w, calibrated_device, calibrated_params).time_us
+        for role in ("proxy", "full"):
+            mine = [r for r in rows if r["role"] == role]
+            if not mine:
+                continue
+            m = np.array([r["ours_us"] for r in mine])
+            row = {"set": name, "role": role, "launches": len(mine)}
+            for when in ("before", "after"):
+                e = np.array([r[f"{when}_us"] for r in mine])
+                row |= {f"spearman_{when}": spearman(e, m), f"within_layer_{when}": within_layer_spearman(mine, f"{when}_us"),
+                        f"median_log_error_{when}": float(np.median(np.abs(np.log(e / m))))}
+            out.append(row)
+        for when in ("before", "after"):  # only a launch list has candidates to choose among
+            losses = [x["estimate_loss"] for x in table4_rows([r | {"estimate_us": r[f"{when}_us"]} for r in rows])]
+            if out and out[-1]["set"] == name and np.isfinite(losses).any():
+                out[-1][f"estimate_choice_loss_{when}"] = float(np.nanmean(losses))
+    return out

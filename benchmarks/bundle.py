@@ -1,0 +1,301 @@
+"""The one bundle format: everything that goes to a GPU, built here (no GPU), carried, and read there.
+
+    <bundle>/
+      bundle.json        its name, the set and options it was built from, the hash of its inputs
+                         (`inputs`: the set's options and the code that renders and compiles it), the
+                         arch, when, and how many kernels and launches
+      launches.parquet   one row per launch: the kernel (its package), what it is (sets.Planned's
+                         columns), the count it is launched at, N1 at launch, a proxy's cluster map
+                         and shared memory, the compile facts and the estimate's work and figure
+      kernels/<id>/      one kernel package each (lospmm.kernel.package: kernel.json, kernel.cubin and
+                         their manifest; no source, no A: they do not travel)
+      a/<matrix>.parquet the A of each layer, once (what the device check runs against)
+
+Built resumably (a package whose manifest holds and whose row.json is there is not built again),
+through the compile cache, on `threads` compile threads. Carried as xz archives of at most ~28 MiB
+(cubins of straight-line code shrink 5-13×), each a bundle of its own, listed with their SHA-256
+in `<name>.parts.json` so that the device program checks what it unpacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.analysis import rows_table
+from lospmm.files import atomic_write, file_sha256, manifest_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where prepared bundles live: outside the work tree, so that a later checkout on this machine finds them
+HOME = Path(os.environ.get("LOSPMM_BUNDLES") or Path.home() / ".cache" / "lospmm" / "bundles")
+MAX_PART_MIB = 28.0
+
+
+def inputs_hash(set_name: str, options: dict) -> str:
+    """What a bundle of `set_name` with `options` depends on: the options, and the code that plans,
+    renders and compiles it (benchmarks.sets and benchmarks.bundle with every lospmm module they
+    import, the includes a kernel's text carries). A bundle whose recorded hash differs is stale."""
+    from lospmm.flows.storage.store import module_closure_hash
+
+    code = [module_closure_hash(m, prefix="lospmm") for m in ("benchmarks.sets", "benchmarks.bundle")]
+    blob = json.dumps({"set": set_name, "options": options, "code": code}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def bundle_facts(bundle: Path) -> dict:
+    """bundle.json, or {} when there is none."""
+    try:
+        return json.loads((Path(bundle) / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def bundle_rows(bundle: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(Path(bundle) / "launches.parquet").to_pylist()
+
+
+def package_of(bundle: Path, row: dict):
+    """The row's kernel package (lospmm.kernel.package), checked against its manifest."""
+    from lospmm.kernel.package import read_package
+
+    return read_package(Path(bundle) / "kernels" / row["package"], ("kernel.json", "kernel.cubin"))
+
+
+def matrix_of_row(bundle: Path, row: dict):
+    from lospmm.sparse_file import read_matrix
+
+    return read_matrix(Path(bundle) / "a" / f"{row['matrix']}.parquet")
+
+
+def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_90", cache: Path | None = None,
+          set_name: str = "", options: dict | None = None, sass: bool = True, with_source: bool = False,
+          say=print) -> Path:
+    """Compile every job (benchmarks.sets.Job) into the bundle `into/name` and return its folder. A
+    kernel that fails to compile is a row with its status; one already built (a previous, cut-off
+    build) is kept. launches.parquet and bundle.json are written last: a bundle without them is
+    not finished. `with_source`: the packages keep kernel.cu (what the host backend runs: a bundle
+    checked without a GPU)."""
+    import pyarrow.parquet as pq
+
+    from lospmm.devices import device_named
+    from lospmm.flows.execution.units import threads as unit_threads
+    from lospmm.flows.storage.compile_cache import cached_kernel
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.kernel.package import cleared, write_cubin, write_record
+    from lospmm.sparse_file import write_matrix
+    from lospmm.stages.compile import kernel_options
+
+    dest = Path(into) / name
+    (dest / "kernels").mkdir(parents=True, exist_ok=True)
+    (dest / "a").mkdir(exist_ok=True)
+    for stale in ("launches.parquet", "bundle.json"):
+        (dest / stale).unlink(missing_ok=True)
+    cache = Path(cache or HOME / "compile-cache")
+    units = unit_threads(threads)
+    timer = estimate_timer(device_named({"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(
+        arch, "h100")))
+    jobs = list(jobs)
+    ids = [j.planned.id for j in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{name}: launch ids collide")
+    rows, t_start = [], time.perf_counter()
+    for i, job in enumerate(jobs):
+        p, t0 = job.planned, time.perf_counter()
+        pkg = dest / "kernels" / p.id
+        done = _built_rows(pkg)
+        if done is not None:
+            rows += done
+            continue
+        row = p.row() | {"package": p.id, "count": p.n if p.role == "proxy" else None}
+        try:
+            source = job.source()
+            if job.matrix is not None and not (dest / "a" / f"{p.matrix}.parquet").exists():
+                a = job.matrix()
+                atomic_write(dest / "a" / f"{p.matrix}.parquet", lambda tmp: write_matrix(tmp, a))
+            result, hit = cached_kernel(cache, source, kernel_options(arch, p.m1, p.ptxas_level, source.design), units)
+            row |= {"kernel": source.name, "form": source.spec.form, "dtype": source.spec.dtype,
+                    "count": source.spec.count(p.n), "launch": json.dumps(source.layout.facts()),
+                    "status": str(result["status"]), "message": "" if result["status"] == "ok" else result["log"][-500:],
+                    "registers": int(result["registers"]), "spill_bytes": int(result["thread_spill_bytes"]),
+                    "compile_seconds": float(result["cost_seconds"]), "tiles": source.num_tiles,
+                    "nnz": source.spec.nnz if p.role == "full" else 0}
+            cleared(pkg)
+            if with_source:
+                atomic_write(pkg / "kernel.cu", lambda tmp: Path(tmp).write_text(source.source, encoding="utf-8"))
+            if result["status"] == "ok":
+                cubin = write_cubin(pkg, cache / result["paths"]["cubin"])
+                if sass:
+                    row |= sass_facts(cubin, source)
+            write_record(pkg, source.spec.located(p.layer, p.sparsity, arch), {"compile": {
+                k: result[k] for k in ("status", "registers", "thread_spill_bytes", "cost_seconds", "key")}})
+        except Exception as e:  # one kernel's failure is its row
+            pkg.mkdir(parents=True, exist_ok=True)
+            row |= {"status": "error", "message": f"{type(e).__name__}: {e}"[:500]}
+        launched = _launch_rows(row, job, timer)
+        atomic_write(pkg / "row.json", lambda tmp: Path(tmp).write_text(json.dumps(launched), encoding="utf-8"))
+        rows += launched
+        say(f"[{i + 1}/{len(jobs)}] {p.id}: {row['status']}, {row.get('registers', '?')} registers, "
+            f"{row.get('instructions', '?')} instructions, {time.perf_counter() - t0:.1f} s")
+    pq.write_table(rows_table(rows), dest / "launches.parquet")
+    facts = {"name": name, "set": set_name or name, "options": options or {},
+             "inputs": inputs_hash(set_name or name, options or {}) if set_name else "", "arch": arch,
+             "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.perf_counter() - t_start, 1),
+             "kernels": len(jobs), "launches": len(rows), "compiled": sum(r["status"] == "ok" for r in rows)}
+    atomic_write(dest / "bundle.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1), encoding="utf-8"))
+    return dest
+
+
+def _built_rows(pkg: Path) -> list[dict] | None:
+    """The launch rows of a package built before (its row.json, and, for a compiled one, a whole
+    package), else None."""
+    try:
+        rows = json.loads((pkg / "row.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if rows and rows[0].get("status") == "ok" and manifest_problem(pkg, required=("kernel.json", "kernel.cubin")):
+        return None
+    return rows
+
+
+def _launch_rows(row: dict, job, timer) -> list[dict]:
+    """The launch rows of one built kernel: at its N1, and at each N1 of `also_at` (a kernel reading
+    N1 at launch), each with the estimate's figure from its compiled registers and spills."""
+    from benchmarks.analysis import launch_work
+    from lospmm.kernel.estimate import estimated_timing
+
+    try:
+        launch = dict(job.launch) if row["status"] == "ok" else {}
+    except Exception:  # its work needs the kernel's A reordered; a kernel that failed to render has none
+        launch = {}
+    smem_at = launch.pop("smem_at", {})
+    out = []
+    for n1, rank in ((job.planned.n1, job.planned.rank), *job.planned.also_at):
+        r = row | launch | {"id": row["id"] if n1 == job.planned.n1 else f"{row['id']}-n{n1}", "n1": n1, "rank": rank,
+                            "smem_bytes": int(smem_at.get(n1, 0)), "prefetch": job.planned.prefetch}
+        ok = r["status"] == "ok" and "tile_loads" in r
+        r["estimate_us"] = estimated_timing(launch_work(r), timer.device, timer.params).time_us if ok else float("inf")
+        r["estimate_timer"] = timer.name
+        out.append(r)
+    return out
+
+
+def sass_facts(cubin: bytes, source) -> dict:
+    """The SASS statistics of a kernel (nvdisasm): instructions in all, per useful multiply-add
+    (nnz × columns per thread), FFMA and LDG counts, and code bytes per tile function (16 bytes an
+    instruction): the mean and the largest. {} when nvdisasm is missing."""
+    from lospmm.kernel.sass import BYTES_PER_INSTRUCTION, NvdisasmMissing, function_sizes, sass_counts
+
+    try:
+        counts = sass_counts(cubin, source.name)
+        sizes = [size for name, size in function_sizes(cubin).items() if name.startswith(("tile_", "proxy_"))]
+    except (NvdisasmMissing, OSError):
+        return {}
+    useful = max(source.spec.nnz, 1) * source.layout.columns_per_thread
+    size = BYTES_PER_INSTRUCTION
+    return {"instructions": counts["total"], "instructions_per_fma": counts["total"] / useful,
+            "ffma": counts["FFMA"], "hfma2": counts["HFMA2"], "ldg": counts["LDG"],
+            "spill_instructions": counts["LDL"] + counts["STL"], "code_bytes": size * counts["total"],
+            # a streamed kernel has no tile functions: its one loop is all its code
+            "tile_code_bytes_mean": size * float(np.mean(sizes)) if sizes else float(size * counts["total"]),
+            "tile_code_bytes_max": size * int(max(sizes)) if sizes else size * counts["total"]}
+
+
+# --- carrying ---------------------------------------------------------------------------------------------
+
+
+def packed(directory: Path, archive: Path) -> Path:
+    """`directory` as an xz tarball (its folder name at the top), written atomically."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_suffix(archive.suffix + ".tmp")
+    with lzma.open(tmp, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        tar.add(directory, arcname=directory.name)
+    tmp.replace(archive)
+    return archive
+
+
+def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio: float = 5.0) -> list[Path]:
+    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins,
+    5-13; the big BERT kernels the least): one archive if it fits, else parts `<name>-<i>of<n>`, each
+    a bundle of its own (its rows' packages and matrices), split between kernels in the bundle's
+    order. Writes `<name>.parts.json` beside them: each archive's size and SHA-256."""
+    import pyarrow.parquet as pq
+
+    bundle = Path(bundle)
+    rows = bundle_rows(bundle)
+    by_package: dict[str, list[dict]] = {}
+    for r in rows:
+        by_package.setdefault(r["package"], []).append(r)
+    size = {p: sum(f.stat().st_size for f in (bundle / "kernels" / p).iterdir()) for p in by_package}
+    budget = max_mib * 2**20 * ratio
+    if sum(size.values()) <= budget:
+        archives = [packed(bundle, Path(into) / f"{bundle.name}.tar.xz")]
+    else:
+        groups, current, total = [], [], 0
+        for p in by_package:
+            if current and total + size[p] > budget:
+                groups.append(current)
+                current, total = [], 0
+            current.append(p)
+            total += size[p]
+        groups.append(current)
+        archives = []
+        staging = Path(into) / ".staging"
+        for i, group in enumerate(groups, 1):
+            part = staging / f"{bundle.name}-{i}of{len(groups)}"
+            shutil.rmtree(part, ignore_errors=True)
+            (part / "a").mkdir(parents=True)
+            (part / "kernels").mkdir()
+            mine = [r for p in group for r in by_package[p]]
+            for p in group:
+                shutil.copytree(bundle / "kernels" / p, part / "kernels" / p)
+            for matrix in {r["matrix"] for r in mine}:
+                if (bundle / "a" / f"{matrix}.parquet").exists():
+                    shutil.copyfile(bundle / "a" / f"{matrix}.parquet", part / "a" / f"{matrix}.parquet")
+            pq.write_table(rows_table(mine), part / "launches.parquet")
+            facts = bundle_facts(bundle) | {"part": f"{i} of {len(groups)}", "launches": len(mine), "kernels": len(group)}
+            (part / "bundle.json").write_text(json.dumps(facts, indent=1))
+            archives.append(packed(part, Path(into) / f"{part.name}.tar.xz"))
+            shutil.rmtree(part)
+        shutil.rmtree(staging, ignore_errors=True)
+    listing = {"bundle": bundle.name, "inputs": bundle_facts(bundle).get("inputs", ""),
+               "parts": [{"file": a.name, "bytes": a.stat().st_size, "sha256": file_sha256(a)} for a in archives]}
+    (Path(into) / f"{bundle.name}.parts.json").write_text(json.dumps(listing, indent=1))
+    return archives
+
+
+def verified_parts(listing: Path) -> list[Path]:
+    """The archives a `<name>.parts.json` lists, each checked against its SHA-256; ValueError naming
+    the first one missing or altered."""
+    facts = json.loads(Path(listing).read_text())
+    out = []
+    for part in facts["parts"]:
+        archive = Path(listing).parent / part["file"]
+        if not archive.is_file():
+            raise ValueError(f"{archive}: missing (listed in {listing.name})")
+        if file_sha256(archive) != part["sha256"]:
+            raise ValueError(f"{archive}: its SHA-256 is not the one {listing.name} lists (damaged or replaced)")
+        out.append(archive)
+    return out
+
+
+def opened(bundle: Path, into: Path = Path("/tmp/lospmm-bundles")) -> Path:
+    """A bundle folder, or the folder a .tar.xz bundle unpacks to under `into`."""
+    bundle = Path(bundle)
+    if bundle.is_dir():
+        return bundle
+    with tarfile.open(bundle, "r:xz") as tar:
+        tar.extractall(into, filter="data")
+        top = {Path(name).parts[0] for name in tar.getnames()}
+    if len(top) != 1:
+        raise ValueError(f"{bundle}: not one bundle folder inside ({sorted(top)})")
+    return Path(into) / top.pop()

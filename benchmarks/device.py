@@ -1,0 +1,550 @@
+"""The device program (issue 30): every figure still owed by a GPU, as ordered steps, most valuable
+first. One entry point:
+
+    python -m benchmarks.device status               # from the committed results alone: what is done, where, what is next
+    python -m benchmarks.device prepare STEP [--jobs N]   # here, no GPU: build the step's bundles, pack them to carry
+    python -m benchmarks.device run STEP [--budget-s S]   # on the GPU machine: one step, resumable
+    python -m benchmarks.device next [--budget-s S]       # on the GPU machine: the next steps that fit the time left
+    python -m benchmarks.device report [STEP]             # anywhere: a step's tables from its results
+    python -m benchmarks.device wheels                    # here: the wheels the GPU image lacks, into .whl/
+
+Each step fits one command (STEP_LIMIT_S, 9 minutes on the H100), writes its Parquet and log.txt
+under benchmarks/results/<device>/<step>/ as it goes, and can be run again after it was cut off:
+it goes on from what it measured (benchmarks.measure's progress files). A step whose launches are
+all measured writes done.json; `status` reads those, from any device folder.
+
+A step's bundles (benchmarks.bundle) are built ahead of time on the CPU into ~/.cache/lospmm/bundles
+(outside the work tree: a later checkout on this machine finds them) and packed into .gpu/<step>/
+to carry (git-ignored, at most 64 MiB a device call), each archive checked by its SHA-256 before it
+is unpacked there. A bundle built from other code than today's (its `inputs` hash) is stale: `status`
+says so and `prepare` builds it again. `run --build` builds a missing bundle on the GPU machine's
+cores instead (quicker there for the big sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from benchmarks import bundle as bundles
+from benchmarks.measure import Deadline, RunOptions, progress, run_bundle
+from benchmarks.sets import AB_LAYERS
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CARRY = ROOT / ".gpu"
+STEP_LIMIT_S = 540.0  # one device command is at most 10 minutes; a step leaves a minute for start and copy-back
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """A bundle a step measures: its name, the kernel set (benchmarks.sets.set_jobs) and its options,
+    and how it is run (RunOptions' baselines)."""
+
+    name: str
+    set: str
+    options: dict = field(default_factory=dict)
+    baselines: tuple[str, ...] = ("sgemm", "tf32", "fp16")
+
+    @property
+    def inputs(self) -> str:
+        return bundles.inputs_hash(self.set, self.options)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the program: `name`, what it measures (`title`), the issue it serves, the bundles
+    it runs (none for a step with its own runner), its own runner (`runner(step, out, deadline)`),
+    the device seconds it needs at most, and what the GPU machine must have besides the checkout."""
+
+    name: str
+    title: str
+    issue: str
+    bundles: tuple[BundleSpec, ...] = ()
+    runner: Callable | None = None
+    device_seconds: float = STEP_LIMIT_S
+    needs: tuple[str, ...] = ()
+    device: str = "h100"
+
+
+# --- the program, most valuable first ----------------------------------------------------------------------
+
+HEADLINE = dict(design="baseline", sparsities=(0.7, 0.9, 0.95), batches=(4, 32))
+STEPS: tuple[Step, ...] = (
+    Step("gate", "correctness gate: pytest -m gpu (every design's inline PTX, half and conv kernels, the "
+                 "loader on torch and CuPy, the registered operators)", "30.2.1", runner=lambda *a: _gate(*a),
+         device_seconds=300, needs=("wheels",)),
+    Step("designs", "design A/B on the A/B layers at 0.9 and the diagnosis micro sweeps: the decision table",
+         "20, 30.2.2", (BundleSpec("ab", "ab"), BundleSpec("micro", "micro")), device_seconds=540),
+    Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
+         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",)),
+    *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
+                                f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
+           (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
+                       ("sgemm", "tf32", "fp16", "cusparse")),), device_seconds=540)
+      for model in ("shufflenetv2", "mobilenetv2", "resnet50", "bert-base")),
+    Step("half", "the half set at 0.9 and 0.95 on the A/B layers: every accumulation against cuBLAS FP16/BF16, "
+                 "with cuBLAS's error on the same data", "23, 30.2.5",
+         (BundleSpec("half", "half", {"layers": AB_LAYERS}),),
+         device_seconds=540),
+    Step("conv", "implicit-im2col convolutions against the GEMM kernel of the same A and cuDNN", "13, 22",
+         (BundleSpec("conv", "conv", {}, ()),), device_seconds=200),
+    Step("serving", "launch overhead of the registered operators, and whole models end to end (fp32, fp16)",
+         "22, 30.2.6", runner=lambda *a: _serving(*a), device_seconds=540, needs=("wheels",)),
+    *(Step(f"table4-{s:g}", f"Table 4 at {s:g}: proxies, ranker and estimate against every kept candidate of 10 "
+                            f"layers per model", "24, 30.2.7",
+           (BundleSpec(f"sample-{s:g}", "sample", {"sparsity": s, "per_model": 10, "every_kept": True}, ()),),
+           device_seconds=540)
+      for s in (0.9, 0.7, 0.95, 0.5)),
+    Step("h200-calibration", "on an H200: the estimate's calibration and ranker launches, and a headline subset",
+         "30.2.8", (BundleSpec("sample-0.9-h200", "sample", {"sparsity": 0.9, "per_model": 10, "every_kept": True,
+                                                              "gpu": "h200"}, ()),
+                    BundleSpec("headline-shufflenetv2", "headline", HEADLINE | {"models": ("shufflenetv2",)},
+                               ("sgemm", "tf32", "fp16", "cusparse"))), device_seconds=540, device="h200"),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
+
+
+def step_named(name: str) -> Step:
+    for s in STEPS:
+        if s.name == name:
+            return s
+    raise SystemExit(f"no step {name!r}; steps in order: {', '.join(STEP_NAMES)}")
+
+
+# --- where things are ---------------------------------------------------------------------------------------
+
+
+def device_slug(name: str) -> str:
+    """The results folder of a GPU by its name: h100, h200, else its name in lower-case words."""
+    low = name.lower()
+    for kind in ("h200", "h100", "a100", "v100"):
+        if kind in low:
+            return kind
+    return "-".join("".join(c if c.isalnum() else " " for c in low).split()) or "unknown"
+
+
+def step_folder(step: Step, device: str | None = None, results: Path = RESULTS) -> Path:
+    return Path(results) / (device or step.device) / step.name
+
+
+def step_state(step: Step, results: Path = RESULTS) -> dict:
+    """A step's state from the committed results alone: `done` (done.json: when, on which device,
+    what it measured), `partial` (some launches measured, the rest not yet) or `not run`; over every
+    device folder that holds it."""
+    found = {}
+    for folder in sorted(Path(results).glob(f"*/{step.name}")):
+        device = folder.parent.name
+        done = folder / "done.json"
+        if done.is_file():
+            found[device] = {"state": "done", **json.loads(done.read_text())}
+        elif any(folder.glob("*.progress.jsonl")) or any(folder.glob("*.parquet")):
+            found[device] = {"state": "partial"}
+    return found
+
+
+def bundle_state(spec: BundleSpec, home: Path = bundles.HOME, carry: Path = CARRY) -> dict:
+    """Where a step's bundle is and whether it is today's: `ready` (built from today's code, at
+    `path`; `carried` when its archives are packed under .gpu/ to carry), `stale` (built from other
+    code), `missing`."""
+    folder = Path(home) / spec.name
+    facts = bundles.bundle_facts(folder)
+    listing = Path(carry) / f"{spec.name}.parts.json"
+    carried = listing.is_file() and json.loads(listing.read_text()).get("inputs") == spec.inputs
+    if not facts:
+        if carried:
+            return {"state": "ready", "path": str(listing), "carried": True}
+        return {"state": "missing", "path": str(folder)}
+    if facts.get("inputs") != spec.inputs:
+        return {"state": "stale", "path": str(folder), "built_from": facts.get("inputs"), "today": spec.inputs}
+    return {"state": "ready", "path": str(folder), "carried": carried, "kernels": facts.get("kernels"),
+            "launches": facts.get("launches")}
+
+
+# --- status ---------------------------------------------------------------------------------------------------
+
+
+def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CARRY, say=print) -> list[dict]:
+    """Each step in order: its state per device, its bundles' state, and the next command; the first
+    step not done is the next one."""
+    rows, next_step = [], None
+    for step in STEPS:
+        state = step_state(step, results)
+        done_here = state.get(step.device, {}).get("state") == "done"
+        inputs = {b.name: bundle_state(b, home, carry) for b in step.bundles}
+        if not done_here and next_step is None:
+            next_step = step.name
+        needs = list(step.needs) + [f"bundle {name} ({s['state']})" for name, s in inputs.items() if s["state"] != "ready"]
+        rows.append({"step": step.name, "issue": step.issue, "device": step.device,
+                     "state": ", ".join(f"{d}: {s['state']}" for d, s in state.items()) or "not run",
+                     "bundles": ", ".join(f"{n}: {s['state']}{' (carried)' if s.get('carried') else ''}"
+                                          for n, s in inputs.items()) or "-",
+                     "needs": ", ".join(needs) or "-", "title": step.title})
+    for r in rows:
+        mark = ">" if r["step"] == next_step else " "
+        say(f"{mark} {r['step']:<22} {r['state']:<28} bundles: {r['bundles']}")
+        if r["step"] == next_step:
+            say(f"    next: {r['title']}")
+            say(f"    needs: {r['needs']}; here: python -m benchmarks.device prepare {r['step']}; on the GPU "
+                f"machine: python -m benchmarks.device run {r['step']}")
+    if next_step is None:
+        say("every step is done")
+    return rows
+
+
+# --- prepare (no GPU) -----------------------------------------------------------------------------------------
+
+
+def prepare(step: Step, jobs: int = 2, home: Path = bundles.HOME, carry: Path = CARRY, pack: bool = True,
+            say=print) -> list[Path]:
+    """Build the step's bundles that are missing or stale into `home`, and pack each into `carry` (the
+    archives a device call carries, with their SHA-256 listing). Returns the listings."""
+    from benchmarks.sets import set_jobs
+
+    listings = []
+    for spec in step.bundles:
+        state = bundle_state(spec, home, carry)
+        if state["state"] != "ready":
+            if state["state"] == "stale":
+                say(f"{spec.name}: built from other code ({state['built_from']}, today {state['today']}): rebuilding")
+                shutil.rmtree(Path(home) / spec.name)
+            say(f"{spec.name}: planning the {spec.set} set {spec.options or ''}")
+            bundles.build(spec.name, set_jobs(spec.set, **spec.options), home, jobs, set_name=spec.set,
+                          options=spec.options, say=say)
+        if pack:
+            listing = Path(carry) / f"{spec.name}.parts.json"
+            if not (listing.is_file() and json.loads(listing.read_text()).get("inputs") == spec.inputs):
+                for old in Path(carry).glob(f"{spec.name}*.tar.xz"):
+                    old.unlink()
+                archives = bundles.packed_parts(Path(home) / spec.name, Path(carry))
+                say(f"{spec.name}: {len(archives)} archive(s), "
+                    f"{sum(a.stat().st_size for a in archives) / 2**20:.1f} MiB in {carry}")
+            listings.append(listing)
+    total = sum(f.stat().st_size for f in Path(carry).glob("*.tar.xz")) if Path(carry).exists() else 0
+    say(f"{carry}: {total / 2**20:.1f} MiB to carry in all (a device call carries at most 64 MiB with the checkout)")
+    return listings
+
+
+# --- run (on the GPU machine) -----------------------------------------------------------------------------------
+
+
+def env_facts() -> dict:
+    """The device, driver and the libraries the program measures with."""
+    import importlib.metadata as md
+    import platform
+
+    from cuda.bindings import driver
+
+    from lospmm.kernel.cuda import _ck, device_facts
+
+    facts = device_facts() | {"driver_api": _ck(driver.cuDriverGetVersion(), "cuDriverGetVersion"),
+                              "python": platform.python_version()}
+    try:
+        facts["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,"
+                                              "clocks.max.mem,power.limit", "--format=csv,noheader"],
+                                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        facts["nvidia_smi"] = f"unavailable: {e}"
+    for pkg in ("torch", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink",
+                "numpy", "scipy", "lightgbm", "prefect"):
+        try:
+            facts[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return facts
+
+
+def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print) -> list[Path]:
+    """The folders of a step's bundle on the GPU machine: its carried archives, checked by their
+    SHA-256 and unpacked; else, with `build`, built here on `jobs` cores; else SystemExit naming what
+    to prepare."""
+    listing = Path(carry) / f"{spec.name}.parts.json"
+    if listing.is_file():
+        facts = json.loads(listing.read_text())
+        if facts.get("inputs") != spec.inputs:
+            say(f"{spec.name}: the carried bundle was built from other code ({facts.get('inputs')}, today "
+                f"{spec.inputs}): its kernels are not today's")
+            if not build:
+                raise SystemExit(f"{spec.name}: stale; prepare it again (python -m benchmarks.device prepare ...) "
+                                 f"or pass --build")
+        else:
+            return [bundles.opened(a, unpack) for a in bundles.verified_parts(listing)]
+    home_state = bundle_state(spec, bundles.HOME, carry)
+    if home_state["state"] == "ready" and not home_state.get("carried"):
+        return [Path(home_state["path"])]
+    if not build:
+        raise SystemExit(f"{spec.name}: no bundle at {listing} or {bundles.HOME / spec.name}; prepare it "
+                         f"(python -m benchmarks.device prepare STEP) or pass --build to build it here")
+    from benchmarks.sets import set_jobs
+
+    say(f"{spec.name}: building here on {jobs} cores")
+    return [bundles.build(spec.name, set_jobs(spec.set, **spec.options), bundles.HOME, jobs, set_name=spec.set,
+                          options=spec.options, say=say)]
+
+
+class Log:
+    """A step's log: printed and appended to log.txt as it goes."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.file = open(folder / "log.txt", "a", encoding="utf-8")
+
+    def __call__(self, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {text}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, unpack: Path = Path("/tmp/lospmm-gpu"),
+             build: bool = False, jobs: int = 16, results: Path = RESULTS) -> Path:
+    """One step on this GPU: its folder under results/<device>/, env.json, its bundles measured until
+    the budget (resumable), done.json once every launch is measured. Returns the folder."""
+    import torch  # noqa: F401  (before anything loads NVRTC: see lospmm.kernel.cuda.SPIN_PTX)
+
+    deadline = Deadline.after(budget_s)
+    env = env_facts()
+    device = device_slug(env["name"])
+    if device != step.device:
+        print(f"note: step {step.name} is {step.device}'s; this is {env['name']} ({device}): its results go under "
+              f"{device}/", flush=True)
+    out = step_folder(step, device, results)
+    say = Log(out)
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    say(f"step {step.name} on {env['name']}: {step.title}")
+    complete = True
+    if step.runner is not None:
+        complete = step.runner(step, out, deadline, say)
+    for spec in step.bundles:
+        options = RunOptions(baselines=spec.baselines)
+        for folder in opened_bundle(spec, carry, unpack, build, jobs, say):  # the bundle, or each of its parts
+            tables = run_bundle(folder, out, spec.name, deadline, options, say)
+            measured = {d["row"]["id"] for d in progress(out, spec.name)}
+            complete &= measured >= {r["id"] for r in bundles.bundle_rows(folder)}
+            say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
+        if spec.set == "ab":
+            decision = analysis_decision(out, spec.name)
+            say(f"decision: {json.dumps(decision)}")
+    if complete:
+        (out / "done.json").write_text(json.dumps({"device": env["name"], "driver": env.get("nvidia_smi", ""),
+                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                   "bundles": {b.name: b.inputs for b in step.bundles}}, indent=1))
+        say(f"step {step.name}: done")
+    else:
+        say(f"step {step.name}: not finished in the budget; run it again to go on from here")
+    return out
+
+
+def analysis_decision(out: Path, name: str) -> dict:
+    """The design decision of a measured A/B (analysis.design_decision), written to decision.json."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.analysis import design_decision
+
+    path = out / f"kernel-speed-{name}.parquet"
+    decision = design_decision(pq.read_table(path).to_pylist()) if path.is_file() else {}
+    (out / "decision.json").write_text(json.dumps(decision, indent=1))
+    return decision
+
+
+def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 16) -> None:
+    """The next steps not done on this device, in order, while the time left covers a step's need."""
+    deadline = Deadline.after(budget_s)
+    for step in STEPS:
+        if step_state(step).get(step.device, {}).get("state") == "done":
+            continue
+        if deadline.left() < min(step.device_seconds, STEP_LIMIT_S) / 2:
+            print(f"{deadline.left():.0f} s left: {step.name} needs about {step.device_seconds:.0f} s; stopping here")
+            return
+        run_step(step, min(deadline.left(), STEP_LIMIT_S), build=build, jobs=jobs)
+
+
+# --- steps with runners of their own ---------------------------------------------------------------------------
+
+
+def _gate(step: Step, out: Path, deadline: Deadline, say) -> bool:
+    """`pytest -m gpu`: its whole output in pytest.txt and the counts in gate.json; complete when it
+    ran to the end (passed or not: a failure is a finding, recorded)."""
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", str(ROOT / "tests")]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=max(30.0, deadline.left()))
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text, rc = f"{partial}\nstopped after {e.timeout:.0f} s", 124
+    (out / "pytest.txt").write_text(text)
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    (out / "gate.json").write_text(json.dumps({"exit": rc, "summary": last, "seconds": time.perf_counter() - t0}))
+    say(f"pytest -m gpu: exit {rc}: {last}")
+    return rc != 124
+
+
+def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
+    """ncu on the A/B's best and worst kernels by per-nonzero efficiency (the designs step's results)."""
+    import pyarrow.parquet as pq
+
+    from benchmarks import kernel_counters
+    from benchmarks.analysis import efficiency
+
+    designs = out.parent / "designs" / "kernel-speed-ab.parquet"
+    if not designs.is_file():
+        say(f"no {designs}: run the designs step first")
+        return False
+    rows = [r for r in pq.read_table(designs).to_pylist() if r.get("status") == "ok" and r.get("sgemm_us")]
+    ranked = sorted(rows, key=efficiency)
+    picked = [r["id"] for r in ranked[:5] + ranked[-5:]]
+    spec = next(b for s in STEPS if s.name == "designs" for b in s.bundles if b.name == "ab")
+    (folder,) = opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say)
+    say(f"profiling {len(picked)} kernels: {', '.join(picked)}")
+    kernel_counters.main(["profile", str(folder), str(out), "--ids", *picked, "--timeout-s",
+                          str(max(60, deadline.left() / 11))])
+    return (out / "counters.parquet").is_file()
+
+
+def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
+    """The registered operators' launch overhead, and whole models end to end in fp32 and fp16 (each
+    its own process: the flow runs on the GPU machine)."""
+    done = True
+    for args in (["benchmarks.launch_overhead", "--out", str(out / "launch-overhead.parquet")],
+                 ["benchmarks.end_to_end", "--out", str(out / "end-to-end.parquet")],
+                 ["benchmarks.end_to_end", "--dtype", "fp16", "--out", str(out / "end-to-end-fp16.parquet")]):
+        if deadline.over():
+            return False
+        try:
+            p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT,
+                               timeout=max(30.0, deadline.left()))
+            say(f"{' '.join(args)}: exit {p.returncode}\n{(p.stdout + p.stderr)[-3000:]}")
+            done &= p.returncode == 0
+        except subprocess.TimeoutExpired:
+            say(f"{' '.join(args)}: stopped at the time budget")
+            return False
+    return done
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+
+def report(step: Step | None = None, results: Path = RESULTS) -> None:
+    """The tables of a step's results (every step's when none is given), on any machine."""
+    import pyarrow.parquet as pq
+
+    from benchmarks import analysis
+
+    for s in ([step] if step else STEPS):
+        for folder in sorted(Path(results).glob(f"*/{s.name}")):
+            speed = [r for f in sorted(folder.glob("kernel-speed-*.parquet")) for r in pq.read_table(f).to_pylist()]
+            if not speed:
+                continue
+            print(f"\n== {s.name} on {folder.parent.name}: {len(speed)} launches")
+            if any(r.get("set") == "ab" for r in speed):
+                analysis.print_table("A/B: each design's time over today's kernel on the same tile (< 1 is faster)",
+                       analysis.ab_summary(speed))
+                analysis.print_table("the decision (issue 30, item 3)", [analysis.design_decision(speed)])
+            if any(r.get("set") == "micro" for r in speed):
+                analysis.print_table("diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
+                                                                          "tile_code_bytes_mean")}
+                                                 for r in speed if r.get("set") == "micro"])
+            half = analysis.half_rows(speed)
+            if half:
+                analysis.print_table("half precision against cuBLAS in the same dtype and our fp32 kernel on the same tile",
+                       analysis.half_summary(half))
+                for dtype in ("fp16", "bf16"):
+                    print(f"{dtype}: the fastest sums meeting the accuracy bar on every kernel: "
+                          f"{analysis.chosen_accumulation(half, dtype) or 'none meets it'}")
+            gemm = [r for r in speed if r.get("set") in ("headline", "ab") and r.get("role") == "full"]
+            if gemm:
+                analysis.print_table("against cuBLAS (the fastest design per layer and N)", analysis.headline_summary(gemm))
+            launches = [r for r in speed if r.get("set") == "sample"]
+            if launches:
+                analysis.print_table("Table 4, measured", analysis.table4_rows(launches))
+
+
+# --- wheels the GPU image lacks ---------------------------------------------------------------------------------
+
+# What the GPU image already holds (its package list, as the workplace's KINDS.md read it on
+# 2026-11-17); a wheel of one of these is not carried, so the image's own version is used.
+ON_IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
+flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx humanize hypothesis idna
+imageio iniconfig interface-meta jax jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning linear-operator
+lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict
+multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro onnx onnx-ir onnxruntime
+onnxscript opencv-python-headless optax opt-einsum optimistix packaging pandas pathspec patsy peft pillow pip pluggy
+portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
+python-dateutil pyyaml regex requests rich safetensors scikit-learn scipy seaborn setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate threadpoolctl tifffile timm tokenizers toolz torch tqdm typer
+typing-extensions typing-inspect urllib3 uvloop werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
+WHEELS = ("prefect==3.8.8", "fastapi==0.150.0", "lightgbm==4.7.0")  # the versions pyproject.toml resolves to here
+PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+
+
+def wheels(dest: Path = ROOT / ".whl") -> None:
+    """The wheels (with their dependencies) that the GPU image lacks, for CPython 3.12 x86-64, into
+    `dest` (git-ignored): Prefect's stack for `pytest -m gpu`'s flow test and the serving step, and
+    LightGBM. On the GPU machine: pip install --no-index --find-links .whl prefect lightgbm."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.12",
+               "--implementation", "cp", *(f"--platform={p}" for p in PLATFORMS), "-d", tmp, *WHEELS]
+        if subprocess.run(cmd).returncode:
+            raise SystemExit("pip download failed (is PyPI reachable?)")
+        dest.mkdir(exist_ok=True)
+        kept = []
+        for whl in sorted(Path(tmp).glob("*.whl")):
+            name = re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
+            if name not in ON_IMAGE:
+                shutil.copy(whl, dest / whl.name)
+                kept.append(whl.name)
+    size = sum((dest / k).stat().st_size for k in kept)
+    print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {dest}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="what is done, on which device, and what the next step needs")
+    p = sub.add_parser("prepare", help="build a step's bundles here (no GPU) and pack them to carry")
+    p.add_argument("step", choices=STEP_NAMES)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--no-pack", action="store_true", help="build only (into ~/.cache/lospmm/bundles)")
+    for name, help_ in (("run", "one step on this GPU (resumable)"), ("next", "the next steps that fit the time left")):
+        p = sub.add_parser(name, help=help_)
+        if name == "run":
+            p.add_argument("step", choices=STEP_NAMES)
+        p.add_argument("--budget-s", type=float, default=STEP_LIMIT_S)
+        p.add_argument("--build", action="store_true", help="build a missing bundle here (the GPU machine's cores)")
+        p.add_argument("--jobs", type=int, default=os.cpu_count() or 16)
+    p = sub.add_parser("report", help="a step's tables from its results (every step's by default)")
+    p.add_argument("step", nargs="?", choices=STEP_NAMES)
+    sub.add_parser("wheels", help="download the wheels the GPU image lacks into .whl/ (no GPU)")
+    args = ap.parse_args(argv)
+    if args.command == "status":
+        status()
+    elif args.command == "prepare":
+        prepare(step_named(args.step), args.jobs, pack=not args.no_pack)
+    elif args.command == "run":
+        run_step(step_named(args.step), min(args.budget_s, STEP_LIMIT_S), build=args.build, jobs=args.jobs)
+    elif args.command == "next":
+        next_steps(args.budget_s, args.build, args.jobs)
+    elif args.command == "report":
+        report(step_named(args.step) if args.step else None)
+    else:
+        wheels()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,483 @@
+"""The kernel sets the device program (benchmarks.device) measures, as jobs a bundle is built from
+(benchmarks.bundle): each a `Planned` row (what it is: layer, tile, design, role) and how to render
+it through the package's one entry point (lospmm.kernel.render). Nothing here needs a GPU.
+
+- `ab`: every design of AB_DESIGNS on each A/B layer's tile as measured on the H100 (issue 20's A/B);
+- `micro`: the diagnosis kernels (code footprint and code sharing, synthetic A);
+- `headline`: every distinct zoo GEMM layer at 0.7/0.9/0.95, CNN batch 4 and 32, BERT 32×128, in
+  one design, on the tile the search chooses (ranker top-10, proxies timed by the estimate);
+- `half`: issue 23's set: the fp16 search's tile per layer, each half variant on it, and our fp32
+  kernel of the same columns per thread (analysis.FP32_SAME_TILE);
+- `sample`: issue 24's launch list: a sample of layers' proxies and top-K full kernels (and every
+  kept candidate from one cubin per M1 reading N1 at launch), with the A/B variants of ptxas and
+  prefetch on the largest layer of each model;
+- `conv`: implicit-im2col convolution cases beside the GEMM kernel of the same A and tile.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+
+from benchmarks.analysis import FP32_SAME_TILE
+from lospmm.kernel.design import design_named
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.numbers import in_format
+from lospmm.kernel.render import CodegenParams, kernel_source
+from lospmm.kernel.spec import KernelSource
+from lospmm.stages.extract import LayerShape, ZooParams, folded_duplicates, zoo_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("bert-base", "resnet50", "mobilenetv2", "shufflenetv2")
+
+# The A/B set: the worst and best rows of the committed H100 results at 0.9 (per-nonzero
+# efficiency against cuBLAS, call l) and the largest layers, each on the tile measured there.
+AB_LAYERS = (
+    ("bert-base", "pooler.dense"), ("resnet50", "layer4.0.conv2"), ("resnet50", "layer4.0.conv3"),
+    ("resnet50", "conv1"), ("resnet50", "layer1.0.conv2"), ("resnet50", "layer2.0.conv2"),
+    ("resnet50", "layer3.0.downsample.0"), ("mobilenetv2", "features.18"), ("mobilenetv2", "features.7.conv.2"),
+    ("bert-base", "encoder.layer.0.attention.self.query"), ("bert-base", "encoder.layer.0.intermediate.dense"),
+)
+AB_TILES_FROM = ROOT / "benchmarks/results/gpu-h100/l/speedup.parquet"
+AB_DESIGNS = ("baseline", "chained", "chained,column-x", "chained,walks=4", "chained,walks=16", "chained,v=2",
+              "chained,v=4", "chained,v=4,walks=4", "streamed,chained", "streamed,chained,v=4")
+HALF_VARIANTS = ("fp16,chained", "fp16,acc=f32,chained", "fp16,promote=8,chained", "bf16,chained",
+                 "bf16,acc=f32,chained")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One kernel of a set, as its launch row describes it. `matrix` names the A it bakes (shared by
+    the kernels of one layer; a half design's is rounded to its dtype); `role` is "full" or "proxy";
+    `variant` "" for the flow's own kernel (else ptxas-O3, prefetch-K, outside-top-k, every-kept);
+    `also_at`: a kernel reading N1 at launch (a proxy, or an every-kept kernel) is launched at these
+    (N1, rank) too."""
+
+    id: str
+    set: str
+    model: str
+    layer: str
+    m: int
+    k: int
+    n: int
+    sparsity: float
+    batch: int
+    design: str
+    m1: int
+    n1: int
+    matrix: str
+    chosen_by: str
+    role: str = "full"
+    variant: str = ""
+    rank: int = -1
+    prefetch: int = 1
+    ptxas_level: int = 1
+    n1_at_launch: bool = False
+    also_at: tuple[tuple[int, int], ...] = ()
+    conv: tuple[tuple[str, int], ...] = ()  # a conv kernel's ConvGeometry fields
+    epilogue: str = ""  # "", "relu", "bias", "bias+relu" (a conv case's)
+
+    def row(self) -> dict:
+        """The launch row's description columns."""
+        out = {k: v for k, v in vars(self).items() if k not in ("also_at", "conv")}
+        return out | {"conv": str(dict(self.conv)) if self.conv else ""}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A planned kernel and how to make it: `source()` renders it; `matrix()` is the A it bakes (None
+    for a proxy: nothing to check it against); `launch` holds what its launch rows carry besides (a
+    proxy's cluster map and its Eq. 6 shared memory at each N1, `smem_at`; the estimate's work:
+    per-tile loads and multiply-adds, zeroing blocks)."""
+
+    planned: Planned
+    source: Callable[[], KernelSource]
+    matrix: Callable[[], sp.csr_matrix] | None
+    launch: Mapping = field(default_factory=dict)
+
+
+def _id(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts))[:120]
+
+
+# --- layers and their A -----------------------------------------------------------------------------
+
+
+def gemm_shapes(model: str, cnn_batch: int = 4) -> list[LayerShape]:
+    """The zoo model's distinct GEMM layers (dense convolutions and linear layers) at `cnn_batch`."""
+    shapes = folded_duplicates(zoo_shapes(model, ZooParams(cnn_batch=cnn_batch)))
+    return [s for s in shapes if s.ok and (s.op == "linear" or (s.op == "conv" and s.groups == 1))]
+
+
+def pruned(shape: LayerShape, sparsity: float) -> sp.csr_matrix:
+    """The layer's A as the flow prunes a zoo layer (seeded random, PruneParams' defaults)."""
+    from lospmm.stages.prune import pruned_layer
+
+    return pruned_layer(shape, sparsity).matrix
+
+
+def micro_matrix(name: str) -> sp.csr_matrix:
+    """The synthetic A of a micro kernel: `footprint-NNZ` is 2 rows × 2·NNZ columns at density 1/4
+    (NNZ nonzeros, one tile); `sharing` is 64 rows × 4096 at density 1/16 (32 tiles of ~512)."""
+    from lospmm.stages.prune import random_pruned
+
+    if name.startswith("synthetic-footprint"):
+        nnz = int(name.rsplit("-", 1)[1])
+        return random_pruned(2, 2 * nnz, 0.75, np.random.default_rng(nnz))
+    return random_pruned(64, 4096, 0.9375, np.random.default_rng(64))
+
+
+@functools.lru_cache(maxsize=64)
+def matrix_of(p: Planned) -> sp.csr_matrix:
+    """The A a planned kernel bakes in: the layer pruned as the flow prunes it (a half design's
+    rounded to its dtype, as a half run rounds it)."""
+    if p.model == "synthetic":
+        return micro_matrix(p.matrix)
+    if p.model == "conv-case":
+        return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity)
+    shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
+    return in_format(pruned(shape, p.sparsity), design_named(p.design).number)[0]
+
+
+def tile_work(tiles) -> dict:
+    """The estimate's work of a full kernel on `tiles`: per-tile loads and multiply-adds, zeroing blocks."""
+    from lospmm.kernel.estimate import full_kernel_work
+
+    work = full_kernel_work(tiles, 1, 1, 1, 1, 0)
+    return {"tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
+            "zero_blocks": int(work.zero_blocks)}
+
+
+def planned_job(p: Planned, matrix: Callable[[], sp.csr_matrix] | None = None) -> Job:
+    """The job of a planned full kernel: its A (`matrix()`, default matrix_of) reordered for its M1,
+    rendered in its design."""
+    from lospmm.stages.reorder import reordered_tiles
+
+    matrix = matrix or (lambda: matrix_of(p))
+
+    @functools.lru_cache(maxsize=1)
+    def parts():
+        a = matrix()
+        tiles = reordered_tiles(a, p.m1)
+        geometry = ConvGeometry(**dict(p.conv)) if p.conv else None
+        bias = tuple(float(v) for v in np.random.default_rng(p.m).standard_normal(p.m).astype(np.float32)) \
+            if "bias" in p.epilogue else ()
+        params = CodegenParams(prefetch=p.prefetch, design=design_named(p.design), n1_at_launch=p.n1_at_launch)
+        return kernel_source(a, tiles, p.n1, params, Epilogue(bias, "relu" if "relu" in p.epilogue else ""),
+                             geometry), tile_work(tiles)
+
+    return Job(p, lambda: parts()[0], matrix, _Lazy(lambda: parts()[1]))
+
+
+class _Lazy(Mapping):
+    """A mapping computed on first use (a job's estimate work needs its A reordered)."""
+
+    def __init__(self, make):
+        self._make, self._value = make, None
+
+    def _get(self) -> dict:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+
+# --- the A/B and the diagnosis kernels (issue 20) -----------------------------------------------------
+
+
+def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list[Planned]:
+    """Every design on each A/B layer's tile as measured in the committed results (today's kernel's)."""
+    import pyarrow.parquet as pq
+
+    measured = {(r["model"], r["layer"]): r for r in pq.read_table(AB_TILES_FROM).to_pylist()
+                if r["sparsity"] == sparsity}
+    out = []
+    for model, layer in layers:
+        shape = next(s for s in gemm_shapes(model) if s.layer == layer)
+        m1, n1 = (int(x) for x in measured[(model, layer)]["tile"].replace("x", "×").split("×"))
+        for design in designs:
+            out.append(Planned(_id("ab", model, layer, design), "ab", model, layer, shape.m, shape.k, shape.n, sparsity,
+                               4 if model != "bert-base" else 32, design_named(design).label, m1, n1,
+                               _id(model, layer, sparsity), f"today's tile (H100 call l, {AB_TILES_FROM.parent.name})"))
+    return out
+
+
+def micro_plan(n: int = 65536) -> list[Planned]:
+    """The diagnosis kernels (synthetic A, M1 = 2, N1 = 128, chained loads):
+    - footprint: one tile of 2 rows whose code grows from ~12 KB to ~0.8 MB, walked once by each of
+      N/128 blocks (walks=1) or 16 column blocks by each block (walks=16): where the second is no
+      faster per walk, the tile's code no longer fits the cache that served the repeats;
+    - sharing: 32 tiles of ~512 nonzeros (~24 KB of code each), blocks of one tile dispatched
+      together (column-x) or apart (tile-x), walked once or 16 times."""
+    out = []
+    for nnz in (256, 512, 1024, 2048, 4096, 16384):  # one function: ptxas is superlinear past ~16k
+        for walks in (1, 16):
+            design = design_named(f"chained,walks={walks}").label
+            out.append(Planned(_id("micro-footprint", nnz, walks), "micro", "synthetic", f"footprint-{nnz}", 2,
+                               2 * nnz, n, 0.75, 0, design, 2, 128, _id("synthetic-footprint", nnz), "fixed"))
+    for order in ("tile-x", "column-x"):
+        for walks in (1, 16):
+            design = design_named(f"chained,{order},walks={walks}").label
+            out.append(Planned(_id("micro-sharing", order, walks), "micro", "synthetic", "sharing-32x512", 64,
+                               4096, n, 0.9375, 0, design, 2, 128, "synthetic-sharing", "fixed"))
+    return out
+
+
+# --- tiles the search chooses: the headline and the half set (issues 20, 23) ---------------------------
+
+
+def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), models=MODELS,
+                  gpu: str = "h100") -> list[Planned]:
+    """Every distinct zoo GEMM layer at each sparsity and CNN batch (BERT at 32×128 once), in
+    `design`, on the tile the search chooses: the shipped ranker's top-10, timed by the estimate
+    (the flow's choice without a GPU; registers predicted, not compiled)."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.search import SearchParams
+
+    device, kernel_design = device_named(gpu), design_named(design)
+    timer = estimate_timer(device)
+    out = []
+    for model in models:
+        for batch in (batches if model != "bert-base" else (32,)):
+            for shape in gemm_shapes(model, batch):
+                for sparsity in sparsities:
+                    tile = searched_tile(shape, sparsity, kernel_design, device, timer)
+                    if tile is None:
+                        continue
+                    out.append(Planned(_id("head", model, shape.layer, sparsity, batch, kernel_design.label),
+                                       "headline", model, shape.layer, shape.m, shape.k, shape.n, sparsity, batch,
+                                       kernel_design.label, tile[0], tile[1], _id(model, shape.layer, sparsity),
+                                       f"search: ranker top-{SearchParams().rank.top_k}, proxies timed by {timer.name}"))
+    return out
+
+
+def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> tuple[int, int] | None:
+    """The tile the search chooses for the layer's pruned A (a half design's: A rounded to its dtype)
+    in `design`: the shipped ranker of the design's kind, its top-10 proxies timed by `timer` (the
+    flow's choice, search.choice). None for an empty layer."""
+    from lospmm.kernel.timing import LaunchUnderTest
+    from lospmm.search import SearchParams, choice, layer_search
+
+    a = pruned(shape, sparsity)
+    if a is None or a.nnz == 0:
+        return None
+    a = in_format(a, design.number)[0]
+    booster = _shipped_booster(design.half)
+    search = layer_search(a, shape.n, sparsity, device, booster, SearchParams(design=design))
+    timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
+        search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
+        smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
+        design=design)) for c in search.chosen}
+    return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_booster(half: bool):
+    """The shipped ranker of a design's kind, loaded once for every layer of a plan."""
+    from lospmm.flows.storage.ranker_store import load_ranker, shipped_ranker
+
+    return load_ranker(shipped_ranker(half=half))[0]
+
+
+def half_plan(sparsities=(0.9, 0.95), batches=(4, 32), models=MODELS, layers: tuple | None = None,
+              variants=HALF_VARIANTS, gpu: str = "h100") -> list[Planned]:
+    """Each distinct zoo GEMM layer (only `layers`, (model, layer) pairs, when given) at each
+    sparsity and CNN batch (BERT at 32×128 once): the tile the fp16 search chooses (its design
+    `fp16,chained`, the half ranker, the estimate), built in each half variant and as the fp32
+    kernel of the same columns per thread and block (FP32_SAME_TILE) — issue 23's "our own fp32
+    kernel on the same tiles"."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer
+
+    device = device_named(gpu)
+    timer, searched = estimate_timer(device), design_named("fp16,chained")
+    out = []
+    for model in models:
+        for batch in (batches if model != "bert-base" else (32,)):
+            for shape in gemm_shapes(model, batch):
+                if layers is not None and (model, shape.layer) not in layers:
+                    continue
+                for sparsity in sparsities:
+                    tile = searched_tile(shape, sparsity, searched, device, timer)
+                    if tile is None:
+                        continue
+                    for variant in (*variants, FP32_SAME_TILE):
+                        design = design_named(variant)
+                        out.append(Planned(_id("half", model, shape.layer, sparsity, batch, design.label), "half",
+                                           model, shape.layer, shape.m, shape.k, shape.n, sparsity, batch,
+                                           design.label, tile[0], tile[1],
+                                           _id(model, shape.layer, sparsity, design.dtype),
+                                           f"the {searched.dtype} search: half ranker top-10, proxies timed by "
+                                           f"{timer.name}"))
+    return out
+
+
+# --- implicit-im2col convolutions (issue 13) ------------------------------------------------------------
+
+CONV_CASES = (  # (label, Cout, geometry fields, epilogue): padding borders, stride 2, a 7×7 first layer
+    ("7x7 stride 2 pad 3 (ResNet-50 conv1)", 64, dict(cin=3, h=224, w=224, kh=7, kw=7, stride=2, pad=3), "bias+relu"),
+    ("3x3 stride 1 pad 1 (ResNet-50 layer1)", 64, dict(cin=64, h=56, w=56, kh=3, kw=3, stride=1, pad=1), ""),
+    ("3x3 stride 2 pad 1 (ResNet-50 layer2.0)", 128, dict(cin=128, h=56, w=56, kh=3, kw=3, stride=2, pad=1), "relu"),
+    ("3x3 dilation 2 pad 2", 32, dict(cin=32, h=28, w=28, kh=3, kw=3, stride=1, pad=2, dilation=2), "bias"),
+    ("1x1 (ResNet-50 layer1 conv3)", 256, dict(cin=64, h=56, w=56, kh=1, kw=1), "relu"),
+)
+
+
+def conv_case_matrix(i: int, sparsity: float) -> sp.csr_matrix:
+    from lospmm.stages.prune import random_pruned
+
+    _, cout, fields, _ = CONV_CASES[i]
+    return random_pruned(cout, ConvGeometry(**fields).k, sparsity, np.random.default_rng(i))
+
+
+def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4) -> list[Planned]:
+    """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), and the GEMM kernel of the
+    same A and tile on the im2col matrix (what the search emits for the im2col GEMM)."""
+    out = []
+    for i, (label, cout, fields, epilogue) in enumerate(CONV_CASES):
+        g = ConvGeometry(**fields)
+        conv = tuple(sorted(vars(g).items()))
+        common = dict(model="conv-case", layer=f"{i}: {label}", m=cout, k=g.k, n=g.n(batch), sparsity=sparsity,
+                      batch=batch, design=design_named("baseline").label, m1=m1, n1=n1, matrix=f"conv-case-{i}",
+                      chosen_by="fixed")
+        out.append(Planned(_id("conv", i, "conv"), "conv", conv=conv, epilogue=epilogue, **common))
+        out.append(Planned(_id("conv", i, "gemm"), "conv", variant="im2col-gemm", **common))
+    return out
+
+
+# --- the search's quality: Table 4's launch list (issue 24) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleParams:
+    """Defaults: 3 layers per model at sparsity 0.9 with at most 60k nonzeros (their full kernels
+    compile in seconds), the ranker's top-10, and A/B variants on the largest sampled layer of each
+    model: ptxas -O3 against the flow's -O1, and prefetch depths 0, 2, 4, 8 against 1. every_kept
+    (issue 24's Table 4): besides, every kept candidate's full kernel, from one cubin per kept M1
+    that reads N1 at launch (CodegenParams.n1_at_launch), launched at each of its kept N1."""
+
+    sparsity: float = 0.9
+    per_model: int = 3
+    max_nnz: int = 60_000
+    top_k: int = 10
+    gpu: str = "h100"
+    ptxas_levels: tuple[int, ...] = (3,)
+    prefetch: tuple[int, ...] = (0, 2, 4, 8)
+    models: tuple[str, ...] = MODELS
+    every_kept: bool = False
+
+
+def sampled_shapes(shapes, params: SampleParams) -> list:
+    """Per model, `per_model` distinct GEMM shapes spread evenly over the sizes that fit max_nnz."""
+    out = []
+    for model in params.models:
+        seen, fit = set(), []
+        for s in shapes:
+            key = (s.m, s.k, s.n)
+            if s.model == model and s.ok and key not in seen and s.m * s.k * (1 - params.sparsity) <= params.max_nnz:
+                seen.add(key)
+                fit.append(s)
+        fit.sort(key=lambda s: (s.m * s.k, s.n))
+        if fit:
+            picks = np.unique(np.linspace(0, len(fit) - 1, min(params.per_model, len(fit))).round().astype(int))
+            out.extend(fit[i] for i in picks)
+    return out
+
+
+def sample_jobs(params: SampleParams = SampleParams()) -> list[Job]:
+    """`sampled_shapes` of the zoo, each layer searched (the shipped ranker's top-K): its proxies
+    (one per chosen M1, launched at each chosen N1) and top-K full kernels (variant ""), the
+    best-ranked kept candidate of the other kind where the top-K holds only M1 = 1 or none
+    ("outside-top-k"), every kept candidate (`every_kept`), and on each model's largest sampled
+    layer the A/B variants of the top-ranked candidate's full kernel."""
+    from lospmm.devices import device_named
+
+    device = device_named(params.gpu)
+    booster = _shipped_booster(False)
+    picked = sampled_shapes([s for model in params.models for s in zoo_shapes(model)], params)
+    largest = {s.model: s for s in picked}  # sampled_shapes lists each model's shapes smallest first
+    return [job for s in picked for job in _layer_jobs(s, params, booster, device, largest[s.model] is s)]
+
+
+def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) -> list[Job]:
+    from lospmm.kernel.estimate import proxy_work
+    from lospmm.search import SearchParams, layer_search, proxy_sources
+    from lospmm.stages.prune import pruned_layer
+    from lospmm.stages.rank import RankParams
+
+    a = pruned_layer(shape, params.sparsity).matrix
+    search = layer_search(a, shape.n, params.sparsity, device, booster, SearchParams(rank=RankParams(top_k=params.top_k)))
+    ranks = {(r.candidate.m1, r.candidate.n1): r.rank for r in search.ranked}
+    tag = _id(shape.model, shape.layer)
+    matrix = _id(shape.model, shape.layer, params.sparsity)
+    base = dict(set="sample", model=shape.model, layer=shape.layer, m=shape.m, k=shape.k, n=shape.n,
+                sparsity=params.sparsity, batch=4 if shape.model != "bert-base" else 32, matrix=matrix,
+                chosen_by=f"search: ranker top-{params.top_k}")
+    jobs = []
+    proxies = proxy_sources(search, shape.m, shape.k)
+    for m1, kernel in proxies.items():  # one proxy per chosen M1, launched at each chosen N1 of it
+        n1s = sorted(n1 for (pm1, n1) in search.launches if pm1 == m1)
+        cl = search.clusters[m1]
+        work = proxy_work(cl, shape.m, shape.k, shape.n, n1s[0], 0, 0)
+        p = Planned(f"{tag}-p{m1}", design=design_named("baseline").label, m1=m1, n1=n1s[0], role="proxy",
+                    rank=ranks[(m1, n1s[0])], also_at=tuple((n1, ranks[(m1, n1)]) for n1 in n1s[1:]), **base)
+        jobs.append(Job(p, lambda kernel=kernel: kernel, None,
+                        {"cluster_of": [int(x) for x in cl.cluster_of],
+                         "smem_at": {n1: int(search.launches[(m1, n1)].smem_bytes) for n1 in n1s},
+                         "tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
+                         "zero_blocks": 0}))
+
+    def full(c, variant="", prefetch=1, level=1, at_launch=False, also_at=()):
+        suffix = f"-{variant}" if variant else ""
+        p = Planned(f"{tag}-f{c.m1}x{c.n1}{suffix}", design=design_named("baseline").label, m1=c.m1, n1=c.n1,
+                    variant=variant, rank=ranks.get((c.m1, c.n1), -1), prefetch=prefetch, ptxas_level=level,
+                    n1_at_launch=at_launch, also_at=also_at, **base)
+        return planned_job(p, lambda: a)
+
+    jobs += [full(c) for c in search.chosen]
+    # "does M1 = 1 really win where the estimate says so" needs both kinds measured on every layer
+    kinds = {c.m1 == 1 for c in search.chosen}
+    for want_one in (True, False):
+        other = [r for r in search.ranked if (r.candidate.m1 == 1) == want_one]
+        if want_one not in kinds and other:
+            jobs.append(full(min(other, key=lambda r: r.rank).candidate, "outside-top-k"))
+    if params.every_kept:  # one cubin per kept M1, launched at each of its kept N1 (variant every-kept)
+        for m1 in sorted({c.m1 for c in search.kept}):
+            kept = sorted((c for c in search.kept if c.m1 == m1), key=lambda c: c.n1)
+            jobs.append(full(kept[0], "every-kept", at_launch=True,
+                             also_at=tuple((c.n1, ranks.get((m1, c.n1), -1)) for c in kept[1:])))
+    if variants and search.chosen:
+        top = min((r for r in search.ranked if r.chosen), key=lambda r: r.rank).candidate
+        jobs += [full(top, f"ptxas-O{level}", level=level) for level in params.ptxas_levels]
+        jobs += [full(top, f"prefetch-{depth}", prefetch=depth) for depth in params.prefetch]
+    return jobs
+
+
+# --- a set by name -------------------------------------------------------------------------------------
+
+
+def set_jobs(name: str, **options) -> list[Job]:
+    """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
+    sample; `options` are its plan's parameters."""
+    if name == "sample":
+        return sample_jobs(SampleParams(**options))
+    plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan}
+    if name not in plans:
+        raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
+    return [planned_job(p) for p in plans[name](**options)]

@@ -1,0 +1,89 @@
+"""Built-in GPU descriptions used by the constrain, cluster, pad and time stages, and occupancy: registers
+a block occupies, blocks resident per SM, and Eq. 5's active blocks of a kernel (constrain's register
+limits, cluster's proxy block functions, pad's Eq. 6 shared memory and the estimate all read it here).
+
+Facts come from NVIDIA's CUDA occupancy tables for each compute capability; the SM count is the
+named product's. The arch is always explicit: nothing here asks a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU's facts that the search depends on (per SM unless named otherwise)."""
+
+    name: str
+    arch: str  # e.g. "sm_90"
+    sms: int
+    regs_per_sm: int
+    max_regs_per_block: int
+    max_regs_per_thread: int
+    smem_per_sm: int  # bytes
+    max_smem_per_block: int  # bytes, opt-in maximum
+    reserved_smem_per_block: int  # bytes the runtime keeps per block
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    warp_size: int = 32
+    reg_alloc_unit: int = 256  # registers are allocated per warp in units of this many
+    # Throughput facts for the `estimate` timer only (published boost clock and memory bandwidth;
+    # L2 bandwidth and latency are approximate public microbenchmark figures).
+    clock_ghz: float = 1.5
+    fp32_lanes_per_sm: int = 64
+    dram_gbps: float = 900.0
+    l2_gbps: float = 2500.0
+    l2_bytes: int = 6 * 2**20
+    mem_latency_cycles: int = 400  # between an L2 hit and DRAM: B slices are shared by many blocks
+
+
+DEVICES: dict[str, Device] = {
+    d.name: d
+    for d in (
+        Device("h100", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=3350, l2_gbps=7000, l2_bytes=50 * 2**20),
+        Device("h200", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=4800, l2_gbps=7000, l2_bytes=50 * 2**20),
+        Device("a100", "sm_80", 108, 65536, 65536, 255, 167936, 166912, 1024, 2048, 1024, 32,
+               clock_ghz=1.41, fp32_lanes_per_sm=64, dram_gbps=1555, l2_gbps=4800, l2_bytes=40 * 2**20),
+        Device("v100", "sm_70", 80, 65536, 65536, 255, 98304, 98304, 0, 2048, 1024, 32,
+               clock_ghz=1.53, fp32_lanes_per_sm=64, dram_gbps=900, l2_gbps=2200, l2_bytes=6 * 2**20),
+        Device("2080ti", "sm_75", 68, 65536, 65536, 255, 65536, 65536, 0, 1024, 1024, 16,
+               clock_ghz=1.545, fp32_lanes_per_sm=64, dram_gbps=616, l2_gbps=1600, l2_bytes=5632 * 1024),
+    )
+}
+
+
+def device_named(name: str) -> Device:
+    """The built-in description of `name` (case-insensitive); ValueError lists the known ones."""
+    key = name.strip().lower().replace("rtx", "").replace("-", "").replace(" ", "")
+    if key not in DEVICES:
+        raise ValueError(f"unknown GPU {name!r}; built-in: {', '.join(sorted(DEVICES))}")
+    return DEVICES[key]
+
+
+# --- occupancy ---------------------------------------------------------------------------------
+
+
+def block_registers(regs_per_thread: int, threads: int, device: Device) -> int:
+    """Registers a block occupies: per-warp allocation rounded up to the allocation unit."""
+    warps = -(-threads // device.warp_size)
+    per_warp = -(-(max(regs_per_thread, 1) * device.warp_size) // device.reg_alloc_unit) * device.reg_alloc_unit
+    return warps * per_warp
+
+
+def resident_blocks(regs_per_thread: int, threads: int, smem_bytes: int, device: Device) -> int:
+    """Blocks per SM that registers, threads, the block limit and shared memory allow (0: none fits)."""
+    by_regs = device.regs_per_sm // block_registers(regs_per_thread, threads, device)
+    by_threads = device.max_threads_per_sm // threads
+    per_block_smem = smem_bytes + device.reserved_smem_per_block
+    by_smem = device.smem_per_sm // per_block_smem if per_block_smem else device.max_blocks_per_sm
+    return max(0, min(by_regs, by_threads, by_smem, device.max_blocks_per_sm))
+
+
+def active_blocks_per_sm(num_blocks: int, regs_per_thread: int, threads: int, device: Device) -> int:
+    """Eq. 5, min(ceil(NUM_TB / SMs), regCapacity / regUsage), also bounded by the SM's block and
+    thread limits (which Eq. 5 leaves implicit); at least 1."""
+    return max(1, min(-(-num_blocks // device.sms), resident_blocks(regs_per_thread, threads, 0, device)))

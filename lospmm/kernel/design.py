@@ -1,0 +1,215 @@
+"""A kernel's design: how it walks its tiles (grid order, walks, columns per thread, B addresses,
+baked or streamed values) and its number format. One frozen value, read back from its label.
+
+On the H100 a baked kernel's time followed the straight-line code all its blocks walk (issue 20),
+so the designs trade code for reuse: the grid's order (tiles along x, or column blocks along x so
+that blocks dispatched together share a tile's code); a block walking several column blocks of
+its tile (a loop around the tile's code); 2 or 4 output columns per thread (one B load feeds that
+many multiply-adds of one literal); B addresses chained from the previous load (one IMAD.WIDE per
+load instead of an IMAD.WIDE and a 64-bit add); and A's values streamed from data by one loop
+instead of baked into code. A half design (fp16/bf16) holds two columns per thread as one packed
+pair. Which kernels a design renders, and what it can serve, is asked of `KernelSpec`
+(lospmm.kernel.spec); how it is launched is its `LaunchLayout` (lospmm.kernel.layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lospmm.kernel.numbers import DTYPES, HALF_DTYPES, NumberFormat
+
+ORDERS = ("tile-x", "column-x")
+LOADS = ("based", "chained")
+A_VALUES = ("baked", "streamed")
+VECTOR_WIDTHS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class KernelDesign:
+    """How a kernel (and its proxies) walks its tiles. Defaults are the kernel measured on the
+    H100 in earlier sessions (`baseline`), kept as the default until the device says which design wins.
+
+    order: "tile-x" (blockIdx.x is the tile: blocks dispatched together run different tiles' code)
+        or "column-x" (blockIdx.x is the column block: consecutive blocks share one tile's code).
+    column_walks: column blocks one block walks. Above 1 the tile's code is a grid-stride loop,
+        fetched once per block and executed up to this many times; the grid has
+        ceil(column blocks / column_walks) blocks per tile.
+    columns_per_thread: 1, 2 or 4 output columns per thread, read and written as float/float2/float4,
+        so one B load feeds that many multiply-adds of one literal. N must be a multiple of it
+        (`LaunchLayout.launch_columns`: the launchers pad B and C), B and C aligned to its width.
+    loads: "based" (each B address from the thread's column: IMAD.WIDE and a 64-bit add) or
+        "chained" (from the previous load's address: one IMAD.WIDE).
+    a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
+        "streamed" (one loop reads each tile's non-empty columns and values from data in the
+        cubin: code O(1) in the kernel's size, compile time too).
+    dtype: "fp32" (B, C and the literals in float) or "fp16" / "bf16" (B and C in the dtype, each
+        thread's two columns one packed pair, so columns_per_thread is 2, one `fma.rn.f16x2` per
+        nonzero); a half design has the baseline's grid (tile-x, one walk) and baked values so far.
+    accumulate: a half design's sum: "packed" (in the dtype; "" is read as it) or "f32" (B's pair
+        converted to floats, two FFMAs per nonzero); "" for fp32.
+    promote_every: a packed half sum moved into an fp32 pair every this many nonzeros of a row (0: never)."""
+
+    order: str = "tile-x"
+    column_walks: int = 1
+    columns_per_thread: int = 1
+    loads: str = "based"
+    a_values: str = "baked"
+    dtype: str = "fp32"
+    accumulate: str = ""
+    promote_every: int = 0
+
+    def __post_init__(self):
+        choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
+        for field_name, allowed in choices.items():
+            if getattr(self, field_name) not in allowed:
+                raise ValueError(f"design {field_name} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, field_name)!r}")
+        if self.columns_per_thread not in VECTOR_WIDTHS:
+            raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
+        if self.column_walks < 1:
+            raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
+        if self.half:
+            if (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (2, "tile-x", 1, "baked"):
+                raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
+                                 f"(tile-x, one walk) with baked values, so far; got {self.label}")
+            if not self.accumulate:  # one spelling per design: equal designs are equal keys
+                object.__setattr__(self, "accumulate", "packed")
+        NumberFormat(self.dtype, self.accumulate, self.promote_every)  # ValueError: no such number format
+
+    @property
+    def number(self) -> NumberFormat:
+        """The number format of B, C and the sums (the renderers' strategy, the check's metric)."""
+        return NumberFormat(self.dtype, self.accumulate, self.promote_every)
+
+    @property
+    def half(self) -> bool:
+        """B and C in fp16 or bf16."""
+        return self.dtype != "fp32"
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of B and C."""
+        return self.number.element_bytes
+
+    @property
+    def proxied(self) -> bool:
+        """Whether the search times this design by proxies (§5.1): a baked kernel's code grows with its
+        layer, so a small proxy stands in for it; a streamed kernel's does not (it is its own proxy)."""
+        return self.a_values == "baked"
+
+    @property
+    def serves_conv(self) -> bool:
+        """Whether an implicit-im2col conv kernel of this design exists (conv_design: the grid's order
+        alone, fp32); a convolution in another design is served by the GEMM kernel on its im2col B."""
+        return self == conv_design(self)
+
+    @property
+    def looped(self) -> bool:
+        return self.column_walks > 1
+
+    @property
+    def code_key(self) -> tuple:
+        """What of the design shapes the code: the number of walks is a launch fact, only whether
+        there is a loop is in the text (a kernel looped for 4 walks runs any number). An fp32
+        design's key is what it was before half designs existed."""
+        key = (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
+        return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
+
+    @property
+    def _number_label(self) -> str:
+        if not self.half:
+            return ""
+        return (f"{self.dtype}," + ("acc=f32," if self.accumulate == "f32" else "")
+                + (f"promote={self.promote_every}," if self.promote_every else ""))
+
+    @property
+    def code_label(self) -> str:
+        """The part of the label the code shows (a source's header): the walks' count is a launch fact."""
+        return (f"{self._number_label}{self.a_values},{self.loads},{self.order},"
+                f"{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}")
+
+    @property
+    def label(self) -> str:
+        """The design as `design_named` reads it back, e.g. "baked,chained,column-x,walks=4,v=4" or
+        "fp16,acc=f32,baked,chained,tile-x,walks=1,v=2"."""
+        return (f"{self._number_label}{self.a_values},{self.loads},{self.order},walks={self.column_walks},"
+                f"v={self.columns_per_thread}")
+
+    def facts(self) -> dict:
+        return {"label": self.label, **vars(self)}
+
+    @classmethod
+    def of_facts(cls, facts: dict) -> "KernelDesign":
+        """The design kernel.json's `design` records (its fields; the label is derived)."""
+        design = dict(facts)
+        design.pop("label", None)
+        return cls(**design)
+
+
+BASELINE = KernelDesign()
+
+
+def design_named(text: str) -> KernelDesign:
+    """A design from its label's tokens in any order, each optional (the default's value otherwise):
+    `baked|streamed`, `based|chained`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, and a half
+    design's `fp16|bf16`, `acc=packed|f32`, `promote=K` (a half design is v=2 unless told);
+    "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
+    with two values (`tile-x,column-x`)."""
+    values: dict = {}
+    for token in (t.strip() for t in text.split(",")):
+        if token in ("", "baseline"):
+            continue
+        if token in DTYPES:
+            field_name, value = "dtype", token
+        elif token.startswith("acc=") and token[4:] in ("packed", "f32"):
+            field_name, value = "accumulate", token[4:]
+        elif token.startswith("promote=") and token[8:].isdigit():
+            field_name, value = "promote_every", int(token[8:])
+        elif token in A_VALUES:
+            field_name, value = "a_values", token
+        elif token in LOADS:
+            field_name, value = "loads", token
+        elif token in ORDERS:
+            field_name, value = "order", token
+        elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
+            key, number = token.split("=", 1)
+            field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
+        else:
+            raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained, "
+                             f"tile-x|column-x, walks=W, v=1|2|4, fp16|bf16, acc=packed|f32, promote=K)")
+        if field_name in values and values[field_name] != value:
+            raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
+                             f"({values[field_name]} and {value}): choose one")
+        values[field_name] = value
+    if values.get("dtype", "fp32") != "fp32":
+        values.setdefault("columns_per_thread", 2)
+    return KernelDesign(**values)
+
+
+def conv_design(design: KernelDesign) -> KernelDesign:
+    """The part of `design` an implicit-im2col conv kernel has: the grid's order (its loads already
+    take one instruction from the pixel's pointer; walks and vector columns are not written yet)."""
+    return KernelDesign(order=design.order)
+
+
+def design_in(number: NumberFormat, design: KernelDesign = BASELINE) -> KernelDesign:
+    """`design` (an fp32 design) for kernels of `number`: itself for fp32, its half form otherwise
+    (half_design: ValueError when it has none)."""
+    return half_design(number, design) if number.is_half else design
+
+
+def half_design(number: NumberFormat, design: KernelDesign = BASELINE) -> KernelDesign:
+    """The half form of an fp32 `design` in the half `number` format: its loads, one packed pair per
+    thread (v=2), the baseline's grid. ValueError naming the design when it has no half form (another
+    grid, vector width or streamed values) or is a half design of another format already."""
+    if number.dtype not in HALF_DTYPES:
+        raise ValueError(f"{number.label} is not a half number format")
+    if design.half:
+        if design.number != number:
+            raise ValueError(f"design {design.label} is not {number.label}")
+        return design
+    if design.code_key not in (BASELINE.code_key, replace(BASELINE, loads="chained").code_key):
+        raise ValueError(f"design {design.label}: a half kernel holds one packed pair per thread in the baseline's "
+                         f"grid (tile-x, one walk), with based or chained loads, so far")
+    return replace(design, dtype=number.dtype, accumulate=number.accumulate,
+                   promote_every=number.promote_every, columns_per_thread=2)

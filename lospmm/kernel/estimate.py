@@ -1,0 +1,321 @@
+"""The `estimate` timer: an analytic model of one launch of a kernel (no GPU needed).
+
+Its figures are ESTIMATES and every row that carries one says `timer = "estimate"` (or
+"estimate:<calibration>" when a device's calibration is used). The `cuda` timer (measured, on a
+GPU) lives in `lospmm.kernel.cuda`; both fill the same `Timing` (lospmm.kernel.timing).
+
+The model, per launch of a full kernel or proxy with tile (M1, N1) in a kernel design
+(kernel.design.KernelDesign: V columns per thread, W column walks per block, based or chained B
+addresses) over N columns. Every parameter is a physical quantity; those a calibration fits have a
+hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the SASS or the datasheet.
+- Work per walk of A_tile t by one warp: loads_t B loads (its non-empty columns, or NNC_p for a
+  proxy), fmas_t·V multiply-adds, M1 stores. Instructions: fmas_t·V + (1 + addr)·loads_t +
+  store·M1 + block overhead + call (+ the loop per walk of a looped design); addr = 3 for based
+  addresses (IMAD.WIDE and a 64-bit add), 1 for chained (one IMAD.WIDE), as read from the SASS.
+- Occupancy: resident blocks per SM from registers (allocated per warp in 256s), threads, the
+  block limit and shared memory (a proxy's Eq. 6 padding counts).
+- Issue: all warps' instructions over the SMs' issue rate (4 warp-instructions per SM-cycle, the
+  hardware's) and the FFMA rate (FP32 lanes / 32 per cycle), whichever binds.
+- A half design (fp16/bf16: two columns per thread as one packed pair): one HFMA2 per nonzero
+  (it issues at the FFMA rate and does both columns), or two FFMAs per nonzero and an unpack per
+  load when it sums in fp32; B and C move 2 bytes an element.
+- Instruction supply: straight-line code is fetched, not cached, except where a block walks its
+  tile again and the tile's code fits the instruction cache (`icache_bytes`). Every block fetches
+  its tile's code (16 bytes an instruction) once per walk otherwise; the SMs receive code at
+  `fetch_bytes_per_sm_cycle` each. On the H100 this term, not arithmetic or bytes of data, followed
+  the measured times of the baseline kernels (issue 20).
+- Memory: DRAM bytes (B and C once, plus spills) over DRAM bandwidth, and L2 bytes (every block's
+  B column reads, C stores, spills) over L2 bandwidth.
+- Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
+- Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from lospmm.devices import Device, resident_blocks
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.timing import LaunchUnderTest, Timing
+from lospmm.status import Status
+
+
+@dataclass(frozen=True)
+class EstimateParams:
+    """Defaults: launch_us=3.0 (a launch's floor); addr_instr_per_load=3, chained_addr_instr_per_load=1,
+    block_overhead_instr=24, call_instr=6 (a tile is a function: the call, its argument moves and
+    the EXIT that ends it), store_instr=2, loop_instr_per_walk=6 — all read from the SASS by
+    benchmarks/sass_efficiency.py; sass_bytes_per_instr=16 (sm_70 and later); issue_per_sm_cycle=4
+    (four schedulers); fetch_bytes_per_sm_cycle=32.0 (an SM's share of L2 bandwidth: the datasheet
+    guess a calibration replaces); icache_bytes=128 KiB (the cache repeated walks hit in; a prior
+    until looped kernels are measured). A half design's (read from its SASS, sm_90, NVRTC 13):
+    unpack_instr_per_load=2 (an fp32-accumulating kernel turns each B pair into two floats: two
+    HADD2.F32, or a shift and a LOP3 for bf16), pack_instr=1 (its F2FP per row at the store),
+    promote_instr=4 (a packed sum moved into fp32: two HADD2.F32 and two FADD)."""
+
+    launch_us: float = 3.0
+    addr_instr_per_load: int = 3
+    chained_addr_instr_per_load: int = 1
+    block_overhead_instr: int = 24
+    call_instr: int = 6
+    store_instr: int = 2
+    loop_instr_per_walk: int = 6
+    sass_bytes_per_instr: int = 16
+    issue_per_sm_cycle: int = 4
+    fetch_bytes_per_sm_cycle: float = 32.0
+    icache_bytes: int = 128 * 1024
+    unpack_instr_per_load: int = 2
+    pack_instr: int = 1
+    promote_instr: int = 4
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """What one launch does, per A_tile (block row): per-thread loads and multiply-adds (of one
+    column: a design with V columns per thread does V times the multiply-adds per load)."""
+
+    m: int
+    k: int
+    n: int
+    m1: int
+    n1: int
+    tile_loads: np.ndarray
+    tile_fmas: np.ndarray
+    registers: int
+    spill_bytes: int = 0  # per thread, stores + loads
+    smem_bytes: int = 0  # dynamic, per block
+    zero_blocks: int = 0  # full kernel: blocks that zero empty rows
+    prefetch: int = 1
+    design: KernelDesign = BASELINE
+
+    @property
+    def row_blocks(self) -> int:
+        """Blocks along A: the tiles and the zeroing blocks."""
+        return len(self.tile_loads) + self.zero_blocks
+
+
+def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spill_bytes: int = 0,
+                     prefetch: int = 1, design: KernelDesign = BASELINE) -> KernelWork:
+    """The full Alg. 2 kernel of `tiles` (a reorder.Tiles)."""
+    zero = -(-len(tiles.empty_rows) // max(tiles.m1, 1)) if len(tiles.empty_rows) else 0
+    return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
+                      registers, spill_bytes, 0, zero, prefetch, design)
+
+
+def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
+               prefetch: int = 1, design: KernelDesign = BASELINE) -> KernelWork:
+    """The M1 proxy (a cluster.ProxyClusters) launched for candidate (M1, N1)."""
+    loads = np.asarray(clusters.nnc_p, np.int64)[clusters.cluster_of]
+    fmas = loads * np.asarray(clusters.cpl, np.int64)[clusters.cluster_of]
+    return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch, design)
+
+
+def fma_instructions_per_nonzero(design: KernelDesign) -> float:
+    """Multiply-add instructions a thread issues per nonzero: one per column (FFMA), except a packed
+    half sum's one HFMA2 per pair of columns."""
+    v = design.columns_per_thread
+    return v / 2 if design.half and design.accumulate == "packed" else float(v)
+
+
+def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
+    """Instructions one warp executes per walk of each tile (the straight-line code it fetches)."""
+    d = work.design
+    addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
+    fmas = work.tile_fmas.astype(np.float64)
+    per_load, per_row = 1 + addr, params.store_instr
+    extra = 0.0
+    if d.half and d.accumulate == "f32":
+        per_load += params.unpack_instr_per_load
+        per_row += params.pack_instr
+    elif d.half and d.promote_every:  # every row's sum moved about nnz / promote_every times, packed at the end
+        extra = params.promote_instr * fmas / d.promote_every
+        per_row += params.pack_instr
+    instr = (fmas * fma_instructions_per_nonzero(d) + per_load * work.tile_loads.astype(np.float64) + extra
+             + per_row * work.m1 + params.block_overhead_instr + params.call_instr
+             + (params.loop_instr_per_walk if d.looped else 0))
+    return instr + work.spill_bytes / 4.0
+
+
+def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
+    """The analytic estimate of one launch (see the module docstring); Status.ERROR if it cannot run."""
+    if work.n < 1 or work.n1 < 1 or work.n1 > device.max_threads_per_block:
+        return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n} with N1={work.n1}")
+    if work.registers > device.max_regs_per_thread:
+        return Timing("estimate", float("inf"), Status.ERROR, f"{work.registers} registers > {device.max_regs_per_thread}")
+    atb = resident_blocks(work.registers, work.n1, work.smem_bytes, device)
+    if atb < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
+    ws, d = device.warp_size, work.design
+    v = d.columns_per_thread
+    n = -(-work.n // v) * v  # launched over a multiple of V columns
+    per_block = work.n1 * v
+    column_blocks = -(-n // per_block)
+    full_y, rem = divmod(n, per_block)
+    # warps of all column blocks of one block row (the last column block may be partial)
+    warps_per_row = full_y * -(-work.n1 // ws) + (-(-(rem // v) // ws) if rem else 0)
+    loads = work.tile_loads.astype(np.float64)
+    fmas = work.tile_fmas.astype(np.float64) * fma_instructions_per_nonzero(d)  # FMA-pipe instructions
+    instr = walk_instructions(work, params)
+    zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
+    total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
+    sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
+    sm_cycles_ffma = warps_per_row * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
+    clock_hz = device.clock_ghz * 1e9
+    compute_s = max(sm_cycles_issue, sm_cycles_ffma) / clock_hz
+
+    # instruction supply: each block fetches its tile's code once per walk, except the walks after
+    # its first where the code fits the instruction cache
+    blocks_per_tile = -(-column_blocks // d.column_walks)
+    walks_per_block = column_blocks / blocks_per_tile
+    code = params.sass_bytes_per_instr * instr
+    fetches = blocks_per_tile * np.where(code > params.icache_bytes, walks_per_block, 1.0)
+    # a zeroing block's few instructions stay cached over its walks
+    fetched = float((code * fetches).sum()) + params.sass_bytes_per_instr * zero_instr * work.zero_blocks * blocks_per_tile
+    fetch_s = fetched / (device.sms * params.fetch_bytes_per_sm_cycle * clock_hz)
+
+    threads_per_row = n // v
+    rows_written = work.m  # every row of C is written once (tiles or zero blocks)
+    element = float(d.element_bytes)
+    dram = element * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
+    l2 = (element * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
+          + threads_per_row * work.spill_bytes * len(loads))
+    memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
+
+    wait = device.mem_latency_cycles / (1 + work.prefetch)
+    resident_warps = device.sms * atb * -(-work.n1 // ws)
+    latency_s = warps_per_row * loads.sum() * wait / resident_warps / clock_hz
+    longest_s = (loads.max(initial=0) * wait + instr.max(initial=0)) * walks_per_block / clock_hz
+    body = max(compute_s, memory_s, latency_s, longest_s, fetch_s)
+    return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
+                  latency_s * 1e6, atb, 0, fetch_s * 1e6)
+
+
+# --- the timer ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EstimateTimer:
+    """The analytic model above, on the built-in device table: no GPU needed, estimates only."""
+
+    device: Device
+    params: EstimateParams = field(default_factory=EstimateParams)
+    name: str = "estimate"
+    measures: bool = False
+    runs_binary: bool = False
+
+    def time(self, launch: LaunchUnderTest) -> Timing:
+        if launch.clusters is not None:
+            work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
+                              launch.smem_bytes, launch.spill_bytes, design=launch.design)
+        else:
+            work = full_kernel_work(launch.tiles, launch.m, launch.k, launch.n, launch.n1, launch.registers,
+                                    launch.spill_bytes, design=launch.design)
+        return estimated_timing(work, self.device, self.params)
+
+    def dense(self, m: int, k: int, n: int, dtype: str = "fp32") -> Timing:
+        # no dense baseline from a model: a speedup is only ever a ratio of two measurements
+        return Timing(self.name, float("nan"), Status.SKIPPED, "the estimate timer has no dense baseline")
+
+    def checked(self, spec, cubin: bytes, matrix, count: int) -> None:
+        return None  # nothing runs: the emitted kernel is checked on the host instead
+
+
+# --- calibration: the estimate's physical parameters fitted to measurements -----------------------
+
+# Each fitted parameter with the range physics allows it on the H100-class devices of the table:
+# (where it lives, lowest, highest). A fit never leaves them (the last calibration's issue rate of
+# 5.9 per SM-cycle, above the hardware's 4, is what a curve fit without bounds gave).
+PHYSICAL_BOUNDS: dict[str, tuple[str, float, float]] = {
+    "launch_us": ("params", 2.0, 10.0),  # an empty kernel's launch and events, on these machines
+    "fetch_bytes_per_sm_cycle": ("params", 0.25, 64.0),  # at most an SM's L2 read port, 64 B a cycle
+    "mem_latency_cycles": ("device", 200.0, 1000.0),  # an L2 hit to a DRAM miss
+    "dram_gbps": ("device", 500.0, 3350.0),  # at most the H100 SXM datasheet
+    "l2_gbps": ("device", 2000.0, 12000.0),  # at most the published L2 read bandwidth microbenchmarks
+}
+CALIBRATED_PARAMS = tuple(k for k, (where, *_) in PHYSICAL_BOUNDS.items() if where == "params")
+CALIBRATED_DEVICE = tuple(k for k, (where, *_) in PHYSICAL_BOUNDS.items() if where == "device")
+
+
+def _with(device: Device, params: EstimateParams, x: np.ndarray) -> tuple[Device, EstimateParams]:
+    values = dict(zip(PHYSICAL_BOUNDS, np.exp(x)))
+    p = replace(params, **{k: float(values[k]) for k in CALIBRATED_PARAMS})
+    d = replace(device, **{k: float(values[k]) for k in CALIBRATED_DEVICE})
+    return d, p
+
+
+def calibrated_estimate(works: list[KernelWork], measured_us, device: Device,
+                        params: EstimateParams = EstimateParams(), starts: int = 8) -> tuple[Device, EstimateParams]:
+    """The device's and the model's physical parameters (PHYSICAL_BOUNDS) that minimise the squared
+    log error of the estimate against `measured_us`, each inside its bounds. The model is a max of
+    terms, flat where another term binds, so the fit (scipy's least_squares over log-parameters,
+    finite differences) starts from the given values (clipped into the bounds) and from
+    `starts - 1` seeded points inside the bounds, and keeps the best."""
+    from scipy.optimize import least_squares
+
+    measured = np.asarray(measured_us, np.float64)
+    keep = np.isfinite(measured) & (measured > 0)
+    works = [w for w, k in zip(works, keep) if k]
+    target = np.log(measured[keep])
+    bounds = PHYSICAL_BOUNDS
+    lo = np.log([low for _, low, _ in bounds.values()])
+    hi = np.log([high for _, _, high in bounds.values()])
+    start = np.log([float(getattr(params if where == "params" else device, k)) for k, (where, *_) in bounds.items()])
+    x0 = np.clip(start, lo, hi)
+
+    def residuals(x):
+        d, p = _with(device, params, x)
+        est = np.array([estimated_timing(w, d, p).time_us for w in works])
+        return np.where(np.isfinite(est), np.log(np.maximum(est, 1e-9)), 20.0) - target
+
+    rng = np.random.default_rng(0)
+    best = None
+    for i in range(max(starts, 1)):
+        x = x0 if i == 0 else rng.uniform(lo, hi)
+        fit = least_squares(residuals, x, bounds=(lo, hi), diff_step=1e-2, max_nfev=200)
+        if best is None or fit.cost < best.cost:
+            best = fit
+    return _with(device, params, best.x)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The estimate's physical parameters fitted to one GPU's measured launches (within
+    PHYSICAL_BOUNDS), with where and how."""
+
+    label: str  # in the timer's name ("estimate:<label>"), so every row it times says which model
+    measured_on: str
+    how: str
+    params: tuple[tuple[str, float], ...]  # CALIBRATED_PARAMS
+    device: tuple[tuple[str, float], ...]  # CALIBRATED_DEVICE
+
+
+CALIBRATIONS: dict[str, Calibration] = {
+    "h100": Calibration(
+        "h100-2026-11-23",
+        "NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-11-22 (the baseline design's launches)",
+        "the calibrate command of the plan before the device program (benchmarks/calibrate.py now), --split layer, on the committed launches of calls c, d (sample lists) and "
+        "d, e, f, l (emitted kernels): fitted on 291 launches of 24 layers (half of the layers, by a hash of model "
+        "and layer, at 0.7, 0.9 and 0.95), every parameter inside PHYSICAL_BOUNDS; on the other half held out, the "
+        "median |log(estimate / measured)| is 0.07-0.21 per set and the estimate's pick among a layer's measured "
+        "top-10 loses 10.4% (0.9) and 5.3% (0.7), against 21.1% and 43.1% before "
+        "(benchmarks/results/gpu-h100/estimate/calibrate-layer-split.txt). icache_bytes is the prior: no looped "
+        "kernel was measured yet",
+        (("launch_us", 4.5677), ("fetch_bytes_per_sm_cycle", 1.7567)),
+        (("mem_latency_cycles", 234.0458), ("dram_gbps", 2085.441), ("l2_gbps", 7975.0695)),
+    ),
+}
+
+
+def estimate_timer(device: Device, calibrated: bool = True) -> EstimateTimer:
+    """The `estimate` timer for `device`: with the device's calibration when it has one (see
+    CALIBRATIONS; then named "estimate:<label>"), the datasheet model ("estimate") otherwise or
+    when `calibrated` is False."""
+    from dataclasses import replace
+
+    calibration = CALIBRATIONS.get(device.name) if calibrated else None
+    if calibration is None:
+        return EstimateTimer(device)
+    return EstimateTimer(replace(device, **dict(calibration.device)), replace(EstimateParams(), **dict(calibration.params)),
+                         name=f"estimate:{calibration.label}")

@@ -1,0 +1,115 @@
+"""A kernel package: one kernel in a directory, the form every emitted kernel is written in and
+every reader loads —
+
+    kernel.cu       the source (its units' concatenation: what NVRTC compiled and the host check ran)
+    kernel.cubin    the linked cubin, when compiled
+    kernel.json     its KernelSpec and what was recorded of it (compile, checks, times): KernelSpec.to_json
+    weight.parquet  the pruned A it bakes in (a half kernel's rounded to its dtype), rows in the layer's order
+    SHA256SUMS      the manifest over those, written last: a directory that matches it is whole
+
+Nothing in a directory that fails its manifest is trusted (KernelDirError names what is wrong)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from lospmm.files import MANIFEST, atomic_write, manifest_problem, write_manifest
+from lospmm.kernel.spec import KernelSource, KernelSpec, KernelSpecError
+
+# No kernel.ptx: the kernel is linked from relocatable units, whose PTX are separate modules (each
+# unit's kernel.ptx stays in the compile cache).
+KERNEL_FILES = ("kernel.cu", "kernel.cubin", "kernel.json", "weight.parquet")
+
+
+class KernelDirError(ValueError):
+    """A kernel directory is missing a file, fails its manifest or was not compiled; the message names it."""
+
+
+def cleared(out: Path) -> None:
+    """`out` made, with no file left from an earlier kernel there (kernel.ptx: from before kernels were
+    linked; the manifest first, so that nothing half-replaced is trusted)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx"):
+        (out / f).unlink(missing_ok=True)
+
+
+def write_source(out: Path, kernel: KernelSource, matrix) -> None:
+    """kernel.cu and weight.parquet (the A the kernel bakes in: what `lospmm.torch.sparsify` checks a
+    model's weight against, and a user's way to evaluate the pruned layer without a GPU)."""
+    from lospmm.sparse_file import write_matrix
+
+    atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
+    atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
+
+
+def write_cubin(out: Path, cubin_path: Path) -> bytes:
+    """kernel.cubin, copied from `cubin_path` (the compile cache's); returns its bytes."""
+    atomic_write(out / "kernel.cubin", lambda tmp: shutil.copyfile(cubin_path, tmp))
+    return (out / "kernel.cubin").read_bytes()
+
+
+def write_record(out: Path, spec: KernelSpec, results: dict) -> None:
+    """kernel.json (the spec and `results`), then the manifest over the package's files: the package
+    is whole from here on."""
+    text = spec.to_json(results)
+    atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_manifest(out, KERNEL_FILES)
+
+
+@dataclass(frozen=True)
+class KernelPackage:
+    """A kernel directory that passed its manifest, with its spec read from kernel.json."""
+
+    dir: Path
+    spec: KernelSpec
+
+    @property
+    def facts(self) -> dict:
+        """kernel.json's record: the description's facts and its results."""
+        return {**self.spec.facts(), **self.spec.results}
+
+    def cubin(self) -> bytes:
+        return (self.dir / "kernel.cubin").read_bytes()
+
+    def source(self) -> KernelSource:
+        return KernelSource(self.spec, ((self.dir / "kernel.cu").read_text(encoding="utf-8"),))
+
+    def matrix(self):
+        from lospmm.sparse_file import read_matrix
+
+        return read_matrix(self.dir / "weight.parquet")
+
+    def on(self, backend: str, sanitize: bool = False):
+        """This kernel on `backend` (lospmm.kernel.backend): its cubin on the GPU, its source on the host."""
+        from lospmm.kernel.backend import backend_kernel
+
+        if backend == "cuda":
+            return backend_kernel(backend, self.spec, cubin=self.cubin())
+        return backend_kernel(backend, self.spec, source=self.source().source, sanitize=sanitize)
+
+
+def runs(backend: str) -> str:
+    """The file a backend runs: the cubin on the GPU, the source on the host."""
+    from lospmm.kernel.backend import checked_backend
+
+    return "kernel.cubin" if checked_backend(backend) == "cuda" else "kernel.cu"
+
+
+def read_package(directory: str | Path, required: tuple[str, ...] = ("kernel.json",)) -> KernelPackage:
+    """The package at `directory`, every file emit wrote unchanged and `required` among them;
+    KernelDirError naming the directory and the problem otherwise (a kernel.json of a newer version,
+    or one it cannot read, included)."""
+    d = Path(directory)
+    problem = manifest_problem(d, required=required)  # as emit wrote them, or nothing
+    if problem:
+        raise KernelDirError(f"{problem}; re-run the search (or `lospmm rerun --stage emit`) to rebuild it")
+    try:
+        text = (d / "kernel.json").read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise KernelDirError(f"{d}: {Path(e.filename).name} is missing (was the kernel compiled?)") from None
+    try:
+        return KernelPackage(d, KernelSpec.from_json(text, str(d / "kernel.json")))
+    except KernelSpecError as e:
+        raise KernelDirError(str(e)) from None

@@ -1,0 +1,45 @@
+"""One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
+each dispatching to the renderer of its form — baked GEMM (render.baked), streamed GEMM
+(render.streamed), implicit-im2col convolution (render.conv) — with the number format as the
+strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
+shim, with the host C++ compiler."""
+
+from __future__ import annotations
+
+import scipy.sparse as sp
+
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.render.baked import baked_kernel, baked_proxy
+from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
+from lospmm.kernel.render.conv import conv_kernel
+from lospmm.kernel.render.streamed import streamed_kernel
+from lospmm.kernel.spec import KernelSource
+
+__all__ = ["CodegenParams", "kernel_source", "proxy_source", "float_literal", "kernel_name", "shard_groups"]
+
+
+def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = CodegenParams(),
+                  epilogue: Epilogue = Epilogue(), conv: ConvGeometry | None = None) -> KernelSource:
+    """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
+    `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
+    is given, else a GEMM kernel, baked or streamed as the design says. A half design's A must hold
+    its dtype's values already (numbers.rounded_matrix). ValueError naming what no renderer can do."""
+    design = params.design
+    if conv is not None:
+        if design.half:
+            raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "
+                             f"convolution)")
+        return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
+    if design.a_values == "streamed":
+        if params.n1_at_launch:
+            raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
+        if not epilogue.empty:
+            raise ValueError(f"design {design.label}: the streamed kernel fuses no epilogue yet")
+        return streamed_kernel(matrix, tiles, n1, params)
+    return baked_kernel(matrix, tiles, n1, params, epilogue)
+
+
+def proxy_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
+    """The M1 proxy (§5.1) of `clusters` (cluster.ProxyClusters) in `params.design`."""
+    return baked_proxy(m, k, clusters, params)

@@ -1,0 +1,98 @@
+"""The implicit-im2col convolution kernel (§6.2): Alg. 2's tiles and units, but each B value is read
+from the NCHW input X at its window offset (a literal byte offset from the pixel's pointer, zero
+where the window leaves the image: two bit masks per tile function hold which window rows and
+columns are inside), and each output goes to NCHW Y through the epilogue. The input size, window,
+stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
+the designs, the grid's order (its loads already take one instruction from the pixel's pointer)."""
+
+from __future__ import annotations
+
+import scipy.sparse as sp
+
+from lospmm.kernel.design import BASELINE, conv_design
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.includes import included
+from lospmm.kernel.layout import LaunchLayout
+from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, design_parts, entry_unit, kernel_name,
+                                         straight_line, tile_columns, tile_costs, units, zero_blocks)
+from lospmm.kernel.render.numbers import Fp32Code, epilogue_applied, epilogue_zero_literal
+from lospmm.kernel.spec import KernelSource, KernelSpec
+
+
+def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, epilogue: Epilogue = Epilogue(),
+                params: CodegenParams = CodegenParams()) -> KernelSource:
+    """Parameters (X, Y, batch); launch with grid(geometry.n(batch)). Same tiles, units and shards as
+    the GEMM kernel: the search's shapes are the im2col GEMM's."""
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    m, k = a.shape
+    design = params.design
+    if params.n1_at_launch:
+        raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
+    if design != conv_design(design):
+        raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
+                         f"(tile-x or column-x) so far")
+    if k != geometry.k:
+        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
+    if epilogue.bias and len(epilogue.bias) != m:
+        raise ValueError(f"bias has {len(epilogue.bias)} values for {m} output channels")
+    checked_tile(n1)
+    g = geometry
+    hwo, chw = g.pixels, g.cin * g.h * g.w
+    name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
+                       tuple(vars(g).values()), *epilogue.name_parts(), *design_parts(design))
+    header = (f"// lospmm conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
+              f"stride={g.stride} pad={g.pad} dilation={g.dilation} -> {g.h_out}x{g.w_out}, nnz={a.nnz} "
+              f"M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} bias={bool(epilogue.bias)} relu={epilogue.relu}"
+              + (f" activation={epilogue.activation}" if epilogue.activation not in ("", "relu") else "")
+              + (f" design={design.code_label}" if design != BASELINE else ""))
+    code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
+    functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue) for t in range(tiles.num_tiles)]
+    zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
+    tile_axis, column_axis = axes(design)
+    preamble = included("preamble.cuh")
+    entry = entry_unit(
+        preamble, header, tiles.num_tiles, "(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, const int ix0)",
+        [("(float* __restrict__ Yb)", "".join(f"  lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n"
+                                             for r in rows)) for rows in zeros],
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+        f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
+        f"  if (n >= batch * {hwo}) return;\n"
+        f"  const int b = n / {hwo};\n"
+        f"  const int p = n - b * {hwo};\n"
+        f"  const int oy = p / {g.w_out};\n"
+        f"  const int ox = p - oy * {g.w_out};\n"
+        f"  const float* Xb = X + (long long)b * {chw};\n"
+        f"  float* Yb = Y + (long long)b * {m * hwo} + p;\n"
+        f"  const int iy0 = oy * {g.stride} - {g.pad};\n"
+        f"  const int ix0 = ox * {g.stride} - {g.pad};\n", "Xb, Yb, iy0, ix0", "zero_{z}(Yb)", tile_axis)
+    layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, order=design.order)
+    spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
+    return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
+                                    + [entry]))
+
+
+def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
+                   epilogue: Epilogue) -> str:
+    def load(j: int, column: int, previous: int) -> str:
+        ci, rest = divmod(column, g.kh * g.kw)
+        ky, kx = divmod(rest, g.kw)
+        off = ci * g.h * g.w + ky * g.dilation * g.w + kx * g.dilation
+        return f"  float b{j}; LOSPMM_LDX(b{j}, xp, {4 * off}, rows_ok, cols_ok, {1 << ky}, {1 << kx});\n"
+
+    sub, cols = tile_columns(a, rows)
+    values = code.tile_values(sub.data)
+    nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
+    body, _ = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
+    return "".join([
+        f"LOSPMM_TILE void tile_{t}(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, "
+        f"const int ix0) {{\n",
+        f"  const float* xp = Xb + (iy0 * {g.w} + ix0);  // the window's top-left input pixel\n",
+        f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
+        f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n",
+        *body,
+        *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
+          for i, r in enumerate(rows)),
+        "  LOSPMM_TILE_END\n}\n"])

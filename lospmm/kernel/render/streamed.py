@@ -1,0 +1,76 @@
+"""The streamed GEMM kernel (design `streamed`): A's tiles as data in the cubin, each block's
+non-empty columns (a byte offset, or with chained loads the step from the previous one) and per
+column the M1 values of its rows (0 where a row has none), read by one loop; rows of A with no
+nonzero are blocks with no column. One unit of O(1) code whatever the layer's size; the block size
+is blockDim.x. fp32 only, no epilogue so far (KernelSpec says so)."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from lospmm.kernel.includes import included
+from lospmm.kernel.layout import LaunchLayout
+from lospmm.kernel.render.common import CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name, zero_blocks
+from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, zero_value
+from lospmm.kernel.spec import KernelSource, KernelSpec
+
+
+def streamed_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams) -> KernelSource:
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    checked_tile(n1)
+    design = params.design
+    m, k = a.shape
+    m1, v = max(tiles.m1, 1), design.columns_per_thread
+    blocks = [tiles.tile(t) for t in range(tiles.num_tiles)] + zero_blocks(tiles.empty_rows, m1)
+    colptr, offsets, values, rows = [0], [], [], []
+    for block_rows in blocks:
+        sub = a[block_rows].tocsc()
+        cols = np.flatnonzero(np.diff(sub.indptr))
+        dense = np.zeros((len(cols), m1), np.float32)
+        dense[:, :len(block_rows)] = sub[:, cols].toarray().T
+        steps = np.diff(cols, prepend=0) if design.loads == "chained" else cols
+        offsets.extend((4 * steps).tolist())
+        values.append(dense.ravel())
+        colptr.append(colptr[-1] + len(cols))
+        rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
+    name = kernel_name("lospmm_stream", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, *design.code_key)
+    tile_axis, column_axis = axes(design)
+    kind, suffix, lanes = VECTOR_TYPE[v], SUFFIX[v], LANES[v]
+    load = (f"{kind} b; LOSPMM_LDCR{suffix}(b, p, N, __ldg(cols + j));" if design.loads == "chained"
+            else f"const {kind} b = lospmm_ld{suffix}(Bn, __ldg(cols + j), N);")
+    data = "".join(f"__device__ const {ctype} {array}_{name}[] = {{{', '.join(items) or '0'}}};\n"
+                   for ctype, array, items in (
+                       ("int", "lospmm_colptr", map(str, colptr)), ("int", "lospmm_cols", map(str, offsets)),
+                       ("float", "lospmm_vals", float_literal(np.concatenate(values)) if values else []),
+                       ("int", "lospmm_rows", map(str, rows))))
+    per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"  # the block size is a launch argument
+    source = "".join([
+        included("preamble.cuh"), included("vector.cuh"),
+        f"// lospmm streamed kernel {name}: M={m} K={k} nnz={a.nnz} M1={m1} N1={n1} tiles={tiles.num_tiles} "
+        f"design={design.code_label}\n", data,
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n",
+        first_column(design, per_block, "n0"),
+        f"  const int stride = {f'gridDim.{column_axis} * {per_block}' if design.looped else 'N'};\n",
+        f"  const int block = blockIdx.{tile_axis};\n",
+        f"  const int begin = __ldg(lospmm_colptr_{name} + block), end = __ldg(lospmm_colptr_{name} + block + 1);\n",
+        f"  const int* __restrict__ cols = lospmm_cols_{name};\n",
+        f"  const int* __restrict__ rows = lospmm_rows_{name} + block * {m1};\n",
+        "  for (int n = n0; n < N; n += stride) {\n",
+        "    const float* Bn = B + n;\n    float* Cn = C + n;\n",
+        *(["    const float* p = Bn;\n"] if design.loads == "chained" else []),
+        f"    {kind} " + ", ".join(f"acc{i} = {zero_value(v)}" for i in range(m1)) + ";\n",
+        f"    const float* __restrict__ vals = lospmm_vals_{name} + (long long)begin * {m1};\n",
+        "#pragma unroll 4\n",
+        f"    for (int j = begin; j < end; ++j, vals += {m1}) {{\n      {load}\n",
+        *(f"      {{ const float a = __ldg(vals + {i}); "
+          + " ".join(f"acc{i}{lane} += b{lane} * a;" for lane in lanes) + " }\n" for i in range(m1)),
+        "    }\n",
+        *(f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{suffix}(Cn, r, N, acc{i}); }}\n"
+          for i in range(m1)),
+        "  }\n}\n"])
+    layout = LaunchLayout(len(blocks), n1, v, design.column_walks, design.order)
+    spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, nnz=int(a.nnz))
+    return KernelSource(spec, (source,))

@@ -1,0 +1,156 @@
+"""benchmarks.analysis: the figures the issues define, computed from rows (no GPU)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import analysis
+from lospmm.kernel.design import design_named
+
+
+def _launch(role, m1, n1, measured, estimate, variant="", layer="l"):
+    return {"model": "m", "layer": layer, "m": 64, "k": 64, "n": 512, "role": role, "variant": variant, "m1": m1,
+            "n1": n1, "ours_us": measured, "estimate_us": estimate, "spill_bytes": 0}
+
+
+def test_table4_takes_the_measured_proxies_choice_and_prices_it_by_full_kernels():
+    rows = [_launch("proxy", 1, 32, 5.0, 1.0), _launch("proxy", 2, 64, 4.0, 2.0), _launch("proxy", 4, 32, 6.0, 3.0),
+            _launch("full", 1, 32, 10.0, 1.0), _launch("full", 2, 64, 12.0, 2.0), _launch("full", 4, 32, 8.0, 3.0),
+            _launch("full", 8, 32, 1.0, 9.0, variant="outside-top-k")]  # never a top-K candidate
+    (row,) = analysis.table4_rows(rows)
+    assert row["best_tile"] == "4×32" and row["best_us"] == 8.0 and row["candidates"] == 3
+    assert row["proxy_tile"] == "2×64" and row["proxy_loss"] == pytest.approx(12 / 8 - 1)
+    assert row["estimate_tile"] == "1×32" and row["estimate_loss"] == pytest.approx(10 / 8 - 1)
+
+
+def test_a_launch_file_of_the_plan_before_reads_as_the_device_programs():
+    old = [{"measured_us": 3.0, "measure_status": "ok", "id": "a"}, {"ours_us": 2.0, "status": "ok", "id": "b"}]
+    assert [(r["ours_us"], r["status"]) for r in analysis.launch_rows(old)] == [(3.0, "ok"), (2.0, "ok")]
+
+
+def test_ab_rows_compare_a_variant_with_the_flows_own_kernel_and_m1_one_with_the_rest():
+    rows = [_launch("full", 2, 64, 10.0, 2.0), _launch("full", 2, 64, 12.0, 2.0, variant="ptxas-O3"),
+            _launch("full", 1, 32, 30.0, 1.0), _launch("full", 4, 32, 20.0, 3.0, variant="outside-top-k")]
+    ab = {r["a_b"]: r for r in analysis.ab_rows(rows)}
+    assert ab["ptxas-O3 vs ptxas-O1 prefetch-1"]["a_over_b"] == pytest.approx(1.2)
+    one = ab["best M1=1 vs best M1>1"]
+    assert one["a_over_b"] == pytest.approx(30 / 10) and one["estimate_a_over_b"] == pytest.approx(1 / 2)
+
+
+def test_speedups_are_geometric_means_per_model_and_sparsity_of_finite_times():
+    base = {"tf32_us": 1.0, "fp16_us": 1.0}
+    rows = [{"model": "a", "sparsity": 0.9, "ours_us": 1.0, "sgemm_us": 4.0} | base,
+            {"model": "a", "sparsity": 0.9, "ours_us": 4.0, "sgemm_us": 4.0} | base,
+            {"model": "b", "sparsity": 0.9, "ours_us": float("inf"), "sgemm_us": 4.0} | base,
+            {"model": "b", "sparsity": 0.7, "ours_us": 2.0, "sgemm_us": 2.0} | base]
+    summary = {(r["model"], r["sparsity"]): r for r in analysis.speedup_summary(rows)}
+    assert summary[("a", 0.9)]["vs_sgemm"] == pytest.approx(2.0) and summary[("a", 0.9)]["kernels"] == 2
+    assert ("b", 0.9) not in summary  # a failed launch is no speedup
+    assert summary[("all", 0.9)]["kernels"] == 2 and summary[("b", 0.7)]["vs_sgemm"] == pytest.approx(1.0)
+    assert "vs_cusparse" not in summary[("a", 0.9)]  # a library nobody timed is no column
+
+
+def test_a_geometric_mean_ignores_failed_and_empty_measurements():
+    assert analysis.geomean([1.0, 4.0, float("inf"), float("nan"), 0.0]) == pytest.approx(2.0)
+    assert np.isnan(analysis.geomean([float("inf")]))
+
+
+def _row(ours, sgemm, sparsity=0.9, design="d", layer="l", nnz=100, **extra):
+    return {"set": "headline", "model": "m", "layer": layer, "m": 10, "k": 100, "n": 64, "nnz": nnz,
+            "sparsity": sparsity, "design": design, "status": "ok", "ours_us": ours, "sgemm_us": sgemm,
+            "tf32_us": sgemm / 2, "fp16_us": sgemm / 4, **extra}
+
+
+def test_efficiency_and_the_headline_figures_follow_the_issue():
+    # useful FLOP/s over SGEMM's dense FLOP/s: nnz/(m·k) · sgemm/ours
+    assert analysis.efficiency(_row(ours=10.0, sgemm=20.0)) == pytest.approx(0.1 * 2.0)
+    rows = [_row(10.0, 20.0, layer="a"), _row(40.0, 20.0, layer="b"), _row(30.0, 20.0, layer="b", design="e"),
+            _row(5.0, 10.0, layer="c")]  # c is launch-bound (SGEMM under 15 µs): only in "all"
+    work_bound, every = analysis.headline_summary(rows)
+    assert work_bound["layers"] == 2 and every["layers"] == 3  # layer b's fastest design only
+    assert work_bound["vs SGEMM (geomean)"] == pytest.approx(math.sqrt(2.0 * 20 / 30))
+    assert work_bound["slower than SGEMM"] == 1
+    assert work_bound["vs TF32"] == pytest.approx(work_bound["vs SGEMM (geomean)"] / 2)
+
+
+def test_the_ab_summary_is_each_design_over_todays_kernel():
+    base = design_named("baseline").label
+    rows = [{"set": "ab", "model": "m", "layer": "l", "design": base, "ours_us": 20.0},
+            {"set": "ab", "model": "m", "layer": "l", "design": "x", "ours_us": 5.0}]
+    (row,) = analysis.ab_summary(rows)
+    assert row["baseline_us"] == 20.0 and row["x"] == 0.25
+
+
+def test_the_default_design_changes_only_on_the_issues_evidence():
+    base = design_named("baseline").label
+
+    def ab(design, layer, us, spread=0.01, sgemm=30.0):
+        return {"set": "ab", "model": "m", "layer": layer, "design": design, "status": "ok", "ours_us": us,
+                "spread": spread, "sgemm_us": sgemm, "sparsity": 0.9, "nnz": 100, "m": 10, "k": 100}
+
+    rows = [ab(base, "a", 10.0), ab(base, "b", 10.0), ab(base, "c", 10.0),
+            ab("fast", "a", 8.0), ab("fast", "b", 8.0), ab("fast", "c", 10.5),  # 15% faster, worst +5%
+            ab("faster", "a", 5.0), ab("faster", "b", 5.0), ab("faster", "c", 12.0),  # worst +20%: disqualified
+            ab("noisy", "a", 5.0, spread=0.08), ab("noisy", "b", 5.0), ab("noisy", "c", 5.0)]  # spread 8%
+    decision = analysis.design_decision(rows)
+    assert decision["default"] == "fast" and decision["changed"]
+    qualifies = {d["design"]: d["qualifies"] for d in decision["designs"]}
+    assert qualifies == {"fast": True, "faster": False, "noisy": False}
+    # per-nonzero efficiency: nnz/(m·k)·sgemm/ours = 0.1·30/10 = 0.3 for the baseline, below 0.35
+    assert decision["median_efficiency_at_0.9"][base] == pytest.approx(0.3)
+    assert not decision["diagnose_first"]  # "faster" reaches 0.1·30/5 = 0.6
+    slow = analysis.design_decision([r | {"sgemm_us": 15.0} for r in rows if r["design"] == base])
+    assert slow["diagnose_first"] and slow["default"] == base and not slow["changed"]  # 0.15 at best
+
+
+def test_the_half_table_joins_our_fp32_kernel_on_the_same_tile_and_the_summary_follows_the_issue():
+    common = {"set": "half", "model": "m", "layer": "l", "m": 8, "k": 8, "n": 64, "nnz": 6, "sparsity": 0.9,
+              "batch": 4, "m1": 2, "n1": 32, "status": "ok", "spread": 0.01}
+    rows = [common | {"design": design_named("fp16,chained").label, "dtype": "fp16", "accumulate": "fp16-packed",
+                      "ours_us": 5.0, "fp16_us": 20.0, "max_rel_error": 1e-3, "cublas_max_rel_error": 1e-3},
+            common | {"design": design_named("fp16,acc=f32,chained").label, "dtype": "fp16",
+                      "accumulate": "fp16-f32", "ours_us": 8.0, "fp16_us": 20.0, "max_rel_error": 3e-3,
+                      "cublas_max_rel_error": 1e-3},
+            common | {"design": design_named(analysis.FP32_SAME_TILE).label, "ours_us": 10.0, "sgemm_us": 30.0}]
+    half = analysis.half_rows(rows)
+    assert [(r["dtype"], r["cublas_same_dtype_us"], r["ours_fp32_us"]) for r in half] == [("fp16", 20.0, 10.0)] * 2
+    summary = {r["kernels"]: r for r in analysis.half_summary(half)}
+    assert summary["fp16-packed"]["vs cuBLAS same dtype (geomean, work-bound)"] == pytest.approx(4.0)
+    assert summary["fp16-packed"]["vs ours fp32, same tile"] == pytest.approx(2.0)
+    assert summary["fp16-packed"]["within 2x cuBLAS error"] == 1 and summary["fp16-f32"]["within 2x cuBLAS error"] == 0
+    # the default: the fastest sums that meet the bar on every kernel (f32 is slower and misses it here)
+    assert analysis.chosen_accumulation(half) == "fp16-packed"
+    half[0]["max_rel_error"] = 5e-3  # packed misses the bar on its one kernel: f32 misses it too
+    assert analysis.chosen_accumulation(half) is None
+    half[1]["max_rel_error"] = 1e-3
+    assert analysis.chosen_accumulation(half) == "fp16-f32"
+    # a variant with a kernel that failed its check is in the table, and meets no bar
+    failed = common | {"layer": "l2", "design": design_named("fp16,acc=f32,chained").label, "dtype": "fp16",
+                       "accumulate": "fp16-f32", "status": "failed check", "ours_us": float("inf")}
+    faster_f32 = rows[1] | {"max_rel_error": 1e-3, "ours_us": 3.0}  # f32 the faster, within the bar on l
+    assert analysis.chosen_accumulation(analysis.half_rows([rows[0], faster_f32, rows[2]])) == "fp16-f32"
+    half = analysis.half_rows([rows[0], faster_f32, failed, rows[2]])
+    assert [r["status"] for r in half] == ["ok", "ok", "failed check"]
+    assert analysis.chosen_accumulation(half) == "fp16-packed"
+
+
+def test_a_launch_rows_work_is_the_estimates_of_the_same_kernel():
+    from lospmm.kernel.estimate import full_kernel_work
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+    from benchmarks.sets import tile_work
+
+    a = random_pruned(50, 40, 0.8, np.random.default_rng(2)).tolil()
+    a[7] = 0  # an empty row: a zeroing block
+    a = a.tocsr()
+    tiles = reordered_tiles(a, 4)
+    row = {"m": 50, "k": 40, "n": 300, "m1": 4, "n1": 64, "registers": 30, "spill_bytes": 8,
+           "design": design_named("chained,v=2").label} | tile_work(tiles)
+    got = analysis.launch_work(row)
+    want = full_kernel_work(tiles, 50, 40, 300, 64, 30, 8, design=design_named("chained,v=2"))
+    assert got.zero_blocks == want.zero_blocks == 1 and got.design == want.design
+    assert got.tile_loads.tolist() == want.tile_loads.tolist() and got.tile_fmas.tolist() == want.tile_fmas.tolist()
+    assert (got.registers, got.spill_bytes, got.m1, got.n1) == (30, 8, 4, 64)

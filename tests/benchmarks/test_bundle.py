@@ -1,0 +1,88 @@
+"""benchmarks.bundle: the one bundle format, built resumably here, packed to carry, checked on arrival."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bundle, sets
+from lospmm.kernel.package import KernelDirError
+
+
+def _jobs():
+    micro = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"]
+    return micro + [sets.planned_job(p) for p in sets.conv_plan(batch=2)[:2]]
+
+
+def test_a_bundle_holds_each_kernels_package_its_launch_rows_and_the_a_it_is_checked_against(tmp_path):
+    folder = bundle.build("b", _jobs(), tmp_path, threads=2, cache=tmp_path / "cache", set_name="micro",
+                          options={"n": 4096}, sass=False, say=lambda *_: None)
+    rows = bundle.bundle_rows(folder)
+    assert [r["status"] for r in rows] == ["ok"] * 4 and [r["form"] for r in rows] == ["gemm", "gemm", "conv", "gemm"]
+    for r in rows:
+        package = bundle.package_of(folder, r)
+        assert package.spec.name == r["kernel"] and package.cubin()[:4] == b"\x7fELF"
+        assert package.spec.layer == r["layer"] and package.spec.sparsity == r["sparsity"]
+        assert not (package.dir / "kernel.cu").exists() and not (package.dir / "weight.parquet").exists()  # not carried
+        assert bundle.matrix_of_row(folder, r).nnz == r["nnz"] == package.spec.nnz
+        assert r["count"] == (2 if r["form"] == "conv" else r["n"])  # a conv kernel is launched over a batch
+        assert r["estimate_us"] > 0 and r["estimate_timer"].startswith("estimate")
+    facts = bundle.bundle_facts(folder)
+    assert facts["inputs"] == bundle.inputs_hash("micro", {"n": 4096}) and facts["kernels"] == facts["compiled"] == 4
+
+
+def test_a_cut_off_build_goes_on_where_it_stopped_and_a_damaged_package_is_built_again(tmp_path):
+    jobs, said = _jobs(), []
+    folder = bundle.build("b", jobs[:2], tmp_path, cache=tmp_path / "cache", sass=False, say=said.append)
+    assert not (folder / "launches.parquet").exists() or len(bundle.bundle_rows(folder)) == 2
+    (folder / "kernels" / jobs[0].planned.id / "kernel.cubin").write_bytes(b"damaged")
+    said.clear()
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", sass=False, say=said.append)
+    built = [line.split(":")[0].split("] ")[1] for line in said]
+    assert built == [jobs[0].planned.id, jobs[2].planned.id, jobs[3].planned.id]  # the whole one was kept
+    assert len(bundle.bundle_rows(folder)) == 4 and bundle.package_of(folder, bundle.bundle_rows(folder)[0])
+
+
+def test_carried_parts_are_bundles_of_their_own_and_a_damaged_archive_is_refused(tmp_path):
+    folder = bundle.build("b", _jobs(), tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    parts = bundle.packed_parts(folder, tmp_path / "carry", max_mib=0.005, ratio=1.0)  # split: a kernel a part
+    assert len(parts) == 4 and parts[0].name == "b-1of4.tar.xz"
+    listing = tmp_path / "carry" / "b.parts.json"
+    opened = [bundle.opened(a, tmp_path / "there") for a in bundle.verified_parts(listing)]
+    rows = [r for folder in opened for r in bundle.bundle_rows(folder)]
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in bundle.bundle_rows(folder))
+    for part in opened:
+        for r in bundle.bundle_rows(part):
+            assert bundle.package_of(part, r).cubin()[:4] == b"\x7fELF" and bundle.matrix_of_row(part, r).nnz > 0
+    data = bytearray(parts[1].read_bytes())
+    data[-10] ^= 1
+    parts[1].write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="b-2of4.tar.xz: its SHA-256 is not the one b.parts.json lists"):
+        bundle.verified_parts(listing)
+    parts[2].unlink()  # and, past the damaged one, one that never arrived
+    with pytest.raises(ValueError, match="b-3of4.tar.xz: missing"):
+        bundle.verified_parts(_without(listing, parts[1].name))
+
+
+def _without(listing, name):
+    """The listing with one entry removed (so the next problem shows)."""
+    facts = json.loads(listing.read_text())
+    facts["parts"] = [p for p in facts["parts"] if p["file"] != name]
+    out = listing.with_name("other.parts.json")
+    out.write_text(json.dumps(facts))
+    return out
+
+
+def test_a_bundles_inputs_name_its_set_options_and_code():
+    assert bundle.inputs_hash("ab", {}) == bundle.inputs_hash("ab", {})
+    assert bundle.inputs_hash("ab", {}) != bundle.inputs_hash("ab", {"sparsity": 0.7})
+    assert bundle.inputs_hash("ab", {}) != bundle.inputs_hash("micro", {})
+
+
+def test_a_package_that_fails_its_manifest_is_not_launched(tmp_path):
+    folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    (row,) = bundle.bundle_rows(folder)
+    (folder / "kernels" / row["package"] / "kernel.json").write_text("{}")
+    with pytest.raises(KernelDirError, match="kernel.json does not match its checksum"):
+        bundle.package_of(folder, row)

@@ -1,0 +1,89 @@
+"""benchmarks.device without a GPU: the program's order, `status` from committed results alone, a
+step's bundles prepared (built, packed with their hashes) and found again, stale ones named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bundle, device
+
+
+def test_the_program_runs_the_issues_steps_most_valuable_first():
+    names = device.STEP_NAMES
+    order = ["gate", "designs", "counters", "headline-shufflenetv2", "half", "serving", "table4-0.9", "h200-calibration"]
+    assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
+    assert all(s.device_seconds <= device.STEP_LIMIT_S for s in device.STEPS)  # each fits one device command
+    assert len(set(names)) == len(names) and device.step_named("half").bundles[0].set == "half"
+    with pytest.raises(SystemExit, match="no step 'nope'"):
+        device.step_named("nope")
+
+
+def test_status_reads_the_committed_results_alone(tmp_path):
+    results = tmp_path / "results"
+    (results / "h100" / "gate").mkdir(parents=True)
+    (results / "h100" / "gate" / "done.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3"}))
+    (results / "h100" / "designs").mkdir()
+    (results / "h100" / "designs" / "ab.progress.jsonl").write_text("{}\n")
+    said = []
+    rows = {r["step"]: r for r in device.status(results, tmp_path / "home", tmp_path / "carry", said.append)}
+    assert rows["gate"]["state"] == "h100: done" and rows["designs"]["state"] == "h100: partial"
+    assert rows["counters"]["state"] == "not run" and "ab: missing" in rows["designs"]["bundles"]
+    nxt = [line for line in said if line.startswith(">")]
+    assert len(nxt) == 1 and nxt[0].split()[1] == "designs"  # the first step not done
+    assert any("prepare designs" in line for line in said)
+
+
+def _tiny(monkeypatch, tmp_path):
+    """A one-bundle step of two small kernels, in the program's place."""
+    spec = device.BundleSpec("tiny", "micro", {"n": 1024})
+    step = device.Step("tiny", "two micro kernels", "test", (spec,), device_seconds=60)
+    monkeypatch.setattr(device, "STEPS", (step,))
+    import benchmarks.sets as sets
+
+    real = sets.set_jobs
+    monkeypatch.setattr(sets, "set_jobs", lambda name, **o: [j for j in real(name, **o)
+                                                             if j.planned.layer == "footprint-256"])
+    return step, spec
+
+
+def test_a_steps_bundles_are_prepared_once_packed_with_their_hashes_and_found_again(tmp_path, monkeypatch):
+    step, spec = _tiny(monkeypatch, tmp_path)
+    home, carry = tmp_path / "home", tmp_path / "carry"
+    assert device.bundle_state(spec, home, carry)["state"] == "missing"
+    said = []
+    (listing,) = device.prepare(step, jobs=1, home=home, carry=carry, say=said.append)
+    assert json.loads(listing.read_text())["inputs"] == spec.inputs
+    state = device.bundle_state(spec, home, carry)
+    assert state["state"] == "ready" and state["carried"] and state["kernels"] == 2
+    said.clear()
+    device.prepare(step, jobs=1, home=home, carry=carry, say=said.append)  # nothing to build or pack again
+    assert not any("planning" in line or "archive" in line for line in said)
+    # on the GPU machine: the carried archives, checked and unpacked
+    (folder,) = device.opened_bundle(spec, carry, tmp_path / "there", build=False, jobs=1, say=said.append)
+    assert len(bundle.bundle_rows(folder)) == 2 and folder.parent == tmp_path / "there"
+
+
+def test_a_bundle_built_from_other_code_is_stale_and_rebuilt(tmp_path, monkeypatch):
+    step, spec = _tiny(monkeypatch, tmp_path)
+    home, carry = tmp_path / "home", tmp_path / "carry"
+    device.prepare(step, jobs=1, home=home, carry=carry, say=lambda *_: None)
+    facts = json.loads((home / "tiny" / "bundle.json").read_text())
+    (home / "tiny" / "bundle.json").write_text(json.dumps(facts | {"inputs": "0123456789abcdef"}))
+    listing = carry / "tiny.parts.json"
+    listing.write_text(json.dumps(json.loads(listing.read_text()) | {"inputs": "0123456789abcdef"}))
+    state = device.bundle_state(spec, home, carry)
+    assert state["state"] == "stale" and state["today"] == spec.inputs
+    with pytest.raises(SystemExit, match="tiny: stale"):  # the device refuses yesterday's kernels
+        device.opened_bundle(spec, carry, tmp_path / "there", build=False, jobs=1, say=lambda *_: None)
+    said = []
+    device.prepare(step, jobs=1, home=home, carry=carry, say=said.append)
+    assert any("built from other code" in line for line in said)
+    assert device.bundle_state(spec, home, carry)["state"] == "ready"
+
+
+def test_a_devices_results_folder_is_named_for_its_kind():
+    assert device.device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert device.device_slug("NVIDIA H200") == "h200"
+    assert device.device_slug("NVIDIA RTX 6000 Ada") == "nvidia-rtx-6000-ada"

@@ -1,0 +1,86 @@
+"""benchmarks.measure without a GPU: the run of a bundle on the host backend (every kernel checked as
+on the device, nothing timed), resumable, a failure a row."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks import bundle, measure, sets
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("measure")
+    jobs = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"]
+    jobs += [sets.planned_job(p) for p in sets.conv_plan(batch=2)[:1]]
+    half = sets.half_plan(sparsities=(0.9,), batches=(4,), models=("mobilenetv2",),
+                          layers=(("mobilenetv2", "features.1.conv.1"),), variants=("fp16,chained",))
+    jobs += [sets.planned_job(p) for p in half]
+    return bundle.build("m", jobs, tmp, cache=tmp / "cache", sass=False, with_source=True, say=lambda *_: None)
+
+
+HOST = measure.RunOptions(backend="host", check_counts=(1, 33))
+
+
+def test_every_kernel_of_a_bundle_is_checked_in_its_formats_metric_and_nothing_is_timed_on_the_host(built, tmp_path):
+    tables = measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    rows = {r["id"]: r for r in pq.read_table(tables["kernel-speed"]).to_pylist()}
+    assert all(r["status"] == "checked" and r["ours_us"] != r["ours_us"] for r in rows.values())  # NaN: not timed
+    checks = pq.read_table(tables["checks"]).to_pylist()
+    assert checks and all(c["status"] == "ok" for c in checks)
+    half = [c for c in checks if c["metric"] == "normalised_error"]
+    assert half and all(c["normalised_error"] <= c["bound"] for c in half)  # the half kernel: its bound
+    conv = [c for c in checks if c["reference"].startswith("numpy conv2d")]
+    assert sorted(c["batch"] for c in conv) == [1, 2, 3]  # batches 1, 3 and its own
+    gemm = [c for c in checks if c["id"] == "micro-footprint-256-1"]
+    assert sorted(c["n"] for c in gemm) == [1, 33, 4096]  # the check counts and its layer's N
+    assert "half-precision" in tables and pq.read_table(tables["half-precision"]).num_rows == 1
+
+
+def test_a_run_cut_off_goes_on_from_what_it_measured(built, tmp_path):
+    said = []
+    assert measure.run_bundle(built, tmp_path, "m", measure.Deadline.after(0), HOST, said.append) == {}
+    assert "stopped at the time budget with 5 launches left" in said[-1]
+    log = tmp_path / "m.progress.jsonl"
+    measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 5
+    log.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed mid-write of the third
+    said.clear()
+    tables = measure.run_bundle(built, tmp_path, "m", options=HOST, say=said.append)
+    assert said[0] == "m: 5 launches, 2 measured before, 3 to go"
+    assert pq.read_table(tables["kernel-speed"]).num_rows == 5
+
+
+def test_a_kernel_that_did_not_compile_or_fails_its_check_is_a_row(built, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(built, broken)
+    rows = bundle.bundle_rows(broken)
+    pkg = broken / "kernels" / rows[0]["package"]
+    text = (pkg / "kernel.cu").read_text().replace("lospmm_st(Cn, 0, N", "(void)(Cn, 0, N")  # row 0 never stored
+    (pkg / "kernel.cu").write_text(text)
+    from lospmm.files import write_manifest
+    from lospmm.kernel.package import KERNEL_FILES
+
+    write_manifest(pkg, KERNEL_FILES)  # a wrong kernel, whole: the check, not the manifest, must catch it
+    import pyarrow as pa
+
+    rows[1] |= {"status": "error", "message": "NVRTC failed"}
+    pq.write_table(pa.Table.from_pylist(rows), broken / "launches.parquet")
+    tables = measure.run_bundle(broken, tmp_path / "out", "m", options=HOST, say=lambda *_: None)
+    got = {r["id"]: r for r in pq.read_table(tables["kernel-speed"]).to_pylist()}
+    assert got[rows[0]["id"]]["status"] == "failed check" and "never written" in got[rows[0]["id"]]["message"]
+    assert got[rows[1]["id"]]["status"] == "not compiled"
+    assert sum(r["status"] == "checked" for r in got.values()) == 3
+
+
+def test_progress_lines_hold_each_launch_and_its_checks(built, tmp_path):
+    measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    first = json.loads((tmp_path / "m.progress.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"row", "checks"} and first["row"]["id"] == first["checks"][0]["id"]
+    assert {"tile_loads", "tile_fmas", "estimate_us", "design", "m1", "n1"} <= set(first["row"])  # a calibration's inputs

@@ -1,0 +1,86 @@
+"""benchmarks.sets: the kernel sets the device program measures, planned and rendered here (no GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks import sets
+from lospmm.kernel.design import design_named
+from lospmm.stages.extract import zoo_shapes
+
+
+def test_the_ab_plan_puts_every_design_on_todays_tile():
+    plan = sets.ab_plan()
+    assert len(plan) == len(sets.AB_LAYERS) * len(sets.AB_DESIGNS) and len({p.id for p in plan}) == len(plan)
+    query = [p for p in plan if p.layer == "encoder.layer.0.attention.self.query"]
+    assert {(p.m1, p.n1) for p in query} == {(12, 512)}  # the tile measured in the committed call l
+    assert {p.design for p in query} == {design_named(d).label for d in sets.AB_DESIGNS}
+    assert all(p.matrix == query[0].matrix for p in query)  # one pruned A, shared by the designs
+
+
+def test_the_sample_spreads_over_each_models_sizes_within_the_nonzero_limit():
+    params = sets.SampleParams(per_model=3, max_nnz=20_000, models=("resnet50", "bert-base"))
+    picked = sets.sampled_shapes([s for m in params.models for s in zoo_shapes(m)], params)
+    resnet = [s for s in picked if s.model == "resnet50"]
+    assert len(resnet) == 3 and len({(s.m, s.k, s.n) for s in resnet}) == 3
+    sizes = [s.m * s.k for s in resnet]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+    assert all(s.m * s.k * (1 - params.sparsity) <= params.max_nnz for s in picked)
+    assert not [s for s in picked if s.model == "bert-base"]  # every BERT layer has more nonzeros
+
+
+def test_the_headline_plan_chooses_tiles_with_the_search(monkeypatch):
+    """One small layer: the tile is one of the search's kept candidates, in the design asked for."""
+    from lospmm.stages.extract import LayerShape
+
+    shape = LayerShape("bert-base", "pooler.dense", "linear", 768, 32, 768)
+    monkeypatch.setattr(sets, "gemm_shapes", lambda model, batch=4: [shape])
+    (p,) = sets.headline_plan("chained,v=2", sparsities=(0.95,), models=("bert-base",))
+    assert p.design == design_named("chained,v=2").label and p.m1 >= 1 and p.n1 % 32 == 0
+    assert "search" in p.chosen_by and np.isclose(p.sparsity, 0.95)
+
+
+def test_the_half_set_puts_each_variant_and_the_fp32_pair_kernel_on_the_half_searchs_tile():
+    plan = sets.half_plan(sparsities=(0.9,), batches=(4,), models=("mobilenetv2",),
+                          layers=(("mobilenetv2", "features.1.conv.1"),), variants=("fp16,chained", "bf16,acc=f32,chained"))
+    assert [design_named(p.design).dtype for p in plan] == ["fp16", "bf16", "fp32"]
+    assert len({(p.m1, p.n1) for p in plan}) == 1 and plan[-1].design == design_named(sets.FP32_SAME_TILE).label
+    half = [sets.matrix_of(p) for p in plan]  # each A as its design's number format rounds it
+    assert half[0].nnz <= half[2].nnz and set(np.unique(half[0].data.astype(np.float16).astype(np.float64)
+                                                        == half[0].data)) == {True}
+
+
+def test_an_every_kept_sample_launches_one_kernel_per_kept_m1_at_each_of_its_kept_n1():
+    """Issue 24's Table 4 over every kept candidate: per kept M1, one full kernel that reads N1 at
+    launch, launched at each kept N1 — as many launches as the layer has kept candidates, for as many
+    kernels as kept M1; one proxy per chosen M1, launched at each chosen N1."""
+    from lospmm.devices import device_named
+    from lospmm.flows.storage.ranker_store import load_ranker
+    from lospmm.search import SearchParams, layer_search
+    from lospmm.stages.prune import pruned_layer
+    from lospmm.stages.rank import RankParams
+
+    params = sets.SampleParams(per_model=1, max_nnz=1500, models=("shufflenetv2",), top_k=2, every_kept=True)
+    (shape,) = sets.sampled_shapes(list(zoo_shapes("shufflenetv2")), params)
+    jobs = sets.sample_jobs(params)
+    search = layer_search(pruned_layer(shape, params.sparsity).matrix, shape.n, params.sparsity, device_named("h100"),
+                          load_ranker()[0], SearchParams(rank=RankParams(top_k=params.top_k)))
+    every = [j.planned for j in jobs if j.planned.variant == "every-kept"]
+    launched = sorted((p.m1, n1) for p in every for n1 in (p.n1, *(n for n, _ in p.also_at)))
+    assert launched == sorted((c.m1, c.n1) for c in search.kept) and len(every) == len({c.m1 for c in search.kept})
+    assert all(p.n1_at_launch for p in every) and all(j.source().spec.n1_at_launch for j in jobs
+                                                      if j.planned.variant == "every-kept")
+    proxies = [j for j in jobs if j.planned.role == "proxy"]
+    assert sorted(j.planned.m1 for j in proxies) == sorted({c.m1 for c in search.chosen})
+    assert sorted((j.planned.m1, n1) for j in proxies for n1 in (j.planned.n1, *(n for n, _ in j.planned.also_at))) \
+        == sorted((c.m1, c.n1) for c in search.chosen)
+    assert all(j.matrix is None and j.source().spec.form == "proxy" and set(j.launch["smem_at"]) >=
+               {j.planned.n1} for j in proxies)
+
+
+def test_every_set_is_known_by_name_and_an_unknown_one_is_named():
+    import pytest
+
+    assert {j.planned.set for j in sets.set_jobs("micro", n=4096)} == {"micro"}
+    with pytest.raises(ValueError, match="no kernel set 'nope'"):
+        sets.set_jobs("nope")

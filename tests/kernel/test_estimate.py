@@ -1,0 +1,175 @@
+"""The estimate timer: labelled, finite where a launch is possible, and responsive to its inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lospmm.stages.cluster import proxy_clusters
+from lospmm.devices import DEVICES, device_named
+from lospmm.stages.pad import proxy_launch
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.reorder import reordered_tiles
+from lospmm.kernel.estimate import EstimateTimer, estimated_timing, full_kernel_work, proxy_work
+from lospmm.kernel.timing import LaunchUnderTest
+
+H100 = device_named("h100")
+
+
+def _work(m=256, k=256, n=1024, m1=8, n1=128, sparsity=0.9, regs=32, seed=0):
+    a = random_pruned(m, k, sparsity, np.random.default_rng(seed))
+    return full_kernel_work(reordered_tiles(a, m1), m, k, n, n1, regs)
+
+
+def test_estimate_is_labelled_and_finite():
+    t = estimated_timing(_work(), H100)
+    assert t.timer == "estimate" and t.status == "ok"
+    assert 0 < t.time_us < 1e5 and t.active_blocks >= 1
+    assert t.time_us >= max(t.compute_us, t.memory_us, t.latency_us)
+
+
+def test_more_work_is_never_faster():
+    base = estimated_timing(_work(n=1024), H100).time_us
+    assert estimated_timing(_work(n=4096), H100).time_us >= base  # one wave either way: the longest block binds
+    big = dict(m=1024, k=1024)
+    assert estimated_timing(_work(n=16384, **big), H100).time_us > estimated_timing(_work(n=1024, **big), H100).time_us
+    assert estimated_timing(_work(sparsity=0.5), H100).time_us > estimated_timing(_work(sparsity=0.95), H100).time_us
+
+
+def test_spills_cost_time():
+    w = _work()
+    slow = estimated_timing(type(w)(**{**vars(w), "spill_bytes": 512}), H100)
+    assert slow.time_us > estimated_timing(w, H100).time_us
+
+
+def test_impossible_launch_is_a_row_not_an_exception():
+    w = _work()
+    too_many_regs = estimated_timing(type(w)(**{**vars(w), "registers": 300}), H100)
+    assert too_many_regs.status == "error" and too_many_regs.time_us == float("inf")
+    huge_block = estimated_timing(type(w)(**{**vars(w), "n1": 2048}), H100)
+    assert huge_block.status == "error"
+
+
+def test_proxy_padding_gives_the_full_kernels_occupancy():
+    a = random_pruned(512, 256, 0.9, np.random.default_rng(1))
+    tiles = reordered_tiles(a, 8)
+    launch = proxy_launch(tiles.num_tiles, 4096, 8, 128, 32, H100)
+    cl = proxy_clusters(a, tiles, 0.9, launch.num_atb)
+    proxy = estimated_timing(proxy_work(cl, 512, 256, 4096, 128, registers=24, smem_bytes=launch.smem_bytes), H100)
+    full = estimated_timing(full_kernel_work(tiles, 512, 256, 4096, 128, 32), H100)
+    assert proxy.active_blocks == full.active_blocks == launch.num_atb
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_every_device_has_throughput_facts(name):
+    d = DEVICES[name]
+    assert d.clock_ghz > 0 and d.dram_gbps > 0 and d.l2_gbps >= d.dram_gbps and d.fp32_lanes_per_sm >= 32
+
+
+def test_the_estimate_timer_times_proxies_and_full_kernels_through_one_interface():
+    a = random_pruned(512, 256, 0.9, np.random.default_rng(1))
+    tiles = reordered_tiles(a, 8)
+    cl = proxy_clusters(a, tiles, 0.9, 4)
+    timer = EstimateTimer(H100)
+    full = timer.time(LaunchUnderTest(tiles, 512, 256, 4096, 128, 32))
+    proxy = timer.time(LaunchUnderTest(tiles, 512, 256, 4096, 128, 24, smem_bytes=1024, clusters=cl))
+    assert full.time_us == estimated_timing(full_kernel_work(tiles, 512, 256, 4096, 128, 32), H100).time_us
+    assert proxy.time_us == estimated_timing(proxy_work(cl, 512, 256, 4096, 128, 24, 1024), H100).time_us
+    assert full.time_us != proxy.time_us  # the proxy is timed as a proxy, not as the full kernel
+    assert timer.name == "estimate" and not timer.measures and not timer.runs_binary
+    dense = timer.dense(512, 256, 4096)
+    assert dense.status == "skipped" and dense.time_us != dense.time_us  # NaN: a model has no baseline
+    assert timer.checked(None, b"", a, 77) is None  # it runs nothing: the emitted kernel is checked on the host
+
+
+def test_calibration_recovers_a_device_whose_parameters_it_was_not_told():
+    """Measurements made with a 'true' model far from the datasheet: the fit starts from the
+    datasheet and ends close to the truth on launches it was fitted to and on others."""
+    from dataclasses import replace
+
+    from lospmm.kernel.estimate import EstimateParams, calibrated_estimate
+
+    true_device = replace(H100, l2_gbps=2500.0, mem_latency_cycles=900)
+    true_params = replace(EstimateParams(), launch_us=6.0, fetch_bytes_per_sm_cycle=1.5)
+    works = [_work(m=m, k=k, n=n, m1=m1, n1=n1, sparsity=s, seed=i)
+             for i, (m, k, n, m1, n1, s) in enumerate([(256, 256, 1024, 8, 128, 0.9), (512, 256, 4096, 1, 128, 0.9),
+                                                       (512, 512, 196, 2, 32, 0.8), (128, 512, 12544, 4, 256, 0.95),
+                                                       (1024, 256, 784, 16, 64, 0.7), (256, 1024, 4096, 1, 256, 0.95),
+                                                       (384, 64, 784, 2, 480, 0.9), (768, 768, 32, 1, 32, 0.9),
+                                                       (64, 64, 50176, 2, 640, 0.9), (960, 160, 196, 1, 128, 0.9),
+                                                       (2048, 512, 196, 2, 128, 0.9), (256, 2304, 784, 1, 832, 0.9)])]
+    measured = [estimated_timing(w, true_device, true_params).time_us for w in works]
+    fitted_device, fitted_params = calibrated_estimate(works[::2], measured[::2], H100)
+
+    def error(device, params, ws, ms):
+        return float(np.median([abs(np.log(estimated_timing(w, device, params).time_us / m)) for w, m in zip(ws, ms)]))
+
+    before = error(H100, EstimateParams(), works, measured)
+    assert before > 0.2
+    assert error(fitted_device, fitted_params, works[::2], measured[::2]) < 0.05
+    assert error(fitted_device, fitted_params, works[1::2], measured[1::2]) < before / 3  # launches it never saw
+
+
+def test_a_calibration_stays_inside_the_physical_bounds():
+    """Measurements no physical device makes (every launch 1000× slower than the model): the fit
+    ends on the bounds, not beyond them (an issue rate above 4 per SM-cycle, say)."""
+    from lospmm.kernel.estimate import CALIBRATED_DEVICE, CALIBRATED_PARAMS, PHYSICAL_BOUNDS, calibrated_estimate
+
+    works = [_work(m=256, k=256, n=n, seed=i) for i, n in enumerate((256, 1024, 4096, 16384))]
+    measured = [1000 * estimated_timing(w, H100).time_us for w in works]
+    device, params = calibrated_estimate(works, measured, H100, starts=2)
+    for name in CALIBRATED_PARAMS + CALIBRATED_DEVICE:
+        _, low, high = PHYSICAL_BOUNDS[name]
+        value = getattr(params if name in CALIBRATED_PARAMS else device, name)
+        assert low * 0.999 <= value <= high * 1.001, name
+
+
+def test_the_estimate_follows_the_kernel_design():
+    """Fetch-bound (the datasheet's instruction supply slowed to the H100's measured rate): chained
+    addresses and more columns per thread need fewer instructions, a looped block fetches a small
+    tile's code once, and the grid's order is not modelled."""
+    from dataclasses import replace
+
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateParams
+
+    params = replace(EstimateParams(), fetch_bytes_per_sm_cycle=1.0)
+
+    def timed(design: str, model: EstimateParams = params):
+        w = _work(m=1024, k=1024, n=16384, m1=2, n1=128)
+        return estimated_timing(replace(w, design=design_named(design)), H100, model)
+
+    base = timed("baseline").time_us
+    assert timed("chained").time_us < base and timed("chained,v=4").time_us < timed("chained").time_us
+    # 8 walks per fetch of a ~1 KB tile: an eighth of the code fetched (other terms may bind then)
+    assert timed("chained,walks=8").fetch_us == pytest.approx(timed("chained").fetch_us / 8, rel=0.02)
+    assert timed("chained,walks=8").time_us < timed("chained").time_us
+    assert timed("chained,column-x").time_us == timed("chained").time_us
+    no_tile_fits = replace(params, icache_bytes=1024)  # walking again fetches again
+    assert timed("chained,walks=8", no_tile_fits).fetch_us == pytest.approx(timed("chained").fetch_us, rel=0.02)
+
+
+def test_the_estimate_timer_uses_a_devices_calibration_where_it_has_one():
+    from lospmm.kernel.estimate import CALIBRATIONS, EstimateParams, estimate_timer
+
+    calibrated = estimate_timer(H100)
+    assert calibrated.params != EstimateParams() and calibrated.device != H100
+    assert calibrated.params.launch_us == dict(CALIBRATIONS["h100"].params)["launch_us"]
+    assert calibrated.device.l2_gbps == dict(CALIBRATIONS["h100"].device)["l2_gbps"]
+    assert calibrated.device.sms == H100.sms and calibrated.device.arch == H100.arch  # only throughput facts change
+    assert calibrated.name == f"estimate:{CALIBRATIONS['h100'].label}"  # every row it times names the calibration
+    assert estimate_timer(H100, calibrated=False) == EstimateTimer(H100)
+    a100 = device_named("a100")
+    assert "a100" not in CALIBRATIONS and estimate_timer(a100) == EstimateTimer(a100)
+
+
+def test_a_noisy_measurement_is_measured_again_and_flagged_never_averaged_in():
+    from lospmm.kernel.timing import settled
+
+    calls = iter([(10.0, 0.30), (12.0, 0.04), (99.0, 0.0)])
+    t = settled(lambda: next(calls), bound=0.10, attempts=3)
+    assert (t.us, t.spread, t.attempts, t.flagged) == (12.0, 0.04, 2, False)  # the settled one alone, not a mean
+    noisy = iter([(10.0, 0.30), (20.0, 0.25)])
+    t = settled(lambda: next(noisy), bound=0.10, attempts=2)
+    assert (t.us, t.attempts, t.flagged) == (20.0, 2, True)
+    assert settled(lambda: (5.0, float("nan")), attempts=1).flagged  # no spread is no evidence of quiet

@@ -1,0 +1,403 @@
+"""Every rendered kernel equals scipy's A·B (a reference convolution; through its epilogue), checked by
+running the exact CUDA text on the host backend with the one check (lospmm.kernel.check)."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lospmm.kernel.check import checked, judged
+from lospmm.kernel.design import BASELINE, KernelDesign, design_named
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.host import EmulationError, HostKernel, host_program, run_on_host
+from lospmm.kernel.layout import LaunchLayout
+from lospmm.kernel.render import CodegenParams, float_literal, kernel_source, proxy_source, shard_groups
+from lospmm.stages import compile as nv
+from lospmm.stages.cluster import proxy_clusters
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.reorder import identity_tiles, reordered_tiles
+
+
+def host_error(kernel, a, n, seed=0, sanitize=False) -> float:
+    """The kernel's error on the host in its format's metric; AssertionError naming why when its
+    check fails (an output never written, an error beyond the tolerance)."""
+    result = checked(HostKernel(kernel, sanitize), a, n, seed)
+    assert result.ok, result.message
+    return result.error
+
+
+def full_kernel_source(a, tiles, n1, params=CodegenParams(), epilogue=Epilogue()):
+    return kernel_source(a, tiles, n1, params, epilogue)
+
+
+def conv_kernel_source(a, tiles, n1, geometry, epilogue=Epilogue(), params=CodegenParams()):
+    return kernel_source(a, tiles, n1, params, epilogue, geometry)
+
+
+def proxy_kernel_source(m, k, clusters, params=CodegenParams()):
+    return proxy_source(m, k, clusters, params)
+
+
+@st.composite
+def layers(draw):
+    m, k = draw(st.integers(1, 24)), draw(st.integers(1, 24))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    a = sp.random(m, k, density=draw(st.floats(0.0, 0.7)), format="csr", random_state=rng, dtype=np.float32)
+    a.data[:] = rng.standard_normal(a.nnz).astype(np.float32)
+    a.eliminate_zeros()
+    return a
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 9), n1=st.sampled_from([1, 3, 32]), n=st.integers(1, 70),
+       prefetch=st.integers(0, 3), reorder=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]))
+def test_emitted_kernel_equals_scipy(a, m1, n1, n, prefetch, reorder, shard_nnz):
+    tiles = reordered_tiles(a, m1) if reorder else identity_tiles(a, m1)
+    kernel = full_kernel_source(a, tiles, n1, CodegenParams(prefetch=prefetch, shard_nnz=shard_nnz))
+    assert host_error(kernel, a, n, seed=n) <= 1e-4
+
+
+def test_empty_rows_are_zeroed_and_memory_stays_in_bounds():
+    a = sp.csr_matrix(np.array([[0, 0, 0], [1.5, 0, -2], [0, 0, 0], [0, 3, 0], [0, 0, 0]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 1), 32)
+    assert "zero_0" in kernel.source and kernel.grid_x == 2 + 3
+    host_error(kernel, a, 33, sanitize=True)  # AddressSanitizer build
+
+
+def test_all_zero_matrix_writes_zeros():
+    a = sp.csr_matrix((4, 6), dtype=np.float32)
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 32)
+    assert host_error(kernel, a, 5) == 0.0
+
+
+def test_an_unwritten_output_fails_the_check():
+    a = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 1), 32)
+    # drop the last tile's block
+    spec = dataclasses.replace(kernel.spec, layout=dataclasses.replace(kernel.layout, row_blocks=kernel.grid_x - 1))
+    result = checked(HostKernel(dataclasses.replace(kernel, spec=spec)), a, 4)
+    assert not result.ok and "never written" in result.message and result.error == float("inf")
+
+
+def test_out_of_bounds_access_is_caught_under_sanitizer():
+    a = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 1), 32)
+    with pytest.raises(EmulationError, match="host run failed"):
+        # B sized for 2 columns but the kernel told N = 4: reads past the end of B
+        run_on_host(kernel, {"B": np.ones(3 * 2, np.float32), "C": np.empty(3 * 4, np.float32), "N": 4},
+                    kernel.grid(4), 32, sanitize=True)
+
+
+def test_source_shape_follows_algorithm_2():
+    a = sp.csr_matrix(np.array([[1, 0, 2, 0], [0, 0, 3, 0]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 64)
+    src = kernel.source
+    assert src.count("lospmm_ld(Bn,") == 2  # columns 0 and 2 only: no load for an empty column
+    assert len(re.findall(r"acc\d \+= b\d \* ", src)) == 3  # one multiply-add per nonzero
+    assert "fmaf" not in src and "blockIdx.y * 64" in src and "if (n >= N) return;" in src
+    assert re.fullmatch(r"lospmm_full_[0-9a-f]{16}", kernel.name)
+    assert kernel.name in host_program(kernel)
+
+
+def test_float_literals_round_trip_exactly():
+    values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    values = np.concatenate([values, np.float32([1e-38, -3.4e38, 0.1, 1.0])])
+    parsed = np.array([np.float32(float(s[:-1])) for s in float_literal(values)])
+    assert np.array_equal(parsed, values)
+
+
+def test_bad_tile_parameters_are_rejected():
+    a = sp.csr_matrix(np.eye(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="N1"):
+        full_kernel_source(a, reordered_tiles(a, 1), 2048)
+    with pytest.raises(ValueError, match="prefetch"):
+        full_kernel_source(a, reordered_tiles(a, 1), 32, CodegenParams(prefetch=-1))
+
+
+# --- proxies (§5.1) ---
+
+
+def test_proxy_runs_in_bounds_under_host_emulation():
+    a = random_pruned(96, 64, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 8)
+    cl = proxy_clusters(a, tiles, 0.8, 2)
+    kernel = proxy_kernel_source(96, 64, cl)
+    assert kernel.spec.form == "proxy" and kernel.params[-1] == "const int* cluster_of" and kernel.spec.n1_at_launch
+    out = HostKernel(kernel, sanitize=True).run(np.ones((64, 100), np.float32), 32, {"cluster_of": cl.cluster_of})
+    assert out.shape == (96, 100) and np.isfinite(out).all()  # every row of C stored (tile·M1 + i), in bounds
+
+
+@pytest.mark.parametrize("design", ["chained", "chained,column-x,walks=3", "based,v=2", "chained,v=4,walks=2"])
+def test_a_proxy_follows_its_design_and_stores_every_tile_row_in_bounds(design):
+    a = random_pruned(40, 64, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 4)
+    cl = proxy_clusters(a, tiles, 0.8, 2)
+    kernel = proxy_kernel_source(40, 64, cl, CodegenParams(design=design_named(design)))
+    out = HostKernel(kernel, sanitize=True).run(np.ones((64, 70), np.float32), 8, {"cluster_of": cl.cluster_of})
+    assert np.isfinite(out).all()
+    assert bool(re.search(r"LOSPMM_LDC\d?\(b\d", kernel.source)) == ("chained" in design)
+    assert ("while (n < N)" in kernel.source) == ("walks" in design)
+
+
+def test_a_proxy_spills_nothing_where_its_full_kernel_spills_nothing():
+    """BERT's M1 = 12 proxies spilled ~1.8 KB on the H100 (a table of rows kept live through the
+    multiply-adds) while the full kernels at the same cap spilled none: a proxy that spills misleads."""
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+
+    a = random_pruned(192, 768, 0.9, np.random.default_rng(5))
+    tiles = reordered_tiles(a, 12)
+    proxy = proxy_kernel_source(192, 768, proxy_clusters(a, tiles, 0.9, 4))
+    full = full_kernel_source(a, tiles, 128)
+    spills = [compiled_kernel(k, kernel_options("sm_90", 12)).thread_spill_bytes for k in (full, proxy)]
+    assert spills == [0, 0]
+
+
+def test_proxy_is_much_shorter_than_the_full_kernel_and_compiles():
+    a = random_pruned(256, 256, 0.7, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 16)
+    cl = proxy_clusters(a, tiles, 0.7, 1)
+    proxy = proxy_kernel_source(256, 256, cl)
+    full = full_kernel_source(a, tiles, 128)
+    assert len(proxy.source) < len(full.source) / 3
+    out = nv.compiled(proxy.source, proxy.name, nv.CompileOptions(maxrregcount=32))
+    assert out.status == "ok", out.log
+
+
+@given(st.lists(st.integers(0, 50), max_size=40), st.integers(1, 60))
+def test_shard_groups_cover_every_function_once_in_order_within_the_budget(costs, budget):
+    groups = shard_groups(costs, budget)
+    assert [i for g in groups for i in g] == list(range(len(costs)))
+    for g in groups:
+        assert len(g) == 1 or sum(costs[i] for i in g) <= budget
+    for g, nxt in zip(groups, groups[1:]):  # a group closes only when the next function would not fit
+        assert sum(costs[i] for i in g) + costs[nxt[0]] > budget
+
+
+def test_the_host_checked_text_is_the_units_compiled():
+    a = random_pruned(64, 64, 0.8, np.random.default_rng(3))
+    kernel = full_kernel_source(a, reordered_tiles(a, 8), 32, CodegenParams(shard_nnz=40))
+    assert len(kernel.units) > 3 and kernel.source == "".join(kernel.units)
+    assert kernel.name in kernel.units[-1] and all(kernel.name not in u for u in kernel.units[:-1])
+    assert all(u.count("LOSPMM_TILE void tile_") >= 1 for u in kernel.units[:-1])
+
+
+@st.composite
+def convolutions(draw):
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dilation, stride, pad = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 3))
+    h = draw(st.integers(max(1, dilation * (kh - 1) + 1 - 2 * pad), 9))
+    w = draw(st.integers(max(1, dilation * (kw - 1) + 1 - 2 * pad), 9))
+    geometry = ConvGeometry(cin=draw(st.integers(1, 4)), h=h, w=w, kh=kh, kw=kw, stride=stride, pad=pad,
+                            dilation=dilation)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    cout = draw(st.integers(1, 9))
+    a = sp.random(cout, geometry.k, density=draw(st.floats(0.0, 0.8)), format="csr", random_state=rng,
+                  dtype=np.float32)
+    a.data[:] = rng.standard_normal(a.nnz).astype(np.float32)
+    a.eliminate_zeros()
+    bias = tuple(rng.standard_normal(cout).tolist()) if draw(st.booleans()) else ()
+    return a, geometry, bias
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
+       relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]))
+def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz):
+    a, geometry, bias = conv
+    epilogue = Epilogue(bias=bias, activation="relu" if relu else "")
+    kernel = conv_kernel_source(a, reordered_tiles(a, m1), n1, geometry, epilogue, CodegenParams(shard_nnz=shard_nnz))
+    assert kernel.k == geometry.k and kernel.params == ("const float* X", "float* Y", "int batch")
+    assert host_error(kernel, a, batch) < 1e-4
+
+
+@pytest.mark.parametrize("name, cin, hw, window, stride, pad", [
+    ("3×3, padding borders", 4, (7, 6), 3, 1, 1),
+    ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
+    ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
+])
+def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad):
+    geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
+    a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
+    epilogue = Epilogue(bias=tuple(np.linspace(-1, 1, 8).tolist()), activation="relu")
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 32, geometry, epilogue, CodegenParams(shard_nnz=64))
+    assert host_error(kernel, a, 2, sanitize=True) < 1e-4
+
+
+def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
+    geometry = ConvGeometry(cin=16, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
+    a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
+    for m1 in (1, 16):
+        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue(activation="relu"))
+        out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1))
+        assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
+        assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
+
+
+def test_bad_conv_geometry_is_named():
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        ConvGeometry(cin=1, h=2, w=2, kh=5, kw=5)
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3, stride=0)
+    a = random_pruned(4, 10, 0.5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="K=10 columns, the conv geometry needs cin·kh·kw = 9"):
+        conv_kernel_source(a, reordered_tiles(a, 2), 32, ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3))
+
+
+# --- kernel designs (issue 20) ---
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 6), n1=st.sampled_from([1, 3, 32]), n=st.integers(1, 70),
+       prefetch=st.integers(0, 2), order=st.sampled_from(["tile-x", "column-x"]), walks=st.integers(1, 4),
+       width=st.sampled_from([1, 2, 4]), loads=st.sampled_from(["based", "chained"]),
+       values=st.sampled_from(["baked", "streamed"]))
+def test_every_design_equals_scipy(a, m1, n1, n, prefetch, order, walks, width, loads, values):
+    design = KernelDesign(order, walks, width, loads, values)
+    kernel = full_kernel_source(a, reordered_tiles(a, m1), n1, CodegenParams(prefetch=prefetch, design=design))
+    assert kernel.design == design and kernel.layout.columns_per_thread == width
+    assert host_error(kernel, a, n, seed=n) <= 1e-4
+
+
+def test_designs_stay_in_bounds_and_aligned_under_the_sanitizer():
+    a = random_pruned(37, 50, 0.7, np.random.default_rng(4))
+    for design in ("chained,v=4,walks=3,column-x", "streamed,chained,v=2,walks=2", "based,v=4"):
+        kernel = full_kernel_source(a, reordered_tiles(a, 3), 16, CodegenParams(design=design_named(design)))
+        host_error(kernel, a, 45, sanitize=True)  # padded to the column multiple by the launcher
+
+
+def test_a_vector_kernel_refuses_an_unpadded_n():
+    a = random_pruned(8, 8, 0.5, np.random.default_rng(0))
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 4, CodegenParams(design=design_named("v=4")))
+    with pytest.raises(EmulationError, match="not a multiple of the kernel's columns per thread") as e:
+        run_on_host(kernel, {"B": np.ones(8 * 6, np.float32), "C": np.empty(8 * 6, np.float32), "N": 6},
+                    kernel.layout.grid(6), 4)  # N = 6 is no multiple of 4: the kernel traps
+    assert not e.value.transient  # the kernel's own refusal: never retried as a crash
+
+
+def test_the_baseline_design_is_the_kernel_before_designs():
+    """The same text, byte for byte, as the kernels generated before designs existed (commit d25b3a0,
+    the kernels measured on the H100): the A/B's baseline, and its compile-cache entries still hit."""
+    import hashlib
+
+    a = random_pruned(40, 36, 0.7, np.random.default_rng(7))
+    tiles = reordered_tiles(a, 4)
+    full = full_kernel_source(a, tiles, 64)
+    conv = conv_kernel_source(a, tiles, 64, ConvGeometry(cin=4, h=6, w=6, kh=3, kw=3, pad=1))
+    assert (full.name, hashlib.sha256(full.source.encode()).hexdigest()) == (
+        "lospmm_full_1dc503d7bfd3b65f", "66bb0d3a6772782c8108d8b5bf6827ceffc160f1c412490a4038d3fe0137a5c9")
+    assert (conv.name, hashlib.sha256(conv.source.encode()).hexdigest()) == (
+        "lospmm_conv_5a68034b8d1b3cd9", "b17d893a1ba2fdb1f8cf6b23d5347b052b0de81fd1964d76d5eb338e90eb9e84")
+    a = sp.csr_matrix(np.array([[1, 0, 2, 0], [0, 0, 3, 0]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 2), 64)
+    assert kernel.design == BASELINE and "LOSPMM_DESIGN_PREAMBLE" not in kernel.source
+    walked = full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=design_named("walks=2")))
+    assert walked.name != kernel.name
+    # walks above 1 share one text: the number of walks is a launch fact
+    assert full_kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=design_named("walks=5"))).source \
+        == walked.source
+
+
+def test_chained_loads_step_from_the_previous_column():
+    a = sp.csr_matrix(np.array([[1, 0, 2, 0, 0, 4]], dtype=np.float32))
+    kernel = full_kernel_source(a, reordered_tiles(a, 1), 32, CodegenParams(design=design_named("chained")))
+    steps = [int(s) for s in re.findall(r"LOSPMM_LDC\(b\d+, p, N, (\d+)\)", kernel.source)]
+    assert steps == [0, 8, 12]  # columns 0, 2, 5: byte steps of 4·(column − previous column)
+
+
+def test_a_streamed_kernel_is_one_small_unit_whatever_the_layer():
+    small = random_pruned(16, 32, 0.8, np.random.default_rng(0))
+    large = random_pruned(256, 512, 0.8, np.random.default_rng(0))
+    design = CodegenParams(design=design_named("streamed"))
+    kernels = [full_kernel_source(a, reordered_tiles(a, 4), 32, design) for a in (small, large)]
+    code = [k.source[k.source.index("LOSPMM_KERNEL void"):] for k in kernels]
+    assert all(len(k.units) == 1 for k in kernels) and code[0].replace(kernels[0].name, "") == \
+        code[1].replace(kernels[1].name, "")  # the same loop; only the data differs
+
+
+@pytest.mark.parametrize("order, expected", [("tile-x", (7, 3, 1)), ("column-x", (3, 7, 1))])
+def test_the_launch_layout_is_the_one_grid(order, expected):
+    layout = LaunchLayout(row_blocks=7, threads=32, columns_per_thread=2, column_walks=2, order=order)
+    # 330 columns: padded to 330 (a multiple of 2), 6 column blocks of 64, walked 2 by each block
+    assert layout.launch_columns(331) == 332 and layout.grid(330) == expected
+    assert LaunchLayout.of_facts({"launch": layout.facts()}) == layout
+    assert LaunchLayout.of_facts({"grid": {"x": 9}, "n1": 64}) == LaunchLayout(9, 64)  # kernel.json before `launch`
+    with pytest.raises(ValueError, match="exceed the grid's y limit of 65535"):  # the tiles on y: at most 65535
+        LaunchLayout(row_blocks=70000, threads=32, order="column-x").grid(32)
+    with pytest.raises(ValueError, match="launch order must be one of"):
+        LaunchLayout(1, 32, order="diagonal")
+
+
+def test_design_names_read_back_and_bad_ones_are_named():
+    for design in (BASELINE, KernelDesign("column-x", 4, 2, "chained", "baked"), KernelDesign(a_values="streamed")):
+        assert design_named(design.label) == design
+    assert design_named("baseline") == BASELINE
+    for bad, match in (("v=3", "columns_per_thread"), ("warp", "cannot read 'warp'"), ("walks=0", "column_walks")):
+        with pytest.raises(ValueError, match=match):
+            design_named(bad)
+
+
+def test_a_conv_kernel_takes_only_the_grid_order():
+    g = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1)
+    a = random_pruned(4, g.k, 0.5, np.random.default_rng(0))
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("column-x")))
+    assert kernel.layout.order == "column-x" and kernel.grid(g.n(2))[1] == kernel.grid_x
+    with pytest.raises(ValueError, match="only the grid's order"):
+        conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))
+
+
+# --- fused epilogues (issue 22): a bias per row and an activation, in every baked design ---
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=layers(), m1=st.integers(1, 5), n1=st.sampled_from([1, 32]), n=st.integers(1, 40),
+       design=st.sampled_from(["baseline", "chained,v=2", "v=4,walks=2,column-x", "chained,walks=3"]),
+       bias=st.booleans(), activation=st.sampled_from(["", "relu", "gelu"]), seed=st.integers(0, 2**31))
+def test_a_fused_epilogue_equals_the_reference_in_every_design(a, m1, n1, n, design, bias, activation, seed):
+    values = tuple(np.random.default_rng(seed).standard_normal(a.shape[0]).astype(np.float32).tolist()) if bias else ()
+    epilogue = Epilogue(values, activation)
+    kernel = full_kernel_source(a, reordered_tiles(a, m1), n1, CodegenParams(design=design_named(design)), epilogue)
+    # rows without a nonzero (zero blocks) store the activated bias; rows with one, act(A·B + bias)
+    assert kernel.spec.epilogue == epilogue and host_error(kernel, a, n, seed=n) <= 1e-4
+
+
+def test_an_epilogue_changes_the_kernel_and_the_empty_one_does_not():
+    a = sp.csr_matrix(np.array([[0, 0, 0], [1.5, 0, -2], [0, 0, 0], [0, 3, 0]], dtype=np.float32))
+    tiles = reordered_tiles(a, 1)
+    plain = full_kernel_source(a, tiles, 32)
+    assert full_kernel_source(a, tiles, 32, epilogue=Epilogue()).source == plain.source
+    gelu = full_kernel_source(a, tiles, 32, epilogue=Epilogue((0.5, -1.0, 2.0, 0.25), "gelu"))
+    assert gelu.name != plain.name and "erff(" in gelu.source
+    host_error(gelu, a, 33, sanitize=True)
+    # the check applies the spec's epilogue: judged as a kernel without one, the same output fails
+    x = np.random.default_rng(0).standard_normal((3, 33)).astype(np.float32)
+    wrong = judged(dataclasses.replace(gelu.spec, epilogue=Epilogue()), a, x, HostKernel(gelu).run(x))
+    assert not wrong.ok and "exceeds" in wrong.message
+    with pytest.raises(ValueError, match="bias has 2 values for 4 output rows"):
+        full_kernel_source(a, tiles, 32, epilogue=Epilogue((1.0, 2.0)))
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        Epilogue(activation="tanh")
+    assert Epilogue.of_facts(Epilogue((1.5, -2.0), "relu").facts()) == Epilogue((1.5, -2.0), "relu")
+    assert Epilogue.of_facts({"bias": False, "relu": True}) == Epilogue(activation="relu")  # an older kernel.json
+
+
+def test_a_full_kernel_reading_n1_at_launch_is_right_at_every_n1_and_shares_its_tile_units():
+    """One cubin per M1 for every kept N1 (issue 24's Table 4 over every kept candidate): the block
+    size comes from blockDim; the tile units are the baked kernel's, so the compile cache shares them."""
+    a = random_pruned(40, 60, 0.8, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 2)
+    baked = full_kernel_source(a, tiles, 64)
+    any_n1 = full_kernel_source(a, tiles, 64, CodegenParams(n1_at_launch=True))
+    assert any_n1.layout.threads == 0 and any_n1.name != baked.name
+    assert any_n1.units[:-1] == baked.units[:-1] and "blockIdx.y * blockDim.x" in any_n1.units[-1]
+    for design in ("streamed", "fp16"):  # the baked fp32 kernels' so far: refused, never ignored
+        with pytest.raises(ValueError, match="N1 at launch"):
+            full_kernel_source(a, tiles, 64, CodegenParams(design=design_named(design), n1_at_launch=True))
+    b = np.random.default_rng(1).standard_normal((60, 77)).astype(np.float32)
+    for n1 in (32, 96):
+        c = run_on_host(any_n1, {"B": b.ravel(), "C": np.empty(40 * 77, np.float32), "N": 77},
+                        any_n1.layout.grid(77, n1), n1)["C"].reshape(40, 77)
+        np.testing.assert_allclose(c, a @ b.astype(np.float64), rtol=1e-5, atol=1e-5)

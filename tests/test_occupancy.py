@@ -1,0 +1,49 @@
+"""Occupancy, the one place the constrain, pad and time stages (and the estimate timer) read it from,
+against a literal count of what fits on an SM."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from lospmm.devices import DEVICES, device_named
+from lospmm.devices import active_blocks_per_sm, block_registers, resident_blocks
+
+H100 = device_named("h100")
+
+
+def _fits(b: int, regs: int, threads: int, smem: int, d) -> bool:
+    """Literally: do b blocks fit on one SM? (registers allocated per warp in units of 256)"""
+    warps = -(-threads // d.warp_size)
+    per_warp = -(-regs * d.warp_size // d.reg_alloc_unit) * d.reg_alloc_unit
+    return (b * warps * per_warp <= d.regs_per_sm and b * threads <= d.max_threads_per_sm
+            and b <= d.max_blocks_per_sm and b * (smem + d.reserved_smem_per_block) <= d.smem_per_sm)
+
+
+@settings(max_examples=200, deadline=None)
+@given(regs=st.integers(1, 255), threads=st.sampled_from([32, 64, 96, 128, 256, 512, 1024]),
+       smem=st.sampled_from([0, 1024, 12000, 48 * 1024, 100_000, 227 * 1024]), dev=st.sampled_from(sorted(DEVICES)))
+def test_resident_blocks_is_the_most_that_fit(regs, threads, smem, dev):
+    d = DEVICES[dev]
+    n = resident_blocks(regs, threads, smem, d)
+    assert n == 0 or _fits(n, regs, threads, smem, d)
+    assert not _fits(n + 1, regs, threads, smem, d)
+
+
+@settings(max_examples=100, deadline=None)
+@given(blocks=st.integers(1, 10**6), regs=st.integers(16, 255), threads=st.sampled_from([32, 128, 256, 1024]),
+       dev=st.sampled_from(sorted(DEVICES)))
+def test_active_blocks_is_eq5(blocks, regs, threads, dev):
+    d = DEVICES[dev]
+    expected = min(-(-blocks // d.sms), max(b for b in range(0, 65) if b == 0 or _fits(b, regs, threads, 0, d)))
+    assert active_blocks_per_sm(blocks, regs, threads, d) == max(1, expected)
+
+
+def test_eq5_examples():
+    # few blocks: ceil(NUM_TB / SMs) binds; many blocks: registers bind
+    assert active_blocks_per_sm(132, 32, 128, H100) == 1
+    assert active_blocks_per_sm(100000, 144, 256, H100) == 65536 // (8 * 144 * 32)
+
+
+def test_block_registers_round_per_warp_allocation():
+    assert block_registers(33, 32, H100) == 40 * 32  # 33·32 = 1056 -> 1280 per warp
+    assert block_registers(32, 64, H100) == 2 * 1024
