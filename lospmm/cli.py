@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
-import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -107,8 +103,10 @@ def run(
                                       "into fp32 every K nonzeros of a row (0: never)."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
-    if not zoo and weights is None:
-        zoo = ["bert-base"]
+    if not zoo and weights is None:  # a search of BERT-base takes minutes: not started unasked
+        _fail(f"lospmm run needs a model: --weights FILE (a safetensors checkpoint or an ONNX model) or --zoo NAME "
+              f"({', '.join(ZOO_NAMES)}, or all), e.g. `lospmm run --zoo shufflenetv2 --sparsity 0.9`; "
+              f"`lospmm run --help` lists every option")
     if "all" in zoo:
         zoo = list(ZOO_NAMES)
     # files as absolute paths: the run record must name them from any directory (`lospmm rerun`)
@@ -223,7 +221,7 @@ def inspect(
 
     from lospmm.flows.storage.store import ArtifactError
 
-    if run_id is None and stage is None:
+    if run_id is None and stage is None and layer is None:
         records, damaged = run_records(artifacts), damaged_records(artifacts)
         if not records and not damaged:
             _fail(f"no runs under {Path(artifacts) / 'runs'}; start one with `lospmm run`")
@@ -237,14 +235,16 @@ def inspect(
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
     try:
         if stage is None:
-            console.print(inspection.run_table(record))
-            summary = inspection.summary_table(artifacts, record)
+            summary = inspection.summary_table(artifacts, record, limit, layer)
+            console.print(inspection.run_table(record, root=artifacts))
             if summary is not None:
                 console.print(summary)
             return
         for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):
             console.print(table)
             console.print(title, style="dim")
+    except LookupError as e:  # --layer that names no layer of the run
+        _fail(str(e))
     except ArtifactError as e:  # deleted or damaged since the run: say which, `lospmm rerun` recomputes it
         where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
         _fail(f"{e}; `lospmm rerun --stage {stage or 'extract'} {record['run_id']}{where}` recomputes it", code=1)
@@ -282,6 +282,12 @@ def kernel(
     from lospmm.kernel.check import CheckResult
 
     existed = out.exists()
+    if existed and not out.is_dir():
+        _fail(f"--out {out}: a file is there; a kernel is a directory (give a new path, or a kernel directory "
+              f"to replace)")
+    if existed and any(out.iterdir()) and not (out / "kernel.json").exists():
+        _fail(f"--out {out}: a directory of other files, not a kernel directory (give a new path, or a kernel "
+              f"directory to replace)")
     try:
         if dtype not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
@@ -298,8 +304,10 @@ def kernel(
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
         if not existed:  # no half-written kernel directory is left behind
             shutil.rmtree(out, ignore_errors=True)
+        in_cache = isinstance(e, OSError) and e.filename and \
+            Path(e.filename).resolve().is_relative_to((Path(artifacts) / "compile-cache").resolve())
         _fail(f"{type(e).__name__}: {e}" + ("; the compile cache under --artifacts must be writable to build a "
-                                              "kernel it lacks (or pass --no-compile)" if isinstance(e, OSError) else ""),
+                                              "kernel it lacks (or pass --no-compile)" if in_cache else ""),
               code=EXIT_RUN_FAILED)
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
@@ -333,23 +341,31 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     from prefect.exceptions import TerminationSignal
 
     from lospmm.flows.execution.server import detach_embedded_api
-    from lospmm.flows.execution.taskio import Interrupted
+    from lospmm.flows.execution.stopping import record_ended, stops_cleanly
+    from lospmm.flows.execution.taskio import Interrupted, run_failure
 
     run_id = new_run_id()
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
                   + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
     try:
-        with _stops_cleanly():
-            detach_embedded_api()
-            result = run_plan(plan, refresh=refresh, run_id=run_id)
+        with stops_cleanly(exit_code_on_second=EXIT_INTERRUPTED):
+            result = run_plan(plan, refresh=refresh, run_id=run_id, before_flow=detach_embedded_api)
     # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
-        if _record_interrupted(plan.root, run_id):
-            err.print(f"[yellow]interrupted:[/] run {run_id} stopped; finished artifacts are kept and running the "
+        if record_ended(plan.root, run_id, RunStatus.CANCELLED):
+            err.print(f"[yellow]cancelled:[/] run {run_id} stopped; finished artifacts are kept and running the "
                       f"same command again resumes from them")
         else:
-            err.print(f"[yellow]interrupted:[/] run {run_id} stopped before it started; nothing was written")
+            err.print(f"[yellow]cancelled:[/] run {run_id} stopped before it started; nothing was written")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except Exception as e:  # escaped the flow: the record must not stay `running`
+        line = run_failure(e)
+        record_ended(plan.root, run_id, RunStatus.FAILED, line or f"{type(e).__name__}: {e}")
+        if line is None:
+            raise  # a bug: its traceback says where
+        _fail(f"run {run_id} failed: {line}", code=EXIT_RUN_FAILED)
+    if result.get("error"):  # the run could not go on (a full disk): nothing more to show
+        _fail(f"run {run_id} failed: {result['error']}", code=EXIT_RUN_FAILED)
     from lospmm.flows.storage.runs import run_record
 
     record = run_record(cfg.artifacts, result["run_id"])
@@ -366,60 +382,14 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     raise typer.Exit(_exit_code(record))
 
 
-@contextmanager
-def _stops_cleanly():
-    """SIGINT (Ctrl-C) and SIGTERM stop the run: tasks stop at their next item, a stage that did not
-    finish writes nothing, the embedded API is stopped, the record says `interrupted`. A second
-    signal exits at once."""
-    from lospmm.flows.execution.taskio import POLLING_STOP, STOP
-
-    STOP.clear()
-    if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
-        try:
-            yield
-        finally:
-            STOP.clear()
-        return
-
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        if len(received) > 1:
-            os._exit(EXIT_INTERRUPTED)
-        STOP.set()
-        if not POLLING_STOP.is_set():  # else the flow's wait sees STOP and stops from a safe place
-            raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        STOP.clear()  # a later run in this process (a notebook, a test session) starts afresh
-
-
-def _record_interrupted(root: Path, run_id: str) -> bool:
-    """Mark the run's record interrupted; False when it has none (stopped before the flow began)."""
-    from lospmm.flows.storage.runs import run_record, write_run_record
-
-    try:
-        record = run_record(root, run_id)
-    except LookupError:
-        return False
-    if record.get("status") != RunStatus.RUNNING:  # it finished before the signal took effect
-        return True
-    record.update(status=RunStatus.INTERRUPTED, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    write_run_record(root, record)
-    return True
-
-
 def _exit_code(record: dict) -> int:
     """0: every requested layer produced what was asked; 3: some (or all) did not, the rest are
     kept; 1: the run itself failed (a task crashed)."""
     if record["status"] != RunStatus.COMPLETED:
-        err.print(f"[red]run {record['run_id']} failed[/]: a task did not complete (see the table above)")
+        failed = [e for e in record["entries"] if e["state"] not in ("Completed", "Cached")]
+        why = (f"{failed[0]['stage']} {failed[0]['label']}: {_first_line(failed[0].get('error') or failed[0]['state'])}"
+               if failed else record.get("error", "see the table above"))
+        err.print(f"[red]run {record['run_id']} failed[/]: {why}")
         return EXIT_RUN_FAILED
     if record.get("summary_error") or "layers" not in record:
         err.print(f"[red]run {record['run_id']}: its summary could not be written[/]: {record.get('summary_error')}")
@@ -435,6 +405,10 @@ def _exit_code(record: dict) -> int:
                   f"{names}{more}")
         return EXIT_LAYERS_FAILED
     return EXIT_OK
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:

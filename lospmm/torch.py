@@ -457,7 +457,24 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         plan = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (sparsity,)}))
     except ConfigError as e:
         raise ValueError(_as_keywords(str(e))) from None
-    return run_plan(plan)["run_id"]
+    from prefect.exceptions import TerminationSignal
+
+    from lospmm.flows.execution.stopping import record_ended, stops_cleanly
+    from lospmm.flows.execution.taskio import Interrupted
+    from lospmm.flows.pipeline import new_run_id
+    from lospmm.flows.storage.runs import RunStatus
+
+    run_id = new_run_id()
+    try:  # Ctrl-C (or SIGTERM) stops the flow's tasks too, records the run cancelled, and raises
+        with stops_cleanly():
+            result = run_plan(plan, run_id=run_id)
+    except (KeyboardInterrupt, TerminationSignal, Interrupted):
+        record_ended(plan.root, run_id, RunStatus.CANCELLED)
+        raise KeyboardInterrupt(f"lt.search: run {run_id} cancelled; finished artifacts are kept and searching "
+                                f"again resumes from them") from None
+    if result.get("error"):
+        raise RuntimeError(f"lt.search: run {run_id} failed: {result['error']}")
+    return result["run_id"]
 
 
 # a CLI flag in a ConfigError -> the keyword a Python caller gives (the rest: dashes to underscores)

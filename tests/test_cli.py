@@ -27,7 +27,8 @@ def test_list_options_take_space_separated_values():
     (["--input-shape", "images:1x3x8x8"], "input shapes fix an ONNX model's inputs; give --weights MODEL.onnx"),
 ])
 def test_bad_run_options_fail_fast_with_a_clear_message(tmp_path, args, message):
-    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), *args])
+    model = [] if "--weights" in args or "--zoo" in args else ["--zoo", "bert-base"]
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), *model, *args])
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "01_shapes").exists()  # nothing started
@@ -103,7 +104,8 @@ def test_train_ranker_writes_a_usable_model(tmp_path):
     booster, back = load_ranker(out)
     assert back["version"] == meta["version"]
     # a run can use it (validated before any work); a missing model is named
-    missing = runner.invoke(app, ["run", "--artifacts", str(tmp_path / "a"), "--ranker", str(tmp_path / "nope")])
+    missing = runner.invoke(app, ["run", "--artifacts", str(tmp_path / "a"), "--zoo", "bert-base", "--ranker",
+                                  str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "nope.txt" in missing.output
 
 
@@ -126,7 +128,7 @@ def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
 
     if gpu_present():
         pytest.skip("a GPU is present")
-    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--timer", "cuda"])
+    result = runner.invoke(app, ["run", "--artifacts", str(tmp_path), "--zoo", "bert-base", "--timer", "cuda"])
     assert result.exit_code == 2 and "no CUDA device" in result.output
     assert not (tmp_path / "01_shapes").exists()
 
@@ -227,10 +229,10 @@ def test_a_layer_failing_for_a_passing_cause_is_reported_and_retried_on_the_next
 
 
 def test_an_interrupted_run_is_recorded_so_and_one_stopped_before_it_began_says_nothing_was_written(tmp_path):
-    from lospmm.cli import _record_interrupted
+    from lospmm.flows.execution.stopping import record_ended as _record_ended
     from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
 
-    assert _record_interrupted(tmp_path, "20260101-000000-abcdef") is False  # no record: the flow never began
+    assert _record_ended(tmp_path, "20260101-000000-abcdef", RunStatus.CANCELLED) is False  # no record: the flow never began
     write_run_record(tmp_path, {"run_id": "20260101-000000-abcdef", "status": RunStatus.RUNNING, "config": {}})
-    assert _record_interrupted(tmp_path, "20260101-000000-abcdef") is True
-    assert run_record(tmp_path)["status"] == RunStatus.INTERRUPTED
+    assert _record_ended(tmp_path, "20260101-000000-abcdef", RunStatus.CANCELLED) is True
+    assert run_record(tmp_path)["status"] == RunStatus.CANCELLED

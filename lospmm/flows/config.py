@@ -263,12 +263,12 @@ def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool, given_half: boo
     otherwise."""
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
-    from lospmm.flows.storage.ranker_store import RankerError, load_ranker, shipped_ranker
+    from lospmm.flows.storage.ranker_store import RankerError, checked_ranker, shipped_ranker
 
     path = cfg.ranker if cfg.ranker and given_half == half else \
         (str(shipped_ranker(half=True)) if half else None)
     try:
-        _, meta = load_ranker(path)  # the model itself, not only its metadata: a bad file fails here
+        _, meta = checked_ranker(path)  # the model itself, not only its metadata: a bad file fails here
         return RankerRef(path, meta["version"])
     except (RankerError, KeyError) as e:
         raise ConfigError(f"--ranker: {e}") from None

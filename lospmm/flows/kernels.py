@@ -85,16 +85,17 @@ def checked_unchanged(path: str, sha256: str) -> None:
         raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
 
-def layer_epilogue(shape_row: dict) -> Epilogue:
+def layer_epilogue(shape_row: dict, weights=None) -> Epilogue:
     """What a layer's kernel fuses: its bias (read from the weights file the run searched, the row's
-    `source`) and the activation its model applies right after it, as the importer recorded them
-    in 01_shapes."""
+    `source`; `weights`: that file opened, inputs.weights.WeightsFile) and the activation its model
+    applies right after it, as the importer recorded them in 01_shapes."""
     name, activation = shape_row.get("bias") or "", shape_row.get("activation") or ""
     if not name:
         return Epilogue(activation=activation)
     from lospmm.flows.inputs.weights import load_tensor
 
-    return Epilogue(tuple(load_tensor(shape_row["source"], name).astype("float32").ravel().tolist()), activation)
+    bias = weights.tensor(name) if weights is not None else load_tensor(shape_row["source"], name)
+    return Epilogue(tuple(bias.astype("float32").ravel().tolist()), activation)
 
 
 def conv_geometry(shape_row: dict) -> ConvGeometry:
@@ -188,9 +189,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
             # GEMM for fp16 / bf16
             dense_us = timer.dense(full.m, full.k, full.n, design.dtype).time_us
+            failure = (result.message if result is not None else (host or {}).get("message", "")) \
+                if "FAILED" in check else ""
             return {"full_time_us": full_us, "dense_time_us": dense_us,
                     "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
-                    "max_rel_error": error}
+                    "max_rel_error": error, **({"check_message": failure} if failure else {})}
 
         facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
                                verify=params.verify and not timer.runs_binary,
@@ -204,7 +207,9 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                     n1, compile_summary(comp, comp["from_cache"]), check, timer.name,
                     facts.get("full_time_us", float("nan")), time.perf_counter() - t0)
         return {**base, "status": Status.ERROR if failed else Status.OK,
-                "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or check) if failed else "",
+                "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or
+                                                        f"{check} ({facts.get('check_message') or 'no message'})")
+                if failed else "",
                 "m1": m1, "n1": n1, "proxy_time_us": best["time_us"],
                 "full_time_us": facts.get("full_time_us", float("nan")),
                 "dense_time_us": facts.get("dense_time_us", float("nan")),

@@ -12,8 +12,9 @@ import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -21,11 +22,11 @@ from prefect.futures import wait
 
 from lospmm.flows.execution import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
-from lospmm.flows.dag import DAG, node_key
-from lospmm.flows.storage.runs import RunStatus, process_fields, write_run_record
+from lospmm.flows.dag import DAG, Node, node_key
+from lospmm.flows.storage.runs import RunStatus, process_fields, release_reserve, reserve_space, write_run_record
 from lospmm.flows.storage.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
-from lospmm.flows.reports.summary import layer_outcomes, write_summary
-from lospmm.flows.execution.taskio import POLLING_STOP, STOP, RunContext
+from lospmm.flows.reports.summary import layer_outcomes, publish_layer_summary, write_summary
+from lospmm.flows.execution.taskio import POLLING_STOP, STOP, RunContext, quiet_disk_errors, run_failure
 
 
 def new_run_id() -> str:
@@ -37,9 +38,18 @@ def new_run_id() -> str:
 _PLANS: dict[str, RunPlan] = {}
 
 
-def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
-    """The flow on a plan already validated (the CLI's entry)."""
+def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None = None,
+             before_flow: Callable[[], Any] | None = None) -> dict:
+    """The flow on a plan already validated (the CLI's entry); a run whose every artifact is already
+    there and intact is recorded from them without starting Prefect (`served_from_artifacts`).
+    `before_flow` runs first where the flow does (the CLI detaches the API Prefect starts)."""
     run_id = run_id or new_run_id()
+    if not refresh:
+        served = served_from_artifacts(plan, run_id)
+        if served is not None:
+            return served
+    if before_flow is not None:
+        before_flow()
     _PLANS[run_id] = plan
     flow_ = pipeline
     if plan.config.dask:  # the same flow, its tasks on the user's Dask cluster
@@ -52,6 +62,67 @@ def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None
         _PLANS.pop(run_id, None)
 
 
+@dataclass(frozen=True)
+class PlannedTask:
+    """One node of the DAG for one source (and sparsity): its artifact's label and key, the
+    parameters its task gets, and the labels of the inputs it reads (stage -> label)."""
+
+    node: Node
+    label: str
+    key: str
+    params: dict
+    inputs: dict
+    where: dict  # the record's model (and sparsity) fields
+
+    def entry(self) -> dict:
+        return {"stage": self.node.stage, "label": self.label, "key": self.key, **self.where}
+
+
+def planned_tasks(plan: RunPlan) -> list[PlannedTask]:
+    """Every task of the plan in submission order, its key derived from the DAG's declaration
+    (dag.node_key of its parameters and its inputs' keys): the flow and the cached path agree."""
+    out = []
+    nodes = [n for n in DAG if n.stage in plan.stages]
+    for source in plan.sources:
+        done: dict[str, tuple[str, str]] = {}  # stage -> (label, key) for this source and sparsity
+        for s in plan.sparsities:
+            for node in nodes:
+                if not node.per_sparsity and node.stage in done:
+                    continue  # extract: once per source
+                label = f"{source.label}-s{s:g}" if node.per_sparsity else source.label
+                params = node.params(plan, source, s)
+                key = node_key(node.stage, params, [done[i][1] for i in node.inputs])
+                done[node.stage] = (label, key)
+                out.append(PlannedTask(node, label, key, params, {i: done[i][0] for i in node.inputs},
+                                       {"model": source.label} | ({"sparsity": s} if node.per_sparsity else {})))
+    return out
+
+
+def served_from_artifacts(plan: RunPlan, run_id: str) -> dict | None:
+    """A run every artifact of which is already there and intact (valid_sidecar, kernel directories
+    included): recorded as all Cached, with its summary, without starting Prefect's server (a
+    cached run costs what reading the sidecars costs). None when any task has work to do."""
+    root = plan.root
+    entries = []
+    for t in planned_tasks(plan):
+        path = artifact_path(root, t.node.stage, t.label, t.key)
+        meta = valid_sidecar(path)
+        if meta is None:
+            return None
+        entries.append(t.entry() | {"state": "Cached", "path": str(path.relative_to(root)), "rows": meta["rows"],
+                                    "seconds": meta["seconds"], "problems": meta.get("problems", []),
+                                    "reused": True})
+    record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": [], "status": RunStatus.COMPLETED,
+              **process_fields(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": entries,
+              "served_from_artifacts": True}
+    t_start = time.perf_counter()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return _finished(root, record, t_start)
+    except OSError as e:
+        return {"run_id": run_id, "status": RunStatus.FAILED, "error": run_failure(e), "artifacts": str(root)}
+
+
 @flow(name="lospmm-pipeline")
 def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
     """Stages 1–10 (until the config's last stage) for every zoo model / weights file × sparsity.
@@ -62,6 +133,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     run_id = run_id or new_run_id()
     plan = _PLANS.get(run_id) or resolved(RunConfig.from_dict(config))
     _stop_on_sigterm()
+    quiet_disk_errors()
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
@@ -69,53 +141,77 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     record = {"run_id": run_id, "config": plan.config.as_dict(), "refresh": sorted(refresh),
               "status": RunStatus.RUNNING, **process_fields(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "entries": []}
-    write_run_record(root, record)
+    try:
+        write_run_record(root, record)
+        reserve_space(root, run_id)  # so that the last record fits whatever fills the disk meanwhile
+    except OSError as e:
+        return _failed_run(root, record, run_failure(e))
     t_start = time.perf_counter()
 
     submitted: list[tuple[dict, Any]] = []
+    futures: dict[tuple[str, str], Any] = {}  # (stage, label) -> future
     logger = get_run_logger()
-    nodes = [n for n in DAG if n.stage in plan.stages]
-    for source in plan.sources:
-        done: dict[str, tuple[str, Any]] = {}  # stage -> (key, future) for this source and sparsity
-        for s in plan.sparsities:
-            for node in nodes:
-                if not node.per_sparsity and node.stage in done:
-                    continue  # extract: once per source
-                label = f"{source.label}-s{s:g}" if node.per_sparsity else source.label
-                params = node.params(plan, source, s)
-                key = node_key(node.stage, params, [done[i][0] for i in node.inputs])
-                force = node.stage in refresh
-                use_cache = not force and _reusable(artifact_path(root, node.stage, label, key), node.stage, label, logger)
-                future = node.task.with_options(refresh_cache=not use_cache,
-                                                result_storage=root / ".prefect-results").submit(
-                    key=key, ctx=ctx, label=label, inputs={i: done[i][1] for i in node.inputs}, force=force,
-                    **params)
-                done[node.stage] = (key, future)
-                where = {"model": source.label} | ({"sparsity": s} if node.per_sparsity else {})
-                submitted.append(({"stage": node.stage, "label": label, "key": key, **where}, future))
+    for t in planned_tasks(plan):
+        stage = t.node.stage
+        force = stage in refresh
+        use_cache = not force and _reusable(artifact_path(root, stage, t.label, t.key), stage, t.label, logger)
+        future = t.node.task.with_options(refresh_cache=not use_cache,
+                                          result_storage=root / ".prefect-results").submit(
+            key=t.key, ctx=ctx, label=t.label, inputs={i: futures[(i, label)] for i, label in t.inputs.items()},
+            force=force, **t.params)
+        futures[(stage, t.label)] = future
+        submitted.append((t.entry(), future))
 
     _awaited(run_id, submitted)
     for entry, fut in submitted:
         state = fut.state
         entry["state"] = state.name
-        if state.is_completed():
-            m = fut.result()
+        m = fut.result() if state.is_completed() else None
+        if m is not None and m.get("failed"):  # a failure of the run, as a value (taskio.run_stage)
+            entry.update(state="Failed", error=m["failed"])
+        elif m is not None:
             entry.update(path=m["path"], rows=m["rows"], seconds=m["seconds"], problems=m["problems"],
                          reused=m["reused"])
         else:
             entry["error"] = _state_message(state)
         record["entries"].append(entry)
-    record.update(status=RunStatus.COMPLETED if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
-                  else RunStatus.FAILED, wall_seconds=time.perf_counter() - t_start,
-                  finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    record["status"] = (RunStatus.COMPLETED if all(e["state"] in ("Completed", "Cached") for e in record["entries"])
+                        else RunStatus.FAILED)
+    try:
+        result = _finished(root, record, t_start)
+    except OSError as e:
+        return _failed_run(root, record, f"its record could not be written: {run_failure(e)}")
+    publish_layer_summary(record, result.pop("rows"))
+    _publish_summary(root, record)
+    return result
+
+
+def _finished(root: Path, record: dict, t_start: float) -> dict:
+    """The run's end, written: its summary (summary/<run_id>.parquet), its layers' outcomes, its
+    record, in the room its reserve kept. OSError where the record cannot be written."""
+    record.update(wall_seconds=time.perf_counter() - t_start, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    release_reserve(root, record["run_id"])  # the room set aside for what follows
+    rows = []
     try:
         record["summary"], rows = write_summary(root, record)
         record["layers"] = layer_outcomes(root, record, rows)
     except Exception as e:  # the stages' artifacts stand on their own; say why the summary is missing
-        record["summary_error"] = f"{type(e).__name__}: {e}"
-    write_run_record(root, record)
-    _publish_summary(root, record)
-    return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root)}
+        record["summary_error"] = run_failure(e) or f"{type(e).__name__}: {e}"
+    write_run_record(root, record, final=True)
+    return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root), "rows": rows}
+
+
+def _failed_run(root: Path, record: dict, line: str) -> dict:
+    """The flow's result when the run itself cannot go on (the disk is full): its one line, written
+    to the record where that still fits (with the reserve freed); else the record stays `running`
+    and reads as `killed` once this process is gone."""
+    record.update(status=RunStatus.FAILED, error=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    try:
+        write_run_record(root, record, final=True)
+    except OSError:
+        pass
+    get_run_logger().error("run %s failed: %s", record["run_id"], line)
+    return {"run_id": record["run_id"], "status": RunStatus.FAILED, "error": line, "artifacts": str(root)}
 
 
 def _reusable(path: Path, stage: str, label: str, logger) -> bool:

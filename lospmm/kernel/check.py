@@ -106,6 +106,8 @@ def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray
         rows = np.unique(np.nonzero(np.isnan(values))[1 if spec.form == "conv" else 0])
         return result(float("inf"), f"{int(np.isnan(values).sum())} output elements never written "
                                     f"(rows {rows[:10].tolist()}…)")
+    if not spec.number.is_half and not np.isfinite(values).all() and matrix.nnz:
+        return result(float("inf"), _overflow_line(values, matrix))
     if spec.number.is_half:
         problem = output_problem(y, matrix, x, spec.number, spec.epilogue)
         if problem:
@@ -119,6 +121,17 @@ def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray
     if not error <= bound:
         return result(error, f"{metric_of(spec.number).replace('_', ' ')} {error:.3g} exceeds {bound:.3g}")
     return result(error)
+
+
+def _overflow_line(values: np.ndarray, matrix: sp.csr_matrix) -> str:
+    """Why an fp32 kernel's outputs are ±inf: its sums overflowed, and the weight that makes them."""
+    a = sp.csr_matrix(matrix)
+    where = int(np.argmax(np.abs(a.data)))
+    row = int(np.searchsorted(a.indptr, where, side="right") - 1)
+    largest = float(a.data[where])
+    return (f"{int((~np.isfinite(values)).sum())} outputs are ±inf: fp32 sums overflow (A's largest weight "
+            f"{largest:.3g} at row {row}, column {int(a.indices[where])}, times a standard-normal B; fp32 holds "
+            f"|x| < 3.4e38): is the weight file damaged?")
 
 
 def reference_of(spec: KernelSpec) -> str:

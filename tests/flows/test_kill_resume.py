@@ -96,9 +96,9 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, how):
         os.kill(proc.pid, signal.SIGTERM)  # as a supervisor's stop: lospmm alone
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
-    assert time.time() - t0 < 60 and "interrupted: run" in out and "Traceback" not in out
+    assert time.time() - t0 < 60 and "cancelled: run" in out and "Traceback" not in out
     record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
-    assert record["status"] == "interrupted"
+    assert record["status"] == "cancelled"
     assert not list((root / "08_compiled").glob("*.parquet"))  # the stage that did not finish wrote nothing
     time.sleep(1)
     assert _servers_of(home) == []  # the embedded API was stopped, not orphaned

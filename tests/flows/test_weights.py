@@ -104,16 +104,24 @@ def test_bfloat16_weights_load_as_the_same_float32_values(tmp_path):
 
 def test_an_io_error_while_loading_stays_an_io_error(tmp_path, monkeypatch):
     """So the layer's failure counts as transient (retried, never cached), not as bad data."""
+    import builtins
     import errno
 
-    import safetensors
+    from lospmm.flows.inputs import weights as weights_module
 
     path = tmp_path / "w.safetensors"
     save_file({"w": np.ones((4, 4), np.float32)}, str(path))
 
-    def failing(*a, **k):
-        raise OSError(errno.EIO, "Input/output error")
+    class FailingRead:
+        def __init__(self, f):
+            self._f = f
 
-    monkeypatch.setattr(safetensors, "safe_open", failing)
+        def read(self, *a):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+    monkeypatch.setattr(weights_module, "open", lambda *a, **k: FailingRead(builtins.open(*a, **k)), raising=False)
     with pytest.raises(OSError, match="Input/output error"):
         load_tensor(path, "w")

@@ -5,6 +5,8 @@ over threads, and writing the artifact with its manifest."""
 from __future__ import annotations
 
 import contextvars
+import errno
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -40,6 +42,14 @@ class Interrupted(BaseException):
 def stop_requested() -> None:
     if STOP.is_set():
         raise Interrupted("the run was asked to stop")
+
+
+def stoppable(items: Iterable):
+    """`items`, checking for a stop request before each: a stage's loop over layers stops within one
+    layer of a Ctrl-C or SIGTERM."""
+    for item in items:
+        stop_requested()
+        yield item
 
 
 @dataclass(frozen=True)
@@ -174,16 +184,73 @@ def _retried_once(fn: Callable) -> Callable:
 def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, force: bool,
               compute: Callable[[], list], upstream: dict | None = None) -> dict:
     """Reuse a whole artifact for `key` (e.g. left by a killed run without a cache record), else
-    compute its rows, write it atomically with its sidecar, and return the manifest."""
+    compute its rows, write it atomically with its sidecar, and return the manifest. A failure of the
+    whole run (run_failure: the weights file changed, the disk is full) is a manifest with `failed`,
+    its one line, and no artifact; so is a stage whose input failed. Neither is ever served as a
+    result (the flow recomputes a key whose artifact is not there)."""
     stop_requested()
+    failed = [m for m in (upstream or {}).values() if m.get("failed")]
+    if failed:
+        return _failed(stage, key, label, f"not run: {failed[0]['stage']} {failed[0]['label']} failed")
     path = artifact_path(ctx.root, stage, label, key)
-    with locked(path, check=stop_requested):  # another task or run on this key waits, then reuses it
-        meta = None if force else valid_sidecar(path)
-        if meta is not None:
-            return _manifest(meta, ctx.root, path, reused=True)
-        # built on an input that is to be recomputed (a transient failure upstream): so is this
-        inherited = any(m.get("incomplete") for m in (upstream or {}).values())
-        return _computed(stage, schema, key, ctx, label, path, compute, inherited)
+    try:
+        with locked(path, check=stop_requested):  # another task or run on this key waits, then reuses it
+            meta = None if force else valid_sidecar(path)
+            if meta is not None:
+                return _manifest(meta, ctx.root, path, reused=True)
+            # built on an input that is to be recomputed (a transient failure upstream): so is this
+            inherited = any(m.get("incomplete") for m in (upstream or {}).values())
+            return _computed(stage, schema, key, ctx, label, path, compute, inherited)
+    except Exception as e:
+        line = run_failure(e)
+        if line is None:
+            raise
+        return _failed(stage, key, label, line)
+
+
+def run_failure(error: BaseException) -> str | None:
+    """The one line of a failure that ends the run, not one layer: the weights file is not the one
+    the run planned with, or the file system refuses a write (a full disk, a quota, a read-only
+    file system); None for any other error (a bug: its traceback says where)."""
+    from lospmm.flows.inputs.weights import WeightsChanged, WeightsFileError
+
+    if isinstance(error, (WeightsChanged, WeightsFileError)):
+        return str(error)
+    if isinstance(error, OSError):
+        return _os_error_line(error) + " (nothing of it is kept)"
+    return None
+
+
+def _os_error_line(error: OSError) -> str:
+    what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EROFS: "read-only file system"}.get(error.errno, error.strerror or type(error).__name__)
+    return what + (f" writing {error.filename}" if error.filename else "")
+
+
+class DiskErrorsInOneLine(logging.Filter):
+    """Prefect logs a task's cache record that it could not write (a full disk) with a traceback;
+    the run's own line says what failed and the artifact's sidecar, not that record, decides reuse,
+    so Prefect's message is kept to one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError):
+            record.msg, record.args = (f"{record.getMessage()}: {_os_error_line(error)} (Prefect's cache record of the "
+                                       f"task; its artifact's own sidecar decides reuse)"), ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_disk_errors() -> None:
+    """Install DiskErrorsInOneLine on Prefect's task and flow run loggers (once)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DiskErrorsInOneLine) for f in logger.filters):
+            logger.addFilter(DiskErrorsInOneLine())
+
+
+def _failed(stage: str, key: str, label: str, line: str) -> dict:
+    return {"stage": stage, "key": key, "label": label, "failed": line}
 
 
 def _computed(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: str, path: Path,

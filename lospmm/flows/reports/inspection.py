@@ -5,17 +5,19 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
 from lospmm.flows.dag import list_columns
+from lospmm.flows.reports.summary import grouped_summary
 from lospmm.flows.storage.runs import shown_status
-from lospmm.flows.storage.store import read_artifact
+from lospmm.flows.storage.store import intact_sidecar, read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.status import Status
+
+SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, grouped
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {
@@ -54,21 +56,35 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
     return t
 
 
-def run_table(record: dict) -> Table:
+def run_table(record: dict, root: str | None = None) -> Table:
+    """The run's tasks: state, rows, seconds, artifact. With `root`, each artifact is checked against
+    its sidecar (inspect): one deleted or damaged since shows so, not as the state the run left."""
     t = Table(title=f"run {record['run_id']} — {shown_status(record)}"
-              + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else ""))
+              + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else "")
+              + (" (every artifact cached and intact: served from them, no Prefect flow run)"
+                 if record.get("served_from_artifacts") else ""))
     for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "key", "artifact"):
         t.add_column(c, overflow="fold")
+    changed = []
     for e in record.get("entries", []):
         state = e["state"] + (" (reused file)" if e.get("reused") and e["state"] != "Cached" else "")
+        if root is not None and e.get("path"):
+            artifact = Path(root) / e["path"]
+            if not artifact.exists() or intact_sidecar(artifact) is None:
+                state = "deleted since" if not artifact.exists() else "DAMAGED since (fails its checksum)"
+                changed.append(e["stage"])
         t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
                   _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
+    if changed:
+        t.caption = (f"`lospmm rerun --stage {changed[0]} {record['run_id']}` recomputes the {changed[0]} artifact and "
+                     f"what follows from it (a later run recomputes any artifact that fails its checksum)")
     return t
 
 
-def problems_table(record: dict) -> Table | None:
+def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
     """Layers that failed or were left out (errors, layers pruned empty, candidates not timed), one
-    row each, or None. Tensors extract skipped as no GEMM weight to search (biases, norms, lookup
+    row each up to `limit`, else grouped by model, stage, status and message (the layer's name taken
+    out), or None. Tensors extract skipped as no GEMM weight to search (biases, norms, lookup
     tables, depthwise convolutions: often hundreds, on a clean run too) are no problem:
     `skipped_line` counts them."""
     seen = {}
@@ -78,6 +94,22 @@ def problems_table(record: dict) -> Table | None:
                 seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
     if not seen:
         return None
+    if len(seen) > limit:
+        groups: dict[tuple, list[str]] = {}
+        for (model, layer), (stage, status, msg) in seen.items():
+            reason = msg[len(layer):].lstrip(" :") if msg.startswith(layer) else msg
+            groups.setdefault((model, stage, status, reason), []).append(layer)
+        t = Table(title=f"{len(seen)} layers with problems, grouped (the other layers completed; "
+                        f"`lospmm inspect {record['run_id']} --stage STAGE --layer NAME` shows one)")
+        for c in ("model", "first seen in", "status", "layers", "message", "e.g."):
+            t.add_column(c, overflow="fold")
+        ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        for (model, stage, status, reason), layers in ordered[:limit]:
+            t.add_row(model, stage, status, str(len(layers)), reason, ", ".join(layers[:3]) + (" …" * (len(layers) > 3)))
+        if len(ordered) > limit:
+            rest = sum(len(v) for _, v in ordered[limit:])
+            t.add_row("", "", "", str(rest), f"in {len(ordered) - limit} more groups", "")
+        return t
     t = Table(title="layers with problems (the other layers completed)")
     for c in ("model", "layer", "first seen in", "status", "message"):
         t.add_column(c, overflow="fold")
@@ -119,20 +151,31 @@ def _skip_reason(message: str) -> str:
 
 
 def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: bool,
-                 limit: int, all_columns: bool = False) -> Iterator[tuple[str, Table]]:
+                 limit: int, all_columns: bool = False) -> list[tuple[str, Table]]:
+    """(title, table) of each of the run's `stage` artifacts, rows of layers containing `layer` only
+    where given; LookupError when no layer of them contains it (naming a few that are there)."""
     entries = [e for e in record.get("entries", []) if e["stage"] == stage and e.get("path")]
     if not entries:
-        yield f"run {record['run_id']} has no {stage} artifact", Table()
+        return [(f"run {record['run_id']} has no {stage} artifact", Table())]
+    out, names = [], []
     for e in entries:
         path = Path(root) / e["path"]
         table = read_artifact(path)
         if layer:
+            names += table.column("layer").to_pylist()[:3]
             table = table.filter(pc.match_substring(table["layer"], layer))
+            if not table.num_rows:
+                continue
         if stage == "constrain" and not rows:
-            yield str(path), _reduction_table(table, e)
+            out.append((str(path), _reduction_table(table, e)))
         else:
             cols = None if all_columns else VIEW_COLUMNS[stage]
-            yield str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}", cols)
+            out.append((str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}",
+                                                cols)))
+    if layer and not out:
+        raise LookupError(f"--layer {layer!r}: no layer of run {record['run_id']}'s {stage} artifacts contains it "
+                          f"(layers there: {', '.join(dict.fromkeys(names))}, …)")
+    return out
 
 
 def _reduction_table(table: pa.Table, entry: dict) -> Table:
@@ -169,11 +212,34 @@ def _num(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def summary_table(artifacts: str, record: dict) -> Table | None:
-    """The run's per-layer summary (summary/<run_id>.parquet), if the run reached it."""
+def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: str | None = None) -> Table | None:
+    """The run's per-layer summary (summary/<run_id>.parquet), if the run reached it: one row per
+    layer up to `limit` layers, else grouped by model, sparsity and status (summary.grouped_summary).
+    `layer`: only layers whose name contains it (LookupError where none does)."""
     if not record.get("summary"):
+        if layer:
+            raise LookupError(f"--layer {layer!r}: run {record['run_id']} has no per-layer summary; give --stage")
         return None
     rows = read_artifact(Path(artifacts).resolve() / record["summary"]).to_pylist()
+    if layer:
+        names = [r["layer"] for r in rows[:3]]
+        rows = [r for r in rows if layer in r["layer"]]
+        if not rows:
+            raise LookupError(f"--layer {layer!r}: no layer of run {record['run_id']} contains it (layers there: "
+                              f"{', '.join(names)}, …)")
+    fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
+    if len(rows) > limit:
+        t = Table(title=f"{len(rows)} layers by model, sparsity and status (kernel time summed over the layers; "
+                        f"every layer: {record['summary']}, or `lospmm inspect {record['run_id']} --limit "
+                        f"{len(rows)}`)")
+        for c in ("model", "sparsity", "status", "layers", "tiles chosen", "dtype", "timer", "time µs (sum)",
+                  "vs cuBLAS (median)", "search s"):
+            t.add_column(c, overflow="fold")
+        for g in grouped_summary(rows):
+            t.add_row(g["model"], f"{g['sparsity']:g}", g["status"], str(g["layers"]), g["tiles"] or "-",
+                      fmt(g["dtype"]), fmt(g["timer"]), fmt(g["time_us"], "{:.1f}"), _speedup(g["speedup_vs_dense"]),
+                      f"{g['search_seconds']:.1f}")
+        return t
     t = Table(title="per layer: candidates after each step, chosen tile, the kernel's dtype, time (timer named per "
                     "row; 'estimate' = analytic model, not a measurement; vs cuBLAS in the kernel's dtype), search seconds")
     for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "dtype", "timer",
@@ -181,7 +247,6 @@ def summary_table(artifacts: str, record: dict) -> Table | None:
         # a long layer name wraps: cut short it would name no layer (other cells may shorten)
         t.add_column(c, overflow="fold" if c == "layer" else "ellipsis", min_width=12 if c == "layer" else None)
     for r in rows:
-        fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
                   f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r.get("dtype")), fmt(r["timer"]),

@@ -30,10 +30,8 @@ SCHEMAS = artifact_schemas()
 
 def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
-    to summary/<run_id>.parquet and published as a Prefect table artifact. Returns the file's path
-    (None if nothing ran) and the rows."""
-    from prefect.artifacts import create_table_artifact
-
+    to summary/<run_id>.parquet (publish_layer_summary shows them in Prefect). Returns the file's
+    path (None if nothing ran) and the rows."""
     by = {}
     for e in artifacts_of(record):
         if "sparsity" in e:
@@ -80,12 +78,53 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     path = root / "summary" / f"{record['run_id']}.parquet"
     write_artifact(path, schemas.table_from_rows(rows, SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
-    show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
-            "n1", "dtype", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in stages), "search_seconds")
-    create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
-                          description=f"lospmm run {record['run_id']}: per layer (time_us from the "
-                                      f"timer named in each row; 'estimate…' rows are model estimates)")
     return str(path.relative_to(root)), rows
+
+
+def publish_layer_summary(record: dict, rows: list[dict]) -> None:
+    """The summary as a Prefect table artifact of the flow run: one row per layer, or past
+    ARTIFACT_LAYERS grouped (Prefect refuses an event over 1 MB; every row is in the file)."""
+    from prefect.artifacts import create_table_artifact
+
+    if not rows:
+        return
+    if len(rows) <= ARTIFACT_LAYERS:
+        show = ("model", "layer", "sparsity", "status", "candidates", "after_constrain", "after_rank", "timed", "m1",
+                "n1", "dtype", "timer", "time_us", "speedup_vs_dense", *(f"{s_}_seconds" for s_ in SEARCH_STAGES),
+                "search_seconds")
+        create_table_artifact(table=[{k: r[k] for k in show} for r in rows], key="lospmm-layer-summary",
+                              description=f"lospmm run {record['run_id']}: per layer (time_us from the "
+                                          f"timer named in each row; 'estimate…' rows are model estimates)")
+    else:
+        create_table_artifact(table=grouped_summary(rows), key="lospmm-layer-summary",
+                              description=f"lospmm run {record['run_id']}: {len(rows)} layers grouped by model, "
+                                          f"sparsity and status; every layer in {record['summary']}")
+
+
+ARTIFACT_LAYERS = 1000  # layers published one row each in the Prefect table artifact
+
+
+def grouped_summary(rows: list[dict]) -> list[dict]:
+    """The summary of a run of many layers on one screen: its rows grouped by model, sparsity,
+    status, dtype and timer, with the count of layers, the tiles most chosen, the summed kernel time
+    (a model's time per pass where each layer runs once), the median speedup over cuBLAS where it
+    was measured, and the summed search seconds. First-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["sparsity"], r["status"], r.get("dtype"), r.get("timer")), []).append(r)
+    out = []
+    for (model, sparsity, status, dtype, timer), group in groups.items():
+        tiles = Counter(f"{r['m1']}×{r['n1']}" for r in group if r.get("m1"))
+        times = [r["time_us"] for r in group if r.get("time_us") is not None and np.isfinite(r["time_us"])]
+        speedups = [r["speedup_vs_dense"] for r in group
+                    if r.get("speedup_vs_dense") is not None and np.isfinite(r["speedup_vs_dense"])]
+        out.append({"model": model, "sparsity": sparsity, "status": status, "layers": len(group),
+                    "tiles": ", ".join(f"{t} ({n})" for t, n in tiles.most_common(3))
+                             + (f", {len(tiles) - 3} more" if len(tiles) > 3 else ""),
+                    "dtype": dtype, "timer": timer, "time_us": float(sum(times)) if times else None,
+                    "speedup_vs_dense": float(np.median(speedups)) if speedups else None,
+                    "search_seconds": float(sum(r["search_seconds"] for r in group))})
+    return out
 
 
 LAYER_STAGES = ("prune", "reorder", "constrain")  # whose problems are a layer's, not one candidate's

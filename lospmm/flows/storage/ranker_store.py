@@ -57,11 +57,11 @@ def ranker_metadata(base: Path | None = None) -> dict:
         raise RankerError(f"ranker model {meta_path}: unreadable metadata ({e})") from None
 
 
-def load_ranker(base: Path | None = None):
-    """(booster, metadata) from `base` (default: the shipped model). RankerError names the file at
-    fault: the metadata (.json) or the model (.txt)."""
-    import lightgbm
-
+def checked_ranker(base: Path | None = None) -> tuple[str, dict]:
+    """(model text, metadata) of `base` (default: the shipped model), checked without LightGBM (a run
+    validates its ranker this way before it knows whether anything is left to rank): the metadata
+    names a version, the model is a whole LightGBM text model, its features agree with the
+    metadata. RankerError names the file at fault: the metadata (.json) or the model (.txt)."""
     model_path, meta_path = ranker_files(Path(base) if base else SHIPPED)
     meta = ranker_metadata(meta_path)
     if not isinstance(meta, dict) or not isinstance(meta.get("version"), str):
@@ -79,12 +79,25 @@ def load_ranker(base: Path | None = None):
         raise RankerError(f"ranker model {model_path}: not a LightGBM text model")
     if "\nend of trees\n" not in text:
         raise RankerError(f"ranker model {model_path}: a LightGBM model cut short (no 'end of trees')")
+    header = dict(line.split("=", 1) for line in text[:text.find("\nTree=")].splitlines() if "=" in line)
+    try:
+        count = int(header["max_feature_idx"]) + 1
+    except (KeyError, ValueError):
+        raise RankerError(f"ranker model {model_path}: its header has no max_feature_idx") from None
+    names = header.get("feature_names", "").split()
+    if meta.get("features") and list(meta["features"]) != names and len(meta["features"]) != count:
+        raise RankerError(f"ranker model {model_path}: expects {count} features, metadata lists {len(meta['features'])}")
+    return text, meta
+
+
+def load_ranker(base: Path | None = None):
+    """(booster, metadata) from `base` (default: the shipped model), checked_ranker's checks first."""
+    import lightgbm
+
+    text, meta = checked_ranker(base)
     try:
         booster = lightgbm.Booster(model_str=text)
     except Exception as e:
+        model_path, _ = ranker_files(Path(base) if base else SHIPPED)
         raise RankerError(f"ranker model {model_path}: unreadable ({type(e).__name__}: {e})") from None
-    if meta.get("features") and list(meta["features"]) != list(booster.feature_name()) and \
-            len(meta["features"]) != booster.num_feature():
-        raise RankerError(f"ranker model {model_path}: expects {booster.num_feature()} features, "
-                          f"metadata lists {len(meta['features'])}")
     return booster, meta

@@ -18,7 +18,7 @@ class RunStatus(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
-    INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; its finished artifacts are kept
+    CANCELLED = "cancelled"  # stopped by SIGINT/SIGTERM; its finished artifacts are kept
     KILLED = "killed"  # never written: a record left `running` by a process that is gone (SIGKILL, a crash)
 
 
@@ -31,6 +31,8 @@ def shown_status(record: dict[str, Any]) -> str:
     """The record's status, or `killed` for a run recorded as running on this host whose process is
     gone (a SIGKILL or a crash leaves no chance to write the record's end)."""
     status = record.get("status", "")
+    if status == "interrupted":  # a record written before 2026-11-25 names a cancelled run so
+        return RunStatus.CANCELLED
     if status != RunStatus.RUNNING or record.get("host") != socket.gethostname() or not record.get("pid"):
         return status
     try:
@@ -46,10 +48,42 @@ def runs_dir(root: str | Path) -> Path:
     return Path(root) / "runs"
 
 
-def write_run_record(root: str | Path, record: dict[str, Any]) -> Path:
+# Room kept for a run's last record: a disk that fills during the run (another process, the run's
+# own kernels) still lets the record say how the run ended. Enough for 10,000 failed layers' names.
+RESERVE_BYTES = 4 << 20
+
+
+def reserve_path(root: str | Path, run_id: str) -> Path:
+    return runs_dir(root) / f".{run_id}.reserve"
+
+
+def reserve_space(root: str | Path, run_id: str) -> None:
+    """Set RESERVE_BYTES aside for the run's last record (`write_run_record(final=True)` frees them
+    first). Written, not sparse: a sparse file would reserve nothing. OSError when even that does not fit."""
+    path = reserve_path(root, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "wb") as f:
+            f.write(bytes(RESERVE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def release_reserve(root: str | Path, run_id: str) -> None:
+    """Free the run's reserve: its summary and last record are written next."""
+    reserve_path(root, run_id).unlink(missing_ok=True)
+
+
+def write_run_record(root: str | Path, record: dict[str, Any], final: bool = False) -> Path:
+    """Write the record atomically; `final`: the run's last, written after freeing its reserve."""
     path = runs_dir(root) / f"{record['run_id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1, default=str)
+    if final:
+        release_reserve(root, record["run_id"])
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from lospmm.flows.execution.taskio import RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import (RunContext, chosen_rows, failed_row, grouped, layer_fields, run_stage,
+                                           stage_task, stoppable)
 from lospmm.flows.catalog.clusters import SCHEMA, clusters_row
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
@@ -21,7 +22,7 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
         a, tiles = matrices(ctx, inputs["prune"]), tiles_by_layer(ctx, inputs["reorder"])
         rows = []
         # rank's rows are in (layer, M1, N1) order, so the groups are too
-        for (layer, m1), group in grouped(chosen_rows(ctx, inputs["rank"]), "layer", "m1").items():
+        for (layer, m1), group in stoppable(grouped(chosen_rows(ctx, inputs["rank"]), "layer", "m1").items()):
             base = {**layer_fields(group[0], "sparsity"), "m1": m1}
             t0 = time.perf_counter()
             try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from lospmm.flows.catalog.candidates import SCHEMA
 from lospmm.flows.catalog.reordered import SCHEMA as REORDERED
-from lospmm.flows.execution.taskio import RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows, stage_task
+from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows,
+                                           stage_task, stoppable)
 from lospmm.kernel.design import KernelDesign
 from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
 from lospmm.devices import Device
@@ -33,7 +34,8 @@ def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, 
                 for c in cands]
 
     def compute():
-        return [row for layer, group in grouped(scalar_rows(ctx, inputs["reorder"], REORDERED), "layer").items()
+        return [row for layer, group in stoppable(grouped(scalar_rows(ctx, inputs["reorder"], REORDERED),
+                                                          "layer").items())
                 for row in one(layer, group)]
 
     return run_stage("constrain", SCHEMA, key, ctx, label, force, compute, inputs)

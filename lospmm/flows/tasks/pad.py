@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from lospmm.flows.catalog.launch import SCHEMA
-from lospmm.flows.execution.taskio import RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import (RunContext, chosen_rows, failed_row, layer_fields, run_stage, stage_task,
+                                           stoppable)
 from lospmm.kernel.design import KernelDesign
 from lospmm.devices import Device
 from lospmm.stages.pad import proxy_launch
@@ -24,4 +25,4 @@ def pad(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device
                 "smem_bytes": launch.smem_bytes}
 
     return run_stage("pad", SCHEMA, key, ctx, label, force,
-                     lambda: [one(c) for c in chosen_rows(ctx, inputs["rank"])], inputs)
+                     lambda: [one(c) for c in stoppable(chosen_rows(ctx, inputs["rank"]))], inputs)

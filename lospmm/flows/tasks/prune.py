@@ -7,9 +7,9 @@ import time
 from lospmm.flows.catalog.pruned import SCHEMA
 from lospmm.flows.catalog.shapes import shape_from_row
 from lospmm.flows.inputs.sources import Source
-from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task, stoppable
 from lospmm.flows.inputs.onnx_model import graph_weight_matrix, is_onnx
-from lospmm.flows.inputs.weights import load_tensor
+from lospmm.flows.inputs.weights import planned_weights
 from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
 from lospmm.status import Status
 
@@ -17,20 +17,20 @@ from lospmm.status import Status
 @stage_task("prune")
 def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, source: Source, sparsity: float,
           params: PruneParams) -> dict:
-    def weight_of(shape):
+    def weight_of(shape, weights):
         if not (source.path and shape.ok):
             return None
         if is_onnx(source.path):
             return graph_weight_matrix(source.path, shape.layer, source.input_shapes)
-        w = load_tensor(source.path, shape.layer)
+        w = weights.tensor(shape.layer)
         return w.reshape(w.shape[0], -1) if w.ndim == 4 else w  # a conv weight [Cout, Cin, kh, kw] is A (Cout × K)
 
-    def one(row: dict, threshold: float | None) -> dict:
+    def one(row: dict, threshold: float | None, weights) -> dict:
         shape = shape_from_row(row)
         t0 = time.perf_counter()
         base = {**layer_fields(row), "sparsity_requested": sparsity, "method": params.method, "nnz": 0}
         try:
-            layer = pruned_layer(shape, sparsity, params, weight_of(shape), threshold)
+            layer = pruned_layer(shape, sparsity, params, weight_of(shape, weights), threshold)
         except Exception as e:  # one bad layer never sinks the others
             return {**failed_row(base, shape.layer, e), "seconds": time.perf_counter() - t0}
         a = layer.matrix
@@ -41,10 +41,15 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
 
     def compute():
         rows = [r for r in ctx.read(inputs["extract"]).to_pylist() if r["status"] != Status.SKIPPED]
-        threshold = None
-        if params.method == "global":  # one threshold over every layer's weights (read twice, not held)
-            threshold = global_magnitude_threshold(
-                (w for w in (weight_of(shape_from_row(r)) for r in rows) if w is not None), sparsity)
-        return [one(r, threshold) for r in rows]
+        if not source.path:
+            return [one(r, None, None) for r in stoppable(rows)]
+        # the file the run planned with, opened once (WeightsChanged fails the run otherwise)
+        with planned_weights(source.path, source.sha256) as weights:
+            threshold = None
+            if params.method == "global":  # one threshold over every layer's weights (read twice, not held)
+                threshold = global_magnitude_threshold(
+                    (w for w in (weight_of(shape_from_row(r), weights) for r in stoppable(rows)) if w is not None),
+                    sparsity)
+            return [one(r, threshold, weights) for r in stoppable(rows)]
 
     return run_stage("prune", SCHEMA, key, ctx, label, force, compute, inputs)

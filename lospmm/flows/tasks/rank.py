@@ -7,7 +7,7 @@ import time
 from lospmm.flows.catalog.ranked import SCHEMA
 from lospmm.flows.storage.ranker_store import load_ranker
 from lospmm.flows.inputs.sources import RankerRef
-from lospmm.flows.execution.taskio import RunContext, grouped, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, grouped, run_stage, stage_task, stoppable
 from lospmm.stages.rank import RankParams, chosen_candidates, ranker_tag
 
 
@@ -18,7 +18,7 @@ def rank(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, param
         booster = load_ranker(ranker.path)[0] if params.use_rank else None
         table = ctx.read(inputs["constrain"])
         rows = []
-        for group in grouped(table.filter(table["kept"]).to_pylist(), "layer").values():  # (layer, M1, N1) order
+        for group in stoppable(grouped(table.filter(table["kept"]).to_pylist(), "layer").values()):  # (layer, M1, N1) order
             t0 = time.perf_counter()
             scores, ranks, chosen = chosen_candidates(group, booster, params)
             seconds = time.perf_counter() - t0

@@ -7,7 +7,7 @@ import time
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import SCHEMA, prefixed, tiles_row
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
-from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task
+from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task, stoppable
 from lospmm.stages.reorder import ReorderParams, distinct_m1s, identity_tiles, reordered_tiles, tile_stats
 from lospmm.status import Status
 
@@ -18,8 +18,8 @@ def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1
     def compute():
         table = ctx.read(inputs["prune"])
         rows = []
-        for i, info in enumerate(table.select(list(LAYER_COLUMNS) + ["nnz", "status", "message",
-                                                                              "sparsity_requested"]).to_pylist()):
+        for i, info in enumerate(stoppable(table.select(list(LAYER_COLUMNS) + ["nnz", "status", "message",
+                                                                                        "sparsity_requested"]).to_pylist())):
             base = {**layer_fields(info, "nnz"), "sparsity": info["sparsity_requested"], "m1": 0}
             if info["status"] != Status.OK:
                 rows.append({**base, "status": info["status"], "message": info["message"]})

@@ -1,0 +1,70 @@
+"""Stopping a run on request: SIGINT (Ctrl-C) and SIGTERM stop it cleanly, for the CLI and for
+`lospmm.torch.search` alike, and the record says how it ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from lospmm.flows.execution.taskio import POLLING_STOP, STOP
+from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
+
+
+@contextmanager
+def stops_cleanly(exit_code_on_second: int | None = None):
+    """While the block runs, SIGINT and SIGTERM stop the run: tasks stop at their next item (a stage
+    that did not finish writes nothing), the flow leaves once they did, and KeyboardInterrupt comes
+    out of the block. A second signal exits the process at once with `exit_code_on_second` (the CLI)
+    or, where None, raises KeyboardInterrupt again (a notebook's second Ctrl-C). Off the main thread,
+    where handlers cannot be set, only STOP is managed."""
+    STOP.clear()
+    if threading.current_thread() is not threading.main_thread():
+        try:
+            yield
+        finally:
+            STOP.clear()
+        return
+
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        if len(received) > 1:
+            if exit_code_on_second is not None:
+                os._exit(exit_code_on_second)
+            raise KeyboardInterrupt
+        STOP.set()
+        if not POLLING_STOP.is_set():  # else the flow's wait sees STOP and stops from a safe place
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        STOP.set()  # a KeyboardInterrupt raised past the handler (Python's own): the tasks stop too
+        raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        STOP.clear()  # a later run in this process (a notebook, a test session) starts afresh
+
+
+def record_ended(root: str | Path, run_id: str, status: RunStatus, error: str = "") -> bool:
+    """Mark a run that did not finish (cancelled, or failed outside its flow) in its record, unless it
+    already ended; False when it has none (stopped before the flow began)."""
+    try:
+        record = run_record(root, run_id)
+    except LookupError:
+        return False
+    if record.get("status") != RunStatus.RUNNING:  # it finished before the signal took effect
+        return True
+    record.update(status=status, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **({"error": error} if error else {}))
+    try:
+        write_run_record(root, record, final=True)
+    except OSError:  # a full disk: the record stays `running`, shown as `killed` once this process is gone
+        pass
+    return True
