@@ -44,7 +44,7 @@ def main() -> None:
         shapes = [s for s in zoo_shapes(model) if s.ok]
         for s in shapes:
             a = pruned_layer(s, args.sparsity).matrix
-            stats = {m1: tile_stats(t) for m1, t in layer_tiles(a, DEFAULT_M1).items()}
+            stats = {m1: tile_stats(t) for m1, t in layer_tiles(a, s.n, DEFAULT_M1).items()}
             counts = reduction_counts(layer_candidates(s.n, stats, device, empty=a.nnz == 0))
             for k in STEPS:
                 totals[k] += counts[k]

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lospmm.flows.config import ConfigError, RunConfig, resolved
 from lospmm.flows.storage.runs import RunStatus
@@ -17,6 +18,7 @@ from lospmm.stages import STAGES
 from lospmm.kernel.design import design_named
 from lospmm.devices import DEVICES, device_named
 from lospmm.stages.extract import ZOO_NAMES
+from lospmm.stages.prune import run_sparsities
 
 # GPU hosts are often offline; Prefect's server telemetry would log an ERROR on every run there.
 # An explicit setting by the user still wins.
@@ -26,7 +28,8 @@ app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (L
                   no_args_is_help=True, add_completion=False)
 # piped output: 160 columns unless COLUMNS says otherwise (rich reads it when width is None)
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long: never wrapped
+# an error is one line, however long: never wrapped; its text as it is (a layer "a[0]" or "nm:x:4" no markup, no emoji)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 # Exit codes of `lospmm run` and `rerun` (README: "Exit codes").
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_LAYERS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -66,12 +69,13 @@ def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
     weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
     tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
-    sparsity: list[float] = typer.Option(list(_RUN.sparsities), "--sparsity", help="One or more sparsities in (0, 1)."),
+    sparsity: list[float] = typer.Option([], "--sparsity", help=f"One or more sparsities in (0, 1) (default: "
+                                         f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M)."),
     until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
     seed: int = typer.Option(_RUN.seed, "--seed"),
-    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is); default: random for the zoo, magnitude for weights."),
+    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is; an N:M pattern in it is recorded) | nm:N:M (in every M weights along K the N largest kept; random positions for the zoo) | nm:N:M:V (V consecutive rows share each pattern, as NM-SpMM); default: random for the zoo, magnitude for weights."),
     batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
     seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
     cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size."),
@@ -101,6 +105,12 @@ def run(
                                    "the default) or f32 (B converted, fp32 FMAs, rounded once at the store)."),
     promote_every: int = typer.Option(_RUN.promote_every, "--promote-every", help="A half run's packed sums moved "
                                       "into fp32 every K nonzeros of a row (0: never)."),
+    reorder: str = typer.Option(",".join(_RUN.reorder), "--reorder", help="Candidate row orders per (layer, M1), "
+                                "comma-separated; the one the estimate prices cheapest is kept, never above the "
+                                "identity's Σ nnc: identity (always), algorithm1 (the paper's), partition "
+                                "(Mt-KaHyPar), refine (row swaps from the best so far)."),
+    reorder_budget: float = typer.Option(_RUN.reorder_budget, "--reorder-budget", help="The partitioner's priced "
+                                         "seconds per layer, all its M1s together (0: not run)."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:  # a search of BERT-base takes minutes: not started unasked
@@ -111,12 +121,13 @@ def run(
         zoo = list(ZOO_NAMES)
     # files as absolute paths: the run record must name them from any directory (`lospmm rerun`)
     cfg = RunConfig(zoo=tuple(zoo), weights=str(weights.resolve()) if weights else None, tokens=tokens,
-                    sparsities=tuple(sparsity), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
+                    sparsities=run_sparsities(sparsity, prune, _RUN.sparsities), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
                     implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape), dtype=dtype,
-                    accumulate=accumulate, promote_every=promote_every)
+                    accumulate=accumulate, promote_every=promote_every,
+                    reorder=tuple(s.strip() for s in reorder.split(",") if s.strip()), reorder_budget=reorder_budget)
     _run(cfg, refresh=[])
 
 
@@ -210,7 +221,7 @@ def inspect(
     run_id: Optional[str] = typer.Argument(None, help="Run id (a unique prefix will do)."),
     stage: Optional[str] = typer.Option(None, "--stage", help="Show this stage's artifact contents."),
     layer: Optional[str] = typer.Option(None, "--layer", help="Only rows of layers containing this text."),
-    rows: bool = typer.Option(False, "--rows", help="For constrain: every candidate, not the per-layer summary."),
+    rows: bool = typer.Option(False, "--rows", help="For constrain and reorder: the artifact's rows, not the per-layer summary."),
     limit: int = typer.Option(60, "--limit", help="Most rows to print per artifact."),
     all_columns: bool = typer.Option(False, "--all-columns", help="Every column except the list payloads."),
     artifacts: str = _ARTIFACTS,
@@ -412,7 +423,7 @@ def _first_line(text: str) -> str:
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 

@@ -23,7 +23,7 @@ from lospmm.devices import Device
 from lospmm.stages.emit import fastest_proxy
 from lospmm.stages.pad import ProxyLaunch, proxy_launch
 from lospmm.stages.rank import RankedCandidate, RankParams, chosen_candidates, feature_row
-from lospmm.stages.reorder import ReorderParams, Tiles, distinct_m1s, reordered_tiles, tile_stats
+from lospmm.stages.reorder import ReorderParams, Tiles, layer_orders, tile_stats
 from lospmm.status import Status
 from lospmm.kernel.timing import LaunchUnderTest, Timer, Timing
 
@@ -66,9 +66,10 @@ class LayerSearch:
         return [r.candidate for r in self.ranked if r.chosen]
 
 
-def layer_tiles(matrix: sp.csr_matrix, m1s=DEFAULT_M1, params: ReorderParams = ReorderParams()) -> dict[int, Tiles]:
-    """Algorithm 1 for every distinct M1 worth tiling."""
-    return {m1: reordered_tiles(matrix, m1, params) for m1 in distinct_m1s(matrix, m1s)}
+def layer_tiles(matrix: sp.csr_matrix, n: int, m1s=DEFAULT_M1, params: ReorderParams = ReorderParams()) -> dict[int, Tiles]:
+    """The reorder stage's kept order (stages.reorder.ordered_tiles, priced for N = `n`) for every
+    distinct M1 worth tiling."""
+    return {m1: r.tiles for m1, r in layer_orders(matrix, m1s, n, params).items()}
 
 
 def chosen_by_m1(chosen: list) -> dict[int, list]:
@@ -90,7 +91,7 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
         now = time.perf_counter()
         seconds[stage], clock = now - clock, now
 
-    tiles = layer_tiles(matrix, params.m1s, params.reorder)
+    tiles = layer_tiles(matrix, n, params.m1s, params.reorder)
     lap("reorder")
     candidates = layer_candidates(n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, params.constrain,
                                   empty=matrix.nnz == 0, design=params.design)

@@ -425,11 +425,12 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     arguments or a mapping of keyword arguments (a tokenizer's output); `kwargs`: more keyword
     arguments — the model is run once as model(*args, **kwargs). `sparsity`: 0.9 by default; with
     prune="keep" (an already pruned model, its zeros kept) the default is the model's own share of
-    zeros in its GEMM weights. `options`: other RunConfig fields (gpu, timer, top_k, jobs, …),
+    zeros in its GEMM weights, with prune="nm:N:M" 1 - N/M. `options`: other RunConfig fields (gpu, timer, top_k, jobs, …),
     checked before anything is written. Returns the run id; ValueError in one line for a bad option
     (named by its keyword) or an example input the model's forward pass fails on."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as the CLI: no telemetry
     from lospmm.flows.config import ConfigError, RunConfig, checked_settings, resolved
+    from lospmm.stages.prune import run_sparsities
     from lospmm.flows.pipeline import run_plan
 
     unknown = sorted(set(options) - {f.name for f in fields(RunConfig)} | set(options) & {"zoo", "weights", "sparsities"})
@@ -439,7 +440,8 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
                          f"{', '.join(_search_options())}")
     settings = {"zoo": (), "prune": prune, "artifacts": str(artifacts), **options}
     try:  # every option but the model file, before the model is run and written
-        checked_settings(RunConfig.from_dict({**settings, "sparsities": (0.5 if sparsity is None else sparsity,)}))
+        checked_settings(RunConfig.from_dict({**settings, "sparsities": run_sparsities(
+            () if sparsity is None else (sparsity,), prune, (0.5,))}))
     except ConfigError as e:
         raise ValueError(_as_keywords(str(e))) from None
     label = name or type(model).__name__.lower()
@@ -451,8 +453,8 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    if sparsity is None:
-        sparsity = _zero_share(path) if prune == "keep" else 0.9
+    if sparsity is None:  # keep: the model's own zeros; nm:N:M: 1 - N/M
+        sparsity = _zero_share(path) if prune == "keep" else run_sparsities((), prune, (0.9,))[0]
     try:
         plan = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (sparsity,)}))
     except ConfigError as e:

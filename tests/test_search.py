@@ -57,7 +57,7 @@ def test_an_all_zero_layer_has_no_candidates():
 
 def test_layer_tiles_keeps_each_distinct_m1_once(layer):
     few = random_pruned(5, 64, 0.5, np.random.default_rng(0))
-    assert set(layer_tiles(few, (1, 4, 8, 16))) == {1, 4, 5}
+    assert set(layer_tiles(few, 256, (1, 4, 8, 16))) == {1, 4, 5}
 
 
 def test_choice_is_the_fastest_proxy_that_timed():

@@ -25,9 +25,10 @@ from lospmm.devices import Device, device_named
 from lospmm.stages.emit import EmitParams, emit_params
 from lospmm.stages.extract import (ZOO_NAMES, ModelConfig, ZooParams, excluded_reason, is_pooler, sanitized_name,
                                    used_zoo_params)
-from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method
+from lospmm.stages.prune import METHODS, WEIGHT_METHODS, PruneParams, checked_sparsity, default_method, nm_pattern
 from lospmm.stages.rank import RankParams
 from lospmm.search import DEFAULT_M1, SearchParams
+from lospmm.stages.reorder import STRATEGIES, ReorderParams
 from lospmm.kernel.estimate import estimate_timer
 from lospmm.kernel.timing import Timer
 
@@ -85,6 +86,8 @@ class RunConfig:
     dtype: str = ""  # the emitted kernels' B and C: fp32, fp16, bf16; "": the weights' own (fp32 for the zoo)
     accumulate: str = ""  # a half run's sums: packed (in the dtype; ""), or f32
     promote_every: int = 0  # a half run's packed sums moved into fp32 every this many nonzeros of a row (0: never)
+    reorder: tuple[str, ...] = STRATEGIES  # candidate orders (stages.reorder); identity is always one
+    reorder_budget: float = ReorderParams.budget_seconds  # the partitioner's priced seconds per layer
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -92,7 +95,7 @@ class RunConfig:
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown run option(s): {', '.join(sorted(unknown))}")
-        tuples = {"zoo", "sparsities", "m1s", "input_shapes"}
+        tuples = {"zoo", "sparsities", "m1s", "input_shapes", "reorder"}
         return cls(**{k: (tuple(v) if k in tuples and v is not None else v) for k, v in d.items()})
 
     def as_dict(self) -> dict[str, Any]:
@@ -171,7 +174,9 @@ def resolved(cfg: RunConfig) -> RunPlan:
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
-                            rank=rank, design=design),
+                            rank=rank, design=design,
+                            reorder=ReorderParams(strategies=cfg.reorder, budget_seconds=cfg.reorder_budget,
+                                                  price_device=device.name)),
         emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
 
 
@@ -408,12 +413,25 @@ def checked_settings(cfg: RunConfig) -> Device:
         raise ConfigError(f"--accumulate {cfg.accumulate!r}: choose packed or f32")
     if cfg.promote_every < 0 or (cfg.promote_every and cfg.accumulate == "f32"):
         raise ConfigError(f"--promote-every {cfg.promote_every}: a count >= 1 of a packed sum's nonzeros (0: never)")
+    unknown = [s for s in cfg.reorder if s not in STRATEGIES]
+    if unknown or not cfg.reorder:
+        raise ConfigError(f"--reorder {','.join(cfg.reorder)}: choose among {', '.join(STRATEGIES)} "
+                          f"(identity is always a candidate)")
+    if not cfg.reorder_budget >= 0:
+        raise ConfigError(f"--reorder-budget {cfg.reorder_budget}: seconds >= 0 (0: no partitioner)")
     try:
         device = device_named(cfg.gpu)
     except ValueError as e:
         raise ConfigError(f"--gpu: {e}") from None
-    if cfg.prune is not None and cfg.prune not in METHODS:
+    try:
+        pattern = nm_pattern(cfg.prune or "")
+    except ValueError as e:
+        raise ConfigError(f"--prune {cfg.prune}: {e}") from None
+    if cfg.prune is not None and pattern is None and cfg.prune not in METHODS:
         raise ConfigError(f"--prune {cfg.prune!r}: choose one of {', '.join(METHODS)}")
+    if pattern is not None and any(abs(s - pattern.sparsity) > 1e-9 for s in cfg.sparsities):
+        raise ConfigError(f"--prune {cfg.prune} prunes to sparsity {pattern.sparsity:g} (1 - N/M): leave --sparsity "
+                          f"out or give {pattern.sparsity:g}, not {' '.join(f'{s:g}' for s in cfg.sparsities)}")
     if cfg.prune in WEIGHT_METHODS and cfg.zoo:
         raise ConfigError(f"--prune {cfg.prune} needs real weights and the zoo models ({', '.join(cfg.zoo)}) have none: "
                           f"give --weights FILE, or --prune random")

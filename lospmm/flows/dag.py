@@ -23,6 +23,7 @@ import pyarrow as pa
 from lospmm.flows.config import RunPlan, Source
 from lospmm.flows.storage.store import artifact_key, module_closure, module_closure_hash
 from lospmm.stages import STAGES
+from lospmm.stages.reorder import partitioner_version
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Node:
 DAG: tuple[Node, ...] = (
     Node("extract", (), lambda plan, src, s: {"source": src}),
     Node("prune", ("extract",), lambda plan, src, s: {"source": src, "sparsity": s, "params": plan.prune[src.kind]}),
-    Node("reorder", ("prune",), lambda plan, src, s: {"m1s": plan.search.m1s, "params": plan.search.reorder}),
+    Node("reorder", ("prune",), lambda plan, src, s: {"m1s": plan.search.m1s, "params": plan.search.reorder,
+                                                      "partitioner": partitioner_version()}),
     Node("constrain", ("reorder",),
          lambda plan, src, s: {"device": plan.device, "params": plan.search.constrain, "design": plan.design_for(src)}),
     Node("rank", ("constrain",), lambda plan, src, s: {"params": plan.search.rank, "ranker": plan.ranker_for(src)}),

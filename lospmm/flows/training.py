@@ -27,7 +27,7 @@ def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = Synthe
     kernels of `design`, with the tiles needed to time them (a half design's A rounded to its dtype)."""
     a = random_pruned(sk.m, sk.k, sk.sparsity, np.random.default_rng(sk.seed))
     a = in_format(a, design.number)[0]
-    tiles = layer_tiles(a, params.m1)
+    tiles = layer_tiles(a, sk.n, params.m1, params.reorder)
     return [{**vars(c), **feature_row(c, sk.sparsity, sk.k), "m": sk.m, "n": sk.n, "_tiles": tiles[c.m1],
              "_matrix": a}
             for c in layer_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, design=design)

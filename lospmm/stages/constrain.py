@@ -44,7 +44,9 @@ import numpy as np
 from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.devices import Device
 from lospmm.devices import block_registers
+from lospmm.kernel.registers import RegisterModel, predicted_registers
 from lospmm.stages.reorder import TileStats
+
 
 UPSTREAM_ERROR = "error"  # the layer failed before constrain: one row, no candidates
 REMOVED_BY = ("register", "utilisation", "load_balance", "empty", UPSTREAM_ERROR)
@@ -62,13 +64,13 @@ class ConstrainParams:
     th_row: float = 0.25
     th_col: float = 0.25
     min_blocks_per_sm: float = 0.5
-    prefetch_regs: int = 2
-    overhead_regs: int = 14
-    extra_regs_per_row: float = 0.5
-    min_regs: int = 32
+    prefetch_regs: int = RegisterModel.prefetch_regs
+    overhead_regs: int = RegisterModel.overhead_regs
+    extra_regs_per_row: float = RegisterModel.extra_regs_per_row
+    min_regs: int = RegisterModel.min_regs
     fallback_keep: int = 10
-    vector_regs_per_column: int = 8
-    loop_regs: int = 12
+    vector_regs_per_column: int = RegisterModel.vector_regs_per_column
+    loop_regs: int = RegisterModel.loop_regs
 
 
 @dataclass(frozen=True)
@@ -99,28 +101,6 @@ class Candidate:
 def n1_choices(device: Device) -> list[int]:
     """Multiples of the warp size up to the per-block thread limit."""
     return list(range(device.warp_size, device.max_threads_per_block + 1, device.warp_size))
-
-
-def predicted_registers(m1: int, params: ConstrainParams = ConstrainParams(), design: KernelDesign = BASELINE) -> int:
-    """Registers per thread of Alg. 2's thread tile (see the module docstring for the calibration),
-    for a kernel of `design`: with V columns per thread its accumulators and B values are V wide,
-    and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a looped
-    design carries the walk's column and stride and B and C (`loop_regs`). A half design's sums are
-    one register per row when packed, two when in fp32, three when promoted."""
-    v = design.columns_per_thread
-    if design.half:
-        # a packed sum holds a row's two columns in one register; an fp32 sum two floats (and each B
-        # pair is unpacked to two); a promoted sum both
-        packed = design.accumulate == "packed"
-        sums = m1 * (1 if packed else 2) + (2 * m1 if design.promote_every else 0)
-        regs = (sums + int(params.extra_regs_per_row * sums) + params.prefetch_regs * (1 if packed else 2)
-                + params.overhead_regs)
-    elif v == 1:
-        regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
-    else:
-        regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs
-    regs += params.loop_regs if design.looped else 0
-    return max(params.min_regs, regs)
 
 
 def constrained_candidates(

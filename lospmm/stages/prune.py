@@ -7,6 +7,12 @@ one threshold over all the model's layers (`global_magnitude_threshold`), so lay
 shares; `keep` takes a checkpoint that is already pruned as it is (the requested sparsity is not
 applied; the achieved one is recorded). Weights that are already zero stay zero, so achieved
 sparsity can exceed the request.
+
+`nm:N:M` is N:M sparsity (`NMPattern`): in every group of M consecutive weights along K, the N of
+largest |w| are kept (random positions for the zoo); `nm:N:M:V` is NM-SpMM's vector-wise form, where
+each group of V consecutive rows shares one pattern, chosen by the group's Σ|w| per column. The
+pattern fixes the sparsity at 1 − N/M. `nm_pattern_of` finds the N:M pattern a matrix already has
+(`keep`: a 2:4 checkpoint is recorded as such).
 """
 
 from __future__ import annotations
@@ -21,8 +27,69 @@ import scipy.sparse as sp
 from lospmm.stages.extract import LayerShape
 from lospmm.status import Status
 
-METHODS = ("random", "magnitude", "global", "keep")
+METHODS = ("random", "magnitude", "global", "keep", "nm:N:M", "nm:N:M:V")
 WEIGHT_METHODS = ("magnitude", "global", "keep")  # they need real weights
+NM_GROUPS = (4, 8, 16, 32)  # the M that nm_pattern_of looks for (cuSPARSELt's 4, NM-SpMM's 32)
+
+
+@dataclass(frozen=True, order=True)
+class NMPattern:
+    """N:M sparsity: at most `n` of every `m` consecutive weights along K kept; rows in groups of
+    `vector` consecutive rows share one pattern (1: element-wise)."""
+
+    n: int
+    m: int
+    vector: int = 1
+
+    def __post_init__(self):
+        if not (1 <= self.n < self.m):
+            raise ValueError(f"N:M needs 1 <= N < M, got {self.n}:{self.m}")
+        if self.vector < 1:
+            raise ValueError(f"the vector length must be >= 1, got {self.vector}")
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.n / self.m
+
+    @property
+    def method(self) -> str:
+        """The --prune spelling: nm:N:M, or nm:N:M:V for a vector-wise pattern."""
+        return f"nm:{self.n}:{self.m}" + (f":{self.vector}" if self.vector > 1 else "")
+
+    def __str__(self) -> str:
+        return f"{self.n}:{self.m}" + (f" (vectors of {self.vector} rows)" if self.vector > 1 else "")
+
+    def problem(self, layer: str, m: int, k: int) -> str:
+        """Why a layer of M rows and K columns cannot take this pattern ("" when it can)."""
+        if k < self.m:
+            return f"{layer}: K={k} is narrower than one group of M={self.m} ({self.method})"
+        if k % self.m:
+            return f"{layer}: K={k} is not a multiple of M={self.m} ({self.method} groups K by M)"
+        if m % self.vector:
+            return f"{layer}: M={m} rows are not a multiple of the vector length {self.vector} ({self.method})"
+        return ""
+
+
+def run_sparsities(given, method: str | None, default=(0.9,)) -> tuple[float, ...]:
+    """The sparsities a run prunes to: those given, else the N:M pattern's own, else `default`."""
+    if given:
+        return tuple(float(s) for s in given)
+    try:
+        pattern = nm_pattern(method or "")
+    except ValueError:  # a malformed method: the run's checks name it
+        pattern = None
+    return (pattern.sparsity,) if pattern else tuple(default)
+
+
+def nm_pattern(method: str) -> NMPattern | None:
+    """The NMPattern of a prune method "nm:N:M" or "nm:N:M:V" (None for another method; ValueError
+    for a malformed one, saying what is wrong)."""
+    if not method.startswith("nm:"):
+        return None
+    parts = method.split(":")[1:]
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        raise ValueError("write nm:N:M (e.g. nm:2:4) or nm:N:M:V (V consecutive rows share a pattern)")
+    return NMPattern(*(int(p) for p in parts))
 
 
 @dataclass(frozen=True)
@@ -43,6 +110,7 @@ class PrunedLayer:
     matrix: sp.csr_matrix | None
     status: Status = Status.OK  # OK, EMPTY (pruned to all zeros) or ERROR
     message: str = ""
+    pattern: NMPattern | None = None  # N:M: the one pruned to, or (keep) the one the weights have
 
     @property
     def nnz(self) -> int:
@@ -83,13 +151,23 @@ def pruned_layer(
         matrix = None if own.matrix is None else grouped_as_dense(own.matrix, groups)
         return dataclasses.replace(own, shape=shape, matrix=matrix)
     s = checked_sparsity(sparsity)
-    if params.method not in METHODS:
+    pattern = nm_pattern(params.method)
+    if pattern is None and params.method not in METHODS:
         raise ValueError(f"unknown prune method {params.method!r}; choose from {METHODS}")
     if not shape.ok:
         return PrunedLayer(shape, s, float("nan"), None, Status.ERROR, shape.message or shape.status)
     if shape.m < 1 or shape.k < 1 or shape.n < 1:
         return _error(shape, s, f"{shape.layer}: empty GEMM (M={shape.m}, N={shape.n}, K={shape.k})")
-    if params.method in WEIGHT_METHODS:
+    if pattern is not None:
+        problem = pattern.problem(shape.layer, shape.m, shape.k) or (
+            _weight_problem(shape, weight) if weight is not None else "")
+        if problem:
+            return _error(shape, s, problem)
+        if weight is not None:
+            matrix = nm_pruned(weight, pattern)
+        else:
+            matrix = random_nm_pruned(shape.m, shape.k, pattern, _layer_rng(shape, s, params.seed))
+    elif params.method in WEIGHT_METHODS:
         if weight is None:
             return _error(shape, s, f"{shape.layer}: {params.method} pruning needs the layer's weights")
         problem = _weight_problem(shape, weight)
@@ -101,9 +179,11 @@ def pruned_layer(
             if threshold is None:
                 raise ValueError("global pruning needs the model-wide threshold (global_magnitude_threshold)")
             matrix = sp.csr_matrix(np.where(np.abs(weight) >= threshold, weight, 0).astype(np.float32))
-        else:  # keep: the checkpoint's own zeros
+        else:  # keep: the checkpoint's own zeros, and the N:M pattern they may form
             matrix = sp.csr_matrix(np.asarray(weight, np.float32))
         matrix.eliminate_zeros()
+        if params.method == "keep":
+            pattern = nm_pattern_of(matrix)
     else:
         matrix = random_pruned(shape.m, shape.k, s, _layer_rng(shape, s, params.seed))
         if weight is not None:  # a random mask over real weights keeps their values
@@ -115,7 +195,7 @@ def pruned_layer(
     if matrix.nnz == 0:
         return PrunedLayer(shape, s, achieved, matrix, Status.EMPTY,
                            f"{shape.layer}: pruned to all zeros at sparsity {s} (M={shape.m}, K={shape.k})")
-    return PrunedLayer(shape, s, achieved, matrix)
+    return PrunedLayer(shape, s, achieved, matrix, pattern=pattern)
 
 
 def grouped_as_dense(weight: sp.csr_matrix, groups: int) -> sp.csr_matrix:
@@ -141,6 +221,66 @@ def random_pruned(m: int, k: int, sparsity: float, rng: np.random.Generator) -> 
     # Exact zeros would silently drop out of the pattern; N(0,1) makes them vanishingly rare.
     values[values == 0] = np.float32(1e-3)
     return sp.csr_matrix((values, cols.astype(np.int32), indptr.astype(np.int32)), shape=(m, k))
+
+
+def nm_pruned(weight: np.ndarray, pattern: NMPattern) -> sp.csr_matrix:
+    """In every group of `pattern.m` consecutive columns of every group of `pattern.vector` rows,
+    the `pattern.n` columns of largest Σ|w| over those rows kept (ties: the lower column); K a
+    multiple of M and the rows of V (NMPattern.problem)."""
+    w = np.ascontiguousarray(weight, dtype=np.float32)
+    rows, k = w.shape
+    v, m, n = pattern.vector, pattern.m, pattern.n
+    score = np.abs(w).reshape(rows // v, v, k // m, m).sum(axis=1)  # (row groups, column groups, M)
+    top = np.argsort(-score, axis=-1, kind="stable")[..., :n]
+    keep = np.zeros_like(score, dtype=bool)
+    np.put_along_axis(keep, top, True, axis=-1)
+    mask = np.repeat(keep[:, None], v, axis=1).reshape(rows, k) & (w != 0)
+    return sp.csr_matrix(np.where(mask, w, np.float32(0)))
+
+
+def random_nm_pruned(rows: int, k: int, pattern: NMPattern, rng: np.random.Generator) -> sp.csr_matrix:
+    """N uniformly chosen positions in every group of M columns (one choice per vector of V rows),
+    N(0, 1) values: the zoo's N:M benchmark weights."""
+    v, m, n = pattern.vector, pattern.m, pattern.n
+    score = rng.random((rows // v, k // m, m))
+    keep = np.zeros_like(score, dtype=bool)
+    np.put_along_axis(keep, np.argsort(score, axis=-1)[..., :n], True, axis=-1)
+    mask = np.repeat(keep[:, None], v, axis=1).reshape(rows, k)
+    values = rng.standard_normal((rows, k)).astype(np.float32)
+    values[values == 0] = np.float32(1e-3)  # an exact zero would drop out of the pattern
+    return sp.csr_matrix(np.where(mask, values, np.float32(0)))
+
+
+def nm_pattern_of(matrix: sp.csr_matrix) -> NMPattern | None:
+    """The N:M pattern `matrix` has (at most N nonzeros in every group of M columns and exactly N in
+    at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2), the one of least N/M (then the smallest M), with the longest vector of
+    consecutive rows that share each group's columns (V in 2, 4, 8, … dividing the rows); None when
+    no group size fits."""
+    a = sp.csr_matrix(matrix)
+    rows, k = a.shape
+    if a.nnz == 0:
+        return None
+    row_of = np.repeat(np.arange(rows), np.diff(a.indptr))
+    found = None
+    for m in NM_GROUPS:
+        if k % m or k < m:
+            continue
+        counts = np.bincount(row_of * (k // m) + a.indices // m, minlength=rows * (k // m))
+        n = int(counts.max())
+        # an N:M pruning fills nearly every group to N (weights zero already leave a few short);
+        # unstructured sparsity merely stays under some N
+        if 2 * n <= m and (counts == n).mean() >= 0.9 and (found is None or n * found.m < found.n * m):
+            found = NMPattern(n, m)
+    if found is None:
+        return None
+    dense = a.toarray() != 0
+    vector = 1
+    while rows % (2 * vector) == 0 and 2 * vector <= rows:
+        groups = dense.reshape(rows // (2 * vector), 2 * vector, k)
+        if not (groups == groups[:, :1]).all():
+            break
+        vector *= 2
+    return NMPattern(found.n, found.m, vector)
 
 
 def magnitude_pruned(weight: np.ndarray, sparsity: float) -> sp.csr_matrix:

@@ -1,17 +1,42 @@
-"""Stage 3, reorder: A and a row-tile height M1 -> row groups (A_tiles), Algorithm 1 of §4.2.
+"""Stage 3, reorder: A and a row-tile height M1 -> row groups (A_tiles): several candidate orders,
+the one the estimate prices cheapest kept.
 
-Rows are taken in ascending nnz order (empty rows dropped: their output rows are zero). Each
-row joins the open tile (fewer than M1 rows) whose merged non-empty-column count (nnc) is
-smallest among those whose merged nnz stays within TH_nnz = nnz(A) / num_tiles; if every open
-tile would exceed TH_nnz, the open tile with the smallest merged nnc. Ties go to the lowest tile
-id (a stable sort by nnc). Column sets are bitsets, so a row costs O(tiles · K/64) word ops.
+A tile of M1 rows loads one row of B per non-empty column (nnc): Σ nnc over the tiles is the
+kernel's B traffic, the largest nnc bounds its slowest block. Candidates (`ReorderParams.strategies`):
 
-The identity grouping (non-empty rows in their original order, M1 at a time) is computed
-beside it as the baseline.
+- identity: the non-empty rows in their original order, M1 at a time;
+- algorithm1: Algorithm 1 of §4.2. Rows are taken in ascending nnz order (empty rows dropped: their
+  output rows are zero). Each row joins the open tile (fewer than M1 rows) whose merged nnc is
+  smallest among those whose merged nnz stays within TH_nnz = nnz(A) / num_tiles; if every open
+  tile would exceed TH_nnz, the open tile with the smallest merged nnc. Ties go to the lowest tile
+  id. Column sets are bitsets, so a row costs O(tiles · K/64) word ops;
+- partition: a hypergraph partition by Mt-KaHyPar (rows as vertices, columns as nets, ceil(rows/M1)
+  blocks of at most M1 rows, the connectivity objective km1 = Σ nnc − non-empty columns, ε = 0, its
+  deterministic preset). It runs only for the M1s within `partition_m1s` that can still win (their
+  cheapest order so far within `partition_within` of the layer's cheapest), cheapest first, while its
+  priced cost (`partition_seconds`, a fit of its measured run times) fits the layer's
+  `budget_seconds`: priced, not timed, so the same input always gets the same candidates and order;
+- refine: row swaps (and moves into tiles with room) between tiles that lower Σ nnc, started from
+  the cheaper of identity and Algorithm 1, for the M1s that can still win (as the partition); every tile's nnc stays within the start's largest and its
+  nnz within the start's smallest and largest, so the start's max nnc and nnz range bound it too. A
+  fixed number of passes over the rows, in a fixed order. Where the partitioner ran, refinement runs
+  again from its order, nnz balanced first (balanced_tiles: a partition groups alike rows, whose nnz
+  often differ past constrain's TH_row), and the cheaper eligible of the two refinements stays.
+
+Every candidate is priced by the estimate (kernel.estimate, the baseline design at N1 = price_n1 on
+`price_device`, the layer's N), which weighs Σ nnc (B traffic, issue) and the largest tile (the
+slowest block). A candidate is eligible only if its Σ nnc is at most the identity's and its nnz
+balance (COV) within the larger of the identity's, Algorithm 1's and max_cov_nnz (constrain's
+load-balance test reads it): the kept order is never above the identity in Σ nnc. Of the eligible, the cheapest estimate
+is kept; ties go to the lower Σ nnc, then to the earlier strategy in STRATEGIES.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import threading
+import time
 from dataclasses import dataclass
 
 import numba
@@ -19,12 +44,36 @@ import numpy as np
 import scipy.sparse as sp
 
 
+STRATEGIES = ("identity", "algorithm1", "partition", "refine")
+
+
 @dataclass(frozen=True)
 class ReorderParams:
-    """Defaults: row_order="ascending" (Alg. 1 processes rows by ascending nnz; "descending"
-    is offered for experiments)."""
+    """Defaults: row_order="ascending" (Alg. 1 processes rows by ascending nnz; "descending" is
+    offered for experiments); strategies=STRATEGIES (identity is always a candidate);
+    partition_m1s=(8, 64) (the M1 range the partitioner runs for: below 8 a tile is a handful of rows
+    that refine pairs as well, above 64 the constraints remove the baseline design's tiles);
+    partition_preset="deterministic" (Mt-KaHyPar's preset whose result does not depend on threads);
+    partition_seed=0, partition_threads=1 (both in the cache key); budget_seconds=0.5 (the
+    partitioner's priced seconds per layer, all its M1s together: `--reorder-budget`);
+    partition_within=1.25 (an M1 can still win, so is refined and partitioned, while its cheapest of
+    identity and Algorithm 1 is within this factor of the layer's cheapest); refine_passes=3, refine_width=4 (tiles tried per row: those sharing most
+    of its columns); price_device="h100", price_n1=128 (the launch the estimate prices); max_cov_nnz=0.25 (the nnz
+    COV an order may reach beyond the identity's and Algorithm 1's: constrain's TH_row default)."""
 
     row_order: str = "ascending"
+    strategies: tuple[str, ...] = STRATEGIES
+    partition_m1s: tuple[int, int] = (8, 64)
+    partition_preset: str = "deterministic"
+    partition_seed: int = 0
+    partition_threads: int = 1
+    budget_seconds: float = 0.5
+    partition_within: float = 1.25
+    refine_passes: int = 3
+    refine_width: int = 4
+    price_device: str = "h100"
+    price_n1: int = 128
+    max_cov_nnz: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -58,6 +107,33 @@ class TileStats:
     cov_nnz: float
 
 
+@dataclass(frozen=True)
+class OrderCandidate:
+    """One candidate order of a (layer, M1): its counts, estimate and cost; `note` says why it was
+    skipped (nnc_sum = -1) or not eligible."""
+
+    strategy: str
+    nnc_sum: int
+    max_nnc: int
+    cov_nnz: float
+    estimate_us: float
+    seconds: float
+    chosen: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Reordering:
+    """The kept order of a (layer, M1) and every candidate's figures (identity first)."""
+
+    tiles: Tiles
+    strategy: str
+    candidates: tuple[OrderCandidate, ...]
+
+    def candidate(self, strategy: str) -> OrderCandidate | None:
+        return next((c for c in self.candidates if c.strategy == strategy), None)
+
+
 def distinct_m1s(matrix: sp.csr_matrix, m1s) -> list[int]:
     """The M1 values worth tiling: an M1 above the non-empty row count tiles like that count, so
     each such M1 is kept once, as that count."""
@@ -89,6 +165,214 @@ def reordered_tiles(matrix: sp.csr_matrix, m1: int, params: ReorderParams = Reor
                  np.flatnonzero(row_nnz == 0).astype(np.int32))
 
 
+def ordered_tiles(matrix: sp.csr_matrix, m1: int, n: int, params: ReorderParams = ReorderParams()) -> Reordering:
+    """Every candidate order of `params.strategies` for tiles of `m1` rows, each priced for a
+    launch over `n` columns, and the cheapest eligible one kept (see the module docstring)."""
+    if m1 < 1:
+        raise ValueError(f"M1 must be >= 1, got {m1}")
+    return layer_orders(matrix, (m1,), n, params)[distinct_m1s(matrix, (m1,))[0]]
+
+
+def layer_orders(matrix: sp.csr_matrix, m1s, n: int, params: ReorderParams = ReorderParams()) -> dict[int, Reordering]:
+    """ordered_tiles for every distinct M1 of `m1s` (distinct_m1s), the partitioner run only for the
+    M1s that can still win: those whose cheapest order so far is within `partition_within` of the
+    layer's cheapest, cheapest first, while the layer's priced `budget_seconds` lasts."""
+    a = _canonical(matrix)
+    if min(m1s, default=1) < 1:
+        raise ValueError(f"M1 must be >= 1, got {min(m1s)}")
+    unknown = set(params.strategies) - set(STRATEGIES)
+    if unknown:
+        raise ValueError(f"unknown reorder strategies {sorted(unknown)}; choose from {STRATEGIES}")
+    work = {m1: _cheap_orders(a, m1, n, params) for m1 in distinct_m1s(a, m1s)}
+    best = min((w.best_price for w in work.values()), default=0.0)
+    if "refine" in params.strategies:
+        for m1, w in work.items():  # refinement too only where the M1 can still win
+            if w.single:
+                continue
+            if w.best_price > params.partition_within * best:
+                w.notes["refine"] = (f"skipped: this M1's cheapest order ({w.best_price:.1f} µs) is over "
+                                     f"{params.partition_within:g}× the layer's cheapest ({best:.1f} µs)")
+                continue
+            start = w.start()
+            w.add(a, "refine", lambda: refined_tiles(a, w.built[start][0], params), n, params)
+            w.notes["refine"] = f"from {start}"
+    if "partition" in params.strategies and work:
+        left = params.budget_seconds
+        for m1 in sorted(work, key=lambda m: (work[m].best_price, m)):
+            w = work[m1]
+            if w.single:
+                continue
+            why = _partition_skip(a, m1, params)
+            if not why and w.best_price > params.partition_within * best:
+                why = (f"skipped: this M1's cheapest order ({w.best_price:.1f} µs) is over "
+                       f"{params.partition_within:g}× the layer's cheapest ({best:.1f} µs)")
+            priced = partition_seconds(a.nnz, -(-_nonempty_rows(a) // m1))
+            if not why and priced > left:
+                why = f"skipped: priced at {priced:.2f} s, over the {left:.2f} s left of the layer's budget"
+            if why:
+                w.notes["partition"] = why
+                continue
+            left -= priced
+            w.add(a, "partition", lambda: partitioned_tiles(a, m1, params), n, params)
+            if "refine" in params.strategies:
+                w.refine_from_partition(a, n, params)
+    return {m1: w.kept(params) for m1, w in work.items()}
+
+
+@dataclass
+class _Orders:
+    """The candidate orders built so far for one (layer, M1): tiles and seconds, prices, notes."""
+
+    m1: int
+    single: bool
+    built: dict
+    prices: dict
+    notes: dict
+
+    @property
+    def best_price(self) -> float:
+        return min(self.prices.values())
+
+    def add(self, a, name: str, make, n: int, params: ReorderParams) -> None:
+        t0 = time.perf_counter()
+        tiles = make()
+        self.built[name] = (tiles, time.perf_counter() - t0)
+        self.prices[name] = _price(tiles, a.shape, n, params)
+
+    def start(self) -> str:
+        """The cheapest order other than refine's: where refinement starts."""
+        return min((s for s in self.prices if s != "refine"),
+                   key=lambda s: (self.prices[s], int(self.built[s][0].tile_nnc.sum()), STRATEGIES.index(s)))
+
+    def cov_bound(self, params: ReorderParams) -> float:
+        """The nnz COV an eligible order may reach: the identity's, Algorithm 1's or max_cov_nnz."""
+        covs = [tile_stats(self.built[s][0]).cov_nnz for s in ("identity", "algorithm1") if s in self.built]
+        return max(covs + [params.max_cov_nnz])
+
+    def unfit(self, tiles: Tiles, params: ReorderParams) -> str:
+        """Why `tiles` is not eligible ("" when it is)."""
+        st, ident = tile_stats(tiles), tile_stats(self.built["identity"][0])
+        if st.nnc_sum > ident.nnc_sum:
+            return f"not eligible: Σ nnc {st.nnc_sum} above the identity's {ident.nnc_sum}"
+        bound = self.cov_bound(params)
+        if st.cov_nnz > bound + 1e-12:
+            return f"not eligible: nnz COV {st.cov_nnz:.3f} above {bound:.3f}"
+        return ""
+
+    def refine_from_partition(self, a, n: int, params: ReorderParams) -> None:
+        """Refinement from the partition, its nnz balanced first (balanced_tiles): it replaces the
+        refinement from the cheaper of identity and Algorithm 1 where it is eligible and cheaper."""
+        t0 = time.perf_counter()
+        start = self.built["partition"][0]
+        balanced = balanced_tiles(a, start, self.cov_bound(params))
+        tiles = refined_tiles(a, balanced, params)
+        seconds, price = time.perf_counter() - t0, _price(tiles, a.shape, n, params)
+        how = "from partition" + (", nnz balanced first" if balanced is not start else "")
+        old = self.built.get("refine")
+        if old is not None and not self.unfit(old[0], params) and (
+                self.unfit(tiles, params)
+                or (self.prices["refine"], int(old[0].tile_nnc.sum())) <= (price, int(tiles.tile_nnc.sum()))):
+            self.notes["refine"] = _joined(self.notes.get("refine"), f"kept over the refinement {how} "
+                                           f"(Σ nnc {int(tiles.tile_nnc.sum())}, {price:.3g} µs)")
+            self.built["refine"] = (old[0], old[1] + seconds)
+            return
+        self.built["refine"] = (tiles, seconds + (old[1] if old else 0.0))
+        self.prices["refine"] = price
+        self.notes["refine"] = how
+
+    def kept(self, params: ReorderParams) -> Reordering:
+        stats = {name: tile_stats(t) for name, (t, _) in self.built.items()}
+        notes, eligible = dict(self.notes), []
+        for name, (tiles, _) in self.built.items():
+            why = self.unfit(tiles, params)
+            if why:
+                notes[name] = _joined(notes.get(name), why)
+            else:
+                eligible.append(name)
+        kept = min(eligible, key=lambda s: (self.prices[s], stats[s].nnc_sum, STRATEGIES.index(s)))
+        order = [s for s in STRATEGIES if s in params.strategies or s == "identity"]
+        candidates = tuple(
+            OrderCandidate(s, stats[s].nnc_sum, stats[s].max_nnc, stats[s].cov_nnz, self.prices[s], self.built[s][1],
+                           s == kept, notes.get(s, ""))
+            if s in self.built else OrderCandidate(s, -1, -1, float("nan"), float("inf"), 0.0, False, notes.get(s, ""))
+            for s in order)
+        return Reordering(self.built[kept][0], kept, candidates)
+
+
+def _cheap_orders(a: sp.csr_matrix, m1: int, n: int, params: ReorderParams) -> _Orders:
+    """Identity and Algorithm 1 (refinement and the partition come later, where the M1 can still win)."""
+    w = _Orders(m1, False, {}, {}, {})
+    w.add(a, "identity", lambda: identity_tiles(a, m1), n, params)
+    w.single = w.built["identity"][0].num_tiles <= 1 or m1 == 1
+    if "algorithm1" in params.strategies:
+        w.add(a, "algorithm1", lambda: reordered_tiles(a, m1, params), n, params)
+    for name in ("partition", "refine"):
+        if name in params.strategies and w.single:
+            w.notes[name] = "skipped: every order of one tile or of one-row tiles is the same"
+    return w
+
+
+def _nonempty_rows(a: sp.csr_matrix) -> int:
+    return int((np.diff(a.indptr) > 0).sum())
+
+
+def partitioner_version() -> str:
+    """The installed Mt-KaHyPar's version ("absent" without it): part of the reorder cache key."""
+    try:
+        return importlib.metadata.version("mtkahypar")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def partition_seconds(pins: int, blocks: int) -> float:
+    """Mt-KaHyPar's priced run time (deterministic preset, one thread) for a hypergraph of `pins`
+    pins cut into `blocks` blocks: 0.008 + 7.8e-6 · pins · blocks^0.55 s, a fit of 60 measured runs
+    (real and random layers of 614–105k nonzeros, 2–128 blocks, on a shared 2-core machine: within
+    0.5–1.7× of each). A price, not a promise: the budget compares prices so that orders stay
+    reproducible."""
+    return 0.008 + 7.8e-6 * pins * blocks ** 0.55
+
+
+def partitioned_tiles(matrix: sp.csr_matrix, m1: int, params: ReorderParams = ReorderParams()) -> Tiles:
+    """The non-empty rows cut by Mt-KaHyPar into ceil(rows/M1) blocks of at most M1 rows under the
+    connectivity objective (ImportError when mtkahypar is not installed)."""
+    a = _canonical(matrix)
+    row_nnz = np.diff(a.indptr)
+    rows = np.flatnonzero(row_nnz)
+    blocks = -(-len(rows) // m1)
+    if blocks <= 1:
+        return identity_tiles(a, m1)
+    part = _mtkahypar_partition(a[rows].tocsc(), blocks, params)
+    return _tiles_of_groups(a, m1, rows, _within_size(part, blocks, m1))
+
+
+def refined_tiles(matrix: sp.csr_matrix, start: Tiles, params: ReorderParams = ReorderParams()) -> Tiles:
+    """`start` improved by row swaps and moves that lower Σ nnc, no tile's nnc or nnz growing past
+    the start's largest (module docstring)."""
+    a = _canonical(matrix)
+    if start.num_tiles <= 1:
+        return start
+    tile_of = _refine(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
+                      start.rows.astype(np.int64), start.tile_ptr.astype(np.int64), start.m1,
+                      params.refine_passes, params.refine_width)
+    return _tiles_of_groups(a, start.m1, start.rows.astype(np.int64), tile_of)
+
+
+def balanced_tiles(matrix: sp.csr_matrix, start: Tiles, max_cov: float) -> Tiles:
+    """`start` with rows moved and swapped between tiles until every tile's nnz lies within
+    max_cov of the mean (so the nnz COV is at most max_cov), at the least Σ nnc it can: a
+    partition balances rows, not nonzeros, and an order past constrain's TH_row loses its M1."""
+    a = _canonical(matrix)
+    if start.num_tiles <= 1 or tile_stats(start).cov_nnz <= max_cov:
+        return start
+    mean = float(start.tile_nnz.sum()) / start.num_tiles
+    margin = 0.98 * max_cov  # inside the bound, not on it: float sums
+    tile_of = _balance(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
+                       start.rows.astype(np.int64), start.tile_ptr.astype(np.int64), start.m1,
+                       mean * (1 - margin), mean * (1 + margin), 4 * start.num_tiles, 16)
+    return _tiles_of_groups(a, start.m1, start.rows.astype(np.int64), tile_of)
+
+
 def identity_tiles(matrix: sp.csr_matrix, m1: int) -> Tiles:
     """The baseline: non-empty rows in original order, `m1` per tile."""
     a = _canonical(matrix)
@@ -118,6 +402,91 @@ def tile_stats(tiles: Tiles) -> TileStats:
         max_nnz=int(nnz.max()),
         cov_nnz=float(nnz.std() / mean) if mean > 0 else 0.0,
     )
+
+
+def _joined(*parts) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _price(tiles: Tiles, shape: tuple[int, int], n: int, params: ReorderParams) -> float:
+    """The estimate's µs for the full kernel of `tiles` (baseline design, N1 = price_n1)."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimated_timing, full_kernel_work
+    from lospmm.kernel.registers import predicted_registers
+
+    device = device_named(params.price_device)
+    work = full_kernel_work(tiles, shape[0], shape[1], max(int(n), 1), params.price_n1, predicted_registers(tiles.m1))
+    return float(estimated_timing(work, device).time_us)
+
+
+def _partition_skip(a: sp.csr_matrix, m1: int, params: ReorderParams) -> str:
+    """Why the partitioner does not run for this (layer, M1), or ""."""
+    low, high = params.partition_m1s
+    if not low <= m1 <= high:
+        return f"skipped: M1 = {m1} outside partition_m1s {low}-{high}"
+    if importlib.util.find_spec("mtkahypar") is None:
+        return "skipped: mtkahypar is not installed (pip install mtkahypar)"
+    return ""
+
+
+_MTKAHYPAR: dict = {}
+_MTKAHYPAR_LOCK = threading.Lock()
+
+
+def _mtkahypar_partition(columns: sp.csc_matrix, blocks: int, params: ReorderParams) -> np.ndarray:
+    """Block of each row (column index of `columns`' rows): nets are the columns with two or more rows."""
+    import mtkahypar
+
+    nets = [columns.indices[columns.indptr[c]:columns.indptr[c + 1]].tolist()
+            for c in range(columns.shape[1]) if columns.indptr[c + 1] - columns.indptr[c] > 1]
+    # Mt-KaHyPar is initialised once per process and its seed is global: one partition at a time
+    with _MTKAHYPAR_LOCK:
+        init = _MTKAHYPAR.get("init")
+        if init is None:
+            init = _MTKAHYPAR["init"] = mtkahypar.initialize(params.partition_threads, False)
+        preset = getattr(mtkahypar.PresetType, params.partition_preset.upper())
+        ctx = init.context_from_preset(preset)
+        ctx.logging = False
+        ctx.set_partitioning_parameters(blocks, 0.0, mtkahypar.Objective.KM1)
+        mtkahypar.set_seed(params.partition_seed)
+        graph = init.create_hypergraph(ctx, columns.shape[0], len(nets), nets)
+        part = graph.partition(ctx)
+        return np.array([part.block_id(v) for v in range(columns.shape[0])], dtype=np.int64)
+
+
+def _within_size(block: np.ndarray, blocks: int, m1: int) -> np.ndarray:
+    """Blocks of at most M1 rows: rows past a block's M1th (ε = 0 should leave none) move to the
+    first blocks with room, in row order (deterministic)."""
+    block = block.copy()
+    size = np.bincount(block, minlength=blocks)
+    if size.max(initial=0) <= m1:
+        return block
+    room = [b for b in range(blocks) if size[b] < m1]
+    for i in range(len(block)):
+        b = block[i]
+        if size[b] > m1:
+            target = room[0]
+            block[i] = target
+            size[b] -= 1
+            size[target] += 1
+            if size[target] == m1:
+                room.pop(0)
+    return block
+
+
+def _tiles_of_groups(a: sp.csr_matrix, m1: int, rows: np.ndarray, group: np.ndarray) -> Tiles:
+    """Tiles from a group per row (rows ascending within a tile, tiles in group order, empty groups
+    dropped)."""
+    by_group = np.lexsort((rows, group))
+    ordered = rows[by_group].astype(np.int32)
+    _, sizes = np.unique(group, return_counts=True)
+    tile_ptr = np.zeros(len(sizes) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=tile_ptr[1:])
+    nnz, nnc = _tile_counts(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
+                            ordered.astype(np.int64), tile_ptr.astype(np.int64))
+    row_nnz = np.diff(a.indptr)
+    return Tiles(m1, ordered, tile_ptr, nnz.astype(np.int32), nnc.astype(np.int32),
+                 np.flatnonzero(row_nnz == 0).astype(np.int32))
 
 
 def _canonical(matrix) -> sp.csr_matrix:
@@ -202,3 +571,330 @@ def _tile_counts(indptr, indices, k, rows, tile_ptr):
                     seen[c] = t
                     nnc[t] += 1
     return nnz, nnc
+
+
+@numba.njit(cache=True, nogil=True)
+def _membership(n, tile_ptr, m1):
+    """Tile of each of n rows, each tile's rows (-1 padded to m1) and its size, from tile_ptr."""
+    num_tiles = len(tile_ptr) - 1
+    tile_of = np.empty(n, np.int64)
+    members = np.full((num_tiles, m1), -1, np.int64)
+    size = np.zeros(num_tiles, np.int64)
+    for t in range(num_tiles):
+        for i in range(tile_ptr[t], tile_ptr[t + 1]):
+            tile_of[i] = t
+            members[t, size[t]] = i
+            size[t] += 1
+    return tile_of, members, size
+
+
+@numba.njit(cache=True, nogil=True)
+def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
+    """Group of each of `rows` after swap/move passes that lower Σ nnc (see refined_tiles). For each
+    row r of tile a, the `width` tiles sharing most of r's columns are tried: a move into one with
+    room, or a swap with each of its rows; the best change that lowers Σ nnc and keeps every tile
+    within the start's max nnc and max nnz is applied at once."""
+    num_tiles = len(tile_ptr) - 1
+    n = len(rows)
+    tile_of, members, size = _membership(n, tile_ptr, m1)
+    cnt = np.zeros((k, num_tiles), np.int32)  # rows of tile b with column c, as cnt[c, b]
+    nnc = np.zeros(num_tiles, np.int64)
+    nnz = np.zeros(num_tiles, np.int64)
+    col_count = np.zeros(k + 1, np.int64)
+    for i in range(n):
+        r = rows[i]
+        t = tile_of[i]
+        nnz[t] += indptr[r + 1] - indptr[r]
+        for p in range(indptr[r], indptr[r + 1]):
+            c = indices[p]
+            col_count[c + 1] += 1
+            if cnt[c, t] == 0:
+                nnc[t] += 1
+            cnt[c, t] += 1
+    # the rows (local ids) of each column, to find the tiles sharing a row's columns
+    col_ptr = np.cumsum(col_count)
+    col_rows = np.empty(col_ptr[-1], np.int64)
+    fill = col_ptr[:-1].copy()
+    for i in range(n):
+        r = rows[i]
+        for p in range(indptr[r], indptr[r + 1]):
+            c = indices[p]
+            col_rows[fill[c]] = i
+            fill[c] += 1
+    cap_nnc = nnc.max()
+    cap_nnz = nnz.max()
+    floor_nnz = nnz.min()
+    mark = np.full(k, -1, np.int64)
+    overlap = np.zeros(num_tiles, np.int64)
+    seen = np.full(num_tiles, -1, np.int64)
+    touched = np.empty(num_tiles, np.int64)
+    best_tiles = np.empty(width, np.int64)
+    for _ in range(passes):
+        changed = 0
+        for i in range(n):
+            r = rows[i]
+            a = tile_of[i]
+            lo, hi = indptr[r], indptr[r + 1]
+            nr = hi - lo
+            rem_a = 0
+            num_touched = 0
+            scan = 0
+            for p in range(lo, hi):
+                scan += col_ptr[indices[p] + 1] - col_ptr[indices[p]]
+            # dense columns: counting r's columns in every tile is cheaper than walking their rows
+            by_tile = scan > nr * num_tiles
+            for p in range(lo, hi):
+                c = indices[p]
+                mark[c] = i
+                if cnt[c, a] == 1:
+                    rem_a += 1
+                if by_tile:
+                    for b in range(num_tiles):
+                        if b != a and cnt[c, b] > 0:
+                            if overlap[b] == 0:
+                                touched[num_touched] = b
+                                num_touched += 1
+                            overlap[b] += 1
+                    continue
+                for q in range(col_ptr[c], col_ptr[c + 1]):
+                    b = tile_of[col_rows[q]]
+                    if b != a and seen[b] != p:
+                        seen[b] = p
+                        if overlap[b] == 0:
+                            touched[num_touched] = b
+                            num_touched += 1
+                        overlap[b] += 1
+            if rem_a == 0:  # r frees no column of its tile: a swap that gains is found from its partner
+                for q in range(num_touched):
+                    overlap[touched[q]] = 0
+                continue
+            nb = 0  # the `width` touched tiles of most overlap, ties to the lower tile id
+            for q in range(num_touched):
+                b = touched[q]
+                j = nb
+                if nb < width:
+                    nb += 1
+                elif overlap[b] < overlap[best_tiles[width - 1]] or (
+                        overlap[b] == overlap[best_tiles[width - 1]] and b > best_tiles[width - 1]):
+                    continue
+                else:
+                    j = width - 1
+                best_tiles[j] = b
+                while j > 0 and (overlap[best_tiles[j]] > overlap[best_tiles[j - 1]] or (
+                        overlap[best_tiles[j]] == overlap[best_tiles[j - 1]] and best_tiles[j] < best_tiles[j - 1])):
+                    best_tiles[j], best_tiles[j - 1] = best_tiles[j - 1], best_tiles[j]
+                    j -= 1
+            best_delta, best_b, best_s = 0, -1, -1
+            for q in range(nb):
+                b = best_tiles[q]
+                new_b = nr - overlap[b]
+                if size[b] < m1:  # a move into a tile with room
+                    d = new_b - rem_a
+                    if (d < best_delta and nnc[b] + new_b <= cap_nnc and nnz[b] + nr <= cap_nnz
+                            and nnz[a] - nr >= floor_nnz):
+                        best_delta, best_b, best_s = d, b, -1
+                for u in range(size[b]):
+                    s = members[b, u]
+                    rs = rows[s]
+                    lost_b, new_a, common = 0, 0, 0
+                    for p in range(indptr[rs], indptr[rs + 1]):
+                        c = indices[p]
+                        if mark[c] == i:
+                            if cnt[c, a] == 1:
+                                common += 1
+                        else:
+                            if cnt[c, b] == 1:
+                                lost_b += 1
+                            if cnt[c, a] == 0:
+                                new_a += 1
+                    lost_a = rem_a - common
+                    d = (new_a - lost_a) + (new_b - lost_b)
+                    if d < best_delta:
+                        ns = indptr[rs + 1] - indptr[rs]
+                        if (nnc[a] + new_a - lost_a <= cap_nnc and nnc[b] + new_b - lost_b <= cap_nnc
+                                and floor_nnz <= nnz[a] - nr + ns <= cap_nnz and floor_nnz <= nnz[b] - ns + nr <= cap_nnz):
+                            best_delta, best_b, best_s = d, b, s
+            for q in range(num_touched):
+                overlap[touched[q]] = 0
+            if best_b < 0:
+                continue
+            b = best_b
+            for p in range(lo, hi):
+                c = indices[p]
+                cnt[c, a] -= 1
+                if cnt[c, a] == 0:
+                    nnc[a] -= 1
+                if cnt[c, b] == 0:
+                    nnc[b] += 1
+                cnt[c, b] += 1
+            nnz[a] -= nr
+            nnz[b] += nr
+            for u in range(size[a]):
+                if members[a, u] == i:
+                    members[a, u] = members[a, size[a] - 1]
+                    members[a, size[a] - 1] = -1
+                    size[a] -= 1
+                    break
+            if best_s >= 0:
+                s = best_s
+                rs = rows[s]
+                for p in range(indptr[rs], indptr[rs + 1]):
+                    c = indices[p]
+                    cnt[c, b] -= 1
+                    if cnt[c, b] == 0:
+                        nnc[b] -= 1
+                    if cnt[c, a] == 0:
+                        nnc[a] += 1
+                    cnt[c, a] += 1
+                ns = indptr[rs + 1] - indptr[rs]
+                nnz[b] -= ns
+                nnz[a] += ns
+                for u in range(size[b]):
+                    if members[b, u] == s:
+                        members[b, u] = members[b, size[b] - 1]
+                        members[b, size[b] - 1] = -1
+                        size[b] -= 1
+                        break
+                members[a, size[a]] = s
+                size[a] += 1
+                tile_of[s] = a
+            members[b, size[b]] = i
+            size[b] += 1
+            tile_of[i] = b
+            changed += 1
+        if changed == 0:
+            break
+    return tile_of
+
+
+@numba.njit(inline="always")
+def _outside(x, low, high):
+    return max(0.0, x - high) + max(0.0, low - x)
+
+
+@numba.njit(cache=True, nogil=True)
+def _balance(indptr, indices, k, rows, tile_ptr, m1, low, high, max_rounds, reach):
+    """Group of each of `rows` after moves and swaps that bring every tile's nnz into [low, high]:
+    each round takes the tile furthest outside and applies the change of one of its rows (a move
+    into a tile with room, or a swap) with one of `reach` tiles furthest on the other side of the
+    mean or `reach` tiles sharing most of its columns, the change that brings the two tiles closer
+    to the window at the least Σ nnc per nonzero of the gap closed. Σ nnc changes are counted per
+    row against the tiles as they are (ignoring columns two swapped rows share): a ranking, the
+    counts stay exact."""
+    num_tiles = len(tile_ptr) - 1
+    n = len(rows)
+    tile_of, members, size = _membership(n, tile_ptr, m1)
+    cnt = np.zeros((k, num_tiles), np.int32)
+    nnz = np.zeros(num_tiles, np.float64)
+    row_nnz = np.empty(n, np.float64)
+    for i in range(n):
+        r = rows[i]
+        row_nnz[i] = indptr[r + 1] - indptr[r]
+        nnz[tile_of[i]] += row_nnz[i]
+        for p in range(indptr[r], indptr[r + 1]):
+            cnt[indices[p], tile_of[i]] += 1
+    mean = nnz.sum() / num_tiles
+    shared = np.zeros(num_tiles, np.int64)
+    seen = np.full(k, -1, np.int64)
+    picked = np.zeros(num_tiles, np.bool_)
+    for step in range(max_rounds):
+        w, far = -1, 0.0
+        for t in range(num_tiles):
+            v = _outside(nnz[t], low, high)
+            if v > far:
+                w, far = t, v
+        if w < 0:
+            break
+        # partner tiles: furthest on the other side of the mean, and sharing most columns with w
+        picked[:] = False
+        side = np.argsort(nnz) if nnz[w] > mean else np.argsort(-nnz)
+        taken = 0
+        for q in range(num_tiles):
+            b = side[q]
+            if taken == reach or (nnz[b] - mean) * (nnz[w] - mean) >= 0:
+                break
+            picked[b] = True
+            taken += 1
+        shared[:] = 0
+        for u in range(size[w]):
+            r = rows[members[w, u]]
+            for p in range(indptr[r], indptr[r + 1]):
+                c = indices[p]
+                if seen[c] != step:
+                    seen[c] = step
+                    for b in range(num_tiles):
+                        if cnt[c, b] > 0:
+                            shared[b] += 1
+        shared[w] = -1
+        for q in np.argsort(-shared, kind="mergesort")[:reach]:
+            if shared[q] > 0:
+                picked[q] = True
+        picked[w] = False
+        before_w = _outside(nnz[w], low, high)
+        best_score, best_x, best_y, best_b = np.inf, -1, -1, -1
+        for u in range(size[w]):
+            x = members[w, u]
+            r = rows[x]
+            freed_x = 0
+            for p in range(indptr[r], indptr[r + 1]):
+                if cnt[indices[p], w] == 1:
+                    freed_x += 1
+            for b in range(num_tiles):
+                if not picked[b]:
+                    continue
+                add_x = 0
+                for p in range(indptr[r], indptr[r + 1]):
+                    if cnt[indices[p], b] == 0:
+                        add_x += 1
+                if size[b] < m1:  # a move of x into a tile with room
+                    closer = (before_w + _outside(nnz[b], low, high) - _outside(nnz[w] - row_nnz[x], low, high)
+                              - _outside(nnz[b] + row_nnz[x], low, high))
+                    if closer > 0:
+                        score = (add_x - freed_x) / closer
+                        if score < best_score:
+                            best_score, best_x, best_y, best_b = score, x, -1, b
+                for v in range(size[b]):  # a swap of x with a row of b
+                    y = members[b, v]
+                    moved = row_nnz[x] - row_nnz[y]
+                    closer = (before_w + _outside(nnz[b], low, high) - _outside(nnz[w] - moved, low, high)
+                              - _outside(nnz[b] + moved, low, high))
+                    if closer <= 0:
+                        continue
+                    ry = rows[y]
+                    freed_y, add_y = 0, 0
+                    for p in range(indptr[ry], indptr[ry + 1]):
+                        c = indices[p]
+                        if cnt[c, b] == 1:
+                            freed_y += 1
+                        if cnt[c, w] == 0:
+                            add_y += 1
+                    score = (add_x - freed_x + add_y - freed_y) / closer
+                    if score < best_score:
+                        best_score, best_x, best_y, best_b = score, x, y, b
+        if best_x < 0:
+            break
+        # both rows leave their tiles before either joins (a full tile takes a row only in a swap)
+        for i, src in ((best_x, w), (best_y, best_b)):
+            if i < 0:
+                continue
+            r = rows[i]
+            for p in range(indptr[r], indptr[r + 1]):
+                cnt[indices[p], src] -= 1
+            nnz[src] -= row_nnz[i]
+            for u in range(size[src]):
+                if members[src, u] == i:
+                    members[src, u] = members[src, size[src] - 1]
+                    members[src, size[src] - 1] = -1
+                    size[src] -= 1
+                    break
+        for i, dst in ((best_x, best_b), (best_y, w)):
+            if i < 0:
+                continue
+            r = rows[i]
+            for p in range(indptr[r], indptr[r + 1]):
+                cnt[indices[p], dst] += 1
+            nnz[dst] += row_nnz[i]
+            members[dst, size[dst]] = i
+            size[dst] += 1
+            tile_of[i] = dst
+    return tile_of

@@ -6,7 +6,9 @@ import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.extract import LayerShape
-from lospmm.stages.prune import PruneParams, checked_sparsity, magnitude_pruned, pruned_layer, random_pruned
+from lospmm.status import Status
+from lospmm.stages.prune import (NM_GROUPS, NMPattern, PruneParams, checked_sparsity, magnitude_pruned, nm_pattern, nm_pattern_of,
+                                 nm_pruned, pruned_layer, random_pruned)
 
 
 def _shape(m=64, k=48, layer="fc", **kw):
@@ -133,3 +135,61 @@ def test_a_grouped_convolution_is_pruned_as_its_own_weight_and_laid_out_block_di
     assert np.array_equal(grouped_as_dense(sp.csr_matrix(weight), 1).toarray(), weight)
     odd = pruned_layer(replace(shape, m=6, cout=6), 0.5, PruneParams("magnitude"), weight[:6])
     assert odd.status == "error" and "divide into groups=4" in odd.message
+
+
+def _nm_reference(weight: np.ndarray, n: int, m: int, v: int) -> np.ndarray:
+    """N:M by its definition, one group at a time: per V rows × M columns, the N columns of largest
+    Σ|w| (ties to the lower column) kept."""
+    keep = np.zeros(weight.shape, bool)
+    for r0 in range(0, weight.shape[0], v):
+        for c0 in range(0, weight.shape[1], m):
+            score = np.abs(weight[r0:r0 + v, c0:c0 + m]).sum(axis=0)
+            cols = sorted(range(m), key=lambda c: (-score[c], c))[:n]
+            keep[r0:r0 + v, [c0 + c for c in cols]] = True
+    return np.where(keep, weight, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([(1, 2), (2, 4), (1, 4), (2, 8), (4, 32), (12, 32), (16, 32)]), st.sampled_from([1, 2, 4]),
+       st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31))
+def test_nm_pruning_keeps_the_largest_n_of_every_m(nm, v, row_groups, col_groups, seed):
+    n, m = nm
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((v * row_groups, m * col_groups)).astype(np.float32)
+    weight[rng.random(weight.shape) < 0.05] = 0  # zeros already there stay zeros
+    pattern = NMPattern(n, m, v)
+    a = nm_pruned(weight, pattern)
+    assert np.array_equal(a.toarray(), _nm_reference(weight, n, m, v))
+    found = nm_pattern_of(a)
+    if (weight != 0).all() and any(weight.shape[1] % g == 0 for g in NM_GROUPS):
+        assert found is not None and found.n * m <= n * found.m  # its own ratio (or a tighter one) is found
+
+
+def test_nm_pruned_layers_record_the_pattern_and_bad_layers_say_why():
+    good = pruned_layer(_shape(m=16, k=64), 0.5, PruneParams(method="nm:2:4"), np.ones((16, 64), np.float32))
+    assert good.pattern == NMPattern(2, 4) and good.sparsity_achieved == 0.5
+    zoo = pruned_layer(_shape(m=16, k=64), 0.75, PruneParams(method="nm:8:32:4"))  # no weights: random positions
+    assert zoo.pattern == NMPattern(8, 32, 4) and zoo.nnz == 16 * 64 // 4
+    assert nm_pattern_of(zoo.matrix) == NMPattern(8, 32, 4)
+    for shape, method, words in ((_shape(k=30), "nm:2:4", "K=30 is not a multiple of M=4"),
+                                 (_shape(k=16), "nm:16:32", "K=16 is narrower than one group of M=32"),
+                                 (_shape(m=6, k=64), "nm:2:4:4", "M=6 rows are not a multiple of the vector length 4")):
+        bad = pruned_layer(shape, 0.5, PruneParams(method=method))
+        assert bad.status == Status.ERROR and bad.message.startswith("fc: ") and words in bad.message, bad.message
+    with pytest.raises(ValueError, match="N < M"):
+        nm_pattern("nm:4:2")
+    with pytest.raises(ValueError, match="write nm:N:M"):
+        nm_pattern("nm:2")
+
+
+def test_keep_detects_the_pattern_of_an_nm_checkpoint_and_not_of_unstructured_weights():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 128)).astype(np.float32)
+    two_four = nm_pruned(weight, NMPattern(2, 4)).toarray()
+    kept = pruned_layer(_shape(m=64, k=128), 0.5, PruneParams(method="keep"), two_four)
+    assert kept.pattern == NMPattern(2, 4)
+    vector = nm_pruned(weight, NMPattern(8, 32, 8)).toarray()
+    assert pruned_layer(_shape(m=64, k=128), 0.75, PruneParams(method="keep"), vector).pattern == NMPattern(8, 32, 8)
+    # unstructured at 0.9: under 16 of every 32, but the groups are not filled to any N
+    loose = magnitude_pruned(weight, 0.9).toarray()
+    assert pruned_layer(_shape(m=64, k=128), 0.9, PruneParams(method="keep"), loose).pattern is None

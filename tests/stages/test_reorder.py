@@ -3,7 +3,9 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
-from lospmm.stages.reorder import ReorderParams, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import (ReorderParams, balanced_tiles, identity_tiles, layer_orders, ordered_tiles,
+                                   partition_seconds, partitioned_tiles,
+                                   refined_tiles, reordered_tiles, tile_stats)
 
 
 def _reference_algorithm_1(a: sp.csr_matrix, m1: int):
@@ -125,3 +127,195 @@ def test_distinct_m1s_caps_at_the_nonempty_row_count_once():
     a = sp.csr_matrix(np.diag([1.0, 0, 2, 3, 0, 4]))  # 4 non-empty rows
     assert distinct_m1s(a, [1, 2, 8, 32, 4]) == [1, 2, 4]
     assert distinct_m1s(sp.csr_matrix((3, 3)), [8]) == [1]
+
+
+# --- the candidate orders (ordered_tiles) ----------------------------------------------------------
+
+
+def _recounted(a: sp.csr_matrix, tiles) -> tuple[list[int], list[int]]:
+    nnz, nnc = [], []
+    for t in range(tiles.num_tiles):
+        sub = a[tiles.tile(t)]
+        nnz.append(sub.nnz)
+        nnc.append(len(np.unique(sub.indices)))
+    return nnz, nnc
+
+
+def _check_tiles(a: sp.csr_matrix, tiles, m1: int) -> None:
+    nonempty = np.flatnonzero(np.diff(a.indptr))
+    assert sorted(tiles.rows.tolist()) == nonempty.tolist()
+    assert np.diff(tiles.tile_ptr).max(initial=0) <= m1 and np.diff(tiles.tile_ptr).min(initial=1) >= 1
+    nnz, nnc = _recounted(a, tiles)
+    assert tiles.tile_nnz.tolist() == nnz and tiles.tile_nnc.tolist() == nnc
+
+
+@st.composite
+def structured_matrices(draw):
+    """Planted groups of rows sharing columns, shuffled, with noise: what partitioners and refinement find."""
+    groups = draw(st.integers(2, 12))
+    size = draw(st.integers(2, 9))
+    k = draw(st.integers(16, 96))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    rows = []
+    for _ in range(groups):
+        cols = rng.choice(k, size=max(1, k // 6), replace=False)
+        for _ in range(size):
+            keep = cols[rng.random(len(cols)) < 0.8]
+            noise = rng.choice(k, size=int(rng.integers(0, 3)), replace=False)
+            row = np.zeros(k, np.float32)
+            row[np.concatenate([keep, noise]).astype(int)] = 1.0
+            rows.append(row)
+    dense = np.array(rows)[rng.permutation(len(rows))]
+    return sp.csr_matrix(dense)
+
+
+# without the partitioner the property runs in milliseconds; the partitioner has its own tests below
+_NO_PARTITION = ReorderParams(strategies=("identity", "algorithm1", "refine"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(sparse_matrices(max_m=60, max_k=60), structured_matrices()), st.sampled_from([2, 3, 4, 8, 16]),
+       st.sampled_from([1, 64, 4096]))
+def test_the_kept_order_is_never_above_the_identity(a, m1, n):
+    r = ordered_tiles(a, m1, n, _NO_PARTITION)
+    _check_tiles(a, r.tiles, m1)
+    ident = tile_stats(identity_tiles(a, m1))
+    kept = tile_stats(r.tiles)
+    assert kept.nnc_sum <= ident.nnc_sum
+    assert [c.strategy for c in r.candidates] == ["identity", "algorithm1", "refine"]
+    assert sum(c.chosen for c in r.candidates) == 1 and r.candidate(r.strategy).chosen
+    chosen = r.candidate(r.strategy)
+    assert chosen.nnc_sum == kept.nnc_sum and chosen.max_nnc == kept.max_nnc
+    # the kept one is the cheapest estimate among those not above the identity
+    assert chosen.estimate_us <= min(c.estimate_us for c in r.candidates if 0 <= c.nnc_sum <= ident.nnc_sum
+                                     and "not eligible" not in c.note)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(sparse_matrices(max_m=60, max_k=60), structured_matrices()), st.sampled_from([2, 4, 8]))
+def test_refinement_never_loses_what_it_started_from(a, m1):
+    start = reordered_tiles(a, m1)
+    refined = refined_tiles(a, start)
+    _check_tiles(a, refined, m1)
+    before, after = tile_stats(start), tile_stats(refined)
+    assert after.nnc_sum <= before.nnc_sum
+    assert after.max_nnc <= before.max_nnc
+    if start.num_tiles > 1:
+        assert refined.tile_nnz.min() >= start.tile_nnz.min() and refined.tile_nnz.max() <= start.tile_nnz.max()
+
+
+def _planted(groups=16, size=8, k=256, seed=0) -> tuple[sp.csr_matrix, int]:
+    """Groups of `size` rows on disjoint column sets, rows shuffled: the planted tiling's Σ nnc."""
+    rng = np.random.default_rng(seed)
+    width = k // groups
+    rows = []
+    for g in range(groups):
+        for _ in range(size):
+            row = np.zeros(k, np.float32)
+            row[g * width + rng.choice(width, size=width // 2, replace=False)] = 1.0
+            rows.append(row)
+    dense = np.array(rows)[rng.permutation(len(rows))]
+    a = sp.csr_matrix(dense)
+    planted = sum(len(np.unique(sp.csr_matrix(np.array(rows[g * size:(g + 1) * size])).indices)) for g in range(groups))
+    return a, planted
+
+
+def test_the_partition_finds_planted_tiles_that_algorithm_1_misses():
+    a, planted = _planted()
+    r = ordered_tiles(a, 8, 4096)
+    by = {c.strategy: c for c in r.candidates}
+    assert by["partition"].nnc_sum == planted, by["partition"]
+    assert tile_stats(r.tiles).nnc_sum == planted
+    assert by["identity"].nnc_sum > 1.5 * planted  # shuffled: the identity order mixes the groups
+    assert r.strategy in ("partition", "refine")
+
+
+def test_orders_are_reproducible():
+    a, _ = _planted(seed=3)
+    noisy = sp.csr_matrix(a + sp.random(*a.shape, density=0.05, random_state=1, format="csr"))
+    first, second = ordered_tiles(noisy, 8, 1024), ordered_tiles(noisy, 8, 1024)
+    assert first.strategy == second.strategy
+    assert first.tiles.rows.tolist() == second.tiles.rows.tolist()
+    assert first.tiles.tile_ptr.tolist() == second.tiles.tile_ptr.tolist()
+    assert [(c.strategy, c.nnc_sum, c.max_nnc) for c in first.candidates] == \
+           [(c.strategy, c.nnc_sum, c.max_nnc) for c in second.candidates]
+
+
+def test_the_partitioner_keeps_to_its_budget_and_m1_range():
+    a, _ = _planted()
+    priced = partition_seconds(a.nnz, a.shape[0] // 8)
+    over = ordered_tiles(a, 8, 1024, ReorderParams(budget_seconds=priced / 2)).candidate("partition")
+    assert over.nnc_sum == -1 and "over the" in over.note and over.seconds == 0.0
+    outside = ordered_tiles(a, 4, 1024).candidate("partition")
+    assert outside.nnc_sum == -1 and "outside partition_m1s" in outside.note
+    ran = ordered_tiles(a, 8, 1024, ReorderParams(budget_seconds=priced * 2)).candidate("partition")
+    assert ran.nnc_sum > 0 and ran.note == ""
+
+
+def test_one_tile_or_one_row_tiles_leave_nothing_to_order():
+    a = sp.csr_matrix(np.eye(6, dtype=np.float32))
+    r = ordered_tiles(a, 1, 64)
+    assert r.strategy == "identity"
+    assert all("skipped" in c.note for c in r.candidates if c.strategy in ("partition", "refine"))
+
+
+def test_unknown_strategies_are_refused():
+    with pytest.raises(ValueError, match="unknown reorder strategies"):
+        ordered_tiles(sp.csr_matrix(np.eye(4, dtype=np.float32)), 2, 64, ReorderParams(strategies=("identity", "magic")))
+
+
+def test_the_partitioner_runs_only_for_the_m1s_that_can_still_win():
+    a, _ = _planted(groups=16, size=8)
+    m1s = (2, 8, 16, 32, 64)
+    cheap = layer_orders(a, m1s, 4096, _NO_PARTITION)
+    cheapest = {m1: min(c.estimate_us for c in r.candidates) for m1, r in cheap.items()}
+    ratios = sorted(cheapest[m1] / min(cheapest.values()) for m1 in (8, 16, 32, 64))
+    within = (ratios[1] + ratios[2]) / 2  # two of the four M1s in range can win, two cannot
+    orders = layer_orders(a, m1s, 4096, ReorderParams(budget_seconds=60.0, partition_within=within))
+    assert "outside partition_m1s" in orders[2].candidate("partition").note
+    for m1 in (8, 16, 32, 64):
+        ran = orders[m1].candidate("partition").nnc_sum >= 0
+        assert ran == (cheapest[m1] <= within * min(cheapest.values())), (m1, orders[m1].candidate("partition"))
+        if not ran:
+            assert f"over {within:g}×" in orders[m1].candidate("partition").note
+    # the budget is the layer's: once spent, the other M1s are skipped with what was left
+    tight = layer_orders(a, (8, 16, 32, 64), 4096, ReorderParams(
+        budget_seconds=partition_seconds(a.nnz, 16) * 1.01, partition_within=100.0))
+    ran = [m1 for m1, r in tight.items() if r.candidate("partition").nnc_sum >= 0]
+    assert len(ran) == 1
+    assert all("left of the layer's budget" in r.candidate("partition").note for m1, r in tight.items() if m1 not in ran)
+
+
+def _planted_unequal(seed=0) -> sp.csr_matrix:
+    """Planted groups of 8 rows on disjoint columns, alternate groups four times denser: the
+    partition finds the groups, whose nnz differ far past constrain's TH_row."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in range(16):
+        for _ in range(8):
+            row = np.zeros(256, np.float32)
+            row[g * 16 + rng.choice(16, size=12 if g % 2 else 3, replace=False)] = 1.0
+            rows.append(row)
+    return sp.csr_matrix(np.array(rows)[rng.permutation(len(rows))])
+
+
+def test_balancing_brings_a_partition_within_the_nnz_bound():
+    a = _planted_unequal()
+    start = partitioned_tiles(a, 8)
+    assert tile_stats(start).cov_nnz > 0.5  # the groups themselves
+    balanced = balanced_tiles(a, start, 0.25)
+    _check_tiles(a, balanced, 8)
+    assert tile_stats(balanced).cov_nnz <= 0.25
+    assert tile_stats(balanced).nnc_sum < tile_stats(identity_tiles(a, 8)).nnc_sum
+    assert balanced_tiles(a, balanced, 0.25) is balanced  # within the bound: left as it is
+
+
+def test_a_balanced_partition_is_refined_and_weighed_against_the_other_refinement():
+    a = _planted_unequal()
+    r = ordered_tiles(a, 8, 4096)
+    by = {c.strategy: c for c in r.candidates}
+    assert "not eligible: nnz COV" in by["partition"].note
+    # the two refinements (from Algorithm 1, from the balanced partition): the cheaper one stays
+    assert "from partition, nnz balanced first" in by["refine"].note, by["refine"].note
+    assert r.strategy == "refine" and by["refine"].nnc_sum < by["algorithm1"].nnc_sum
+    assert by["refine"].cov_nnz <= 0.25 + 1e-9

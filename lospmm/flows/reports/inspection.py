@@ -24,9 +24,9 @@ VIEW_COLUMNS = {
     "extract": ["layer", "op", "m", "n", "k", "repeat", "kh", "stride", "h_out", "status", "message"],
     "prune": ["layer", "m", "n", "k", "repeat", "sparsity_requested", "sparsity_achieved", "nnz", "status",
               "message", "seconds"],
-    "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "identity_max_nnc", "reordered_max_nnc",
-                "identity_mean_nnc", "reordered_mean_nnc", "identity_cov_nnz", "reordered_cov_nnz", "status",
-                "seconds"],
+    "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "order", "identity_nnc_sum",
+                "reordered_nnc_sum", "identity_max_nnc", "reordered_max_nnc", "identity_cov_nnz", "reordered_cov_nnz",
+                "status", "seconds"],
     "constrain": ["layer", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
                   "removed_by", "fallback"],
     "cluster": ["layer", "m1", "num_tiles", "max_active_blocks", "num_clusters", "status", "message", "seconds"],
@@ -168,6 +168,8 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
                 continue
         if stage == "constrain" and not rows:
             out.append((str(path), _reduction_table(table, e)))
+        elif stage == "reorder" and not rows and not all_columns:
+            out.append((str(path), _orders_table(table, e, limit)))
         else:
             cols = None if all_columns else VIEW_COLUMNS[stage]
             out.append((str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}",
@@ -193,6 +195,30 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
                   *(str(removed.count(r)) for r in REMOVED_BY),
                   str(len(kept)) + (" (fallback)" if any(r.get("fallback") for r in kept) else ""),
                   sample if first["status"] != Status.ERROR else first["message"])
+    return t
+
+
+def _orders_table(table: pa.Table, entry: dict, limit: int) -> Table:
+    """Per (layer, M1): every candidate order's Σ nnc, max nnc and estimate, the kept one marked, or
+    why it was skipped or not eligible (the notes); Σ nnc of the kept order against the identity's."""
+    t = Table(title=f"reorder {entry.get('model', '')} s={entry.get('sparsity', '')}: candidate orders "
+                    f"(Σ nnc / max nnc / estimate µs; * kept)"
+                    + (f", first {limit} of {table.num_rows}" if table.num_rows > limit else ""))
+    strategies = list(dict.fromkeys(s for row in table.column("order_strategy").to_pylist() for s in row or ()))
+    for c in ("layer", "M1", "tiles", *strategies, "kept / identity", "s"):
+        t.add_column(c, overflow="fold", no_wrap=c == "layer")
+    for r in table.slice(0, limit).to_pylist():
+        if r["status"] != Status.OK:
+            t.add_row(r["layer"], _num(r.get("m1")), "", *([""] * len(strategies)), f"{r['status']}: {r['message']}", "")
+            continue
+        cells = {}
+        for s, total, top, est, chosen, note in zip(r["order_strategy"], r["order_nnc_sum"], r["order_max_nnc"],
+                                                   r["order_estimate_us"], r["order_chosen"], r["order_note"]):
+            cells[s] = (f"{'*' if chosen else ''}{total} / {top} / {est:.3g}" if total >= 0 else "") \
+                + (f"\n{note}" if note else "")
+        ratio = r["reordered_nnc_sum"] / r["identity_nnc_sum"] if r["identity_nnc_sum"] else 1.0
+        t.add_row(r["layer"], str(r["m1"]), str(r["num_tiles"]), *(cells.get(s, "") for s in strategies),
+                  f"{ratio:.3f} ({r['order']})", _num(r["seconds"]))
     return t
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 
 from lospmm.flows.catalog.pruned import csr_from_row
-from lospmm.flows.catalog.reordered import SCHEMA, prefixed, tiles_row
+from lospmm.flows.catalog.reordered import SCHEMA, prefixed, reordering_row
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task, stoppable
-from lospmm.stages.reorder import ReorderParams, distinct_m1s, identity_tiles, reordered_tiles, tile_stats
+from lospmm.stages.reorder import ReorderParams, identity_tiles, layer_orders, tile_stats
 from lospmm.status import Status
 
 
 @stage_task("reorder")
 def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1s: tuple[int, ...],
-            params: ReorderParams) -> dict:
+            params: ReorderParams, partitioner: str) -> dict:
+    # `partitioner` (Mt-KaHyPar's version) is here for the cache key: a new partitioner may cut differently
     def compute():
         table = ctx.read(inputs["prune"])
         rows = []
@@ -26,13 +27,14 @@ def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1
                 continue
             try:
                 matrix = csr_from_row(table, i)
-                for m1 in distinct_m1s(matrix, m1s):
-                    t0 = time.perf_counter()
-                    tiles = reordered_tiles(matrix, m1, params)
-                    rows.append({**base, **tiles_row(tiles), "status": Status.OK, "message": "",
+                t0 = time.perf_counter()
+                orders = layer_orders(matrix, m1s, info["n"], params)
+                seconds = (time.perf_counter() - t0) / max(len(orders), 1)  # the layer's time, shared by its M1s
+                for m1, reordering in orders.items():
+                    rows.append({**base, **reordering_row(reordering), "status": Status.OK, "message": "",
                                  **prefixed("identity", tile_stats(identity_tiles(matrix, m1))),
-                                 **prefixed("reordered", tile_stats(tiles)),
-                                 "seconds": time.perf_counter() - t0})
+                                 **prefixed("reordered", tile_stats(reordering.tiles)),
+                                 "seconds": seconds})
             except Exception as e:
                 rows.append(failed_row(base, info["layer"], e))
         return rows

@@ -1,0 +1,46 @@
+"""Registers per thread of Alg. 2's thread tile, predicted before compiling: what constrain's
+register test, the compile's --maxrregcount and the reorder's pricing of orders all use. The
+counts are calibrated against ptxas (stages/constrain.py's docstring says how)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lospmm.kernel.design import BASELINE, KernelDesign
+
+
+@dataclass(frozen=True)
+class RegisterModel:
+    """Defaults: prefetch_regs=2, overhead_regs=14, extra_regs_per_row=0.5, min_regs=32,
+    vector_regs_per_column=8, loop_regs=12 (the smallest caps without a spill over M1 = 1..16 of a
+    96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12, which spilled 24 B with a
+    loop at 8). ConstrainParams carries the same fields, these defaults, as run options."""
+
+    prefetch_regs: int = 2
+    overhead_regs: int = 14
+    extra_regs_per_row: float = 0.5
+    min_regs: int = 32
+    vector_regs_per_column: int = 8
+    loop_regs: int = 12
+
+
+def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE) -> int:
+    """Registers per thread for a kernel of `design` (`params`: a RegisterModel, or any object with
+    its fields, such as ConstrainParams): with V columns per thread its accumulators and B values
+    are V wide, and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a
+    looped design carries the walk's column and stride and B and C (`loop_regs`). A half design's
+    sums are one register per row when packed, two when in fp32, three when promoted."""
+    v = design.columns_per_thread
+    if design.half:
+        # a packed sum holds a row's two columns in one register; an fp32 sum two floats (and each B
+        # pair is unpacked to two); a promoted sum both
+        packed = design.accumulate == "packed"
+        sums = m1 * (1 if packed else 2) + (2 * m1 if design.promote_every else 0)
+        regs = (sums + int(params.extra_regs_per_row * sums) + params.prefetch_regs * (1 if packed else 2)
+                + params.overhead_regs)
+    elif v == 1:
+        regs = m1 + int(params.extra_regs_per_row * m1) + params.prefetch_regs + params.overhead_regs
+    else:
+        regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs
+    regs += params.loop_regs if design.looped else 0
+    return max(params.min_regs, regs)
