@@ -4,6 +4,7 @@ Table 3's ranges, every kept candidate's full kernel timed with the run's Timer.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -64,7 +65,7 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
     meta = {**trained.metadata, "timer": timer.name, "device": device.name, "arch": device.arch,
             "synthetic_kernels": count, "samples": int(len(t)), "seed": seed,
             "seconds": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "table3_ranges": vars(SyntheticParams()), "design": design.label}
+            "table3_ranges": asdict(SyntheticParams()), "design": design.label}
     return save_ranker(out, trained.booster, meta)
 
 

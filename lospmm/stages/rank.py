@@ -8,7 +8,7 @@ its graded relevance is how close its time is to the group's best.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -199,7 +199,7 @@ def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarra
             "rows": int(len(x)), "heldout_ndcg_at_10": float(np.mean(ndcgs)),
             "heldout_top10_hit_rate": float(np.mean(hits)),
             "heldout_top10_within_2pct": float(np.mean(np.array(losses) <= 0.02)),
-            "heldout_top10_mean_loss": float(np.mean(losses)), "params": vars(params),
+            "heldout_top10_mean_loss": float(np.mean(losses)), "params": asdict(params),
             "lightgbm": lightgbm.__version__}
     return TrainedRanker(model.booster_, meta)
 

@@ -8,11 +8,12 @@ from lospmm.flows.training import candidate_rows, candidate_time
 from lospmm.stages.constrain import layer_candidates
 from lospmm.devices import device_named
 from lospmm.stages.prune import random_pruned
-from lospmm.stages.rank import FEATURES, SyntheticKernel
+from lospmm.stages.rank import FEATURES, SyntheticKernel, SyntheticParams
 from lospmm.stages.reorder import tile_stats
 from lospmm.search import layer_tiles
 from lospmm.kernel.estimate import EstimateTimer
 from lospmm.kernel.timing import LaunchUnderTest
+from lospmm.stages.rank import SyntheticParams
 
 H100 = device_named("h100")
 
@@ -21,7 +22,8 @@ def test_candidates_are_the_searchs_kept_ones_with_their_features():
     sk = SyntheticKernel(512, 256, 2048, 0.8, seed=5)
     rows = candidate_rows(sk, H100)
     a = random_pruned(sk.m, sk.k, sk.sparsity, np.random.default_rng(sk.seed))
-    tiles = layer_tiles(a, (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128))
+    params = SyntheticParams()  # the training's own reorder (no partitioner), priced at the kernel's N
+    tiles = layer_tiles(a, sk.n, params.m1, params.reorder)
     kept = [c for c in layer_candidates(sk.n, {m: tile_stats(t) for m, t in tiles.items()}, H100) if c.kept]
     assert [(r["m1"], r["n1"]) for r in rows] == [(c.m1, c.n1) for c in kept] and rows
     assert all(set(FEATURES) <= set(r) and r["sparsity"] == 0.8 and r["k"] == 256 for r in rows)
