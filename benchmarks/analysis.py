@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -121,6 +122,37 @@ def ab_summary(rows: list[dict]) -> list[dict]:
         out.append({"model": model, "layer": layer, "baseline_us": base,
                     **{d: designs[d]["ours_us"] / base for d in designs if d != baseline}})
     return out
+
+
+def reorder_summary(rows: list[dict], nnc: Mapping[str, tuple[int, int]]) -> tuple[list[dict], float]:
+    """Issue 33's device step: per A/B layer, each row order's µs and Σ nnc (`nnc`: kernel id ->
+    (Σ nnc, max nnc), from the planned tiles), the kept order's time over Algorithm 1's and whether
+    it is slower by more than the two spreads; and the Pearson correlation, over every (layer,
+    order), of time against Σ nnc, each over its layer's Algorithm 1 kernel."""
+    by_layer: dict = {}
+    for r in rows:
+        if r.get("set") == "reorder" and r.get("role", "full") == "full":
+            by_layer.setdefault((r["model"], r["layer"]), {})[r["order"]] = r
+    out, xs, ys = [], [], []
+    for (model, layer), orders in by_layer.items():
+        alg1 = orders.get("algorithm1")
+        row = {"model": model, "layer": layer}
+        for name, r in orders.items():
+            row[f"{name}_us"] = r["ours_us"]
+            row[f"{name}_nnc_sum"], row[f"{name}_max_nnc"] = nnc.get(r["id"], (float("nan"), float("nan")))
+        if alg1 is not None and "kept" in orders:
+            kept = orders["kept"]
+            row["kept_over_alg1"] = kept["ours_us"] / alg1["ours_us"]
+            band = (kept.get("spread") or 0.0) + (alg1.get("spread") or 0.0)
+            row["slower_beyond_spread"] = bool(row["kept_over_alg1"] > 1 + band)
+            for name, r in orders.items():
+                xs.append(row[f"{name}_nnc_sum"] / row["algorithm1_nnc_sum"])
+                ys.append(r["ours_us"] / alg1["ours_us"])
+        out.append(row)
+    x, y = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    corr = float(np.corrcoef(x[ok], y[ok])[0, 1]) if ok.sum() >= 3 and np.ptp(x[ok]) and np.ptp(y[ok]) else float("nan")
+    return out, corr
 
 
 # issue 30, item 3: the default design changes only on this evidence

@@ -84,6 +84,9 @@ STEPS: tuple[Step, ...] = (
          device_seconds=300, needs=("wheels",)),
     Step("designs", "design A/B on the A/B layers at 0.9 and the diagnosis micro sweeps: the decision table",
          "20, 30.2.2", (BundleSpec("ab", "ab"), BundleSpec("micro", "micro")), device_seconds=540),
+    Step("reorder", "row orders on the A/B layers at 0.9: identity, Algorithm 1 and the order the flow keeps, "
+                    "same tile and design: time against Σ nnc", "33",
+         (BundleSpec("reorder", "reorder", {}, ("sgemm",)),), device_seconds=240),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
          runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",)),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
@@ -453,6 +456,13 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
                                                                           "tile_code_bytes_mean")}
                                                  for r in speed if r.get("set") == "micro"])
+            if any(r.get("set") == "reorder" for r in speed):
+                rows, corr = analysis.reorder_summary(speed, reorder_nnc())
+                analysis.print_table("row orders, same tile and design (issue 33): µs and Σ nnc; kept over Algorithm 1",
+                                     rows)
+                print(f"time against Σ nnc (each over its layer's Algorithm 1 kernel): Pearson r = {corr:.3f}; "
+                      f"layers slower than Algorithm 1's order beyond the spreads: "
+                      f"{sum(r.get('slower_beyond_spread', False) for r in rows)} of {len(rows)}")
             half = analysis.half_rows(speed)
             if half:
                 analysis.print_table("half precision against cuBLAS in the same dtype and our fp32 kernel on the same tile",
@@ -466,6 +476,17 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             launches = [r for r in speed if r.get("set") == "sample"]
             if launches:
                 analysis.print_table("Table 4, measured", analysis.table4_rows(launches))
+
+
+def reorder_nnc() -> dict[str, tuple[int, int]]:
+    """Σ nnc and max nnc of every kernel of the reorder set, from its planned tiles (host only)."""
+    from benchmarks.sets import matrix_of, ordered, reorder_plan
+
+    out = {}
+    for p in reorder_plan():
+        tiles = ordered(matrix_of(p), p)
+        out[p.id] = (int(tiles.tile_nnc.sum()), int(tiles.tile_nnc.max()))
+    return out
 
 
 # --- wheels the GPU image lacks ---------------------------------------------------------------------------------
@@ -484,7 +505,7 @@ portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpui
 python-dateutil pyyaml regex requests rich safetensors scikit-learn scipy seaborn setuptools shellingham simplejson six
 sortedcontainers statsmodels sympy tabulate threadpoolctl tifffile timm tokenizers toolz torch tqdm typer
 typing-extensions typing-inspect urllib3 uvloop werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
-WHEELS = ("prefect==3.8.8", "fastapi==0.150.0", "lightgbm==4.7.0")  # the versions pyproject.toml resolves to here
+WHEELS = ("prefect==3.8.8", "fastapi==0.150.0", "lightgbm==4.7.0", "mtkahypar==1.7.post1")  # the versions pyproject.toml resolves to here
 PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")

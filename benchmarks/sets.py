@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -83,6 +83,7 @@ class Planned:
     also_at: tuple[tuple[int, int], ...] = ()
     conv: tuple[tuple[str, int], ...] = ()  # a conv kernel's ConvGeometry fields
     epilogue: str = ""  # "", "relu", "bias", "bias+relu" (a conv case's)
+    order: str = "algorithm1"  # the row order of its tiles: a stages.reorder strategy, or "kept" (the flow's choice)
 
     def row(self) -> dict:
         """The launch row's description columns."""
@@ -155,17 +156,30 @@ def tile_work(tiles) -> dict:
             "zero_blocks": int(work.zero_blocks)}
 
 
+def ordered(a: sp.csr_matrix, p: Planned):
+    """The tiles of a planned kernel in its `order`: Algorithm 1's (every set but reorder), the
+    identity's, or the order the flow keeps for its layer (stages.reorder.ordered_tiles at its N,
+    the flow's defaults, priced on an H100)."""
+    from lospmm.stages.reorder import ReorderParams, identity_tiles, ordered_tiles, reordered_tiles
+
+    if p.order == "algorithm1":
+        return reordered_tiles(a, p.m1)
+    if p.order == "identity":
+        return identity_tiles(a, p.m1)
+    if p.order == "kept":
+        return ordered_tiles(a, p.m1, p.n, ReorderParams()).tiles
+    raise ValueError(f"{p.id}: no row order {p.order!r} (algorithm1, identity, kept)")
+
+
 def planned_job(p: Planned, matrix: Callable[[], sp.csr_matrix] | None = None) -> Job:
     """The job of a planned full kernel: its A (`matrix()`, default matrix_of) reordered for its M1,
     rendered in its design."""
-    from lospmm.stages.reorder import reordered_tiles
-
     matrix = matrix or (lambda: matrix_of(p))
 
     @functools.lru_cache(maxsize=1)
     def parts():
         a = matrix()
-        tiles = reordered_tiles(a, p.m1)
+        tiles = ordered(a, p)
         geometry = ConvGeometry(**dict(p.conv)) if p.conv else None
         bias = tuple(float(v) for v in np.random.default_rng(p.m).standard_normal(p.m).astype(np.float32)) \
             if "bias" in p.epilogue else ()
@@ -215,6 +229,14 @@ def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list
                                4 if model != "bert-base" else 32, design_named(design).label, m1, n1,
                                _id(model, layer, sparsity), f"today's tile (H100 call l, {AB_TILES_FROM.parent.name})"))
     return out
+
+
+def reorder_plan(layers=AB_LAYERS, sparsity: float = 0.9, orders=("identity", "algorithm1", "kept")) -> list[Planned]:
+    """Issue 33's device step: each A/B layer's baseline kernel on today's tile in each row order,
+    everything else the same, so that time can be set against Σ nnc (the launch rows' tile_loads)."""
+    return [replace(p, id=_id("reorder", p.model, p.layer, order), set="reorder", order=order,
+                    chosen_by=f"{p.chosen_by}; rows in the {order} order")
+            for p in ab_plan(designs=("baseline",), layers=layers, sparsity=sparsity) for order in orders]
 
 
 def micro_plan(n: int = 65536) -> list[Planned]:
@@ -474,10 +496,11 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
 
 def set_jobs(name: str, **options) -> list[Job]:
     """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
-    sample; `options` are its plan's parameters."""
+    reorder, sample; `options` are its plan's parameters."""
     if name == "sample":
         return sample_jobs(SampleParams(**options))
-    plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan}
+    plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
+             "reorder": reorder_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

@@ -154,3 +154,19 @@ def test_a_launch_rows_work_is_the_estimates_of_the_same_kernel():
     assert got.zero_blocks == want.zero_blocks == 1 and got.design == want.design
     assert got.tile_loads.tolist() == want.tile_loads.tolist() and got.tile_fmas.tolist() == want.tile_fmas.tolist()
     assert (got.registers, got.spill_bytes, got.m1, got.n1) == (30, 8, 4, 64)
+
+
+def test_the_reorder_summary_compares_the_kept_order_with_algorithm_1_within_the_spreads():
+    def row(layer, order, us, spread=0.01):
+        return {"set": "reorder", "role": "full", "model": "m", "layer": layer, "order": order, "id": f"{layer}-{order}",
+                "ours_us": us, "spread": spread}
+
+    rows = [row("a", "identity", 12.0), row("a", "algorithm1", 10.0), row("a", "kept", 9.0),
+            row("b", "identity", 22.0), row("b", "algorithm1", 20.0), row("b", "kept", 21.0)]
+    nnc = {"a-identity": (1200, 40), "a-algorithm1": (1000, 35), "a-kept": (900, 30),
+           "b-identity": (2200, 50), "b-algorithm1": (2000, 45), "b-kept": (2050, 44)}
+    out, corr = analysis.reorder_summary(rows, nnc)
+    by = {r["layer"]: r for r in out}
+    assert by["a"]["kept_over_alg1"] == pytest.approx(0.9) and not by["a"]["slower_beyond_spread"]
+    assert by["b"]["kept_over_alg1"] == pytest.approx(1.05) and by["b"]["slower_beyond_spread"]  # 5% > 1% + 1%
+    assert by["a"]["kept_nnc_sum"] == 900 and corr == pytest.approx(1.0, abs=0.05)  # time follows Σ nnc here

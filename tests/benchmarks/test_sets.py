@@ -84,3 +84,12 @@ def test_every_set_is_known_by_name_and_an_unknown_one_is_named():
     assert {j.planned.set for j in sets.set_jobs("micro", n=4096)} == {"micro"}
     with pytest.raises(ValueError, match="no kernel set 'nope'"):
         sets.set_jobs("nope")
+
+
+def test_the_reorder_set_differs_only_in_the_row_order():
+    plan = sets.reorder_plan(layers=(("bert-base", "pooler.dense"),))
+    assert [p.order for p in plan] == ["identity", "algorithm1", "kept"] and len({p.id for p in plan}) == 3
+    same = {(p.model, p.layer, p.m1, p.n1, p.design, p.matrix, p.n) for p in plan}
+    assert len(same) == 1  # one A, one tile, one design: only the rows' grouping differs
+    nnc = {p.order: int(sets.ordered(sets.matrix_of(p), p).tile_nnc.sum()) for p in plan}
+    assert nnc["kept"] <= nnc["identity"] and nnc["algorithm1"] != nnc["identity"]
