@@ -87,6 +87,9 @@ STEPS: tuple[Step, ...] = (
     Step("reorder", "row orders on the A/B layers at 0.9: identity, Algorithm 1 and the order the flow keeps, "
                     "same tile and design: time against Σ nnc", "33",
          (BundleSpec("reorder", "reorder", {}, ("sgemm",)),), device_seconds=240),
+    Step("nm", "N:M layers (16/12/8/4 of 32, random positions) on the A/B layers against our kernel on the same "
+               "layer pruned at random to the same sparsity, and SGEMM, TF32, FP16", "34",
+         (BundleSpec("nm", "nm", {}, ("sgemm", "tf32", "fp16")),), device_seconds=540),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
          runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",)),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
@@ -463,6 +466,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 print(f"time against Σ nnc (each over its layer's Algorithm 1 kernel): Pearson r = {corr:.3f}; "
                       f"layers slower than Algorithm 1's order beyond the spreads: "
                       f"{sum(r.get('slower_beyond_spread', False) for r in rows)} of {len(rows)}")
+            if any(r.get("set") == "nm" for r in speed):
+                analysis.print_table("N:M layers: ours against our unstructured kernel at the same sparsity and SGEMM "
+                                     "(target: NM-SpMM's A100 ratios, work-bound layers)", analysis.nm_summary(speed))
             half = analysis.half_rows(speed)
             if half:
                 analysis.print_table("half precision against cuBLAS in the same dtype and our fp32 kernel on the same tile",

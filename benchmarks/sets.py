@@ -84,6 +84,7 @@ class Planned:
     conv: tuple[tuple[str, int], ...] = ()  # a conv kernel's ConvGeometry fields
     epilogue: str = ""  # "", "relu", "bias", "bias+relu" (a conv case's)
     order: str = "algorithm1"  # the row order of its tiles: a stages.reorder strategy, or "kept" (the flow's choice)
+    prune: str = ""  # how its A is pruned: "" the zoo's seeded random, or a prune method (nm:N:M[:V])
 
     def row(self) -> dict:
         """The launch row's description columns."""
@@ -117,11 +118,12 @@ def gemm_shapes(model: str, cnn_batch: int = 4) -> list[LayerShape]:
     return [s for s in shapes if s.ok and (s.op == "linear" or (s.op == "conv" and s.groups == 1))]
 
 
-def pruned(shape: LayerShape, sparsity: float) -> sp.csr_matrix:
-    """The layer's A as the flow prunes a zoo layer (seeded random, PruneParams' defaults)."""
-    from lospmm.stages.prune import pruned_layer
+def pruned(shape: LayerShape, sparsity: float, method: str = "") -> sp.csr_matrix:
+    """The layer's A as the flow prunes a zoo layer: seeded random (PruneParams' defaults), or by
+    `method` (nm:N:M[:V]: random N:M positions)."""
+    from lospmm.stages.prune import PruneParams, pruned_layer
 
-    return pruned_layer(shape, sparsity).matrix
+    return pruned_layer(shape, sparsity, PruneParams(method=method) if method else PruneParams()).matrix
 
 
 def micro_matrix(name: str) -> sp.csr_matrix:
@@ -144,7 +146,7 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
     if p.model == "conv-case":
         return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity)
     shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
-    return in_format(pruned(shape, p.sparsity), design_named(p.design).number)[0]
+    return in_format(pruned(shape, p.sparsity, p.prune), design_named(p.design).number)[0]
 
 
 def tile_work(tiles) -> dict:
@@ -289,14 +291,14 @@ def headline_plan(design: str, sparsities=(0.7, 0.9, 0.95), batches=(4, 32), mod
     return out
 
 
-def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> tuple[int, int] | None:
+def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, method: str = "") -> tuple[int, int] | None:
     """The tile the search chooses for the layer's pruned A (a half design's: A rounded to its dtype)
     in `design`: the shipped ranker of the design's kind, its top-10 proxies timed by `timer` (the
     flow's choice, search.choice). None for an empty layer."""
     from lospmm.kernel.timing import LaunchUnderTest
     from lospmm.search import SearchParams, choice, layer_search
 
-    a = pruned(shape, sparsity)
+    a = pruned(shape, sparsity, method)
     if a is None or a.nnz == 0:
         return None
     a = in_format(a, design.number)[0]
@@ -307,6 +309,40 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer) -> 
         smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
         design=design)) for c in search.chosen}
     return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
+
+
+NM_PATTERNS = ("nm:16:32", "nm:12:32", "nm:8:32", "nm:4:32")  # NM-SpMM's ratios (M = 32)
+
+
+def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gpu: str = "h100") -> list[Planned]:
+    """Issue 34's device step: each A/B layer that the pattern fits (K a multiple of M), pruned to each
+    N:M pattern (random positions, as the zoo) and, beside it, seeded random at the same sparsity, each
+    on the tile the search chooses for its own A: an N:M layer against our unstructured kernel."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.search import SearchParams
+    from lospmm.stages.prune import nm_pattern
+
+    device, kernel_design = device_named(gpu), design_named(design)
+    timer = estimate_timer(device)
+    out = []
+    for model, layer in layers:
+        shape = next(s for s in gemm_shapes(model) if s.layer == layer)
+        for method in patterns:
+            pattern = nm_pattern(method)
+            if pattern.problem(layer, shape.m, shape.k):
+                continue
+            for prune in (method, ""):
+                tile = searched_tile(shape, pattern.sparsity, kernel_design, device, timer, prune)
+                if tile is None:
+                    continue
+                kind = prune or "random"
+                out.append(Planned(_id("nm", model, layer, method, kind), "nm", model, layer, shape.m, shape.k, shape.n,
+                                   pattern.sparsity, 4 if model != "bert-base" else 32, kernel_design.label, tile[0],
+                                   tile[1], _id(model, layer, pattern.sparsity, kind),
+                                   f"search: ranker top-{SearchParams().rank.top_k}, proxies timed by {timer.name}; "
+                                   f"A {kind}, the {method} case", prune=prune))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -496,11 +532,11 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
 
 def set_jobs(name: str, **options) -> list[Job]:
     """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
-    reorder, sample; `options` are its plan's parameters."""
+    reorder, nm, sample; `options` are its plan's parameters."""
     if name == "sample":
         return sample_jobs(SampleParams(**options))
     plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
-             "reorder": reorder_plan}
+             "reorder": reorder_plan, "nm": nm_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

@@ -170,3 +170,17 @@ def test_the_reorder_summary_compares_the_kept_order_with_algorithm_1_within_the
     assert by["a"]["kept_over_alg1"] == pytest.approx(0.9) and not by["a"]["slower_beyond_spread"]
     assert by["b"]["kept_over_alg1"] == pytest.approx(1.05) and by["b"]["slower_beyond_spread"]  # 5% > 1% + 1%
     assert by["a"]["kept_nnc_sum"] == 900 and corr == pytest.approx(1.0, abs=0.05)  # time follows Σ nnc here
+
+
+def test_the_nm_summary_sets_each_nm_kernel_against_the_random_one_and_the_target():
+    def row(prune, us, sparsity=0.75, sgemm=40.0, layer="a"):
+        return {"set": "nm", "role": "full", "model": "m", "layer": layer, "sparsity": sparsity, "prune": prune,
+                "ours_us": us, "sgemm_us": sgemm}
+
+    rows = [row("nm:8:32", 10.0), row("", 12.0), row("nm:16:32", 25.0, 0.5), row("", 20.0, 0.5),
+            row("nm:4:32", 4.0, 0.875, sgemm=10.0, layer="small"), row("", 5.0, 0.875, sgemm=10.0, layer="small")]
+    out = {(r["layer"], r["pattern"]): r for r in analysis.nm_summary(rows)}
+    assert out[("a", "8:32")]["nm / random"] == pytest.approx(10 / 12) and out[("a", "8:32")]["meets"]  # 4.0 ≥ 3.6
+    assert out[("a", "16:32")]["vs SGEMM"] == pytest.approx(1.6) and not out[("a", "16:32")]["meets"]  # < 1.9
+    small = out[("small", "4:32")]  # SGEMM under 15 µs: not work-bound, no target
+    assert math.isnan(small["target"]) and not small["meets"]

@@ -93,3 +93,15 @@ def test_the_reorder_set_differs_only_in_the_row_order():
     assert len(same) == 1  # one A, one tile, one design: only the rows' grouping differs
     nnc = {p.order: int(sets.ordered(sets.matrix_of(p), p).tile_nnc.sum()) for p in plan}
     assert nnc["kept"] <= nnc["identity"] and nnc["algorithm1"] != nnc["identity"]
+
+
+def test_the_nm_set_pairs_each_nm_layer_with_a_random_one_of_the_same_sparsity():
+    from lospmm.stages.prune import NMPattern, nm_pattern_of
+
+    plan = sets.nm_plan(patterns=("nm:8:32", "nm:4:32"), layers=(("bert-base", "pooler.dense"), ("resnet50", "conv1")))
+    # conv1's K = 147 is no multiple of 32: left out; the pooler gets an N:M and a random A per pattern
+    assert {p.layer for p in plan} == {"pooler.dense"} and [p.prune for p in plan] == ["nm:8:32", "", "nm:4:32", ""]
+    nm, rand = plan[0], plan[1]
+    assert nm.sparsity == rand.sparsity == 0.75 and nm.matrix != rand.matrix and nm.id != rand.id
+    a, b = sets.matrix_of(nm), sets.matrix_of(rand)
+    assert nm_pattern_of(a) == NMPattern(8, 32) and nm_pattern_of(b) is None and a.nnz == b.nnz
