@@ -160,16 +160,17 @@ def tile_work(tiles) -> dict:
 
 def ordered(a: sp.csr_matrix, p: Planned):
     """The tiles of a planned kernel in its `order`: Algorithm 1's (every set but reorder), the
-    identity's, or the order the flow keeps for its layer (stages.reorder.ordered_tiles at its N,
-    the flow's defaults, priced on an H100)."""
-    from lospmm.stages.reorder import ReorderParams, identity_tiles, ordered_tiles, reordered_tiles
+    identity's, or the order the flow keeps for its layer (stages.reorder.layer_orders over the
+    flow's M1s at its N, the flow's defaults, priced on an H100)."""
+    from lospmm.search import DEFAULT_M1
+    from lospmm.stages.reorder import ReorderParams, distinct_m1s, identity_tiles, layer_orders, reordered_tiles
 
     if p.order == "algorithm1":
         return reordered_tiles(a, p.m1)
     if p.order == "identity":
         return identity_tiles(a, p.m1)
-    if p.order == "kept":
-        return ordered_tiles(a, p.m1, p.n, ReorderParams()).tiles
+    if p.order == "kept":  # as the flow decides it: the layer's M1s compete for the partitioner's budget
+        return layer_orders(a, sorted({*DEFAULT_M1, p.m1}), p.n, ReorderParams())[distinct_m1s(a, (p.m1,))[0]].tiles
     raise ValueError(f"{p.id}: no row order {p.order!r} (algorithm1, identity, kept)")
 
 

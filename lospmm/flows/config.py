@@ -176,7 +176,7 @@ def resolved(cfg: RunConfig) -> RunPlan:
         search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
                             rank=rank, design=design,
                             reorder=ReorderParams(strategies=cfg.reorder, budget_seconds=cfg.reorder_budget,
-                                                  price_device=device.name)),
+                                                  price_device=device.name, max_cov_nnz=cfg.th_row)),
         emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
 
 
@@ -429,7 +429,7 @@ def checked_settings(cfg: RunConfig) -> Device:
         raise ConfigError(f"--prune {cfg.prune}: {e}") from None
     if cfg.prune is not None and pattern is None and cfg.prune not in METHODS:
         raise ConfigError(f"--prune {cfg.prune!r}: choose one of {', '.join(METHODS)}")
-    if pattern is not None and any(abs(s - pattern.sparsity) > 1e-9 for s in cfg.sparsities):
+    if pattern is not None and any(abs(s - pattern.sparsity) > 1e-6 for s in cfg.sparsities):  # 1/3 as 0.333333
         raise ConfigError(f"--prune {cfg.prune} prunes to sparsity {pattern.sparsity:g} (1 - N/M): leave --sparsity "
                           f"out or give {pattern.sparsity:g}, not {' '.join(f'{s:g}' for s in cfg.sparsities)}")
     if cfg.prune in WEIGHT_METHODS and cfg.zoo:

@@ -26,9 +26,11 @@ kernel's B traffic, the largest nnc bounds its slowest block. Candidates (`Reord
 Every candidate is priced by the estimate (kernel.estimate, the baseline design at N1 = price_n1 on
 `price_device`, the layer's N), which weighs Σ nnc (B traffic, issue) and the largest tile (the
 slowest block). A candidate is eligible only if its Σ nnc is at most the identity's and its nnz
-balance (COV) within the larger of the identity's, Algorithm 1's and max_cov_nnz (constrain's
-load-balance test reads it): the kept order is never above the identity in Σ nnc. Of the eligible, the cheapest estimate
-is kept; ties go to the lower Σ nnc, then to the earlier strategy in STRATEGIES.
+balance (COV) passes constrain's load-balance test (max_cov_nnz, the run's TH_row) wherever the
+identity's does (where the identity's fails it, within the larger of the identity's and Algorithm
+1's): the kept order is never above the identity in Σ nnc, and never loses its M1 to a test the
+identity passes. Of the eligible, the cheapest estimate is kept; ties go to the lower Σ nnc, then
+to the earlier strategy in STRATEGIES.
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ class ReorderParams:
     partition_seed=0, partition_threads=1 (both in the cache key); budget_seconds=0.5 (the
     partitioner's priced seconds per layer, all its M1s together: `--reorder-budget`);
     partition_within=1.25 (an M1 can still win, so is refined and partitioned, while its cheapest of
-    identity and Algorithm 1 is within this factor of the layer's cheapest); refine_passes=3, refine_width=4 (tiles tried per row: those sharing most
-    of its columns); price_device="h100", price_n1=128 (the launch the estimate prices); max_cov_nnz=0.25 (the nnz
-    COV an order may reach beyond the identity's and Algorithm 1's: constrain's TH_row default)."""
+    identity and Algorithm 1 is within this factor of the layer's cheapest); refine_passes=3,
+    refine_width=4 (tiles tried per row: those sharing most of its columns); refine_work=3e8 (the
+    refinement's priced steps per (layer, M1), column walks and swap checks: over it, not run);
+    price_device="h100", price_n1=128 (the launch the estimate prices); max_cov_nnz=0.25 (constrain's
+    TH_row: a run passes its --th-row)."""
 
     row_order: str = "ascending"
     strategies: tuple[str, ...] = STRATEGIES
@@ -71,9 +75,19 @@ class ReorderParams:
     partition_within: float = 1.25
     refine_passes: int = 3
     refine_width: int = 4
+    refine_work: float = 3e8
     price_device: str = "h100"
     price_n1: int = 128
     max_cov_nnz: float = 0.25
+
+    def __post_init__(self):
+        # the numba loops index by these: a bad value would read and write out of bounds
+        if self.refine_width < 1 or self.refine_passes < 0:
+            raise ValueError(f"refine_width must be >= 1 and refine_passes >= 0, got {self.refine_width}, "
+                             f"{self.refine_passes}")
+        if self.partition_m1s[0] > self.partition_m1s[1] or self.partition_threads < 1:
+            raise ValueError(f"partition_m1s must be (low, high) with low <= high and partition_threads >= 1, "
+                             f"got {self.partition_m1s}, {self.partition_threads}")
 
 
 @dataclass(frozen=True)
@@ -174,9 +188,10 @@ def ordered_tiles(matrix: sp.csr_matrix, m1: int, n: int, params: ReorderParams 
 
 
 def layer_orders(matrix: sp.csr_matrix, m1s, n: int, params: ReorderParams = ReorderParams()) -> dict[int, Reordering]:
-    """ordered_tiles for every distinct M1 of `m1s` (distinct_m1s), the partitioner run only for the
-    M1s that can still win: those whose cheapest order so far is within `partition_within` of the
-    layer's cheapest, cheapest first, while the layer's priced `budget_seconds` lasts."""
+    """ordered_tiles for every distinct M1 of `m1s` (distinct_m1s), refinement and the partitioner
+    run only for the M1s that can still win: those whose cheaper of identity and Algorithm 1 is
+    within `partition_within` of the layer's cheapest; the partitioner cheapest first, while the
+    layer's priced `budget_seconds` lasts; refinement while priced within `refine_work`."""
     a = _canonical(matrix)
     if min(m1s, default=1) < 1:
         raise ValueError(f"M1 must be >= 1, got {min(m1s)}")
@@ -184,28 +199,40 @@ def layer_orders(matrix: sp.csr_matrix, m1s, n: int, params: ReorderParams = Reo
     if unknown:
         raise ValueError(f"unknown reorder strategies {sorted(unknown)}; choose from {STRATEGIES}")
     work = {m1: _cheap_orders(a, m1, n, params) for m1 in distinct_m1s(a, m1s)}
-    best = min((w.best_price for w in work.values()), default=0.0)
+    # identity's and Algorithm 1's prices decide which M1s can still win: refinement and the partition
+    # run only for those (within partition_within of the layer's cheapest), the partition cheapest first
+    cheap = {m1: w.best_price for m1, w in work.items()}
+    best = min(cheap.values(), default=0.0)
+
+    def out_of_reach(m1: int) -> str:
+        if cheap[m1] <= params.partition_within * best:
+            return ""
+        return (f"skipped: this M1's cheapest order ({cheap[m1]:.1f} µs) is over {params.partition_within:g}× the "
+                f"layer's cheapest ({best:.1f} µs)")
+
+    def refine_priced_out(m1: int) -> str:
+        steps = refine_steps(a, m1, params)
+        return f"skipped: priced at {steps:.2g} steps, over refine_work {params.refine_work:.2g}" \
+            if steps > params.refine_work else ""
+
     if "refine" in params.strategies:
-        for m1, w in work.items():  # refinement too only where the M1 can still win
+        for m1, w in work.items():
             if w.single:
                 continue
-            if w.best_price > params.partition_within * best:
-                w.notes["refine"] = (f"skipped: this M1's cheapest order ({w.best_price:.1f} µs) is over "
-                                     f"{params.partition_within:g}× the layer's cheapest ({best:.1f} µs)")
+            why = out_of_reach(m1) or refine_priced_out(m1)
+            if why:
+                w.notes["refine"] = why
                 continue
             start = w.start()
             w.add(a, "refine", lambda: refined_tiles(a, w.built[start][0], params), n, params)
             w.notes["refine"] = f"from {start}"
     if "partition" in params.strategies and work:
         left = params.budget_seconds
-        for m1 in sorted(work, key=lambda m: (work[m].best_price, m)):
+        for m1 in sorted(work, key=lambda m: (cheap[m], m)):
             w = work[m1]
             if w.single:
                 continue
-            why = _partition_skip(a, m1, params)
-            if not why and w.best_price > params.partition_within * best:
-                why = (f"skipped: this M1's cheapest order ({w.best_price:.1f} µs) is over "
-                       f"{params.partition_within:g}× the layer's cheapest ({best:.1f} µs)")
+            why = _partition_skip(a, m1, params) or out_of_reach(m1)
             priced = partition_seconds(a.nnz, -(-_nonempty_rows(a) // m1))
             if not why and priced > left:
                 why = f"skipped: priced at {priced:.2f} s, over the {left:.2f} s left of the layer's budget"
@@ -214,7 +241,7 @@ def layer_orders(matrix: sp.csr_matrix, m1s, n: int, params: ReorderParams = Reo
                 continue
             left -= priced
             w.add(a, "partition", lambda: partitioned_tiles(a, m1, params), n, params)
-            if "refine" in params.strategies:
+            if "refine" in params.strategies and not refine_priced_out(m1):
                 w.refine_from_partition(a, n, params)
     return {m1: w.kept(params) for m1, w in work.items()}
 
@@ -245,9 +272,12 @@ class _Orders:
                    key=lambda s: (self.prices[s], int(self.built[s][0].tile_nnc.sum()), STRATEGIES.index(s)))
 
     def cov_bound(self, params: ReorderParams) -> float:
-        """The nnz COV an eligible order may reach: the identity's, Algorithm 1's or max_cov_nnz."""
-        covs = [tile_stats(self.built[s][0]).cov_nnz for s in ("identity", "algorithm1") if s in self.built]
-        return max(covs + [params.max_cov_nnz])
+        """The nnz COV an eligible order may reach: max_cov_nnz (TH_row) where the identity's passes
+        it, else the larger of the identity's and Algorithm 1's (constrain fails the M1 either way)."""
+        identity = tile_stats(self.built["identity"][0]).cov_nnz
+        if identity <= params.max_cov_nnz:
+            return params.max_cov_nnz
+        return max(identity, tile_stats(self.built["algorithm1"][0]).cov_nnz if "algorithm1" in self.built else 0.0)
 
     def unfit(self, tiles: Tiles, params: ReorderParams) -> str:
         """Why `tiles` is not eligible ("" when it is)."""
@@ -316,6 +346,17 @@ def _nonempty_rows(a: sp.csr_matrix) -> int:
     return int((np.diff(a.indptr) > 0).sum())
 
 
+def refine_steps(matrix: sp.csr_matrix, m1: int, params: ReorderParams = ReorderParams()) -> float:
+    """The refinement's priced work on tiles of `m1` rows: per pass, each nonzero's walk over its
+    column's rows (or over every tile, where that is shorter) and the swap checks (refine_width
+    tiles of m1 rows per row)."""
+    a = _canonical(matrix)
+    tiles = max(1, -(-_nonempty_rows(a) // max(m1, 1)))
+    column_rows = np.bincount(a.indices, minlength=a.shape[1]).astype(np.float64)
+    walks = min(float((column_rows ** 2).sum()), float(a.nnz) * tiles)
+    return params.refine_passes * (walks + params.refine_width * m1 * float(a.nnz))
+
+
 def partitioner_version() -> str:
     """The installed Mt-KaHyPar's version ("absent" without it): part of the reorder cache key."""
     try:
@@ -352,6 +393,7 @@ def refined_tiles(matrix: sp.csr_matrix, start: Tiles, params: ReorderParams = R
     a = _canonical(matrix)
     if start.num_tiles <= 1:
         return start
+    _check_start(a, start)
     tile_of = _refine(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
                       start.rows.astype(np.int64), start.tile_ptr.astype(np.int64), start.m1,
                       params.refine_passes, params.refine_width)
@@ -365,6 +407,7 @@ def balanced_tiles(matrix: sp.csr_matrix, start: Tiles, max_cov: float) -> Tiles
     a = _canonical(matrix)
     if start.num_tiles <= 1 or tile_stats(start).cov_nnz <= max_cov:
         return start
+    _check_start(a, start)
     mean = float(start.tile_nnz.sum()) / start.num_tiles
     margin = 0.98 * max_cov  # inside the bound, not on it: float sums
     tile_of = _balance(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
@@ -402,6 +445,13 @@ def tile_stats(tiles: Tiles) -> TileStats:
         max_nnz=int(nnz.max()),
         cov_nnz=float(nnz.std() / mean) if mean > 0 else 0.0,
     )
+
+
+def _check_start(a: sp.csr_matrix, start: Tiles) -> None:
+    """A start the numba loops can trust (they do not check bounds): tiles of at most M1 rows of A."""
+    if np.diff(start.tile_ptr).max(initial=0) > start.m1 or (len(start.rows) and (
+            start.rows.min() < 0 or start.rows.max() >= a.shape[0])):
+        raise ValueError(f"tiles of M1 = {start.m1} do not fit this {a.shape[0]}-row matrix")
 
 
 def _joined(*parts) -> str:
@@ -629,7 +679,7 @@ def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
     seen = np.full(num_tiles, -1, np.int64)
     touched = np.empty(num_tiles, np.int64)
     best_tiles = np.empty(width, np.int64)
-    for _ in range(passes):
+    for it in range(passes):
         changed = 0
         for i in range(n):
             r = rows[i]
@@ -638,6 +688,7 @@ def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
             nr = hi - lo
             rem_a = 0
             num_touched = 0
+            stamp0 = it * indptr[-1]  # a stamp per (pass, nonzero): an earlier pass's never matches
             scan = 0
             for p in range(lo, hi):
                 scan += col_ptr[indices[p] + 1] - col_ptr[indices[p]]
@@ -658,8 +709,8 @@ def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
                     continue
                 for q in range(col_ptr[c], col_ptr[c + 1]):
                     b = tile_of[col_rows[q]]
-                    if b != a and seen[b] != p:
-                        seen[b] = p
+                    if b != a and seen[b] != stamp0 + p:
+                        seen[b] = stamp0 + p
                         if overlap[b] == 0:
                             touched[num_touched] = b
                             num_touched += 1

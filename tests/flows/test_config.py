@@ -315,3 +315,11 @@ def test_a_half_source_is_searched_in_its_half_design_with_the_half_ranker(tmp_p
             plan(**options)
     with pytest.raises(ConfigError, match="are a half run's"):
         resolved(RunConfig(zoo=("bert-base",), artifacts=str(tmp_path / "art"), accumulate="f32"))
+
+
+def test_the_reorder_keeps_to_the_runs_load_balance_threshold(tmp_path):
+    plan = resolved(RunConfig(zoo=("shufflenetv2",), th_row=0.1, reorder=("identity", "algorithm1"),
+                              reorder_budget=0.0, artifacts=str(tmp_path)))
+    assert plan.search.reorder.max_cov_nnz == 0.1 and plan.search.reorder.strategies == ("identity", "algorithm1")
+    with pytest.raises(ConfigError, match="--reorder"):
+        resolved(RunConfig(zoo=("shufflenetv2",), reorder=("nope",), artifacts=str(tmp_path)))

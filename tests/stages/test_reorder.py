@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -175,9 +177,10 @@ _NO_PARTITION = ReorderParams(strategies=("identity", "algorithm1", "refine"))
 
 @settings(max_examples=80, deadline=None)
 @given(st.one_of(sparse_matrices(max_m=60, max_k=60), structured_matrices()), st.sampled_from([2, 3, 4, 8, 16]),
-       st.sampled_from([1, 64, 4096]))
-def test_the_kept_order_is_never_above_the_identity(a, m1, n):
-    r = ordered_tiles(a, m1, n, _NO_PARTITION)
+       st.sampled_from([1, 64, 4096]), st.sampled_from([0.05, 0.15, 0.25]))
+def test_the_kept_order_is_never_above_the_identity(a, m1, n, th_row):
+    params = replace(_NO_PARTITION, max_cov_nnz=th_row)
+    r = ordered_tiles(a, m1, n, params)
     _check_tiles(a, r.tiles, m1)
     ident = tile_stats(identity_tiles(a, m1))
     kept = tile_stats(r.tiles)
@@ -189,6 +192,9 @@ def test_the_kept_order_is_never_above_the_identity(a, m1, n):
     # the kept one is the cheapest estimate among those not above the identity
     assert chosen.estimate_us <= min(c.estimate_us for c in r.candidates if 0 <= c.nnc_sum <= ident.nnc_sum
                                      and "not eligible" not in c.note)
+    # never an order that constrain's TH_row test removes where the identity passes it
+    if ident.cov_nnz <= th_row:
+        assert kept.cov_nnz <= th_row + 1e-9
 
 
 @settings(max_examples=60, deadline=None)
@@ -319,3 +325,21 @@ def test_a_balanced_partition_is_refined_and_weighed_against_the_other_refinemen
     assert "from partition, nnz balanced first" in by["refine"].note, by["refine"].note
     assert r.strategy == "refine" and by["refine"].nnc_sum < by["algorithm1"].nnc_sum
     assert by["refine"].cov_nnz <= 0.25 + 1e-9
+
+
+def test_bad_parameters_and_starts_are_refused_before_the_numba_loops():
+    with pytest.raises(ValueError, match="refine_width"):
+        ReorderParams(refine_width=0)
+    a, _ = _planted()
+    start = identity_tiles(a, 8)
+    with pytest.raises(ValueError, match="do not fit"):
+        refined_tiles(a[:64], start)  # rows past the matrix
+    wide = identity_tiles(a, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        refined_tiles(a, type(wide)(8, wide.rows, wide.tile_ptr, wide.tile_nnz, wide.tile_nnc, wide.empty_rows))
+
+
+def test_refinement_priced_over_its_work_is_skipped_and_says_so():
+    a, _ = _planted()
+    r = ordered_tiles(a, 8, 1024, ReorderParams(strategies=("identity", "algorithm1", "refine"), refine_work=1))
+    assert r.candidate("refine").nnc_sum == -1 and "over refine_work" in r.candidate("refine").note

@@ -168,10 +168,10 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
                 continue
         if stage == "constrain" and not rows:
             out.append((str(path), _reduction_table(table, e)))
-        elif stage == "reorder" and not rows and not all_columns:
+        elif stage == "reorder" and not rows and not all_columns and "order_strategy" in table.column_names:
             out.append((str(path), _orders_table(table, e, limit)))
         else:
-            cols = None if all_columns else VIEW_COLUMNS[stage]
+            cols = None if all_columns else [c for c in VIEW_COLUMNS[stage] if c in table.column_names]
             out.append((str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}",
                                                 cols)))
     if layer and not out:
