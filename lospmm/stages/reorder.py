@@ -143,6 +143,7 @@ class Reordering:
     tiles: Tiles
     strategy: str
     candidates: tuple[OrderCandidate, ...]
+    identity: TileStats  # the identity order's statistics (03_reordered's identity_* columns)
 
     def candidate(self, strategy: str) -> OrderCandidate | None:
         return next((c for c in self.candidates if c.strategy == strategy), None)
@@ -210,8 +211,12 @@ def layer_orders(matrix: sp.csr_matrix, m1s, n: int, params: ReorderParams = Reo
         return (f"skipped: this M1's cheapest order ({cheap[m1]:.1f} µs) is over {params.partition_within:g}× the "
                 f"layer's cheapest ({best:.1f} µs)")
 
+    refine_priced: dict[int, float] = {}  # asked twice for an M1 the partition runs for
+
     def refine_priced_out(m1: int) -> str:
-        steps = refine_steps(a, m1, params)
+        if m1 not in refine_priced:
+            refine_priced[m1] = refine_steps(a, m1, params)
+        steps = refine_priced[m1]
         return f"skipped: priced at {steps:.2g} steps, over refine_work {params.refine_work:.2g}" \
             if steps > params.refine_work else ""
 
@@ -326,7 +331,7 @@ class _Orders:
                            s == kept, notes.get(s, ""))
             if s in self.built else OrderCandidate(s, -1, -1, float("nan"), float("inf"), 0.0, False, notes.get(s, ""))
             for s in order)
-        return Reordering(self.built[kept][0], kept, candidates)
+        return Reordering(self.built[kept][0], kept, candidates, stats["identity"])
 
 
 def _cheap_orders(a: sp.csr_matrix, m1: int, n: int, params: ReorderParams) -> _Orders:
@@ -639,6 +644,39 @@ def _membership(n, tile_ptr, m1):
 
 
 @numba.njit(cache=True, nogil=True)
+def _leave(i, t, rows, indptr, indices, cnt, nnc, nnz, members, size):
+    """Row i (of `rows`) out of tile t: its column counts, t's nnc and nnz, t's member list."""
+    r = rows[i]
+    for p in range(indptr[r], indptr[r + 1]):
+        c = indices[p]
+        cnt[c, t] -= 1
+        if cnt[c, t] == 0:
+            nnc[t] -= 1
+    nnz[t] -= indptr[r + 1] - indptr[r]
+    for u in range(size[t]):
+        if members[t, u] == i:
+            members[t, u] = members[t, size[t] - 1]
+            members[t, size[t] - 1] = -1
+            size[t] -= 1
+            break
+
+
+@numba.njit(cache=True, nogil=True)
+def _join(i, t, rows, indptr, indices, cnt, nnc, nnz, members, size, tile_of):
+    """Row i into tile t, which has room: _leave's converse."""
+    r = rows[i]
+    for p in range(indptr[r], indptr[r + 1]):
+        c = indices[p]
+        if cnt[c, t] == 0:
+            nnc[t] += 1
+        cnt[c, t] += 1
+    nnz[t] += indptr[r + 1] - indptr[r]
+    members[t, size[t]] = i
+    size[t] += 1
+    tile_of[i] = t
+
+
+@numba.njit(cache=True, nogil=True)
 def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
     """Group of each of `rows` after swap/move passes that lower Σ nnc (see refined_tiles). For each
     row r of tile a, the `width` tiles sharing most of r's columns are tried: a move into one with
@@ -770,48 +808,12 @@ def _refine(indptr, indices, k, rows, tile_ptr, m1, passes, width):
             if best_b < 0:
                 continue
             b = best_b
-            for p in range(lo, hi):
-                c = indices[p]
-                cnt[c, a] -= 1
-                if cnt[c, a] == 0:
-                    nnc[a] -= 1
-                if cnt[c, b] == 0:
-                    nnc[b] += 1
-                cnt[c, b] += 1
-            nnz[a] -= nr
-            nnz[b] += nr
-            for u in range(size[a]):
-                if members[a, u] == i:
-                    members[a, u] = members[a, size[a] - 1]
-                    members[a, size[a] - 1] = -1
-                    size[a] -= 1
-                    break
+            # both rows leave before either joins: a full tile takes a row only in a swap
+            _leave(i, a, rows, indptr, indices, cnt, nnc, nnz, members, size)
             if best_s >= 0:
-                s = best_s
-                rs = rows[s]
-                for p in range(indptr[rs], indptr[rs + 1]):
-                    c = indices[p]
-                    cnt[c, b] -= 1
-                    if cnt[c, b] == 0:
-                        nnc[b] -= 1
-                    if cnt[c, a] == 0:
-                        nnc[a] += 1
-                    cnt[c, a] += 1
-                ns = indptr[rs + 1] - indptr[rs]
-                nnz[b] -= ns
-                nnz[a] += ns
-                for u in range(size[b]):
-                    if members[b, u] == s:
-                        members[b, u] = members[b, size[b] - 1]
-                        members[b, size[b] - 1] = -1
-                        size[b] -= 1
-                        break
-                members[a, size[a]] = s
-                size[a] += 1
-                tile_of[s] = a
-            members[b, size[b]] = i
-            size[b] += 1
-            tile_of[i] = b
+                _leave(best_s, b, rows, indptr, indices, cnt, nnc, nnz, members, size)
+                _join(best_s, a, rows, indptr, indices, cnt, nnc, nnz, members, size, tile_of)
+            _join(i, b, rows, indptr, indices, cnt, nnc, nnz, members, size, tile_of)
             changed += 1
         if changed == 0:
             break
@@ -836,6 +838,7 @@ def _balance(indptr, indices, k, rows, tile_ptr, m1, low, high, max_rounds, reac
     n = len(rows)
     tile_of, members, size = _membership(n, tile_ptr, m1)
     cnt = np.zeros((k, num_tiles), np.int32)
+    nnc = np.zeros(num_tiles, np.int64)  # kept by _leave and _join, as the refinement keeps it
     nnz = np.zeros(num_tiles, np.float64)
     row_nnz = np.empty(n, np.float64)
     for i in range(n):
@@ -843,6 +846,8 @@ def _balance(indptr, indices, k, rows, tile_ptr, m1, low, high, max_rounds, reac
         row_nnz[i] = indptr[r + 1] - indptr[r]
         nnz[tile_of[i]] += row_nnz[i]
         for p in range(indptr[r], indptr[r + 1]):
+            if cnt[indices[p], tile_of[i]] == 0:
+                nnc[tile_of[i]] += 1
             cnt[indices[p], tile_of[i]] += 1
     mean = nnz.sum() / num_tiles
     shared = np.zeros(num_tiles, np.int64)
@@ -925,27 +930,9 @@ def _balance(indptr, indices, k, rows, tile_ptr, m1, low, high, max_rounds, reac
         if best_x < 0:
             break
         # both rows leave their tiles before either joins (a full tile takes a row only in a swap)
-        for i, src in ((best_x, w), (best_y, best_b)):
-            if i < 0:
-                continue
-            r = rows[i]
-            for p in range(indptr[r], indptr[r + 1]):
-                cnt[indices[p], src] -= 1
-            nnz[src] -= row_nnz[i]
-            for u in range(size[src]):
-                if members[src, u] == i:
-                    members[src, u] = members[src, size[src] - 1]
-                    members[src, size[src] - 1] = -1
-                    size[src] -= 1
-                    break
-        for i, dst in ((best_x, best_b), (best_y, w)):
-            if i < 0:
-                continue
-            r = rows[i]
-            for p in range(indptr[r], indptr[r + 1]):
-                cnt[indices[p], dst] += 1
-            nnz[dst] += row_nnz[i]
-            members[dst, size[dst]] = i
-            size[dst] += 1
-            tile_of[i] = dst
+        _leave(best_x, w, rows, indptr, indices, cnt, nnc, nnz, members, size)
+        if best_y >= 0:
+            _leave(best_y, best_b, rows, indptr, indices, cnt, nnc, nnz, members, size)
+            _join(best_y, w, rows, indptr, indices, cnt, nnc, nnz, members, size, tile_of)
+        _join(best_x, best_b, rows, indptr, indices, cnt, nnc, nnz, members, size, tile_of)
     return tile_of

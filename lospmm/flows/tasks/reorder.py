@@ -8,7 +8,7 @@ from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import SCHEMA, prefixed, reordering_row
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task, stoppable
-from lospmm.stages.reorder import ReorderParams, identity_tiles, layer_orders, tile_stats
+from lospmm.stages.reorder import ReorderParams, layer_orders, tile_stats
 from lospmm.status import Status
 
 
@@ -32,7 +32,7 @@ def reorder(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, m1
                 seconds = (time.perf_counter() - t0) / max(len(orders), 1)  # the layer's time, shared by its M1s
                 for m1, reordering in orders.items():
                     rows.append({**base, **reordering_row(reordering), "status": Status.OK, "message": "",
-                                 **prefixed("identity", tile_stats(identity_tiles(matrix, m1))),
+                                 **prefixed("identity", reordering.identity),
                                  **prefixed("reordered", tile_stats(reordering.tiles)),
                                  "seconds": seconds})
             except Exception as e:
