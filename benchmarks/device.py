@@ -87,9 +87,16 @@ STEPS: tuple[Step, ...] = (
     Step("reorder", "row orders on the A/B layers at 0.9: identity, Algorithm 1 and the order the flow keeps, "
                     "same tile and design: time against Σ nnc", "33",
          (BundleSpec("reorder", "reorder", {}, ("sgemm",)),), device_seconds=240),
-    Step("nm", "N:M layers (16/12/8/4 of 32, random positions) on the A/B layers against our kernel on the same "
-               "layer pruned at random to the same sparsity, and SGEMM, TF32, FP16", "34",
-         (BundleSpec("nm", "nm", {}, ("sgemm", "tf32", "fp16")),), device_seconds=540),
+    Step("nm", "N:M layers (16/12/8/4 of 32 in vectors of 32 rows, and 2:4; random positions) on the A/B layers: "
+               "our baked kernel and our N:M kernel against our kernel on the same layer pruned at random to the "
+               "same sparsity, SGEMM, TF32, FP16 and cuSPARSELt 2:4 (fp16, TF32)", "34",
+         (BundleSpec("nm", "nm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
+         device_seconds=540),
+    Step("nm-spmm", "NM-SpMM's comparison: 16/12/8/4 of 32 (vectors of 32 rows) on LLaMA-like GEMMs (4096×4096, "
+                    "11008×4096, 4096×11008 at 256 and 4096 tokens): our N:M kernel against SGEMM, TF32, FP16 and "
+                    "cuSPARSELt 2:4", "34",
+         (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
+         device_seconds=480),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
          runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",)),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
@@ -469,6 +476,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             if any(r.get("set") == "nm" for r in speed):
                 analysis.print_table("N:M layers: ours against our unstructured kernel at the same sparsity and SGEMM "
                                      "(target: NM-SpMM's A100 ratios, work-bound layers)", analysis.nm_summary(speed))
+            if any(r.get("set") == "nm-spmm" for r in speed):
+                analysis.print_table("NM-SpMM's shapes: our N:M kernel against SGEMM (target: NM-SpMM's A100 ratios)",
+                                     analysis.nm_spmm_summary(speed))
             half = analysis.half_rows(speed)
             if half:
                 analysis.print_table("half precision against cuBLAS in the same dtype and our fp32 kernel on the same tile",

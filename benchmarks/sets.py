@@ -26,6 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from benchmarks.analysis import FP32_SAME_TILE
+from benchmarks.bundle import NM_SPMM_MODEL
 from lospmm.kernel.design import design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
@@ -85,6 +86,7 @@ class Planned:
     epilogue: str = ""  # "", "relu", "bias", "bias+relu" (a conv case's)
     order: str = "algorithm1"  # the row order of its tiles: a stages.reorder strategy, or "kept" (the flow's choice)
     prune: str = ""  # how its A is pruned: "" the zoo's seeded random, or a prune method (nm:N:M[:V])
+    nm: tuple[int, ...] = ()  # the nm design's blocking: block rows, block columns, thread rows, thread columns
 
     def row(self) -> dict:
         """The launch row's description columns."""
@@ -145,6 +147,8 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
         return micro_matrix(p.matrix)
     if p.model == "conv-case":
         return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity)
+    if p.model == NM_SPMM_MODEL:
+        return nm_spmm_matrix(p.m, p.k, p.prune)
     shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
     return in_format(pruned(shape, p.sparsity, p.prune), design_named(p.design).number)[0]
 
@@ -190,7 +194,35 @@ def planned_job(p: Planned, matrix: Callable[[], sp.csr_matrix] | None = None) -
         return kernel_source(a, tiles, p.n1, params, Epilogue(bias, "relu" if "relu" in p.epilogue else ""),
                              geometry), tile_work(tiles)
 
+    if p.nm:
+        return nm_job(p, matrix)
     return Job(p, lambda: parts()[0], matrix, _Lazy(lambda: parts()[1]))
+
+
+def nm_tiling_of(p: Planned):
+    """A planned N:M kernel's blocking, with the pattern its A is pruned to (p.prune)."""
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.stages.prune import nm_pattern
+
+    pattern = nm_pattern(p.prune)
+    return NMTiling(pattern.n, pattern.m, pattern.vector, *p.nm)
+
+
+def nm_job(p: Planned, matrix: Callable[[], sp.csr_matrix]) -> Job:
+    """The job of a planned N:M kernel (design nm): its A in natural row order, and the estimate's
+    figure for it (kernel.estimate.nm_timing on an H100, registers predicted) as its launch rows'."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
+
+    tiling = nm_tiling_of(p)
+    timer = estimate_timer(device_named("h100"))
+
+    def estimate() -> dict:
+        work = NMWork(tiling, p.m, p.k, p.n, nm_registers(tiling))
+        return {"estimate_us": float(nm_timing(work, timer.device, timer.params).time_us)}
+
+    return Job(p, lambda: kernel_source(matrix(), None, 0, CodegenParams(design=design_named(p.design)), nm=tiling),
+               matrix, _Lazy(estimate))
 
 
 class _Lazy(Mapping):
@@ -312,15 +344,20 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, met
     return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
 
 
-NM_PATTERNS = ("nm:16:32", "nm:12:32", "nm:8:32", "nm:4:32")  # NM-SpMM's ratios (M = 32)
+# NM-SpMM's ratios (M = 32, vector-wise: 32 rows share each pattern, as its 32 columns do), and 2:4
+# element-wise (cuSPARSELt's pattern)
+NM_PATTERNS = ("nm:16:32:32", "nm:12:32:32", "nm:8:32:32", "nm:4:32:32", "nm:2:4")
 
 
 def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gpu: str = "h100") -> list[Planned]:
-    """Issue 34's device step: each A/B layer that the pattern fits (K a multiple of M), pruned to each
-    N:M pattern (random positions, as the zoo) and, beside it, seeded random at the same sparsity, each
-    on the tile the search chooses for its own A: an N:M layer against our unstructured kernel."""
+    """Issue 34's device step: each A/B layer that the pattern fits (K a multiple of M, rows of V),
+    pruned to each N:M pattern (random positions, as the zoo) and, beside it, seeded random at the same
+    sparsity, each baked on the tile the search chooses for its own A; and the N:M kernel (design nm)
+    of the N:M A in the blocking the estimate prices lowest, as the flow's emit prices it: an N:M
+    layer against our unstructured kernel, both of our N:M kernels against each other."""
     from lospmm.devices import device_named
-    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
+    from lospmm.kernel.nm import nm_tilings
     from lospmm.search import SearchParams
     from lospmm.stages.prune import nm_pattern
 
@@ -343,6 +380,55 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
                                    tile[1], _id(model, layer, pattern.sparsity, kind),
                                    f"search: ranker top-{SearchParams().rank.top_k}, proxies timed by {timer.name}; "
                                    f"A {kind}, the {method} case", prune=prune))
+            tilings = nm_tilings(pattern.n, pattern.m, pattern.vector)
+            best = min(tilings, key=lambda t: nm_timing(NMWork(t, shape.m, shape.k, shape.n, nm_registers(t)),
+                                                        timer.device, timer.params).time_us)
+            out.append(Planned(_id("nm", model, layer, method, "nm-kernel"), "nm", model, layer, shape.m, shape.k,
+                               shape.n, pattern.sparsity, 4 if model != "bert-base" else 32, design_named("nm").label,
+                               best.block_rows, best.threads, _id(model, layer, pattern.sparsity, method),
+                               f"the N:M kernel's blocking of least estimate ({timer.name}): {best.label}", prune=method,
+                               nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns)))
+    return out
+
+
+# NM-SpMM's LLaMA-like GEMMs (weights rows × K; tokens the N): too large to carry their A, so a bundle
+# keeps none and the measurement regenerates it from its seed (nm_spmm_matrix)
+NM_SPMM_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
+NM_SPMM_TOKENS = (256, 4096)
+
+
+def nm_spmm_matrix(rows: int, k: int, method: str) -> sp.csr_matrix:
+    """The seeded N:M A of an NM-SpMM shape: the same on every machine (the seed is the shape's)."""
+    from lospmm.stages.prune import nm_pattern, random_nm_pruned
+
+    seed = int.from_bytes(f"{rows}x{k}:{method}".encode()[-8:], "little")
+    return random_nm_pruned(rows, k, nm_pattern(method), np.random.default_rng(seed))
+
+
+def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM_TOKENS) -> list[Planned]:
+    """NM-SpMM's own comparison: its ratios (16/12/8/4 of 32, rows in vectors of 32) on LLaMA-like
+    GEMMs at 256 and 4096 tokens, our N:M kernel in the blocking the estimate prices lowest, against
+    SGEMM (the baked kernel is left out: its code grows with A, 22 M nonzeros here)."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
+    from lospmm.kernel.nm import nm_tilings
+    from lospmm.stages.prune import nm_pattern
+
+    timer = estimate_timer(device_named("h100"))
+    out = []
+    for rows, k in shapes:
+        for n in tokens:
+            for method in patterns:
+                pattern = nm_pattern(method)
+                tilings = nm_tilings(pattern.n, pattern.m, pattern.vector)
+                best = min(tilings, key=lambda t: nm_timing(NMWork(t, rows, k, n, nm_registers(t)), timer.device,
+                                                            timer.params).time_us)
+                out.append(Planned(_id(NM_SPMM_MODEL, rows, k, n, method), NM_SPMM_MODEL, NM_SPMM_MODEL,
+                                   f"{rows}x{k}", rows, k, n, pattern.sparsity, n, design_named("nm").label,
+                                   best.block_rows, best.threads, _id(NM_SPMM_MODEL, rows, k, method),
+                                   f"the N:M kernel's blocking of least estimate ({timer.name}): {best.label}",
+                                   prune=method, nm=(best.block_rows, best.block_columns, best.thread_rows,
+                                                     best.thread_columns)))
     return out
 
 
@@ -537,7 +623,7 @@ def set_jobs(name: str, **options) -> list[Job]:
     if name == "sample":
         return sample_jobs(SampleParams(**options))
     plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
-             "reorder": reorder_plan, "nm": nm_plan}
+             "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

@@ -93,6 +93,9 @@ def run(
                              "kernel compiles on that cluster; workers must see --artifacts at the same path."),
     im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
+    no_nm_kernel: bool = typer.Option(False, "--no-nm-kernel", help="Serve N:M layers with the baked kernel of "
+                                      "their searched tile only (default: the N:M kernel where the estimate "
+                                      "prices it lower; GEMM layers)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP),
     input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
                                           "fixed before shape inference, as trtexec --shapes takes them: "
@@ -125,7 +128,7 @@ def run(
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,
                     rank=not no_rank, ranker=str(ranker.resolve()) if ranker else None, jobs=jobs, dask=dask,
-                    implicit_conv=not im2col, design=design, input_shapes=tuple(input_shape), dtype=dtype,
+                    implicit_conv=not im2col, nm_kernel=not no_nm_kernel, design=design, input_shapes=tuple(input_shape), dtype=dtype,
                     accumulate=accumulate, promote_every=promote_every,
                     reorder=tuple(s.strip() for s in reorder.split(",") if s.strip()), reorder_budget=reorder_budget)
     _run(cfg, refresh=[])
@@ -276,7 +279,9 @@ def kernel(
                                        "reference convolution."),
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
-                               "as data read by one loop."),
+                               "as data read by one loop; and `nm`: the N:M kernel of a layer pruned N:M (A "
+                               "compressed, B through shared memory; its blocking the estimate's cheapest, "
+                               "--m1/--n1 not used)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
                               "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
     accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype) or "
@@ -322,7 +327,8 @@ def kernel(
               code=EXIT_RUN_FAILED)
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
-                  f"tile=({m1},{n1}) design {facts['design']['label']} grid {facts['grid']}")
+                  + (f"N:M {facts['nm']['label']}" if facts.get("nm") else f"tile=({m1},{n1})")
+                  + f" design {facts['design']['label']} grid {facts['grid']}")
     if c:
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")

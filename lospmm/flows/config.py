@@ -49,7 +49,9 @@ class RunConfig:
     candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core),
     dask="" (a Dask scheduler address: the flow's tasks and every kernel unit's compile run on that
     cluster through prefect-dask; its workers must see the artifact root at the same path),
-    implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`),
+    implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`), nm_kernel=True (a GEMM
+    layer whose A holds an N:M pattern may be served by the N:M kernel where the estimate prices it
+    lowest; False: `--no-nm-kernel`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
     kernel.design.design_named's tokens, `--design`; a half source's is its half form: source_design),
     dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
@@ -81,6 +83,7 @@ class RunConfig:
     jobs: int = 0
     dask: str = ""
     implicit_conv: bool = True
+    nm_kernel: bool = True
     design: str = "baseline"
     input_shapes: tuple[str, ...] = ()
     dtype: str = ""  # the emitted kernels' B and C: fp32, fp16, bf16; "": the weights' own (fp32 for the zoo)
@@ -177,7 +180,7 @@ def resolved(cfg: RunConfig) -> RunPlan:
                             rank=rank, design=design,
                             reorder=ReorderParams(strategies=cfg.reorder, budget_seconds=cfg.reorder_budget,
                                                   price_device=device.name, max_cov_nnz=cfg.th_row)),
-        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv), jobs=cfg.jobs or _cores())
+        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv, nm_kernel=cfg.nm_kernel), jobs=cfg.jobs or _cores())
 
 
 def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:

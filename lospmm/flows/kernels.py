@@ -20,17 +20,19 @@ from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
 from lospmm.kernel.check import CheckResult, check_count, checked
 from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.choices import served_options, untiled_served
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.numbers import in_format
+from lospmm.kernel.nm import NMTiling
 from lospmm.kernel.package import cleared, write_cubin, write_record, write_source
 from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
-from lospmm.stages.emit import (EmitParams, check_column, emit_failed, fastest_proxy, host_check_columns, speedup,
-                                timed_ok)
+from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_proxy,
+                                host_check_columns, speedup, timed_ok)
 from lospmm.status import Status
 
 
@@ -43,7 +45,8 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     im2col), with the layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`:
     what the kernel fuses (default: what the run's emit stage fuses into this layer — its bias and
     activation). A half `design` (kernel.design.half_design) is a half kernel of the same tile, A
-    rounded to its dtype."""
+    rounded to its dtype. The nm design writes the N:M kernel of a layer whose A holds an N:M pattern,
+    in the blocking the estimate prices lowest at the run's N (`m1` and `n1` are not used)."""
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
     if sparsity is None:
@@ -58,15 +61,23 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     if layer not in layers:
         raise LookupError(f"layer {layer!r} is not in the run; layers: {', '.join(layers)}")
     matrix = csr_from_row(pruned, layers.index(layer))
-    at = {(reordered.column("layer")[i].as_py(), reordered.column("m1")[i].as_py()): i
-          for i in range(reordered.num_rows)}
-    if (layer, m1) not in at:
-        known = sorted(m for (lay, m) in at if lay == layer)
-        raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
-    tiles = tiles_from_row(reordered, at[(layer, m1)])
-    arch = device_named(record["config"]["gpu"]).arch
     shape = next(r for r in read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
                  if r["layer"] == layer)
+    device = device_named(record["config"]["gpu"])
+    arch = device.arch
+    nm = None
+    if not design.tiled:
+        if implicit_conv:
+            raise ValueError(f"{layer}: design {design.label} is a GEMM kernel (no --implicit-conv)")
+        nm = untiled_served(matrix, shape["n"], device, design, layer).nm
+        tiles = None
+    else:
+        at = {(reordered.column("layer")[i].as_py(), reordered.column("m1")[i].as_py()): i
+              for i in range(reordered.num_rows)}
+        if (layer, m1) not in at:
+            known = sorted(m for (lay, m) in at if lay == layer)
+            raise LookupError(f"{layer}: no reorder for M1={m1}; M1 values in the run: {known}")
+        tiles = tiles_from_row(reordered, at[(layer, m1)])
     if epilogue is None:
         if shape.get("bias"):  # read from the file the run searched (01_shapes names it), not a newer one
             checked_unchanged(shape["source"], shape["source_sha256"])
@@ -76,7 +87,8 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
             raise ValueError(f"{layer}: --relu: the run fuses {epilogue.activation} into this layer's kernel")
         epilogue = Epilogue(epilogue.bias, "relu")
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
-                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue)
+                          conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
+                          nm=nm)
 
 
 def checked_unchanged(path: str, sha256: str) -> None:
@@ -114,22 +126,25 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
                    compile_: bool = True, verify: bool = True, extra: dict | None = None,
                    measured: Callable[[KernelSpec, bytes, dict], dict] | None = None,
                    compile_units: UnitCompiler | None = None, conv: ConvGeometry | None = None,
-                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue()) -> dict:
+                   design: KernelDesign = BASELINE, epilogue: Epilogue = Epilogue(),
+                   nm: NMTiling | None = None) -> dict:
     """Write one kernel package (lospmm.kernel.package) at `out`: the kernel of `matrix` on `tiles`
     in `design` rendered (an implicit-im2col convolution kernel when `conv` is given; A rounded to a
     half design's dtype first, weight.parquet holding the rounded A and kernel.json what rounding
     lost), its units compiled through the compile cache by `compile_units` and linked, checked on the
     host under AddressSanitizer (`verify`), and what `measured(spec, cubin, results so far)` adds once
-    it compiled (its time, a device check). Returns its kernel.json record. ValueError naming what no renderer can do."""
+    it compiled (its time, a device check). `nm`: the N:M kernel in this blocking (design `nm`; its A
+    in natural row order, `tiles` unused). Returns its kernel.json record. ValueError naming what no
+    renderer can do."""
     matrix, rounding = in_format(matrix, design.number)
-    kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue, conv)
-    spec = kernel.spec.located(layer, sparsity, arch, tiles, rounding)
+    kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue, conv, nm=nm)
+    spec = kernel.spec.located(layer, sparsity, arch, None if nm is not None else tiles, rounding)
     cleared(out)
     write_source(out, kernel, matrix)
     results = dict(extra or {})
     cubin = None
     if compile_:
-        result, hit = cached_kernel(root, kernel, kernel_options(arch, tiles.m1, design=design), compile_units)
+        result, hit = cached_kernel(root, kernel, kernel_options(arch, kernel.spec.m1, design=design), compile_units)
         kept = ("status", "registers", "spill_stores", "spill_loads", "thread_spill_bytes", "stack_bytes", "seconds",
                 "cost_seconds", "wall_seconds", "link_seconds", "units", "units_compiled", "key", "options", "unit_keys")
         results["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
@@ -138,9 +153,10 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         else:
             results["compile"]["log"] = result["log"][-4000:]
     if verify:
-        count = check_count(spec, host_check_columns(n1))
+        count = check_count(spec, host_check_columns(spec.n1 or n1))  # an N:M kernel's block is its own
         try:
-            results["host_check"] = checked(HostKernel(kernel, sanitize=True), matrix, count).facts() | {
+            host = HostKernel(kernel, sanitize=True, module_data=spec.module_data(matrix))
+            results["host_check"] = checked(host, matrix, count).facts() | {
                 "sanitizer": "address"}
         except Exception as e:
             if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
@@ -174,10 +190,19 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
     m1, n1, t0 = best["m1"], best["n1"], time.perf_counter()
     try:
+        options = served_options(matrix, tiles[m1], best["m"], best["k"], best["n"], n1, design, timer.device,
+                                 params.nm_kernel and conv is None)
+        served, runner_up = cheapest_design(options)
+        design, nm = served.design, served.nm
+        base |= {"design": served.label, "design_estimate_us": served.estimate_us,
+                 "runner_up": runner_up.label if runner_up else "",
+                 "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
+
         def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
             comp = results["compile"]
+            data = spec.module_data(in_format(matrix, design.number)[0]) if spec.module_symbols else None
             full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
-                                   comp["thread_spill_bytes"], spec=spec, cubin=cubin)
+                                   comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data)
             # the device check where the timer runs the kernel, else the host check's verdict: in the
             # kernel's number format's metric, against its tolerance
             result = timer.checked(spec, cubin, in_format(matrix, design.number)[0],
@@ -200,7 +225,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
                                       "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
                                compile_units=compile_units,
-                               conv=conv, design=design, epilogue=epilogue)
+                               conv=conv, design=design, epilogue=epilogue, nm=nm)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,

@@ -38,17 +38,18 @@ def checked_backend(backend: str) -> str:
 
 
 def backend_kernel(backend: str, spec: KernelSpec, cubin: bytes | None = None, source: str | None = None,
-                   sanitize: bool = False) -> BackendKernel:
+                   sanitize: bool = False, module_data: Mapping[str, np.ndarray] | None = None) -> BackendKernel:
     """`spec`'s kernel on `backend`: its cubin on the GPU, its source text built for the host
-    (under AddressSanitizer with `sanitize`)."""
+    (under AddressSanitizer with `sanitize`); `module_data`: its module globals' contents
+    (KernelSpec.module_data), for a kernel that has any."""
     if checked_backend(backend) == "cuda":
         if cubin is None:
             raise ValueError(f"{spec.layer or spec.name}: the cuda backend launches a cubin; none given")
         from lospmm.kernel.cuda import CudaKernel
 
-        return CudaKernel(spec, cubin)
+        return CudaKernel(spec, cubin, module_data)
     if source is None:
         raise ValueError(f"{spec.layer or spec.name}: the host backend builds the kernel's source; none given")
     from lospmm.kernel.host import HostKernel
 
-    return HostKernel(KernelSource(spec, (source,)), sanitize)
+    return HostKernel(KernelSource(spec, (source,)), sanitize, module_data)

@@ -146,6 +146,17 @@ class LoadedKernel:
         self._smem_set = 0
         self._slots = threading.local()  # per thread: argument values and the pointer array to them
 
+    def fill_global(self, symbol: str, array: np.ndarray) -> None:
+        """Copy `array` into the module's global `symbol`, which must be exactly its size."""
+        from cuda.bindings import driver
+
+        _context()
+        address, size = _ck(driver.cuModuleGetGlobal(self.module, symbol.encode()), f"cuModuleGetGlobal({symbol})")
+        data = np.ascontiguousarray(array)
+        if int(size) != data.nbytes:
+            raise CudaError(f"{self.name}: global {symbol} holds {int(size)} bytes, the data {data.nbytes}")
+        _ck(driver.cuMemcpyHtoD(address, data.ctypes.data, data.nbytes), f"cuMemcpyHtoD({symbol})")
+
     def launch(self, grid: Sequence[int], block: int, args: Sequence[tuple[str, int]], smem_bytes: int = 0,
                stream=0) -> None:
         """`args`: ("ptr", address), ("int", value) or ("long", value), in the kernel's parameter order."""
@@ -368,9 +379,16 @@ class CudaKernel:
 
     backend = NAME
 
-    def __init__(self, spec: KernelSpec, cubin: bytes):
+    def __init__(self, spec: KernelSpec, cubin: bytes, module_data: Mapping[str, np.ndarray] | None = None):
+        """`module_data`: {symbol: array} copied into the module's globals once it is loaded (the N:M
+        kernel's compressed A: KernelSpec.module_data); every symbol the spec names must be given."""
         self.spec, self.cubin = spec, cubin
         self.loaded = LoadedKernel(cubin, spec.name)
+        missing = [s for s in spec.module_symbols.values() if s not in (module_data or {})]
+        if missing:
+            raise ValueError(f"{spec.layer or spec.name}: module data not given for {missing}")
+        for symbol in spec.module_symbols.values():
+            self.loaded.fill_global(symbol, np.asarray(module_data[symbol]))
 
     def launch(self, x_ptr: int, y_ptr: int, count: int, stream=0, threads: int | None = None,
                extra: Sequence[tuple[str, int]] = (), smem_bytes: int = 0) -> None:
@@ -441,7 +459,7 @@ class CudaTimer:
         if launch.cubin is None or launch.spec is None:
             return Timing(self.name, float("inf"), Status.ERROR, "no compiled kernel to launch")
         try:
-            kernel = CudaKernel(launch.spec, launch.cubin)
+            kernel = CudaKernel(launch.spec, launch.cubin, launch.module_data)
         except Exception as e:
             return Timing(self.name, float("inf"), Status.ERROR, f"{type(e).__name__}: {e}")
         try:
@@ -459,7 +477,7 @@ class CudaTimer:
         """The kernel's check on this GPU (kernel.check.checked; a conv kernel's `count` is a batch)."""
         from lospmm.kernel.check import checked
 
-        kernel = CudaKernel(spec, cubin)
+        kernel = CudaKernel(spec, cubin, spec.module_data(matrix))
         try:
             return checked(kernel, matrix, count)
         finally:

@@ -20,7 +20,7 @@ from lospmm.kernel.numbers import DTYPES, HALF_DTYPES, NumberFormat
 
 ORDERS = ("tile-x", "column-x")
 LOADS = ("based", "chained")
-A_VALUES = ("baked", "streamed")
+A_VALUES = ("baked", "streamed", "nm")
 VECTOR_WIDTHS = (1, 2, 4)
 
 
@@ -41,7 +41,10 @@ class KernelDesign:
         "chained" (from the previous load's address: one IMAD.WIDE).
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
-        cubin: code O(1) in the kernel's size, compile time too).
+        cubin: code O(1) in the kernel's size, compile time too), or "nm" (an N:M-sparse A compressed
+        into values and positions that the loader fills in, B staged through shared memory:
+        lospmm.kernel.nm; the kernel's blocking is its spec's `nm`, so the other fields keep their
+        defaults).
     dtype: "fp32" (B, C and the literals in float) or "fp16" / "bf16" (B and C in the dtype, each
         thread's two columns one packed pair, so columns_per_thread is 2, one `fma.rn.f16x2` per
         nonzero); a half design has the baseline's grid (tile-x, one walk) and baked values so far.
@@ -68,6 +71,10 @@ class KernelDesign:
             raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
         if self.column_walks < 1:
             raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
+        if self.a_values == "nm" and (self.order, self.column_walks, self.columns_per_thread, self.loads,
+                                      self.dtype) != ("tile-x", 1, 1, "based", "fp32"):
+            raise ValueError(f"the nm design is fp32 with its own blocking (no grid order, walks, vector width or "
+                             f"chained loads), so far; got {self.label}")
         if self.half:
             if (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (2, "tile-x", 1, "baked"):
                 raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
@@ -96,6 +103,12 @@ class KernelDesign:
         """Whether the search times this design by proxies (§5.1): a baked kernel's code grows with its
         layer, so a small proxy stands in for it; a streamed kernel's does not (it is its own proxy)."""
         return self.a_values == "baked"
+
+    @property
+    def tiled(self) -> bool:
+        """Whether its kernels are rendered on the search's reordered tiles (baked and streamed A); the
+        nm design's on its own blocking of an N:M A (lospmm.kernel.choices.untiled_served)."""
+        return self.a_values != "nm"
 
     @property
     def serves_conv(self) -> bool:

@@ -28,6 +28,12 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
   B column reads, C stores, spills) over L2 bandwidth.
 - Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
+
+The N:M kernel (design `nm`, lospmm.kernel.nm) has its own model, `nm_timing`: its code is one
+small loop, so what binds is the busiest SM's work — its blocks' instructions at the issue rate,
+their FFMAs at the FP32 rate, their shared-memory wavefronts (one per SM-cycle) and a memory latency
+per chunk its resident blocks do not hide — or the bytes: B read by every row block from L2, B, the
+compressed A and C once from DRAM.
 """
 
 from __future__ import annotations
@@ -192,6 +198,63 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
                   latency_s * 1e6, atb, 0, fetch_s * 1e6)
 
 
+@dataclass(frozen=True)
+class NMWork:
+    """One launch of the N:M kernel in `tiling` (kernel.nm.NMTiling) on an m × k A over n columns."""
+
+    tiling: object
+    m: int
+    k: int
+    n: int
+    registers: int
+
+
+def nm_registers(tiling) -> int:
+    """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
+    values and B's vectors, and addresses (ptxas -O3 on sm_90 gave 152-180 for 8×8 and 120-125 for
+    8×4, 89-96 for 4×4 over N:M 2:4 to 4:32; this gives 152, 116, 96)."""
+    return tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
+
+
+def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
+    """The estimate of one launch of the N:M kernel (the module docstring's model)."""
+    t, ws = work.tiling, device.warp_size
+    if work.n < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n}")
+    atb = resident_blocks(work.registers, t.threads, t.shared_bytes, device)
+    if atb < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
+    warps = -(-t.threads // ws)
+    chunks, row_blocks, column_blocks = t.chunks(work.k), t.row_blocks(work.m), -(-work.n // t.block_columns)
+    blocks = row_blocks * column_blocks
+    groups = t.thread_rows // t.index_rows
+    # per warp and slot: A's values (vectors of 4), per row group its index, address and B vectors, the FFMAs
+    slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + t.thread_rows * t.thread_columns
+    copies = (t.chunk * t.block_columns / 4 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
+    chunk_instr = t.kept * slot_instr + 6 * copies + 12  # the copies' addresses, the barriers and the loop
+    block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
+                           + t.thread_rows * t.thread_columns / 4 * 4)  # the stores
+    block_ffma = warps * chunks * t.kept * t.thread_rows * t.thread_columns
+    # shared memory: a warp's B vectors are 512 bytes (4 wavefronts), its A values one; the copies' stores
+    block_wavefronts = (warps * chunks * t.kept * (1 + groups * t.thread_columns / 4 * 4)
+                        + chunks * (t.chunk * t.block_columns * 4 + t.kept * t.block_rows * 4 + t.slab) / 128)
+    per_sm = -(-blocks // device.sms)  # the busiest SM's blocks
+    issue = per_sm * block_instr / params.issue_per_sm_cycle
+    ffma = per_sm * block_ffma / (device.fp32_lanes_per_sm / ws)
+    smem = per_sm * block_wavefronts
+    latency = -(-per_sm // atb) * chunks * device.mem_latency_cycles / 2  # half a latency per chunk unhidden
+    clock_hz = device.clock_ghz * 1e9
+    compute_s = max(issue, ffma, smem) / clock_hz
+    latency_s = latency / clock_hz
+    compressed = sum(t.operand_sizes(work.m, work.k).values()) * 4
+    dram = 4.0 * (work.k * work.n + work.m * work.n) + compressed
+    l2 = 4.0 * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
+    memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
+    body = max(compute_s, latency_s, memory_s)
+    return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
+                  latency_s * 1e6, atb, 0, 0.0)
+
+
 # --- the timer ----------------------------------------------------------------------------------
 
 
@@ -206,6 +269,9 @@ class EstimateTimer:
     runs_binary: bool = False
 
     def time(self, launch: LaunchUnderTest) -> Timing:
+        if launch.spec is not None and launch.spec.nm is not None:
+            return nm_timing(NMWork(launch.spec.nm, launch.m, launch.k, launch.n, launch.registers), self.device,
+                             self.params)
         if launch.clusters is not None:
             work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
                               launch.smem_bytes, launch.spill_bytes, design=launch.design)

@@ -6,6 +6,10 @@ with a driver (include/host_harness.cpp) that runs every block and thread in a l
 Each pointer argument is copied into a heap buffer of exactly its size (so AddressSanitizer,
 `sanitize=True`, catches any out-of-bounds read or write) and every output buffer is filled with
 NaN first (0x7fff for 16-bit elements), so an element the kernel never writes fails the check.
+
+A kernel whose threads share memory and meet at barriers (`KernelSpec.cooperative`: the N:M
+kernel) runs each block's threads one at a time on threads of their own, each until its next
+barrier; a kernel's module data (`KernelSpec.module_data`) is copied into its globals first.
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ def _params(spec: KernelSpec) -> list[_Param]:
     return out
 
 
+# the C type of each role of module data (KernelSpec.module_symbols)
+MODULE_CTYPES = {"values": "float", "index": "unsigned char", "bias": "float"}
+_MODULE_DTYPES = {"float": np.float32, "unsigned char": np.uint8}
+
+
 def host_program(kernel: KernelSource) -> str:
     """The C++ translation unit: shim, the kernel text unchanged, and a driver main()."""
     reads, writes = [], []
@@ -77,21 +86,35 @@ def host_program(kernel: KernelSource) -> str:
         else:
             reads.append(f"  long long n_{p.name}; {p.base}* {p.name}_box = read_array<{p.base}>(in, &n_{p.name}); "
                          f"const {p.base} {p.name} = {p.name}_box[0];")
+    for role, symbol in kernel.spec.module_symbols.items():  # read after the parameters, in this order
+        ctype = MODULE_CTYPES[role]
+        reads.append(f"  {{ long long n; {ctype}* data = read_array<{ctype}>(in, &n);\n"
+                     f"    if ((unsigned long long)n != sizeof({symbol}) / sizeof({symbol}[0])) {{ fprintf(stderr, "
+                     f"\"module data {symbol}: %lld elements, the kernel declares %zu\\n\", n, "
+                     f"sizeof({symbol}) / sizeof({symbol}[0])); exit(4); }}\n"
+                     f"    memcpy({symbol}, data, sizeof({symbol})); free(data); }}")
     harness = (included("host_harness.cpp").replace("@READ@", "\n".join(reads)).replace("@WRITE@", "\n".join(writes))
                .replace("@KERNEL@", kernel.name).replace("@ARGS@", ", ".join(p.name for p in params)))
-    return included("host_shim.h") + "\n" + kernel.source + "\n" + harness
+    cooperative = "#define LOSPMM_COOPERATIVE 1\n" if kernel.spec.cooperative else ""
+    return cooperative + included("host_shim.h") + "\n" + kernel.source + "\n" + harness
 
 
 def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid: tuple[int, int, int],
                 block: int, sanitize: bool = False, cxx: str | None = None,
-                build_dir: str | None = None) -> dict[str, np.ndarray]:
+                build_dir: str | None = None, module_data: Mapping[str, np.ndarray] | None = None
+                ) -> dict[str, np.ndarray]:
     """Build `kernel` for the host and run it; returns each output pointer argument's final array.
 
-    `args` maps parameter names to arrays (pointers) or ints; output arrays give only the size."""
+    `args` maps parameter names to arrays (pointers) or ints; output arrays give only the size.
+    `module_data`: {symbol: array} for each of the kernel's module globals (KernelSpec.module_data)."""
     params = _params(kernel.spec)
     missing = [p.name for p in params if p.name not in args]
     if missing:
         raise ValueError(f"missing kernel arguments: {missing}")
+    module_data = module_data or {}
+    unfilled = [s for s in kernel.spec.module_symbols.values() if s not in module_data]
+    if unfilled:
+        raise ValueError(f"{kernel.spec.layer or kernel.name}: module data not given for {unfilled}")
     exe = _build(kernel, sanitize, cxx, build_dir)
     with tempfile.TemporaryDirectory(prefix="lospmm-emu-") as tmp:
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
@@ -101,6 +124,10 @@ def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid
                 arr = np.atleast_1d(np.asarray(args[p.name], dtype=_dtype(p.base)))
                 f.write(np.int64(arr.size).tobytes())
                 f.write(np.ascontiguousarray(arr).tobytes())
+            for role, symbol in kernel.spec.module_symbols.items():
+                arr = np.asarray(module_data[symbol], _MODULE_DTYPES[MODULE_CTYPES[role]]).ravel()
+                f.write(np.int64(arr.size).tobytes())
+                f.write(arr.tobytes())
         env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=23"}
         proc = subprocess.run([str(exe), str(inp), str(outp)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -127,7 +154,8 @@ def _build(kernel: KernelSource, sanitize: bool, cxx: str | None, build_dir: str
     # -O0: the generated kernels are long straight-line functions; g++ -O1 builds them 3-4x slower
     # (59k nonzeros: 19.3 s vs 5.2 s with ASan) and the check runs a small N, so speed of the
     # built program does not matter.
-    flags = ["-O0", "-std=c++17", "-w"] + (["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else [])
+    flags = (["-O0", "-std=c++17", "-w"] + (["-pthread"] if kernel.spec.cooperative else [])
+             + (["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else []))
     key = hashlib.sha256((program + " ".join([cxx, *flags])).encode()).hexdigest()[:24]
     root = Path(build_dir or Path(tempfile.gettempdir()) / "lospmm-hostemu")
     exe = root / f"{key}.bin"
@@ -180,8 +208,10 @@ class HostKernel:
 
     backend = NAME
 
-    def __init__(self, kernel: KernelSource, sanitize: bool = False):
+    def __init__(self, kernel: KernelSource, sanitize: bool = False, module_data: Mapping[str, np.ndarray] | None = None):
+        """`module_data`: the kernel's module globals (KernelSpec.module_data of its A), when it has any."""
         self.kernel, self.spec, self.sanitize = kernel, kernel.spec, sanitize
+        self.module_data = dict(module_data or {})
 
     def run(self, x: np.ndarray, threads: int | None = None, extra: Mapping[str, np.ndarray | int] | None = None
             ) -> np.ndarray:
@@ -199,7 +229,7 @@ class HostKernel:
         out_shape = spec.output_shape(launched)
         args = {inp: x.ravel(), outp: np.empty(int(np.prod(out_shape)), x.dtype), count_name: launched, **(extra or {})}
         y = run_on_host(self.kernel, args, spec.grid(launched, threads), spec.layout.block(threads),
-                        sanitize=self.sanitize)[outp].reshape(out_shape)
+                        sanitize=self.sanitize, module_data=self.module_data)[outp].reshape(out_shape)
         return y if spec.form == "conv" else y[:, :count]
 
     def time(self, count: int) -> Timing:

@@ -81,13 +81,18 @@ class KernelPackage:
 
         return read_matrix(self.dir / "weight.parquet")
 
-    def on(self, backend: str, sanitize: bool = False):
-        """This kernel on `backend` (lospmm.kernel.backend): its cubin on the GPU, its source on the host."""
+    def on(self, backend: str, sanitize: bool = False, matrix=None):
+        """This kernel on `backend` (lospmm.kernel.backend): its cubin on the GPU, its source on the host.
+        A kernel that keeps A as module data (the N:M kernel) has it filled from `matrix`, by default
+        its weight.parquet (a benchmark bundle keeps its A beside the package instead)."""
         from lospmm.kernel.backend import backend_kernel
 
+        data = None
+        if self.spec.module_symbols:
+            data = self.spec.module_data(self.matrix() if matrix is None else matrix)
         if backend == "cuda":
-            return backend_kernel(backend, self.spec, cubin=self.cubin())
-        return backend_kernel(backend, self.spec, source=self.source().source, sanitize=sanitize)
+            return backend_kernel(backend, self.spec, cubin=self.cubin(), module_data=data)
+        return backend_kernel(backend, self.spec, source=self.source().source, sanitize=sanitize, module_data=data)
 
 
 def runs(backend: str) -> str:

@@ -29,8 +29,11 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     its fields, such as ConstrainParams): with V columns per thread its accumulators and B values
     are V wide, and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a
     looped design carries the walk's column and stride and B and C (`loop_regs`). A half design's
-    sums are one register per row when packed, two when in fp32, three when promoted."""
+    sums are one register per row when packed, two when in fp32, three when promoted. The N:M kernel
+    is not capped (255): its launch bounds leave ptxas the registers of its thread tile."""
     v = design.columns_per_thread
+    if design.a_values == "nm":  # its thread tile is its blocking's (kernel.nm), bounded by __launch_bounds__
+        return 255
     if design.half:
         # a packed sum holds a row's two columns in one register; an fp32 sum two floats (and each B
         # pair is unpacked to two); a promoted sum both

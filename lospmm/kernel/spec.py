@@ -23,6 +23,7 @@ from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.layout import LaunchLayout
+from lospmm.kernel.nm import NMTiling
 from lospmm.kernel.numbers import NumberFormat, RoundingReport
 
 FORMS = ("gemm", "conv", "proxy")
@@ -63,6 +64,7 @@ class KernelSpec:
     empty_rows: tuple[int, ...] = ()
     rounding: RoundingReport | None = None
     results: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    nm: NMTiling | None = None
 
     def __post_init__(self):
         where = self.layer or self.name
@@ -74,6 +76,10 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order")
         if self.form == "conv" and self.conv.k != self.k:
             raise KernelSpecError(f"{where}: K={self.k}, the conv geometry needs cin·kh·kw = {self.conv.k}")
+        if (self.design.a_values == "nm") != (self.nm is not None):
+            raise KernelSpecError(f"{where}: a kernel of design nm, and only one, has an N:M tiling")
+        if self.nm is not None and self.form != "gemm":
+            raise KernelSpecError(f"{where}: the N:M kernel is a GEMM kernel (no {self.form} form)")
         if self.design.a_values == "streamed" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: design {self.design.label}: the streamed kernel fuses no epilogue yet")
         if self.form == "proxy" and not self.epilogue.empty:
@@ -110,6 +116,36 @@ class KernelSpec:
     @property
     def streamed(self) -> bool:
         return self.design.a_values == "streamed"
+
+    @property
+    def module_symbols(self) -> dict[str, str]:
+        """The module's globals a loader fills before the first launch (cuModuleGetGlobal), by role:
+        an N:M kernel's compressed A ("values", "index") and its bias ("bias"); none for a kernel
+        whose A is in its code or initialised data."""
+        if self.nm is None:
+            return {}
+        symbols = {"values": f"lospmm_nmv_{self.name}", "index": f"lospmm_nmi_{self.name}"}
+        return symbols | ({"bias": f"lospmm_nmb_{self.name}"} if self.epilogue.bias else {})
+
+    def module_data(self, matrix) -> dict[str, Any]:
+        """{symbol: numpy array} to copy into the module's globals before a launch, from the A the
+        kernel computes with (its package's weight.parquet); {} for most kernels."""
+        if self.nm is None:
+            return {}
+        import numpy as np
+
+        from lospmm.kernel.nm import nm_operands
+
+        arrays = nm_operands(matrix, self.nm)
+        if self.epilogue.bias:
+            arrays["bias"] = np.asarray(self.epilogue.bias, np.float32)
+        return {self.module_symbols[role]: array for role, array in arrays.items()}
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether a block's threads share memory and meet at barriers (the host emulation then runs
+        them as a cooperative block)."""
+        return self.nm is not None
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -195,6 +231,12 @@ class KernelSpec:
             g = self.conv
             return (f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({self.m}×{g.h_out}×{g.w_out} per "
                     f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx")
+        if self.nm is not None:
+            t = self.nm
+            return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument (float4 accesses where N is a "
+                    f"multiple of 4 and B and C 16-byte aligned); before the first launch fill the module's globals "
+                    f"{', '.join(self.module_symbols.values())} (cuModuleGetGlobal) with A compressed "
+                    f"{t.n}:{t.m} as lospmm.kernel.nm lays it out (kernel.json's `nm`)")
         if self.number.is_half:
             return (f"B is K×N and C is M×N, row-major {self.dtype} (16-bit); N is a runtime argument, even (pad B and "
                     f"C with a column), B and C 4-byte aligned")
@@ -212,6 +254,8 @@ class KernelSpec:
                  "row_order": list(self.row_order), "tile_ptr": list(self.tile_ptr), "empty_rows": list(self.empty_rows)}
         if self.conv is not None:
             facts["conv"] = self.conv.facts()
+        if self.nm is not None:
+            facts["nm"] = self.nm.facts() | {"module_data": self.module_symbols}
         if self.conv is not None or not self.epilogue.empty:  # a GEMM kernel records it only when it fuses one
             facts["epilogue"] = self.epilogue.facts()
         if self.number.is_half:
@@ -251,13 +295,16 @@ class KernelSpec:
             params = tuple(facts.get("params") or ())
             form = "conv" if conv is not None else ("proxy" if "const int* cluster_of" in params else "gemm")
             rounding = facts.get("rounding")
-            spec = cls(facts["kernel"], form, int(facts["m"]), int(facts["k"]), int(facts["m1"]),
-                       LaunchLayout.of_facts(facts), len(facts.get("tile_ptr") or [0]) - 1, design,
+            nm = NMTiling.of_facts(facts["nm"]) if "nm" in facts else None
+            layout = LaunchLayout.of_facts(facts)
+            # an N:M kernel's blocks along A are its row blocks (it has no tiles)
+            num_tiles = layout.row_blocks if nm is not None else len(facts.get("tile_ptr") or [0]) - 1
+            spec = cls(facts["kernel"], form, int(facts["m"]), int(facts["k"]), int(facts["m1"]), layout, num_tiles, design,
                        Epilogue.of_facts(facts.get("epilogue"), facts.get("layer", where)), conv,
                        int(facts.get("nnz", 0)), facts.get("layer", ""), facts.get("sparsity"), facts.get("arch", ""),
                        tuple(facts.get("row_order") or ()), tuple(facts.get("tile_ptr") or ()),
                        tuple(facts.get("empty_rows") or ()), RoundingReport(**rounding) if rounding else None,
-                       {k: v for k, v in facts.items() if k not in DESCRIPTION_KEYS})
+                       {k: v for k, v in facts.items() if k not in DESCRIPTION_KEYS}, nm)
         except KernelSpecError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -271,7 +318,7 @@ class KernelSpec:
 # kernel.json's keys that are the description (facts()); the others are results
 DESCRIPTION_KEYS = frozenset({"version", "kernel", "layer", "sparsity", "m", "k", "nnz", "m1", "n1", "params", "layout",
                               "launch", "design", "grid", "block", "dynamic_smem_bytes", "arch", "row_order", "tile_ptr",
-                              "empty_rows", "conv", "epilogue", "precision", "rounding"})
+                              "empty_rows", "conv", "epilogue", "precision", "rounding", "nm"})
 
 
 def _json_safe(value):

@@ -6,8 +6,8 @@ never become speedups."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class LaunchUnderTest:
     spec: object | None = None  # kernel.spec.KernelSpec of the compiled kernel
     cubin: bytes | None = None
     design: KernelDesign = BASELINE
+    module_data: Mapping | None = field(default=None, compare=False, hash=False)  # spec.module_data(A), if any
 
     def __post_init__(self):
         if self.spec is not None:

@@ -1,7 +1,10 @@
 """Stage 10, emit: the timed proxies of one layer -> the chosen tile, and what its full kernel's
 directory says about it (§6.1). Pure: the flow compiles, checks and writes what these decide.
 
-The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). The full kernel of that
+The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). A layer whose A holds an
+N:M pattern may instead be served by the data-driven N:M kernel (lospmm.kernel.nm): the baked
+kernel of the chosen tile and the N:M kernel in each blocking are priced by the estimate and the
+cheapest is emitted (`cheapest_design`; the runner-up is recorded with its estimate). The full kernel of that
 tile is compiled and checked (lospmm.kernel.check: one metric and tolerance per number format): on
 the device when the run's timer runs binaries (`cuda`), else on the host from the same source under
 AddressSanitizer, with N = 2·N1 + 3 columns (two full column blocks and a partial one; a
@@ -29,13 +32,16 @@ class EmitParams:
     geometry is known gets a kernel that reads its NCHW input itself, §6.2, instead of the im2col
     GEMM's; same tile, bias and activation left to the caller), tie_band=0.05 (measured proxies within
     5% of the fastest are ties, broken by fastest_proxy's rule: our kernels repeat within about 6%
-    between calls on the H100, so a smaller difference says nothing)."""
+    between calls on the H100, so a smaller difference says nothing), nm_kernel=True (a GEMM layer whose
+    A holds an N:M pattern is served by the N:M kernel where the estimate prices it below the baked
+    kernel of its chosen tile)."""
 
     verify: bool = True
     device_check_n: int = 77
     chosen_by: str = ""
     implicit_conv: bool = True
     tie_band: float = 0.05
+    nm_kernel: bool = True
 
 
 def chosen_by(rank: RankParams) -> str:
@@ -44,8 +50,21 @@ def chosen_by(rank: RankParams) -> str:
             else "top-1 proxy of every kept candidate")
 
 
-def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = True) -> EmitParams:
-    return EmitParams(verify=verify, chosen_by=chosen_by(rank), implicit_conv=implicit_conv)
+def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = True, nm_kernel: bool = True) -> EmitParams:
+    return EmitParams(verify=verify, chosen_by=chosen_by(rank), implicit_conv=implicit_conv, nm_kernel=nm_kernel)
+
+
+def cheapest_design(prices: Sequence) -> tuple:
+    """The cheapest of `prices` (anything with an `estimate_us`: kernel.choices.Served) by estimate
+    and the runner-up (None when there is one). An infinite or NaN estimate (it cannot run) never
+    wins over a finite one; ties keep the earlier (the baked kernel is priced first: the kernel the
+    search measured proxies of)."""
+    if not prices:
+        raise ValueError("no design priced")
+    ranked = sorted(enumerate(prices), key=lambda ip: (not math.isfinite(ip[1].estimate_us),
+                                                       ip[1].estimate_us if math.isfinite(ip[1].estimate_us) else 0.0,
+                                                       ip[0]))
+    return ranked[0][1], (ranked[1][1] if len(ranked) > 1 else None)
 
 
 def _timed_ok(timed: Sequence[dict]) -> list[dict]:

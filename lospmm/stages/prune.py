@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.kernel.nm import held_pattern
 from lospmm.stages.extract import LayerShape
 from lospmm.status import Status
 
 METHODS = ("random", "magnitude", "global", "keep", "nm:N:M", "nm:N:M:V")
 WEIGHT_METHODS = ("magnitude", "global", "keep")  # they need real weights
-NM_GROUPS = (4, 8, 16, 32)  # the M that nm_pattern_of looks for (cuSPARSELt's 4, NM-SpMM's 32)
 
 
 @dataclass(frozen=True, order=True)
@@ -252,35 +252,12 @@ def random_nm_pruned(rows: int, k: int, pattern: NMPattern, rng: np.random.Gener
 
 
 def nm_pattern_of(matrix: sp.csr_matrix) -> NMPattern | None:
-    """The N:M pattern `matrix` has (at most N nonzeros in every group of M columns and exactly N in
-    at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2), the one of least N/M (then the smallest M), with the longest vector of
-    consecutive rows that share each group's columns (V in 2, 4, 8, … dividing the rows); None when
+    """The N:M pattern `matrix` holds (lospmm.kernel.nm.held_pattern: at most N nonzeros in every
+    group of M columns and exactly N in at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2, the
+    least N/M, with the longest vector of consecutive rows sharing each group's columns); None when
     no group size fits."""
-    a = sp.csr_matrix(matrix)
-    rows, k = a.shape
-    if a.nnz == 0:
-        return None
-    row_of = np.repeat(np.arange(rows), np.diff(a.indptr))
-    found = None
-    for m in NM_GROUPS:
-        if k % m or k < m:
-            continue
-        counts = np.bincount(row_of * (k // m) + a.indices // m, minlength=rows * (k // m))
-        n = int(counts.max())
-        # an N:M pruning fills nearly every group to N (weights zero already leave a few short);
-        # unstructured sparsity merely stays under some N
-        if 2 * n <= m and (counts == n).mean() >= 0.9 and (found is None or n * found.m < found.n * m):
-            found = NMPattern(n, m)
-    if found is None:
-        return None
-    dense = a.toarray() != 0
-    vector = 1
-    while rows % (2 * vector) == 0 and 2 * vector <= rows:
-        groups = dense.reshape(rows // (2 * vector), 2 * vector, k)
-        if not (groups == groups[:, :1]).all():
-            break
-        vector *= 2
-    return NMPattern(found.n, found.m, vector)
+    held = held_pattern(matrix)
+    return None if held is None else NMPattern(*held)
 
 
 def magnitude_pruned(weight: np.ndarray, sparsity: float) -> sp.csr_matrix:

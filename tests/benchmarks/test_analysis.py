@@ -172,15 +172,35 @@ def test_the_reorder_summary_compares_the_kept_order_with_algorithm_1_within_the
     assert by["a"]["kept_nnc_sum"] == 900 and corr == pytest.approx(1.0, abs=0.05)  # time follows Σ nnc here
 
 
-def test_the_nm_summary_sets_each_nm_kernel_against_the_random_one_and_the_target():
-    def row(prune, us, sparsity=0.75, sgemm=40.0, layer="a"):
+def test_the_nm_summary_sets_each_nm_layer_against_the_random_one_and_the_target():
+    def row(prune, us, sparsity=0.75, sgemm=40.0, layer="a", design="baked", **extra):
         return {"set": "nm", "role": "full", "model": "m", "layer": layer, "sparsity": sparsity, "prune": prune,
-                "ours_us": us, "sgemm_us": sgemm}
+                "ours_us": us, "sgemm_us": sgemm, "design": design, **extra}
 
-    rows = [row("nm:8:32", 10.0), row("", 12.0), row("nm:16:32", 25.0, 0.5), row("", 20.0, 0.5),
-            row("nm:4:32", 4.0, 0.875, sgemm=10.0, layer="small"), row("", 5.0, 0.875, sgemm=10.0, layer="small")]
+    rows = [row("nm:8:32:32", 10.0), row("nm:8:32:32", 9.0, design="nm"), row("", 12.0),
+            row("nm:16:32:32", 25.0, 0.5), row("nm:16:32:32", float("inf"), 0.5, design="nm"), row("", 20.0, 0.5),
+            row("nm:2:4", 30.0, 0.5, cusparselt_fp16_us=6.0),
+            row("nm:4:32:32", 4.0, 0.875, sgemm=10.0, layer="small"), row("", 5.0, 0.875, sgemm=10.0, layer="small")]
     out = {(r["layer"], r["pattern"]): r for r in analysis.nm_summary(rows)}
-    assert out[("a", "8:32")]["nm / random"] == pytest.approx(10 / 12) and out[("a", "8:32")]["meets"]  # 4.0 ≥ 3.6
-    assert out[("a", "16:32")]["vs SGEMM"] == pytest.approx(1.6) and not out[("a", "16:32")]["meets"]  # < 1.9
-    small = out[("small", "4:32")]  # SGEMM under 15 µs: not work-bound, no target
+    eight = out[("a", "8:32:32")]  # the faster of our two kernels is what a measured choice serves
+    assert eight["served"] == "nm kernel" and eight["served / random"] == pytest.approx(9 / 12)
+    assert eight["vs SGEMM"] == pytest.approx(40 / 9) and eight["meets"]  # 4.4 ≥ 3.6
+    sixteen = out[("a", "16:32:32")]  # the N:M kernel failed: the baked one is served
+    assert sixteen["served"] == "baked" and sixteen["vs SGEMM"] == pytest.approx(1.6) and not sixteen["meets"]
+    two = out[("a", "2:4")]  # no NM-SpMM target at M = 4; cuSPARSELt over ours
+    assert math.isnan(two["target"]) and two["cuSPARSELt fp16 / ours"] == pytest.approx(0.2)
+    assert two["served / random"] == pytest.approx(1.5)
+    small = out[("small", "4:32:32")]  # SGEMM under 15 µs: not work-bound, no target
     assert math.isnan(small["target"]) and not small["meets"]
+
+
+def test_the_nm_spmm_summary_sets_our_nm_kernel_against_sgemm_and_the_target():
+    rows = [{"set": "nm-spmm", "layer": "4096x4096", "n": 4096, "sparsity": 0.75, "prune": "nm:8:32:32",
+             "status": "ok", "ours_us": 100.0, "sgemm_us": 400.0, "cusparselt_fp16_us": 50.0},
+            {"set": "nm-spmm", "layer": "4096x4096", "n": 256, "sparsity": 0.5, "prune": "nm:16:32:32",
+             "status": "failed check", "ours_us": float("inf"), "sgemm_us": 30.0}]
+    out = analysis.nm_spmm_summary(rows)
+    assert [(r["tokens"], r["pattern"]) for r in out] == [(256, "16:32:32"), (4096, "8:32:32")]
+    big = out[1]
+    assert big["vs SGEMM"] == 4.0 and big["target"] == 3.6 and big["meets"] and big["cuSPARSELt fp16 / ours"] == 0.5
+    assert math.isnan(out[0]["ours_us"]) and not out[0]["meets"]  # a failed kernel meets nothing

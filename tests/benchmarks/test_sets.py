@@ -98,10 +98,35 @@ def test_the_reorder_set_differs_only_in_the_row_order():
 def test_the_nm_set_pairs_each_nm_layer_with_a_random_one_of_the_same_sparsity():
     from lospmm.stages.prune import NMPattern, nm_pattern_of
 
-    plan = sets.nm_plan(patterns=("nm:8:32", "nm:4:32"), layers=(("bert-base", "pooler.dense"), ("resnet50", "conv1")))
-    # conv1's K = 147 is no multiple of 32: left out; the pooler gets an N:M and a random A per pattern
-    assert {p.layer for p in plan} == {"pooler.dense"} and [p.prune for p in plan] == ["nm:8:32", "", "nm:4:32", ""]
-    nm, rand = plan[0], plan[1]
-    assert nm.sparsity == rand.sparsity == 0.75 and nm.matrix != rand.matrix and nm.id != rand.id
+    plan = sets.nm_plan(patterns=("nm:8:32:32", "nm:4:32"), layers=(("bert-base", "pooler.dense"), ("resnet50", "conv1")))
+    # conv1's K = 147 is no multiple of 32: left out; the pooler gets an N:M A (baked, and the N:M kernel
+    # on the same A) and a random A per pattern
+    assert {p.layer for p in plan} == {"pooler.dense"}
+    assert [(p.prune, p.design.startswith("nm")) for p in plan] == [
+        ("nm:8:32:32", False), ("", False), ("nm:8:32:32", True), ("nm:4:32", False), ("", False), ("nm:4:32", True)]
+    nm, rand, kernel = plan[0], plan[1], plan[2]
+    assert nm.sparsity == rand.sparsity == kernel.sparsity == 0.75 and nm.matrix != rand.matrix and nm.id != rand.id
+    assert kernel.matrix == nm.matrix and kernel.nm and kernel.n1 == kernel.nm[1]
     a, b = sets.matrix_of(nm), sets.matrix_of(rand)
-    assert nm_pattern_of(a) == NMPattern(8, 32) and nm_pattern_of(b) is None and a.nnz == b.nnz
+    assert nm_pattern_of(a) == NMPattern(8, 32, 32) and nm_pattern_of(b) is None and a.nnz == b.nnz
+    # the N:M kernel's job renders the N:M kernel of that A and says its estimate
+    job = sets.planned_job(kernel)
+    source = job.source()
+    assert source.spec.nm == sets.nm_tiling_of(kernel) and source.spec.nnz == a.nnz
+    assert 0 < job.launch["estimate_us"] < float("inf")
+
+
+def test_the_nm_spmm_set_plans_the_nm_kernel_on_llama_shapes_with_a_seeded_a():
+    from lospmm.stages.prune import nm_pattern_of
+
+    plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((256, 512),), tokens=(64,))
+    (p,) = plan
+    assert (p.model, p.m, p.k, p.n, p.sparsity, p.design) == ("nm-spmm", 256, 512, 64, 0.75, "nm,based,tile-x,walks=1,v=1")
+    a = sets.matrix_of(p)
+    found = nm_pattern_of(a)
+    assert (found.n, found.m) == (8, 32) and found.vector % 32 == 0  # vectors of 32 rows (or longer by chance)
+    # the same A on every machine: the bundle carries none, the measurement makes it again
+    from benchmarks.bundle import matrix_of_row
+
+    again = matrix_of_row("/nonexistent", p.row())
+    assert (again != a).nnz == 0

@@ -157,3 +157,27 @@ def test_a_bias_is_read_only_from_the_weights_file_the_run_searched(tmp_path):
     path.write_bytes(b"two")
     with pytest.raises(ValueError, match="w.safetensors: the weights file changed since the run started"):
         checked_unchanged(str(path), sha)
+
+
+def test_an_nm_kernel_directory_is_checked_and_served_from_its_weight(tmp_path):
+    """The N:M kernel's directory: compiled, checked on the host as cooperative blocks with its
+    compressed A filled in, and served by the loader, which fills the module's data from
+    weight.parquet (numpy and torch CPU inputs; an N no multiple of 4)."""
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    a = random_nm_pruned(40, 64, NMPattern(4, 32, 8), np.random.default_rng(5))
+    epilogue = Epilogue(tuple(np.linspace(-0.5, 0.5, 40).tolist()), "relu")
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "fc", 0.875, 32, "sm_90", tmp_path / "k",
+                           design=NM_DESIGN, epilogue=epilogue, nm=NMTiling(4, 32, 8, 32, 64, 8, 4))
+    assert facts["compile"]["status"] == "ok" and facts["host_check"]["status"] == "ok"
+    assert facts["nm"]["label"] == "4:32:8,32x64,8x4" and facts["row_order"] == []
+    spmm = load_kernel(tmp_path / "k", backend="host")
+    b = np.random.default_rng(6).standard_normal((64, 7)).astype(np.float32)
+    want = np.maximum(a @ b + np.asarray(epilogue.bias, np.float32)[:, None], 0)
+    np.testing.assert_allclose(spmm(b), want, rtol=1e-5, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_allclose(spmm(torch.from_numpy(b)).numpy(), want, rtol=1e-5, atol=1e-5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from lospmm.kernel.check import CheckResult
 from lospmm.kernel.design import design_named
 from lospmm.stages.emit import EmitParams, check_column, chosen_by, emit_params, fastest_proxy, host_check_columns, speedup
@@ -68,3 +70,18 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
         assert kernel_form(conv, design=design_named(design)) == "gemm"
     assert kernel_form(conv, design=design_named("column-x")) == "implicit-conv"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False
+
+
+def test_cheapest_design_keeps_the_lowest_finite_estimate_and_names_the_runner_up():
+    from lospmm.kernel.choices import NM_DESIGN, Served
+    from lospmm.kernel.design import BASELINE
+    from lospmm.stages.emit import cheapest_design
+
+    baked, nm, broken = Served("12×128", 10.0, BASELINE), Served("nm", 8.0, NM_DESIGN), Served("x", float("inf"), BASELINE)
+    assert cheapest_design([baked, nm, broken]) == (nm, baked)
+    assert cheapest_design([broken, baked]) == (baked, broken)
+    tie = Served("tie", 10.0, NM_DESIGN)
+    assert cheapest_design([baked, tie]) == (baked, tie)  # the first wins a tie
+    assert cheapest_design([baked]) == (baked, None)
+    with pytest.raises(ValueError):
+        cheapest_design([])

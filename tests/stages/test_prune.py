@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from lospmm.stages.extract import LayerShape
 from lospmm.status import Status
-from lospmm.stages.prune import (NM_GROUPS, NMPattern, PruneParams, checked_sparsity, magnitude_pruned, nm_pattern, nm_pattern_of,
+from lospmm.kernel.nm import NM_GROUPS
+from lospmm.stages.prune import (NMPattern, PruneParams, checked_sparsity, magnitude_pruned, nm_pattern, nm_pattern_of,
                                  nm_pruned, pruned_layer, random_pruned)
 
 

@@ -36,8 +36,9 @@ VIEW_COLUMNS = {
     "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
     "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
-    "emit": ["layer", "dtype", "m1", "n1", "timer", "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers",
-             "spill_bytes", "compile_seconds", "check", "max_rel_error", "status", "kernel_dir"],
+    "emit": ["layer", "dtype", "m1", "n1", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "timer",
+             "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
+             "max_rel_error", "status", "kernel_dir"],
 }
 
 
@@ -275,11 +276,18 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
     for r in rows:
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
-                  f"{r['m1']}×{r['n1']}" if r["m1"] else "-", fmt(r.get("dtype")), fmt(r["timer"]),
+                  _served(r), fmt(r.get("dtype")), fmt(r["timer"]),
                   fmt(r["time_us"], "{:.1f}"),
                   _speedup(r.get("speedup_vs_dense")), fmt(r["compile_seconds"], "{:.1f}"),
                   fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
     return t
+
+
+def _served(r: dict) -> str:
+    """The kernel a layer is served by: its tile, or the N:M kernel's pattern and blocking."""
+    if str(r.get("design") or "").startswith("nm "):
+        return r["design"]
+    return f"{r['m1']}×{r['n1']}" if r["m1"] else "-"
 
 
 def _speedup(v) -> str:

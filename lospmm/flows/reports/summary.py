@@ -23,7 +23,7 @@ SUMMARY = pa.schema(
              ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("dtype", STR), ("timer", STR),
              ("time_us", F64), ("speedup_vs_dense", F64)]
     + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
-    + [("search_seconds", F64), ("kernel_dir", STR)]
+    + [("search_seconds", F64), ("kernel_dir", STR), ("design", STR)]
 )
 SCHEMAS = artifact_schemas()
 
@@ -69,7 +69,8 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
                    "dtype": em.get("dtype"),
                    "timer": em.get("timer"), "time_us": em.get("full_time_us"),
-                   "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir")}
+                   "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir"),
+                   "design": em.get("design")}
             row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
             row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
             rows.append(row)

@@ -4,7 +4,8 @@
 #define LOSPMM_HOST_EMULATION 1
 #define LOSPMM_KERNEL extern "C"
 struct lospmm_dim3 { unsigned x, y, z; };
-static lospmm_dim3 blockIdx, threadIdx, blockDim, gridDim;
+static lospmm_dim3 blockIdx, blockDim, gridDim;
+static thread_local lospmm_dim3 threadIdx;  // a cooperative block runs its threads on threads of their own
 #define __global__
 #define __device__ static
 #define __forceinline__ inline
@@ -131,3 +132,21 @@ static inline unsigned lospmm_window_bits(int start, int step, int count, int li
 }
 #define LOSPMM_LDX(v, xp, OFF4, rows, cols, RBIT, CBIT) \
   v = (((rows) & (RBIT)) && ((cols) & (CBIT))) ? (xp)[(OFF4) / 4] : 0.0f
+// the N:M kernel (include/nm.cuh): shared memory is a static of the kernel function (blocks run one
+// at a time), a copy into it happens at once (a copy of 0 bytes fills zeros), and __syncthreads is the
+// block scheduler's barrier (host_harness.cpp: the block's threads run one at a time, each until its
+// next barrier, so a missing barrier reads a stage that is not there yet)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+static inline void lospmm_cp16(void* shared, const void* global, int bytes) {
+  if ((uintptr_t)shared % 16) { fprintf(stderr, "misaligned 16-byte shared copy\n"); exit(25); }
+  if (bytes) memcpy(shared, lospmm_aligned((const float*)global, 16), 16); else memset(shared, 0, 16);
+}
+static inline void lospmm_cp4(void* shared, const void* global, int bytes) {
+  if (bytes) memcpy(shared, global, 4); else memset(shared, 0, 4);
+}
+static inline void lospmm_cp_commit() {}
+static inline void lospmm_cp_wait_one() {}
+static inline void lospmm_cp_wait_all() {}
+void lospmm_syncthreads();
+#define __syncthreads() lospmm_syncthreads()

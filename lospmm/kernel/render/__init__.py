@@ -1,6 +1,6 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), streamed GEMM
-(render.streamed), implicit-im2col convolution (render.conv) — with the number format as the
+(render.streamed), N:M GEMM (render.nm), implicit-im2col convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
@@ -10,22 +10,32 @@ import scipy.sparse as sp
 
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
+from lospmm.kernel.nm import NMTiling
 from lospmm.kernel.render.baked import baked_kernel, baked_proxy
 from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
 from lospmm.kernel.render.conv import conv_kernel
+from lospmm.kernel.render.nm import nm_kernel
 from lospmm.kernel.render.streamed import streamed_kernel
 from lospmm.kernel.spec import KernelSource
 
-__all__ = ["CodegenParams", "kernel_source", "proxy_source", "float_literal", "kernel_name", "shard_groups"]
+__all__ = ["CodegenParams", "kernel_source", "nm_kernel", "proxy_source", "float_literal", "kernel_name", "shard_groups"]
 
 
 def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = CodegenParams(),
-                  epilogue: Epilogue = Epilogue(), conv: ConvGeometry | None = None) -> KernelSource:
+                  epilogue: Epilogue = Epilogue(), conv: ConvGeometry | None = None,
+                  nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
     is given, else a GEMM kernel, baked or streamed as the design says. A half design's A must hold
-    its dtype's values already (numbers.rounded_matrix). ValueError naming what no renderer can do."""
+    its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
+    blocking `nm` (its tiles and N1 are not used). ValueError naming what no renderer can do."""
     design = params.design
+    if (design.a_values == "nm") != (nm is not None):
+        raise ValueError(f"design {design.label}: an N:M blocking is given with the nm design, and only with it")
+    if nm is not None:
+        if conv is not None:
+            raise ValueError(f"design {design.label}: the N:M kernel is a GEMM kernel (no implicit-im2col convolution)")
+        return nm_kernel(matrix, nm, design, epilogue)
     if conv is not None:
         if design.half:
             raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "

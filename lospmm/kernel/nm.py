@@ -1,0 +1,244 @@
+"""The N:M kernel's data: how an N:M-sparse A (at most N nonzeros in every group of M consecutive
+columns, one pattern per vector of V consecutive rows) is tiled and compressed for the data-driven
+N:M kernel (render/nm.py), in the manner of NM-SpMM (Ma et al., IPDPS 2025) with A and B swapped:
+A's kept values and their positions are data, B goes through shared memory.
+
+A block computes `block_rows` × `block_columns` of C with `block_rows / thread_rows ·
+block_columns / thread_columns` threads, each `thread_rows` × `thread_columns` outputs. K is
+walked in chunks of whole groups (`chunk` columns: M times ceil(32 / M)), each chunk's rows of B
+staged in shared memory (double-buffered, cp.async) while the previous chunk is multiplied. A
+chunk of a row holds `kept` = N·chunk/M slots. Rows in groups of `index_rows` (gcd of V and the
+thread's rows) share one slot's column, so a thread loads one B vector per group of its rows.
+
+The compressed A, laid out so that a block's share of a chunk is contiguous (one copy loop each):
+    values  float32  [chunks][row blocks][kept][block_rows]           the kept values (0 in a spare slot)
+    index   uint8    [chunks][row blocks][slab]                       per slot and index row group, the
+             column within the chunk (`chunk`, one past the last: a row of zeros, for a spare slot),
+             [kept][block_rows / index_rows] padded to `slab` bytes (a multiple of 16)
+A spare slot (a group with fewer than N nonzeros, or past K) multiplies a zero row, never a value
+of B: a NaN or infinity in B reaches C only through a nonzero, as in the sparse product.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+SHARED_BYTES = 48 * 1024  # static shared memory a block may declare
+NM_GROUPS = (4, 8, 16, 32)  # the M that held_pattern looks for (cuSPARSELt's 4, NM-SpMM's 32)
+
+
+def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
+    """(N, M, V): the N:M pattern `matrix` holds — at most N nonzeros in every group of M columns and
+    exactly N in at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2; the one of least N/M (then
+    the smallest M), with the longest vector V of consecutive rows that share each group's columns
+    (2, 4, 8, … dividing the rows) — or None when no group size fits (stages.prune.nm_pattern_of
+    names it an NMPattern)."""
+    a = sp.csr_matrix(matrix)
+    rows, k = a.shape
+    if a.nnz == 0:
+        return None
+    row_of = np.repeat(np.arange(rows), np.diff(a.indptr))
+    found = None
+    for m in NM_GROUPS:
+        if k % m or k < m:
+            continue
+        counts = np.bincount(row_of * (k // m) + a.indices // m, minlength=rows * (k // m))
+        n = int(counts.max())
+        # an N:M pruning fills nearly every group to N (weights zero already leave a few short);
+        # unstructured sparsity merely stays under some N
+        if 2 * n <= m and (counts == n).mean() >= 0.9 and (found is None or n * found[1] < found[0] * m):
+            found = (n, m)
+    if found is None:
+        return None
+    dense = a.toarray() != 0
+    vector = 1
+    while rows % (2 * vector) == 0 and 2 * vector <= rows:
+        groups = dense.reshape(rows // (2 * vector), 2 * vector, k)
+        if not (groups == groups[:, :1]).all():
+            break
+        vector *= 2
+    return found[0], found[1], vector
+
+
+@dataclass(frozen=True)
+class NMTiling:
+    """n, m, vector: the N:M pattern the kernel serves (at most n of every m columns; rows in vectors
+    of `vector` that share positions). Defaults: NM-SpMM's blocking, 64 × 128 outputs per block in
+    8 × 8 per thread (128 threads)."""
+
+    n: int
+    m: int
+    vector: int = 1
+    block_rows: int = 64
+    block_columns: int = 128
+    thread_rows: int = 8
+    thread_columns: int = 8
+
+    def __post_init__(self):
+        if not (1 <= self.n < self.m <= 255):
+            raise ValueError(f"N:M kernel: needs 1 <= N < M <= 255, got {self.n}:{self.m}")
+        if self.vector < 1:
+            raise ValueError(f"N:M kernel: the vector length must be >= 1, got {self.vector}")
+        if self.thread_rows not in (4, 8) or self.thread_columns not in (4, 8):
+            raise ValueError(f"N:M kernel: 4 or 8 rows and columns per thread, got {self.thread_rows}×"
+                             f"{self.thread_columns}")
+        if self.block_rows != self.thread_rows * self.thread_columns:
+            # then a block has block_columns threads: the launch layout's one column per thread
+            raise ValueError(f"N:M kernel: block rows must be thread rows × thread columns "
+                             f"({self.thread_rows * self.thread_columns}), got {self.block_rows}")
+        if self.block_columns % self.thread_columns:
+            raise ValueError(f"N:M kernel: block columns {self.block_columns} not a multiple of "
+                             f"{self.thread_columns}")
+        if self.chunk > 255 or self.shared_bytes > SHARED_BYTES:
+            raise ValueError(f"N:M kernel {self.label}: {self.shared_bytes} bytes of shared memory, over "
+                             f"{SHARED_BYTES}")
+
+    @property
+    def label(self) -> str:
+        v = f":{self.vector}" if self.vector > 1 else ""
+        return (f"{self.n}:{self.m}{v},{self.block_rows}x{self.block_columns},"
+                f"{self.thread_rows}x{self.thread_columns}")
+
+    @property
+    def chunk(self) -> int:
+        """Columns of K per stage: whole groups, at least 32."""
+        return self.m * -(-32 // self.m)
+
+    @property
+    def kept(self) -> int:
+        """Slots per row per chunk."""
+        return self.n * (self.chunk // self.m)
+
+    @property
+    def index_rows(self) -> int:
+        """Rows that share one slot's column in the index (a thread loads one B vector for them)."""
+        return math.gcd(self.vector, self.thread_rows)
+
+    @property
+    def threads(self) -> int:
+        return (self.block_rows // self.thread_rows) * (self.block_columns // self.thread_columns)
+
+    @property
+    def slab(self) -> int:
+        """Index bytes of one block's chunk, padded to 16."""
+        raw = self.kept * (self.block_rows // self.index_rows)
+        return -(-raw // 16) * 16
+
+    @property
+    def shared_bytes(self) -> int:
+        """Two stages of B's chunk (plus its zero row), A's values and the index."""
+        return 2 * ((self.chunk + 1) * self.block_columns * 4 + self.kept * self.block_rows * 4 + self.slab)
+
+    def chunks(self, k: int) -> int:
+        return -(-k // self.chunk)
+
+    def row_blocks(self, m: int) -> int:
+        return -(-m // self.block_rows)
+
+    def operand_sizes(self, m: int, k: int) -> dict[str, int]:
+        """Elements of each compressed array for an A of m × k."""
+        blocks = self.chunks(k) * self.row_blocks(m)
+        return {"values": blocks * self.kept * self.block_rows, "index": blocks * self.slab}
+
+    def facts(self) -> dict:
+        return {"label": self.label, "n": self.n, "m": self.m, "vector": self.vector, "block_rows": self.block_rows,
+                "block_columns": self.block_columns, "thread_rows": self.thread_rows,
+                "thread_columns": self.thread_columns, "chunk": self.chunk, "kept": self.kept,
+                "index_rows": self.index_rows, "slab": self.slab}
+
+    @classmethod
+    def of_facts(cls, facts: dict) -> "NMTiling":
+        return cls(*(int(facts[f]) for f in ("n", "m", "vector", "block_rows", "block_columns", "thread_rows",
+                                             "thread_columns")))
+
+
+# the blockings the search tries, widest first (NM-SpMM's 64 × 128 first); nm_tilings keeps those that fit
+BLOCKINGS = ((64, 128, 8, 8), (64, 64, 8, 8), (32, 128, 8, 4), (32, 64, 8, 4), (16, 64, 4, 4))
+
+
+def nm_tilings(n: int, m: int, vector: int = 1) -> list[NMTiling]:
+    """Every blocking of BLOCKINGS that fits shared memory for the pattern n:m:vector."""
+    out = []
+    for rows, cols, trows, tcols in BLOCKINGS:
+        try:
+            out.append(NMTiling(n, m, vector, rows, cols, trows, tcols))
+        except ValueError:
+            continue
+    return out
+
+
+def pattern_problem(matrix: sp.csr_matrix, n: int, m: int, vector: int) -> str:
+    """Why `matrix` does not hold the pattern (more than n distinct columns in some group of m
+    columns of some vector of `vector` rows), or ""."""
+    a = sp.coo_matrix(matrix)
+    rows, k = a.shape
+    if k % m:
+        return f"K={k} is not a multiple of M={m}"
+    if a.nnz == 0:
+        return ""
+    pairs = np.unique((a.row // vector).astype(np.int64) * k + a.col)  # distinct (vector, column)
+    groups = np.unique(pairs // m, return_counts=True)[1]  # (vector, group of m) of each pair
+    worst = int(groups.max())
+    if worst > n:
+        return f"a group of {m} columns holds {worst} nonzero columns, over N={n} ({n}:{m}, vectors of {vector} rows)"
+    return ""
+
+
+def nm_operands(matrix: sp.csr_matrix, tiling: NMTiling) -> dict[str, np.ndarray]:
+    """A compressed for the kernel: {"values": float32, "index": uint8} as the module docstring lays
+    them out. ValueError naming the problem when A does not hold the tiling's pattern."""
+    a = sp.coo_matrix(matrix)
+    a.sum_duplicates()
+    rows, k = a.shape
+    t = tiling
+    problem = pattern_problem(a, t.n, t.m, t.index_rows)
+    if problem:
+        raise ValueError(f"N:M kernel: {problem}")
+    chunks, blocks = t.chunks(k), t.row_blocks(rows)
+    group_of_rows = t.index_rows
+    index_per_slot = t.block_rows // group_of_rows
+    values = np.zeros((chunks, blocks, t.kept, t.block_rows), np.float32)
+    index = np.full((chunks, blocks, t.slab), t.chunk, np.uint8)
+    index[:, :, t.kept * index_per_slot:] = 0  # padding past the slots: never read
+    if a.nnz:
+        row, col = a.row.astype(np.int64), a.col.astype(np.int64)
+        # the slot of a (row group, column): its rank among the group's distinct columns in its M-group
+        pairs, where = np.unique((row // group_of_rows) * k + col, return_inverse=True)
+        pair_group = pairs // t.m
+        first = np.r_[0, np.flatnonzero(np.diff(pair_group)) + 1]
+        rank = np.arange(len(pairs)) - np.repeat(first, np.diff(np.r_[first, len(pairs)]))
+        pair_col = pairs % k
+        slot = (pair_col // t.m) * t.n + rank  # along the row: group · N + rank
+        chunk_of, p = slot // t.kept, slot % t.kept
+        pair_row_group = pairs // k
+        block = (pair_row_group * group_of_rows) // t.block_rows
+        g = pair_row_group % index_per_slot
+        index[chunk_of, block, p * index_per_slot + g] = (pair_col - chunk_of * t.chunk).astype(np.uint8)
+        values[chunk_of[where], row // t.block_rows, p[where], row % t.block_rows] = a.data
+    return {"values": values.ravel(), "index": index.ravel()}
+
+
+def nm_product(operands: dict[str, np.ndarray], tiling: NMTiling, m: int, k: int, b: np.ndarray) -> np.ndarray:
+    """C = A·B computed from the compressed operands as the kernel reads them (float64): what the
+    operands mean, for tests."""
+    t = tiling
+    chunks, blocks = t.chunks(k), t.row_blocks(m)
+    values = operands["values"].reshape(chunks, blocks, t.kept, t.block_rows).astype(np.float64)
+    index = operands["index"].reshape(chunks, blocks, t.slab)
+    per_slot = t.block_rows // t.index_rows
+    padded = np.zeros((chunks * t.chunk + 1, b.shape[1]))
+    padded[:k] = b
+    zero_row = len(padded) - 1
+    c = np.zeros((blocks * t.block_rows, b.shape[1]))
+    for ch in range(chunks):
+        for bl in range(blocks):
+            for p in range(t.kept):
+                cols = index[ch, bl, p * per_slot:(p + 1) * per_slot].astype(np.int64)
+                at = np.where(cols == t.chunk, zero_row, ch * t.chunk + cols)
+                rows_b = padded[np.repeat(at, t.index_rows)]
+                c[bl * t.block_rows:(bl + 1) * t.block_rows] += values[ch, bl, p][:, None] * rows_b
+    return c[:m]

@@ -1,0 +1,141 @@
+"""The data-driven N:M kernel (design `nm`, in the manner of NM-SpMM with A and B swapped): A's kept
+values and their columns are data (lospmm.kernel.nm lays them out), filled into the module's
+globals when it is loaded (KernelSpec.module_data); one unit of O(1) code per pattern and blocking,
+whatever the layer's size.
+
+Each block computes block_rows × block_columns of C. Per chunk of K (whole groups of M columns),
+its threads copy the chunk's rows of B, the block's slots of A's values and their columns into
+shared memory (cp.async, two stages: the next chunk is on its way while this one is multiplied);
+then per slot each thread reads its rows' values (vectors of 4) and, per group of rows that share
+the slot's column, one B vector of its columns from that row of the chunk, and does rows ×
+columns multiply-adds. A thread's columns are vectors of 4 spaced 4·block_columns/thread_columns
+apart, so that a warp's shared-memory reads are consecutive. B and C are read and written as
+float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from lospmm.kernel.design import KernelDesign
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.includes import included
+from lospmm.kernel.layout import LaunchLayout
+from lospmm.kernel.nm import NMTiling, nm_operands
+from lospmm.kernel.render.common import kernel_name
+from lospmm.kernel.render.numbers import epilogue_scalar
+from lospmm.kernel.spec import KernelSource, KernelSpec
+
+LANE = "xyzw"
+
+
+def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
+              epilogue: Epilogue = Epilogue()) -> KernelSource:
+    """The N:M kernel of `matrix` (which must hold tiling's pattern: ValueError naming the group
+    that does not) in `tiling`'s blocking, storing through `epilogue`."""
+    a = sp.csr_matrix(matrix, dtype=np.float32)
+    a.sort_indices()
+    m, k = a.shape
+    t = tiling
+    operands = nm_operands(a, t)  # refuses an A without the pattern before anything is rendered
+    name = kernel_name("lospmm_nm", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tuple(t.facts().items()), *epilogue.name_parts())
+    layout = LaunchLayout(t.row_blocks(m), t.threads, 1, 1, "tile-x")
+    spec = KernelSpec(name, "gemm", m, k, t.block_rows, layout, t.row_blocks(m), design, epilogue, nm=t,
+                      nnz=int(a.nnz))
+    sizes = {symbol: operands[role].size for role, symbol in spec.module_symbols.items() if role in operands}
+    return KernelSource(spec, (_source(spec, t, sizes, epilogue),))
+
+
+def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epilogue) -> str:
+    name, m, k = spec.name, spec.m, spec.k
+    symbols = spec.module_symbols
+    bm, bn, tm, tn, kc, kept, g = t.block_rows, t.block_columns, t.thread_rows, t.thread_columns, t.chunk, t.kept, \
+        t.index_rows
+    threads, per_row = t.threads, bn // tn
+    span = 4 * per_row  # between a thread's column vectors
+    per_slot = bm // g  # index entries per slot
+    globals_ = [f"__device__ __align__(16) float {symbols['values']}[{sizes[symbols['values']]}];\n",
+                f"__device__ __align__(16) unsigned char {symbols['index']}[{sizes[symbols['index']]}];\n"]
+    if epilogue.bias:
+        globals_.append(f"__device__ float {symbols['bias']}[{m}];\n")
+    stage = "".join([
+        f"__device__ __forceinline__ void stage_{name}(float* Bs, float* As, unsigned char* Is, "
+        f"const float* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
+        f"const bool vec) {{\n",
+        "  const int tid = threadIdx.x;\n",
+        "  if (vec) {\n",
+        f"    for (int i = tid; i < {kc * bn // 4}; i += {threads}) {{\n",
+        f"      const int r = i / {bn // 4}, q = (i % {bn // 4}) * 4, kr = k0 + r, col = col0 + q;\n",
+        f"      const bool in = kr < {k} && col < N;\n",
+        f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
+        "    }\n  } else {\n",
+        f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{\n",
+        f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
+        f"      const bool in = kr < {k} && col < N;\n",
+        f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n",
+        "    }\n  }\n",
+        f"  const float* av = {symbols['values']} + slab * {kept * bm};\n",
+        f"  for (int i = tid; i < {kept * bm // 4}; i += {threads}) lospmm_cp16(As + 4 * i, av + 4 * i, 16);\n",
+        f"  const unsigned char* ai = {symbols['index']} + slab * {t.slab};\n",
+        f"  for (int i = tid; i < {t.slab // 16}; i += {threads}) lospmm_cp16(Is + 16 * i, ai + 16 * i, 16);\n",
+        "}\n"])
+    acc = [[f"c{i}_{j}" for j in range(tn)] for i in range(tm)]
+    slot = []
+    for q in range(tm // 4):
+        slot.append(f"      const float4 a{q} = *(const float4*)(as + p * {bm} + {4 * q});\n")
+    for group in range(tm // g):
+        slot.append(f"      {{ const float* br = bs + is[p * {per_slot} + {group}] * {bn};\n")
+        for q in range(tn // 4):
+            slot.append(f"        const float4 b{q} = *(const float4*)(br + {q * span});\n")
+        for i in range(group * g, (group + 1) * g):
+            value = f"a{i // 4}.{LANE[i % 4]}"
+            slot.append("        " + " ".join(f"{acc[i][j]} += {value} * b{j // 4}.{LANE[j % 4]};"
+                                              for j in range(tn)) + "\n")
+        slot.append("      }\n")
+    stores = []
+    for i in range(tm):
+        stores.append(f"  {{ const int r = row0 + {i};\n    if (r < {m}) {{\n"
+                      f"      float* cr = C + (long long)r * N;\n")
+        bias = f" + {symbols['bias']}[r]" if epilogue.bias else ""
+        for q in range(tn // 4):
+            stores.append(f"      {{ const int col = col0 + tx * 4 + {q * span};\n")
+            for lane in range(4):
+                stores.append(f"        const float x{lane} = {acc[i][4 * q + lane]}{bias};\n")
+            values = [epilogue_scalar(epilogue, f"x{lane}") for lane in range(4)]
+            stores.append(f"        if (vec) {{ if (col < N) *(float4*)(cr + col) = make_float4({', '.join(values)}); }}\n"
+                          "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = {values[lane]};"
+                                                    for lane in range(4)) + " }\n      }\n")
+        stores.append("    }\n  }\n")
+    chunks, row_blocks = t.chunks(k), t.row_blocks(m)
+    body = "".join([
+        f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}(const float* __restrict__ B, float* __restrict__ C, "
+        f"const int N) {{\n",
+        f"  __shared__ __align__(16) float Bs[2][{(kc + 1) * bn}];\n",
+        f"  __shared__ __align__(16) float As[2][{kept * bm}];\n",
+        f"  __shared__ __align__(16) unsigned char Is[2][{t.slab}];\n",
+        f"  const int tid = threadIdx.x, tx = tid % {per_row}, ty = tid / {per_row};\n",
+        f"  const int row_block = blockIdx.x, col0 = blockIdx.y * {bn}, row0 = row_block * {bm} + ty * {tm};\n",
+        "  const bool vec = N % 4 == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0;\n",
+        f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{kc * bn} + i % {bn}] = 0.0f;  "
+        f"// the zero row a spare slot reads\n",
+        *(f"  float {', '.join(f'{c} = 0.0f' for c in row)};\n" for row in acc),
+        f"  stage_{name}(Bs[0], As[0], Is[0], B, N, 0, col0, row_block, vec);\n",
+        "  lospmm_cp_commit();\n",
+        f"  for (int c = 0; c < {chunks}; ++c) {{\n",
+        f"    if (c + 1 < {chunks}) {{\n",
+        f"      stage_{name}(Bs[(c + 1) & 1], As[(c + 1) & 1], Is[(c + 1) & 1], B, N, (c + 1) * {kc}, col0, "
+        f"(long long)(c + 1) * {row_blocks} + row_block, vec);\n",
+        "      lospmm_cp_commit();\n      lospmm_cp_wait_one();\n    } else {\n      lospmm_cp_wait_all();\n    }\n",
+        "    __syncthreads();\n",
+        "    const float* bs = Bs[c & 1] + tx * 4;\n",
+        f"    const float* as = As[c & 1] + ty * {tm};\n",
+        f"    const unsigned char* is = Is[c & 1] + ty * {tm // g};\n",
+        "#pragma unroll\n",
+        f"    for (int p = 0; p < {kept}; ++p) {{\n", *slot, "    }\n",
+        "    __syncthreads();\n  }\n",
+        *stores, "}\n"])
+    header = (f"// lospmm N:M kernel {name}: M={m} K={k} nnz={spec.nnz} {t.label} threads={threads} "
+              f"design={spec.design.code_label}{' epilogue=' + epilogue.label if not epilogue.empty else ''}\n")
+    return "".join([included("preamble.cuh"), included("vector.cuh"), included("nm.cuh"), header, *globals_, stage,
+                    body])

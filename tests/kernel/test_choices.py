@@ -1,0 +1,43 @@
+"""The ways to serve a layer: the baked kernel of the searched tile, and the N:M kernel of an N:M A
+in every blocking, each with its estimate."""
+
+import numpy as np
+import pytest
+
+from lospmm.devices import DEVICES
+from lospmm.kernel.choices import NM_DESIGN, served_options, untiled_served
+from lospmm.kernel.design import BASELINE, design_named
+from lospmm.kernel.nm import nm_tilings
+from lospmm.stages.emit import cheapest_design
+from lospmm.stages.prune import NMPattern, random_nm_pruned, random_pruned
+from lospmm.stages.reorder import reordered_tiles
+
+H100 = DEVICES["h100"]
+
+
+def options(a, design=BASELINE, untiled=True):
+    return served_options(a, reordered_tiles(a, 12), *a.shape, 4096, 128, design, H100, untiled)
+
+
+def test_an_nm_layer_is_priced_both_ways_and_other_layers_one_way():
+    a = random_nm_pruned(768, 768, NMPattern(16, 32, 8), np.random.default_rng(0))
+    found = options(a)
+    assert found[0].tiled and found[0].label == "12×128" and found[0].design == BASELINE
+    assert [s.nm for s in found[1:]] == nm_tilings(16, 32, 8) and all(s.design == NM_DESIGN for s in found[1:])
+    served, runner_up = cheapest_design(found)
+    assert not served.tiled and served.estimate_us <= runner_up.estimate_us  # vector-wise 16:32 wins by the estimate
+    assert len(options(a, untiled=False)) == 1  # --no-nm-kernel
+    assert len(options(a, design_named("fp16"))) == 1  # no half N:M kernel yet
+    u = random_pruned(768, 768, 0.5, np.random.default_rng(0))
+    assert len(options(u)) == 1  # unstructured: the baked kernel alone
+
+
+def test_the_nm_design_forced_takes_its_cheapest_blocking_or_names_the_layer():
+    a = random_nm_pruned(64, 256, NMPattern(4, 32, 16), np.random.default_rng(1))
+    served = untiled_served(a, 4096, H100, NM_DESIGN, "fc")
+    assert served.nm == min((s for s in options(a)[1:]), key=lambda s: s.estimate_us).nm
+    u = random_pruned(64, 256, 0.875, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="fc: its A holds no N:M pattern"):
+        untiled_served(u, 4096, H100, NM_DESIGN, "fc")
+    with pytest.raises(ValueError, match="rendered on the search's tiles"):
+        untiled_served(a, 4096, H100, BASELINE, "fc")

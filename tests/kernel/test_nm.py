@@ -1,0 +1,169 @@
+"""The data-driven N:M kernel (design `nm`): its compressed A means A (against scipy), its CUDA text
+run on the host as cooperative blocks equals scipy's A·B through its epilogue, a missing barrier
+is caught, and its spec, package and estimate hold together."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lospmm.devices import DEVICES
+from lospmm.kernel.check import checked
+from lospmm.kernel.design import design_named
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.estimate import NMWork, nm_registers, nm_timing
+from lospmm.kernel.host import EmulationError, HostKernel
+from lospmm.kernel.nm import BLOCKINGS, NMTiling, nm_operands, nm_product, nm_tilings, pattern_problem
+from lospmm.kernel.render import CodegenParams, kernel_source
+from lospmm.kernel.spec import KernelSource, KernelSpec
+from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+NM = design_named("nm")
+PATTERNS = [(1, 2), (2, 4), (1, 4), (3, 8), (2, 8), (4, 16), (16, 32), (12, 32), (8, 32), (4, 32)]
+
+
+def nm_source(a, tiling, epilogue=Epilogue()) -> KernelSource:
+    return kernel_source(a, None, 0, CodegenParams(design=NM), epilogue, nm=tiling)
+
+
+def host_checked(a, tiling, n, epilogue=Epilogue(), seed=0, sanitize=True):
+    kernel = nm_source(a, tiling, epilogue)
+    from dataclasses import replace
+
+    kernel = KernelSource(replace(kernel.spec), kernel.units)
+    return checked(HostKernel(kernel, sanitize, kernel.spec.module_data(a)), a, n, seed)
+
+
+@st.composite
+def nm_layers(draw, max_rows=80):
+    n, m = draw(st.sampled_from(PATTERNS))
+    vector = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    rows = vector * draw(st.integers(1, max(1, max_rows // vector)))
+    k = m * draw(st.integers(1, max(1, 96 // m)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    a = random_nm_pruned(rows, k, NMPattern(n, m, vector), rng)
+    if draw(st.booleans()):  # a few weights zero already: groups with fewer than N nonzeros
+        a.data[rng.random(a.nnz) < 0.1] = 0.0
+        a.eliminate_zeros()
+    return a, n, m, vector
+
+
+@settings(max_examples=60, deadline=None)
+@given(nm_layers(max_rows=200), st.integers(0, len(BLOCKINGS) - 1), st.integers(1, 9))
+def test_compressed_operands_mean_a(layer, blocking, n_columns):
+    """The kernel's data read as the kernel reads it (nm_product) is A·B, for every pattern, vector
+    length and blocking that fits."""
+    a, n, m, vector = layer
+    tilings = nm_tilings(n, m, vector)
+    tiling = tilings[blocking % len(tilings)]
+    b = np.random.default_rng(1).standard_normal((a.shape[1], n_columns))
+    got = nm_product(nm_operands(a, tiling), tiling, a.shape[0], a.shape[1], b)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_a_without_the_pattern_is_refused_by_name():
+    a = sp.csr_matrix(np.ones((8, 8), np.float32))
+    assert "holds 4 nonzero columns, over N=2" in pattern_problem(a, 2, 4, 1)
+    with pytest.raises(ValueError, match="over N=2"):
+        nm_source(a, NMTiling(2, 4))
+    # rows that do not share positions are not a vector of 2
+    rows = sp.csr_matrix(np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32))
+    assert pattern_problem(rows, 1, 4, 1) == ""
+    assert "over N=1" in pattern_problem(rows, 1, 4, 2)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nm_layers(), st.integers(0, len(BLOCKINGS) - 1), st.sampled_from([1, 5, 8, 70, 131]),
+       st.sampled_from([Epilogue(), "bias+relu", Epilogue(activation="gelu")]))
+def test_host_run_equals_scipy(layer, blocking, n_columns, epilogue):
+    """The exact CUDA text, built for the host under AddressSanitizer with each block's threads run
+    as a cooperative block, equals scipy's A·B through the epilogue: rows past M, columns past N
+    (element-wise path: N not a multiple of 4; float4 path otherwise), K past the last chunk."""
+    a, n, m, vector = layer
+    tilings = nm_tilings(n, m, vector)
+    tiling = tilings[blocking % len(tilings)]
+    if epilogue == "bias+relu":
+        epilogue = Epilogue(tuple(np.linspace(-1, 1, a.shape[0]).tolist()), "relu")
+    result = host_checked(a, tiling, n_columns, epilogue)
+    assert result.ok, (tiling.label, result.message)
+
+
+def test_a_nan_in_b_reaches_c_only_through_a_nonzero():
+    """A spare slot multiplies a row of zeros, not B: a NaN in a row of B that A never reads stays
+    out of C, as in the sparse product."""
+    a = sp.csr_matrix(np.array([[1, 0, 0, 0, 2, 0, 0, 0]], np.float32))  # 1:4, one group of the second half... and
+    tiling = NMTiling(2, 4, block_rows=16, block_columns=64, thread_rows=4, thread_columns=4)
+    kernel = nm_source(a, tiling)
+    b = np.ones((8, 4), np.float32)
+    b[1] = np.nan  # column 1 of A is zero in every row
+    c = HostKernel(kernel, True, kernel.spec.module_data(a)).run(b)
+    np.testing.assert_array_equal(c, np.full((1, 4), 3.0, np.float32))
+
+
+def test_a_missing_barrier_is_caught_on_the_host():
+    """The host runs a block's threads one at a time, each until its next barrier: without the
+    barrier after a stage is copied, a thread multiplies a stage the others have not written."""
+    a = random_nm_pruned(64, 64, NMPattern(2, 4, 8), np.random.default_rng(3))
+    tiling = NMTiling(2, 4, 8)
+    kernel = nm_source(a, tiling)
+    assert checked(HostKernel(kernel, False, kernel.spec.module_data(a)), a, 64).ok
+    text = kernel.source
+    first = text.index("    __syncthreads();\n")
+    broken = KernelSource(kernel.spec, (text[:first] + text[first + len("    __syncthreads();\n"):],))
+    result = checked(HostKernel(broken, False, kernel.spec.module_data(a)), a, 64)
+    assert not result.ok
+
+
+def test_module_data_must_be_given_and_whole():
+    a = random_nm_pruned(16, 32, NMPattern(8, 32, 16), np.random.default_rng(0))
+    kernel = nm_source(a, NMTiling(8, 32, 16, 16, 64, 4, 4))
+    with pytest.raises(ValueError, match="module data not given"):
+        HostKernel(kernel).run(np.ones((32, 4), np.float32))
+    data = kernel.spec.module_data(a)
+    short = {s: v[:-1] if s.startswith("lospmm_nmv") else v for s, v in data.items()}
+    with pytest.raises(EmulationError, match="module data lospmm_nmv"):
+        HostKernel(kernel, False, short).run(np.ones((32, 4), np.float32))
+
+
+def test_spec_round_trips_kernel_json():
+    a = random_nm_pruned(48, 64, NMPattern(4, 32, 8), np.random.default_rng(0))
+    spec = nm_source(a, NMTiling(4, 32, 8, 32, 64, 8, 4), Epilogue((0.5,) * 48, "relu")).spec
+    back = KernelSpec.from_json(spec.to_json())
+    assert back == spec and back.nm == spec.nm and back.cooperative
+    facts = json.loads(spec.to_json())
+    assert facts["nm"]["module_data"] == spec.module_symbols
+    assert set(spec.module_symbols) == {"values", "index", "bias"}
+    assert facts["grid"] == {"x": 2, "y": "ceil(N / 64)", "z": 1}
+    assert spec.column_multiple == 1 and spec.alignment == 4
+    with pytest.raises(ValueError, match="nm design is fp32"):
+        design_named("nm,v=4")
+
+
+def test_blockings_fit_shared_memory_and_keep_one_column_per_thread():
+    for n, m in PATTERNS:
+        for vector in (1, 8):
+            tilings = nm_tilings(n, m, vector)
+            assert tilings, (n, m, vector)
+            for t in tilings:
+                assert t.shared_bytes <= 48 * 1024 and t.threads == t.block_columns
+    with pytest.raises(ValueError, match="shared memory"):
+        NMTiling(31, 32, 1)  # 64×128 with 31 slots per row and no shared columns
+    with pytest.raises(ValueError, match="block rows"):
+        NMTiling(2, 4, block_rows=32)
+
+
+def test_estimate_sees_sparsity_and_shared_columns():
+    """Fewer slots are cheaper, and rows sharing columns (one B vector per 8 rows) are cheaper than
+    element-wise N:M (one per row), on a work-bound layer."""
+    h100 = DEVICES["h100"]
+
+    def us(n, vector, shape=(4096, 4096, 4096)):
+        t = nm_tilings(n, 32, vector)[0]
+        return nm_timing(NMWork(t, *shape, nm_registers(t)), h100).time_us
+
+    assert us(4, 8) < us(8, 8) < us(16, 8)
+    assert us(16, 8) < us(16, 1)
+    assert math.isfinite(us(16, 8, (64, 64, 1)))
