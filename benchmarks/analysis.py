@@ -218,6 +218,49 @@ def nm_spmm_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+# issue 35's device targets for `--design auto`
+CHOICE_WITHIN = 0.05  # the design the estimate chooses within 5% of the best measured one
+CHOICE_LAYERS = 0.80  # on at least 80% of the layers
+CHOICE_GAIN = 1.2  # and the chosen designs' geomean 1.2× faster than the best single design
+
+
+def design_choice(rows: list[dict], rows_set: str = "ab") -> tuple[list[dict], dict]:
+    """Issue 35's verdict on the design per layer: per layer of `rows_set` (each design of
+    kernel.choices.DESIGN_CANDIDATES measured on one tile), the design the estimate prices lowest
+    (what `--design auto` serves: the launch rows' `estimate_us`) against the best measured, and in
+    all: the share of layers where it is within CHOICE_WITHIN, and the chosen designs' geomean time
+    over the best single design's (on the layers every design measured)."""
+    by: dict = {}
+    for r in rows:
+        if r.get("set") == rows_set and r.get("role", "full") == "full" and r.get("status") == "ok" \
+                and math.isfinite(r.get("ours_us") or math.inf):
+            by.setdefault((r["model"], r["layer"]), {})[r["design"]] = r
+    out, chosen_us, per_design = [], {}, {}
+    for key, designs in sorted(by.items()):
+        priced = {d: r["estimate_us"] for d, r in designs.items() if math.isfinite(r.get("estimate_us") or math.inf)}
+        if not priced:
+            continue
+        chosen = min(priced, key=priced.get)
+        best = min(designs, key=lambda d: designs[d]["ours_us"])
+        ratio = designs[chosen]["ours_us"] / designs[best]["ours_us"]
+        out.append({"model": key[0], "layer": key[1], "chosen (estimate)": chosen, "chosen_us": designs[chosen]["ours_us"],
+                    "best (measured)": best, "best_us": designs[best]["ours_us"], "chosen / best": ratio,
+                    "within": ratio <= 1 + CHOICE_WITHIN})
+        chosen_us[key] = designs[chosen]["ours_us"]
+        for d, r in designs.items():
+            per_design.setdefault(d, {})[key] = r["ours_us"]
+    layers = sorted(chosen_us)
+    complete = {d: t for d, t in per_design.items() if set(t) >= set(layers)}
+    best_single = min(complete, key=lambda d: geomean([complete[d][k] for k in layers])) if complete and layers else ""
+    gain = (geomean([complete[best_single][k] for k in layers]) / geomean([chosen_us[k] for k in layers])
+            if best_single else float("nan"))
+    share = sum(r["within"] for r in out) / len(out) if out else float("nan")
+    verdict = {"layers": len(out), "within 5% of the best": share, "best single design": best_single,
+               "chosen over best single (geomean speedup)": gain,
+               "meets": bool(out and share >= CHOICE_LAYERS and gain >= CHOICE_GAIN)}
+    return out, verdict
+
+
 # issue 30, item 3: the default design changes only on this evidence
 DECISION_GAIN = 0.05  # geomean at least 5% faster than the baseline on the A/B layers
 DECISION_SPREAD = 0.05  # with every repeat spread under 5%

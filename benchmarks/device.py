@@ -462,6 +462,11 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("A/B: each design's time over today's kernel on the same tile (< 1 is faster)",
                        analysis.ab_summary(speed))
                 analysis.print_table("the decision (issue 30, item 3)", [analysis.design_decision(speed)])
+                per_layer, verdict = analysis.design_choice(speed)
+                analysis.print_table("--design auto: the estimate's design per layer against the best measured "
+                                     "(issue 35)", per_layer)
+                analysis.print_table("--design auto's verdict (targets: within 5% on ≥ 80% of layers, geomean ≥ 1.2× "
+                                     "the best single design)", [verdict])
             if any(r.get("set") == "micro" for r in speed):
                 analysis.print_table("diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
                                                                           "tile_code_bytes_mean")}

@@ -203,7 +203,7 @@ def launch(bundle: Path, kernel_id: str, n: int | None = None, repeats: int = 3,
     its CSV there)."""
     import numpy as np
 
-    from benchmarks.bundle import package_of
+    from benchmarks.bundle import matrix_of_row, package_of
     from lospmm.kernel.cuda import CudaKernel, DeviceBuffer, _ck
 
     if not (Path(bundle) / "launches.parquet").is_file():
@@ -219,7 +219,9 @@ def launch(bundle: Path, kernel_id: str, n: int | None = None, repeats: int = 3,
         from cuda.bindings import driver
 
         spec = package_of(bundle, row).spec
-        kernel = CudaKernel(spec, package_of(bundle, row).cubin())
+        # an N:M kernel's compressed A goes into its module's globals (from the bundle's A)
+        data = spec.module_data(matrix_of_row(bundle, row)) if spec.module_symbols else None
+        kernel = CudaKernel(spec, package_of(bundle, row).cubin(), data)
         count = spec.launch_count(int(n or row["count"]))
         buffers = [DeviceBuffer.of(spec.number.sample(spec.input_shape(count), seed)), DeviceBuffer(spec.element_bytes * int(np.prod(spec.output_shape(count))))]
         threads = int(row["n1"]) if spec.n1_at_launch else None

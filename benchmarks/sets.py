@@ -17,6 +17,7 @@ it through the package's one entry point (lospmm.kernel.render). Nothing here ne
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -401,7 +402,7 @@ def nm_spmm_matrix(rows: int, k: int, method: str) -> sp.csr_matrix:
     """The seeded N:M A of an NM-SpMM shape: the same on every machine (the seed is the shape's)."""
     from lospmm.stages.prune import nm_pattern, random_nm_pruned
 
-    seed = int.from_bytes(f"{rows}x{k}:{method}".encode()[-8:], "little")
+    seed = int.from_bytes(hashlib.sha256(f"{rows}x{k}:{method}".encode()).digest()[:8], "little")
     return random_nm_pruned(rows, k, nm_pattern(method), np.random.default_rng(seed))
 
 

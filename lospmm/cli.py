@@ -60,6 +60,9 @@ def _expanded(argv: list[str]) -> list[str]:
 _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional: tile-x|column-x (grid order), "
                 "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
                 "'baseline' (default) is tile-x,walks=1,v=1,based.")
+_RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the search in the baseline, each layer's kernel in the design the "
+                                   "estimate prices lowest for its tile (ESTIMATES: the baseline stays the default "
+                                   "until the device says).")
 
 _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfig)
 
@@ -96,7 +99,7 @@ def run(
     no_nm_kernel: bool = typer.Option(False, "--no-nm-kernel", help="Serve N:M layers with the baked kernel of "
                                       "their searched tile only (default: the N:M kernel where the estimate "
                                       "prices it lower; GEMM layers)."),
-    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP),
+    design: str = typer.Option(_RUN.design, "--design", help=_RUN_DESIGN_HELP),
     input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
                                           "fixed before shape inference, as trtexec --shapes takes them: "
                                           "NAME:1x3x640x640 (repeatable): convolutions after a symbolic H/W get their sizes."),

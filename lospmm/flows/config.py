@@ -17,7 +17,8 @@ from typing import Any
 from lospmm.flows.inputs.onnx_model import is_onnx
 from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
-from lospmm.kernel.design import KernelDesign, design_in, design_named
+from lospmm.kernel.choices import DESIGN_CANDIDATES
+from lospmm.kernel.design import BASELINE, KernelDesign, design_in, design_named
 from lospmm.kernel.numbers import NumberFormat
 from lospmm.stages.compile import ProxyCheck
 from lospmm.stages.constrain import ConstrainParams
@@ -53,7 +54,9 @@ class RunConfig:
     layer whose A holds an N:M pattern may be served by the N:M kernel where the estimate prices it
     lowest; False: `--no-nm-kernel`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
-    kernel.design.design_named's tokens, `--design`; a half source's is its half form: source_design),
+    kernel.design.design_named's tokens, `--design`; a half source's is its half form: source_design;
+    "auto": the search in the baseline, each layer's kernel in the design of
+    kernel.choices.DESIGN_CANDIDATES that the estimate prices lowest for its tile),
     dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
     to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also
@@ -180,7 +183,8 @@ def resolved(cfg: RunConfig) -> RunPlan:
                             rank=rank, design=design,
                             reorder=ReorderParams(strategies=cfg.reorder, budget_seconds=cfg.reorder_budget,
                                                   price_device=device.name, max_cov_nnz=cfg.th_row)),
-        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv, nm_kernel=cfg.nm_kernel), jobs=cfg.jobs or _cores())
+        emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv, nm_kernel=cfg.nm_kernel,
+                         designs=DESIGN_CANDIDATES if cfg.design == AUTO_DESIGN else ()), jobs=cfg.jobs or _cores())
 
 
 def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:
@@ -201,8 +205,14 @@ def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:
         return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
+AUTO_DESIGN = "auto"  # --design auto: the search in the baseline design, each layer's kernel in the cheapest design
+
+
 def run_design(text: str) -> KernelDesign:
-    """The kernel design of a run (`--design`), or ConfigError naming what cannot be read or searched."""
+    """The kernel design of a run (`--design`; `auto`: the baseline's search, each layer's kernel in
+    the design the estimate prices lowest), or ConfigError naming what cannot be read or searched."""
+    if text == AUTO_DESIGN:
+        return BASELINE
     try:
         design = design_named(text)
     except ValueError as e:
@@ -210,9 +220,13 @@ def run_design(text: str) -> KernelDesign:
     if design.half:
         raise ConfigError(f"--design {text}: a run's kernels take their dtype from --dtype (or the weights), and a "
                           f"half run's sums from --accumulate and --promote-every")
+    if not design.tiled:
+        raise ConfigError(f"--design {text}: the N:M kernel is no design to search in; a run serves each N:M layer "
+                          f"by it where the estimate prices it lower (unless --no-nm-kernel), and `lospmm kernel "
+                          f"--design nm` writes it for one layer")
     if not design.proxied:
-        raise ConfigError("--design streamed: the search times proxies of baked kernels; build a streamed kernel "
-                          "with `lospmm kernel --design streamed` (or the device program's A/B: benchmarks/device.py)")
+        raise ConfigError(f"--design {text}: the search times proxies of baked kernels; build a streamed kernel "
+                          f"with `lospmm kernel --design streamed`, or let `--design auto` price it per layer")
     return design
 
 

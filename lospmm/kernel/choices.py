@@ -1,20 +1,28 @@
-"""The ways one layer can be served, each priced by the estimate: the baked kernel of the tile the
-search chose (in the run's design), and the kernels of designs that need no tiles but a structure
-of A — today the N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that
-fits. The emit stage keeps the cheapest (stages.emit.cheapest_design) and renders it with
-`kernel_source(..., nm=served.nm)`; a caller never asks which kind a choice is."""
+"""The ways one layer can be served, each priced by the estimate: the kernel of the tile the search
+chose in the run's design and, for a `--design auto` run, in every design of DESIGN_CANDIDATES
+that can serve it (its registers, the grid's limits, an epilogue it cannot fuse, a convolution's
+grid order only); and the kernels of designs that need no tiles but a structure of A — today the
+N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that fits. The emit
+stage keeps the cheapest (stages.emit.cheapest_design) and renders it with `kernel_source(...,
+served.design, nm=served.nm)`; a caller never asks which kind a choice is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lospmm.kernel.design import KernelDesign, design_named
+from lospmm.kernel.design import KernelDesign, conv_design, design_in, design_named
+from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
 from lospmm.kernel.nm import NMTiling, held_pattern, nm_tilings
 from lospmm.kernel.registers import predicted_registers
+from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.timing import LaunchUnderTest
 
 NM_DESIGN = design_named("nm")
+# the designs a `--design auto` run prices for each layer's tile: those the device program's A/B
+# measures (benchmarks.sets.AB_DESIGNS), so that the estimate's choice is checked against the device's
+DESIGN_CANDIDATES = ("baseline", "chained", "chained,column-x", "chained,walks=4", "chained,walks=16", "chained,v=2",
+                     "chained,v=4", "chained,v=4,walks=4", "streamed,chained", "streamed,chained,v=4")
 
 
 @dataclass(frozen=True)
@@ -35,16 +43,52 @@ class Served:
 
 
 def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: KernelDesign, device,
-                   untiled: bool = True) -> list[Served]:
+                   untiled: bool = True, designs: tuple[str, ...] = (), epilogue: Epilogue = Epilogue(),
+                   conv: bool = False) -> list[Served]:
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
-    is stored): the baked kernel of the chosen tile (`tiles`, `n1`) in `design` first, then, with
-    `untiled`, the kernels that need no tiles and can serve this A in this number format
-    (untiled_options)."""
+    is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
+    search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
+    format and, for a convolution's implicit-im2col kernel (`conv`), its grid order) that can serve
+    it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
+    this number format (untiled_options; a GEMM layer's)."""
     estimate = estimate_timer(device)
-    baked = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=design),
-                                          design=design))
-    options = [Served(f"{tiles.m1}×{n1}", float(baked.time_us), design)]
-    return options + (untiled_options(matrix, n, device, design) if untiled else [])
+    options = []
+    for d in tiled_designs(design, designs, conv):
+        if d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
+            continue
+        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d))
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design else f" {d.label}"), float(timing.time_us), d))
+    return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])
+
+
+def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
+    """`design` and each of `designs` in its number format (those with a form in it) and, for an
+    implicit-im2col convolution, the grid order alone (conv_design), each once, `design` first."""
+    out = [design]
+    for label in designs:
+        try:
+            d = design_in(design.number, design_named(label))
+        except ValueError:  # no form in this number format (a half kernel's grid is the baseline's so far)
+            continue
+        d = conv_design(d) if conv else d
+        if d.a_values == "baked" or not conv:
+            out.append(d)
+    return list(dict.fromkeys(out))
+
+
+def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, epilogue: Epilogue = Epilogue()) -> str:
+    """Why the kernel of tile (m1, n1) in `design` cannot serve N columns ("" when it can): its
+    predicted registers above the device's limit, a grid past its limits, an epilogue it does not fuse."""
+    registers = predicted_registers(m1, design=design)
+    if registers > device.max_regs_per_thread:
+        return f"{registers} registers predicted, over {device.max_regs_per_thread}"
+    if not epilogue.empty and not design.fuses_epilogue:
+        return f"design {design.label} fuses no epilogue"
+    try:
+        LaunchLayout(1, n1, design.columns_per_thread, design.column_walks, design.order).grid(n)
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def untiled_options(matrix, n: int, device, design: KernelDesign) -> list[Served]:

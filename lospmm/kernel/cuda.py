@@ -382,13 +382,17 @@ class CudaKernel:
     def __init__(self, spec: KernelSpec, cubin: bytes, module_data: Mapping[str, np.ndarray] | None = None):
         """`module_data`: {symbol: array} copied into the module's globals once it is loaded (the N:M
         kernel's compressed A: KernelSpec.module_data); every symbol the spec names must be given."""
-        self.spec, self.cubin = spec, cubin
-        self.loaded = LoadedKernel(cubin, spec.name)
         missing = [s for s in spec.module_symbols.values() if s not in (module_data or {})]
         if missing:
             raise ValueError(f"{spec.layer or spec.name}: module data not given for {missing}")
-        for symbol in spec.module_symbols.values():
-            self.loaded.fill_global(symbol, np.asarray(module_data[symbol]))
+        self.spec, self.cubin = spec, cubin
+        self.loaded = LoadedKernel(cubin, spec.name)
+        try:
+            for symbol in spec.module_symbols.values():
+                self.loaded.fill_global(symbol, np.asarray(module_data[symbol]))
+        except Exception:  # a module whose data could not be filled is never launched: unloaded
+            self.loaded.close()
+            raise
 
     def launch(self, x_ptr: int, y_ptr: int, count: int, stream=0, threads: int | None = None,
                extra: Sequence[tuple[str, int]] = (), smem_bytes: int = 0) -> None:

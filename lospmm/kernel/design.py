@@ -105,6 +105,11 @@ class KernelDesign:
         return self.a_values == "baked"
 
     @property
+    def fuses_epilogue(self) -> bool:
+        """Whether its kernels apply a bias and activation before the store (the streamed kernel not yet)."""
+        return self.a_values != "streamed"
+
+    @property
     def tiled(self) -> bool:
         """Whether its kernels are rendered on the search's reordered tiles (baked and streamed A); the
         nm design's on its own blocking of an N:M A (lospmm.kernel.choices.untiled_served)."""

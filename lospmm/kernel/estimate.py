@@ -126,8 +126,11 @@ def fma_instructions_per_nonzero(design: KernelDesign) -> float:
 
 
 def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
-    """Instructions one warp executes per walk of each tile (the straight-line code it fetches)."""
+    """Instructions one warp executes per walk of each tile (the straight-line code it fetches; a
+    streamed kernel's loop, see streamed_instructions)."""
     d = work.design
+    if d.a_values == "streamed":
+        return streamed_instructions(work, params)
     addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
     fmas = work.tile_fmas.astype(np.float64)
     per_load, per_row = 1 + addr, params.store_instr
@@ -142,6 +145,31 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
              + per_row * work.m1 + params.block_overhead_instr + params.call_instr
              + (params.loop_instr_per_walk if d.looped else 0))
     return instr + work.spill_bytes / 4.0
+
+
+# a streamed kernel's loop per non-empty column: the column's offset, its B load and address, each
+# row's value from data, the FFMAs of every row (a zero where a row has none), the loop's own two
+STREAMED_LOOP_INSTR = 2
+
+
+def streamed_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
+    """Instructions one warp of a streamed kernel executes per walk of each tile: per non-empty column
+    its offset and B load (with its address), M1 value loads and M1·V FFMAs (dense: the column's
+    rows without a nonzero multiply a zero), the loop; then the stores."""
+    d = work.design
+    addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
+    per_column = 1 + (1 + addr) + work.m1 + work.m1 * d.columns_per_thread + STREAMED_LOOP_INSTR
+    return (per_column * work.tile_loads.astype(np.float64) + params.store_instr * work.m1
+            + params.block_overhead_instr + (params.loop_instr_per_walk if d.looped else 0) + work.spill_bytes / 4.0)
+
+
+def code_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
+    """Instructions of each tile's code as fetched: its straight-line function, or for a streamed
+    kernel the one loop all tiles share (unrolled by 4)."""
+    if work.design.a_values == "streamed":
+        loop = 4 * (2 + work.m1 + work.m1 * work.design.columns_per_thread) + params.block_overhead_instr
+        return np.full(len(work.tile_loads), float(loop))
+    return walk_instructions(work, params)
 
 
 def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
@@ -162,7 +190,9 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     # warps of all column blocks of one block row (the last column block may be partial)
     warps_per_row = full_y * -(-work.n1 // ws) + (-(-(rem // v) // ws) if rem else 0)
     loads = work.tile_loads.astype(np.float64)
-    fmas = work.tile_fmas.astype(np.float64) * fma_instructions_per_nonzero(d)  # FMA-pipe instructions
+    # FMA-pipe instructions (a streamed kernel multiplies every row of each non-empty column)
+    fmas = (loads * work.m1 if d.a_values == "streamed" else work.tile_fmas.astype(np.float64)) \
+        * fma_instructions_per_nonzero(d)
     instr = walk_instructions(work, params)
     zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
     total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
@@ -175,8 +205,10 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     # its first where the code fits the instruction cache
     blocks_per_tile = -(-column_blocks // d.column_walks)
     walks_per_block = column_blocks / blocks_per_tile
-    code = params.sass_bytes_per_instr * instr
+    code = params.sass_bytes_per_instr * code_instructions(work, params)
     fetches = blocks_per_tile * np.where(code > params.icache_bytes, walks_per_block, 1.0)
+    if d.a_values == "streamed":  # one loop shared by every block: fetched once per SM, then cached
+        fetches = np.full_like(code, device.sms / max(len(code), 1))
     # a zeroing block's few instructions stay cached over its walks
     fetched = float((code * fetches).sum()) + params.sass_bytes_per_instr * zero_instr * work.zero_blocks * blocks_per_tile
     fetch_s = fetched / (device.sms * params.fetch_bytes_per_sm_cycle * clock_hz)
@@ -187,6 +219,8 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     dram = element * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
     l2 = (element * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
           + threads_per_row * work.spill_bytes * len(loads))
+    if d.a_values == "streamed":  # each warp reads its tile's values and offsets (cached in L1 per block)
+        l2 += 4.0 * float((loads * (work.m1 + 1)).sum()) * -(-n // (work.n1 * v))
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
     wait = device.mem_latency_cycles / (1 + work.prefetch)
@@ -211,9 +245,12 @@ class NMWork:
 
 def nm_registers(tiling) -> int:
     """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
-    values and B's vectors, and addresses (ptxas -O3 on sm_90 gave 152-180 for 8×8 and 120-125 for
-    8×4, 89-96 for 4×4 over N:M 2:4 to 4:32; this gives 152, 116, 96)."""
-    return tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
+    values and B's vectors, addresses, and an index per group of rows that share none (NVRTC on sm_90
+    gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
+    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108)."""
+    groups = tiling.thread_rows // tiling.index_rows
+    return (tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
+            + 4 * (groups - 1))
 
 
 def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
@@ -246,7 +283,8 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     clock_hz = device.clock_ghz * 1e9
     compute_s = max(issue, ffma, smem) / clock_hz
     latency_s = latency / clock_hz
-    compressed = sum(t.operand_sizes(work.m, work.k).values()) * 4
+    sizes = t.operand_sizes(work.m, work.k)
+    compressed = 4 * sizes["values"] + sizes["index"]
     dram = 4.0 * (work.k * work.n + work.m * work.n) + compressed
     l2 = 4.0 * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))

@@ -15,8 +15,11 @@ The compressed A, laid out so that a block's share of a chunk is contiguous (one
     index   uint8    [chunks][row blocks][slab]                       per slot and index row group, the
              column within the chunk (`chunk`, one past the last: a row of zeros, for a spare slot),
              [kept][block_rows / index_rows] padded to `slab` bytes (a multiple of 16)
-A spare slot (a group with fewer than N nonzeros, or past K) multiplies a zero row, never a value
-of B: a NaN or infinity in B reaches C only through a nonzero, as in the sparse product.
+A spare slot (a group whose rows hold fewer than N columns, or past K) multiplies a zero row, never
+a value of B. A row sharing a slot with rows that have a nonzero in its column multiplies that
+column of B by its own zero (a NaN or infinity there reaches its output, as in a dense product of
+the same A); with one index row per slot (index_rows 1) nothing but a nonzero reaches C, as in the
+sparse product. Stored zeros of A are dropped first: they are no nonzeros of the pattern.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
     the smallest M), with the longest vector V of consecutive rows that share each group's columns
     (2, 4, 8, … dividing the rows) — or None when no group size fits (stages.prune.nm_pattern_of
     names it an NMPattern)."""
-    a = sp.csr_matrix(matrix)
+    a = sp.csr_matrix(matrix, copy=True)
+    a.eliminate_zeros()  # a stored zero is no nonzero of the pattern (nm_operands drops it too)
     rows, k = a.shape
     if a.nnz == 0:
         return None
@@ -140,7 +144,7 @@ class NMTiling:
         return -(-m // self.block_rows)
 
     def operand_sizes(self, m: int, k: int) -> dict[str, int]:
-        """Elements of each compressed array for an A of m × k."""
+        """Elements of each compressed array for an A of m × k (values: 4 bytes each, index: 1)."""
         blocks = self.chunks(k) * self.row_blocks(m)
         return {"values": blocks * self.kept * self.block_rows, "index": blocks * self.slab}
 
@@ -173,8 +177,10 @@ def nm_tilings(n: int, m: int, vector: int = 1) -> list[NMTiling]:
 
 def pattern_problem(matrix: sp.csr_matrix, n: int, m: int, vector: int) -> str:
     """Why `matrix` does not hold the pattern (more than n distinct columns in some group of m
-    columns of some vector of `vector` rows), or ""."""
-    a = sp.coo_matrix(matrix)
+    columns of some vector of `vector` rows; stored zeros are no nonzeros), or ""."""
+    a = sp.csr_matrix(matrix, copy=True)
+    a.eliminate_zeros()
+    a = a.tocoo()
     rows, k = a.shape
     if k % m:
         return f"K={k} is not a multiple of M={m}"
@@ -191,8 +197,10 @@ def pattern_problem(matrix: sp.csr_matrix, n: int, m: int, vector: int) -> str:
 def nm_operands(matrix: sp.csr_matrix, tiling: NMTiling) -> dict[str, np.ndarray]:
     """A compressed for the kernel: {"values": float32, "index": uint8} as the module docstring lays
     them out. ValueError naming the problem when A does not hold the tiling's pattern."""
-    a = sp.coo_matrix(matrix)
+    a = sp.csr_matrix(matrix, copy=True)
     a.sum_duplicates()
+    a.eliminate_zeros()  # a stored zero is no nonzero: it takes no slot
+    a = a.tocoo()
     rows, k = a.shape
     t = tiling
     problem = pattern_problem(a, t.n, t.m, t.index_rows)

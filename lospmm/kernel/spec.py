@@ -80,7 +80,7 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: a kernel of design nm, and only one, has an N:M tiling")
         if self.nm is not None and self.form != "gemm":
             raise KernelSpecError(f"{where}: the N:M kernel is a GEMM kernel (no {self.form} form)")
-        if self.design.a_values == "streamed" and not self.epilogue.empty:
+        if not self.design.fuses_epilogue and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: design {self.design.label}: the streamed kernel fuses no epilogue yet")
         if self.form == "proxy" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: a proxy fuses no epilogue")
@@ -193,6 +193,14 @@ class KernelSpec:
     def count(self, columns: int) -> int:
         """The count (N, or a conv kernel's batch) of a launch over `columns` GEMM columns."""
         return columns // self.conv.pixels if self.form == "conv" else columns
+
+    def path_counts(self, count: int) -> tuple[int, ...]:
+        """The counts a check runs at so that every path of the kernel runs: `count`, and for a kernel
+        that picks float4 accesses at launch where N is a multiple of 4 (the N:M kernel) the next such N
+        too (its element-wise path at an N that is not)."""
+        if self.nm is None or count % 4 == 0:
+            return (count,)
+        return count, count + (-count) % 4
 
     def launch_count(self, count: int) -> int:
         """The count a launch passes for `count` (N padded to the column multiple; a batch as it is)."""

@@ -1,10 +1,11 @@
 """Stage 10, emit: the timed proxies of one layer -> the chosen tile, and what its full kernel's
 directory says about it (§6.1). Pure: the flow compiles, checks and writes what these decide.
 
-The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). A layer whose A holds an
-N:M pattern may instead be served by the data-driven N:M kernel (lospmm.kernel.nm): the baked
-kernel of the chosen tile and the N:M kernel in each blocking are priced by the estimate and the
-cheapest is emitted (`cheapest_design`; the runner-up is recorded with its estimate). The full kernel of that
+The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). Its kernel in the run's
+design, in the other designs a `--design auto` run prices (EmitParams.designs) and, for a layer
+whose A holds an N:M pattern, the data-driven N:M kernel (lospmm.kernel.nm) in each blocking are
+priced by the estimate (lospmm.kernel.choices) and the cheapest is emitted (`cheapest_design`; the
+runner-up is recorded with its estimate). The full kernel of that
 tile is compiled and checked (lospmm.kernel.check: one metric and tolerance per number format): on
 the device when the run's timer runs binaries (`cuda`), else on the host from the same source under
 AddressSanitizer, with N = 2·N1 + 3 columns (two full column blocks and a partial one; a
@@ -34,7 +35,8 @@ class EmitParams:
     5% of the fastest are ties, broken by fastest_proxy's rule: our kernels repeat within about 6%
     between calls on the H100, so a smaller difference says nothing), nm_kernel=True (a GEMM layer whose
     A holds an N:M pattern is served by the N:M kernel where the estimate prices it below the baked
-    kernel of its chosen tile)."""
+    kernel of its chosen tile), designs=() (other designs, by label, in which the chosen tile's kernel is
+    priced beside the run's, the cheapest emitted: a `--design auto` run's kernel.choices.DESIGN_CANDIDATES)."""
 
     verify: bool = True
     device_check_n: int = 77
@@ -42,6 +44,7 @@ class EmitParams:
     implicit_conv: bool = True
     tie_band: float = 0.05
     nm_kernel: bool = True
+    designs: tuple[str, ...] = ()
 
 
 def chosen_by(rank: RankParams) -> str:
@@ -50,8 +53,10 @@ def chosen_by(rank: RankParams) -> str:
             else "top-1 proxy of every kept candidate")
 
 
-def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = True, nm_kernel: bool = True) -> EmitParams:
-    return EmitParams(verify=verify, chosen_by=chosen_by(rank), implicit_conv=implicit_conv, nm_kernel=nm_kernel)
+def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = True, nm_kernel: bool = True,
+                designs: tuple[str, ...] = ()) -> EmitParams:
+    return EmitParams(verify=verify, chosen_by=chosen_by(rank), implicit_conv=implicit_conv, nm_kernel=nm_kernel,
+                      designs=designs)
 
 
 def cheapest_design(prices: Sequence) -> tuple:

@@ -204,3 +204,22 @@ def test_the_nm_spmm_summary_sets_our_nm_kernel_against_sgemm_and_the_target():
     big = out[1]
     assert big["vs SGEMM"] == 4.0 and big["target"] == 3.6 and big["meets"] and big["cuSPARSELt fp16 / ours"] == 0.5
     assert math.isnan(out[0]["ours_us"]) and not out[0]["meets"]  # a failed kernel meets nothing
+
+
+def test_design_choice_sets_the_estimates_design_against_the_best_measured_one():
+    def row(layer, design, us, estimate):
+        return {"set": "ab", "role": "full", "status": "ok", "model": "m", "layer": layer, "design": design,
+                "ours_us": us, "estimate_us": estimate}
+
+    rows = [row("a", "baseline", 10.0, 5.0), row("a", "v4", 5.0, 4.0),  # chosen v4 = best
+            row("b", "baseline", 10.0, 3.0), row("b", "v4", 8.0, 4.0),  # chosen baseline, 1.25× the best
+            row("c", "baseline", 10.0, 9.0), row("c", "v4", 4.0, 2.0),
+            row("d", "baseline", 1.0, float("inf")), {"set": "half", "layer": "x"}]
+    per_layer, verdict = analysis.design_choice(rows)
+    by = {r["layer"]: r for r in per_layer}
+    assert by["a"]["within"] and not by["b"]["within"] and by["b"]["chosen / best"] == pytest.approx(1.25)
+    assert "d" not in by  # no finite estimate: nothing to choose by
+    assert verdict["layers"] == 3 and verdict["within 5% of the best"] == pytest.approx(2 / 3)
+    assert verdict["best single design"] == "v4"  # geomean over a, b, c
+    assert verdict["chosen over best single (geomean speedup)"] == pytest.approx((5 * 8 * 4 / (5 * 10 * 4)) ** (1 / 3))
+    assert not verdict["meets"]

@@ -41,3 +41,36 @@ def test_the_nm_design_forced_takes_its_cheapest_blocking_or_names_the_layer():
         untiled_served(u, 4096, H100, NM_DESIGN, "fc")
     with pytest.raises(ValueError, match="rendered on the search's tiles"):
         untiled_served(a, 4096, H100, BASELINE, "fc")
+
+
+def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.epilogue import Epilogue
+
+    a = random_pruned(768, 768, 0.9, np.random.default_rng(2))
+    tiles = reordered_tiles(a, 8)
+    found = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES)
+    assert found[0].design == BASELINE and found[0].label == "8×128"  # the run's design first, its label the tile
+    labels = {s.design.label for s in found}
+    assert len(found) == len(DESIGN_CANDIDATES) == len(labels)  # each once (baseline is the run's)
+    assert found[1].label == "8×128 " + found[1].design.label
+    # an epilogue leaves out the streamed designs (they fuse none yet)
+    fused = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES,
+                           epilogue=Epilogue(activation="relu"))
+    assert {s.design.a_values for s in fused} == {"baked"} and len(fused) == len(found) - 2
+    # a convolution's implicit-im2col kernel takes the grid's order alone: two designs
+    conv = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES, conv=True)
+    assert [s.design.label for s in conv] == [BASELINE.label, design_named("column-x").label]
+    # a tile whose v=4 kernel needs more registers than the device has is not priced in it
+    big = served_options(a, reordered_tiles(a, 64), 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES)
+    assert all(s.design.columns_per_thread < 4 for s in big)
+    # a half run prices the half forms that exist (the baseline's grid, based or chained)
+    half = served_options(a, tiles, 768, 768, 4096, 128, design_named("fp16"), H100, designs=DESIGN_CANDIDATES)
+    assert {s.design.loads for s in half} == {"based", "chained"} and all(s.design.half for s in half)
+
+
+def test_every_candidate_design_is_one_the_device_program_measures():
+    from benchmarks.sets import AB_DESIGNS
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+
+    assert DESIGN_CANDIDATES == AB_DESIGNS

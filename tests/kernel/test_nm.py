@@ -167,3 +167,30 @@ def test_estimate_sees_sparsity_and_shared_columns():
     assert us(4, 8) < us(8, 8) < us(16, 8)
     assert us(16, 8) < us(16, 1)
     assert math.isfinite(us(16, 8, (64, 64, 1)))
+
+
+def test_stored_zeros_are_no_nonzeros_of_the_pattern():
+    """A stored zero neither makes a pattern look wider nor takes a slot (a review found the pattern
+    found with them and the operands refused without them)."""
+    from lospmm.kernel.nm import held_pattern
+
+    dense = np.array([[1, 2, 0, 0, 3, 0, 4, 0], [1, 2, 0, 0, 3, 0, 4, 0]], np.float32)
+    a = sp.csr_matrix(dense)  # 2:4 in a vector of 2 rows
+    with_zeros = sp.csr_matrix((np.r_[a.data[:4], np.float32(0), a.data[4:]],
+                                np.r_[a.indices[:4], np.int32(3), a.indices[4:]],
+                                np.array([0, 5, 9], np.int32)), shape=(2, 8))  # row 0 stores a zero at column 3
+    assert with_zeros.nnz == 9 and held_pattern(with_zeros) == held_pattern(a) == (2, 4, 2)
+    tiling = NMTiling(2, 4, 2, 16, 64, 4, 4)
+    assert pattern_problem(with_zeros, 2, 4, 2) == ""
+    for k, v in nm_operands(with_zeros, tiling).items():
+        np.testing.assert_array_equal(v, nm_operands(a, tiling)[k])
+
+
+def test_a_check_runs_the_float4_path_too():
+    a = random_nm_pruned(16, 32, NMPattern(8, 32, 16), np.random.default_rng(0))
+    spec = nm_source(a, NMTiling(8, 32, 16, 16, 64, 4, 4)).spec
+    assert spec.path_counts(131) == (131, 132) and spec.path_counts(64) == (64,)
+    from lospmm.stages.reorder import reordered_tiles
+
+    baked = kernel_source(a, reordered_tiles(a, 4), 32).spec
+    assert baked.path_counts(131) == (131,)

@@ -36,8 +36,9 @@ VIEW_COLUMNS = {
     "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
     "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
-    "emit": ["layer", "dtype", "m1", "n1", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "timer",
-             "proxy_time_us", "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
+    # the served kernel's `design` names its tile (M1×N1) or its N:M blocking
+    "emit": ["layer", "dtype", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "timer",
+             "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
              "max_rel_error", "status", "kernel_dir"],
 }
 
@@ -172,7 +173,10 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
         elif stage == "reorder" and not rows and not all_columns and "order_strategy" in table.column_names:
             out.append((str(path), _orders_table(table, e, limit)))
         else:
-            cols = None if all_columns else [c for c in VIEW_COLUMNS[stage] if c in table.column_names]
+            view = VIEW_COLUMNS[stage]
+            if stage == "emit" and "design" not in table.column_names:  # a run before designs were chosen: its tile
+                view = [*view[:2], "m1", "n1", *view[2:]]
+            cols = None if all_columns else [c for c in view if c in table.column_names]
             out.append((str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}",
                                                 cols)))
     if layer and not out:
@@ -284,8 +288,9 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
 
 
 def _served(r: dict) -> str:
-    """The kernel a layer is served by: its tile, or the N:M kernel's pattern and blocking."""
-    if str(r.get("design") or "").startswith("nm "):
+    """The kernel a layer is served by (10_kernels' `design`: its tile, with the design when it is not
+    the run's, or the N:M kernel's pattern and blocking); its tile for a run before designs were chosen."""
+    if r.get("design"):
         return r["design"]
     return f"{r['m1']}×{r['n1']}" if r["m1"] else "-"
 
