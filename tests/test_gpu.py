@@ -83,6 +83,36 @@ def test_a_fused_bias_and_gelu_match_the_reference_on_the_device(tmp_path, desig
     np.testing.assert_allclose(load_kernel(package.dir)(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pattern,blocking", [((16, 32, 8), (64, 128, 8, 8)), ((2, 4, 1), (32, 64, 8, 4)),
+                                              ((4, 32, 16), (16, 64, 4, 4))])
+def test_the_nm_kernel_matches_scipy_and_the_host_on_the_device(tmp_path, pattern, blocking):
+    """The N:M kernel's cp.async stages, wait groups and barriers run only here (the host copies at
+    once): its package through the loader on torch (module data filled from weight.parquet), N of 1,
+    31, 32, 333 (element-wise path) and 4096 (float4), bias and ReLU fused; the device's C within the
+    fp32 bound of the host emulation's."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.package import read_package
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    a = random_nm_pruned(208, 256, NMPattern(*pattern), np.random.default_rng(0))
+    epilogue = Epilogue(tuple(np.linspace(-1, 1, 208).tolist()), "relu")
+    facts = emitted_kernel(str(tmp_path), a, None, "nm", 1 - pattern[0] / pattern[1], 0, _arch(), tmp_path / "k",
+                           verify=False, design=NM_DESIGN, epilogue=epilogue, nm=NMTiling(*pattern, *blocking))
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    package = read_package(tmp_path / "k", ("kernel.json", "kernel.cubin"))
+    _device_checked(package, a, (1, 31, 32, 333, 4096))
+    torch = pytest.importorskip("torch")
+    from lospmm.loader import load_kernel
+
+    spmm = load_kernel(tmp_path / "k")
+    b = torch.randn(256, 100, device="cuda")
+    want = np.maximum(a @ b.cpu().numpy() + np.asarray(epilogue.bias, np.float32)[:, None], 0)
+    np.testing.assert_allclose(spmm(b).cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("number,loads", [(("fp16", "packed", 0), "based"), (("bf16", "packed", 0), "chained"),
                                           (("fp16", "f32", 0), "chained"), (("bf16", "packed", 4), "based")])
 def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(number, loads):
