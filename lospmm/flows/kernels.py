@@ -91,6 +91,14 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
                           nm=nm)
 
 
+def _failure(facts: dict) -> str:
+    """Why an emitted kernel cannot be served ("" when it can): its compile failed, or its check."""
+    comp, check = facts["compile"], facts.get("check", "not run")
+    if not emit_failed(comp["status"], check):
+        return ""
+    return comp.get("log", "")[-300:] or f"{check} ({facts.get('check_message') or 'no message'})"
+
+
 def checked_unchanged(path: str, sha256: str) -> None:
     """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
     if sha256 and file_sha256(Path(path)) != sha256:
@@ -194,40 +202,58 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         options = served_options(matrix, tiles[m1], best["m"], best["k"], best["n"], n1, design, timer.device,
                                  params.nm_kernel, params.designs, epilogue, conv is not None)
         served, runner_up = cheapest_design(options)
-        design, nm = served.design, served.nm
+
+        def emitted(choice) -> dict:
+            """The kernel of one way to serve the layer, written, compiled, checked and timed."""
+            design, nm = choice.design, choice.nm
+
+            def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
+                comp = results["compile"]
+                data = spec.module_data(in_format(matrix, design.number)[0]) if spec.module_symbols else None
+                full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
+                                       comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data)
+                # the device check where the timer runs the kernel, else the host check's verdict: in the
+                # kernel's number format's metric, against its tolerance (every path the kernel picks at launch)
+                checks = [timer.checked(spec, cubin, in_format(matrix, design.number)[0], c)
+                          for c in spec.path_counts(check_count(spec, params.device_check_n))]
+                result = None if checks[0] is None else max(checks, key=lambda r: (not r.ok, r.error))
+                host = results.get("host_check")
+                error, check = (check_column("device", result) if result is not None
+                                else check_column("host", CheckResult.of_facts(host) if host else None))
+                full_us = timer.time(full).time_us
+                # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
+                # GEMM for fp16 / bf16
+                dense_us = timer.dense(full.m, full.k, full.n, design.dtype).time_us
+                failure = (result.message if result is not None else (host or {}).get("message", "")) \
+                    if "FAILED" in check else ""
+                return {"full_time_us": full_us, "dense_time_us": dense_us,
+                        "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
+                        "max_rel_error": error, **({"check_message": failure} if failure else {})}
+
+            return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
+                                  verify=params.verify and not timer.runs_binary,
+                                  extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
+                                         "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
+                                  compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
+
+        # the cheapest way that fails (does not render, compile or pass its check) gives way to the kernel
+        # the search measured proxies of: the layer is served, and the failure said in its row
+        fallback, fell_back = options[0], ""
+        try:
+            facts = emitted(served)
+            why = _failure(facts)
+        except Exception as e:
+            if is_transient(e) or served is fallback:
+                raise
+            facts, why = None, f"{type(e).__name__}: {e}"
+        if why and served is not fallback:
+            logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
+            fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
+            served, runner_up = fallback, served
+            facts = emitted(served)
         base |= {"design": served.label, "design_estimate_us": served.estimate_us,
                  "runner_up": runner_up.label if runner_up else "",
                  "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
-
-        def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
-            comp = results["compile"]
-            data = spec.module_data(in_format(matrix, design.number)[0]) if spec.module_symbols else None
-            full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
-                                   comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data)
-            # the device check where the timer runs the kernel, else the host check's verdict: in the
-            # kernel's number format's metric, against its tolerance
-            checks = [timer.checked(spec, cubin, in_format(matrix, design.number)[0], c)
-                      for c in spec.path_counts(check_count(spec, params.device_check_n))]
-            result = None if checks[0] is None else max(checks, key=lambda r: (not r.ok, r.error))
-            host = results.get("host_check")
-            error, check = (check_column("device", result) if result is not None
-                            else check_column("host", CheckResult.of_facts(host) if host else None))
-            full_us = timer.time(full).time_us
-            # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
-            # GEMM for fp16 / bf16
-            dense_us = timer.dense(full.m, full.k, full.n, design.dtype).time_us
-            failure = (result.message if result is not None else (host or {}).get("message", "")) \
-                if "FAILED" in check else ""
-            return {"full_time_us": full_us, "dense_time_us": dense_us,
-                    "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
-                    "max_rel_error": error, **({"check_message": failure} if failure else {})}
-
-        facts = emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
-                               verify=params.verify and not timer.runs_binary,
-                               extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
-                                      "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
-                               compile_units=compile_units,
-                               conv=conv, design=design, epilogue=epilogue, nm=nm)
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,
@@ -236,7 +262,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         return {**base, "status": Status.ERROR if failed else Status.OK,
                 "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or
                                                         f"{check} ({facts.get('check_message') or 'no message'})")
-                if failed else "",
+                if failed else fell_back,
                 "m1": m1, "n1": n1, "proxy_time_us": best["time_us"],
                 "full_time_us": facts.get("full_time_us", float("nan")),
                 "dense_time_us": facts.get("dense_time_us", float("nan")),

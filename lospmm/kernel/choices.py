@@ -92,17 +92,20 @@ def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, epilo
 
 
 def untiled_options(matrix, n: int, device, design: KernelDesign) -> list[Served]:
-    """The N:M kernel in each blocking that fits, when A holds an N:M pattern (nm.held_pattern) and
-    `design` is fp32 (the N:M kernel's only format so far)."""
-    if design.half:
+    """The N:M kernel in each blocking that fits, in `design`'s number format (fp32, or a half format
+    whose sums are packed or fp32: no promotion), when A holds an N:M pattern (nm.held_pattern)."""
+    try:
+        nm_design = design_in(design.number, NM_DESIGN)
+    except ValueError:  # a promoted half sum: no N:M kernel of it
         return []
     pattern = held_pattern(matrix)
     if pattern is None:
         return []
     estimate = estimate_timer(device)
     m, k = matrix.shape
-    return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t)), estimate.device,
-                                                    estimate.params).time_us), NM_DESIGN, t)
+    number = nm_design.number
+    return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number),
+                                                    estimate.device, estimate.params).time_us), nm_design, t)
             for t in nm_tilings(*pattern)]
 
 

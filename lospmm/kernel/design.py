@@ -71,14 +71,17 @@ class KernelDesign:
             raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
         if self.column_walks < 1:
             raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
-        if self.a_values == "nm" and (self.order, self.column_walks, self.columns_per_thread, self.loads,
-                                      self.dtype) != ("tile-x", 1, 1, "based", "fp32"):
-            raise ValueError(f"the nm design is fp32 with its own blocking (no grid order, walks, vector width or "
-                             f"chained loads), so far; got {self.label}")
+        if self.a_values == "nm":
+            if (self.order, self.column_walks, self.columns_per_thread, self.loads) != ("tile-x", 1, 1, "based"):
+                raise ValueError(f"the nm design has its own blocking (no grid order, walks, vector width or chained "
+                                 f"loads); got {self.label}")
+            if self.promote_every:
+                raise ValueError(f"the nm design's half sums are packed or fp32, never promoted; got {self.label}")
+        elif self.half and (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (
+                2, "tile-x", 1, "baked"):
+            raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
+                             f"(tile-x, one walk) with baked values, so far; got {self.label}")
         if self.half:
-            if (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (2, "tile-x", 1, "baked"):
-                raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
-                                 f"(tile-x, one walk) with baked values, so far; got {self.label}")
             if not self.accumulate:  # one spelling per design: equal designs are equal keys
                 object.__setattr__(self, "accumulate", "packed")
         NumberFormat(self.dtype, self.accumulate, self.promote_every)  # ValueError: no such number format
@@ -199,7 +202,7 @@ def design_named(text: str) -> KernelDesign:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
                              f"({values[field_name]} and {value}): choose one")
         values[field_name] = value
-    if values.get("dtype", "fp32") != "fp32":
+    if values.get("dtype", "fp32") != "fp32" and values.get("a_values") != "nm":
         values.setdefault("columns_per_thread", 2)
     return KernelDesign(**values)
 
@@ -226,6 +229,8 @@ def half_design(number: NumberFormat, design: KernelDesign = BASELINE) -> Kernel
         if design.number != number:
             raise ValueError(f"design {design.label} is not {number.label}")
         return design
+    if design.a_values == "nm":  # its own blocking in any number format: the sums as `number` says
+        return replace(design, dtype=number.dtype, accumulate=number.accumulate, promote_every=number.promote_every)
     if design.code_key not in (BASELINE.code_key, replace(BASELINE, loads="chained").code_key):
         raise ValueError(f"design {design.label}: a half kernel holds one packed pair per thread in the baseline's "
                          f"grid (tile-x, one walk), with based or chained loads, so far")

@@ -241,14 +241,17 @@ class NMWork:
     k: int
     n: int
     registers: int
+    number: object = None  # kernel.numbers.NumberFormat of B, C and the sums (None: fp32)
 
 
-def nm_registers(tiling) -> int:
+def nm_registers(tiling, number=None) -> int:
     """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
     values and B's vectors, addresses, and an index per group of rows that share none (NVRTC on sm_90
     gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
     N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108)."""
     groups = tiling.thread_rows // tiling.index_rows
+    if number is not None and number.is_half and number.packed:  # a register holds a pair of sums (fp16 gave 106-110)
+        return tiling.thread_rows * tiling.thread_columns // 2 + tiling.thread_rows + tiling.thread_columns // 2 + 64
     return (tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
             + 4 * (groups - 1))
 
@@ -266,15 +269,21 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     blocks = row_blocks * column_blocks
     groups = t.thread_rows // t.index_rows
     # per warp and slot: A's values (vectors of 4), per row group its index, address and B vectors, the FFMAs
-    slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + t.thread_rows * t.thread_columns
-    copies = (t.chunk * t.block_columns / 4 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
+    half = work.number is not None and work.number.is_half
+    packed = half and work.number.packed
+    element = 2.0 if half else 4.0
+    # FMA-pipe instructions per slot: an FFMA per output, or one packed fma per pair of outputs
+    fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
+    unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
+    slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
+    copies = (t.chunk * t.block_columns * element / 16 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
     chunk_instr = t.kept * slot_instr + 6 * copies + 12  # the copies' addresses, the barriers and the loop
     block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
                            + t.thread_rows * t.thread_columns / 4 * 4)  # the stores
-    block_ffma = warps * chunks * t.kept * t.thread_rows * t.thread_columns
+    block_ffma = warps * chunks * t.kept * fmas
     # shared memory: a warp's B vectors are 512 bytes (4 wavefronts), its A values one; the copies' stores
-    block_wavefronts = (warps * chunks * t.kept * (1 + groups * t.thread_columns / 4 * 4)
-                        + chunks * (t.chunk * t.block_columns * 4 + t.kept * t.block_rows * 4 + t.slab) / 128)
+    block_wavefronts = (warps * chunks * t.kept * (1 + groups * t.thread_columns / 4 * 4 * element / 4)
+                        + chunks * (t.chunk * t.block_columns * element + t.kept * t.block_rows * 4 + t.slab) / 128)
     per_sm = -(-blocks // device.sms)  # the busiest SM's blocks
     issue = per_sm * block_instr / params.issue_per_sm_cycle
     ffma = per_sm * block_ffma / (device.fp32_lanes_per_sm / ws)
@@ -285,8 +294,8 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     latency_s = latency / clock_hz
     sizes = t.operand_sizes(work.m, work.k)
     compressed = 4 * sizes["values"] + sizes["index"]
-    dram = 4.0 * (work.k * work.n + work.m * work.n) + compressed
-    l2 = 4.0 * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
+    dram = element * (work.k * work.n + work.m * work.n) + compressed
+    l2 = element * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
     body = max(compute_s, latency_s, memory_s)
     return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,

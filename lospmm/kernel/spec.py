@@ -137,6 +137,12 @@ class KernelSpec:
         from lospmm.kernel.nm import nm_operands
 
         arrays = nm_operands(matrix, self.nm)
+        number = self.number
+        if number.is_half and number.packed:  # each value as the packed pair its fma takes, in a float's bits
+            from lospmm.kernel.numbers import to_dtype_bits
+
+            bits = to_dtype_bits(arrays["values"], number.dtype).astype(np.uint32)
+            arrays["values"] = (bits | (bits << 16)).view(np.float32)
         if self.epilogue.bias:
             arrays["bias"] = np.asarray(self.epilogue.bias, np.float32)
         return {self.module_symbols[role]: array for role, array in arrays.items()}
@@ -241,8 +247,10 @@ class KernelSpec:
                     f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx")
         if self.nm is not None:
             t = self.nm
-            return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument (float4 accesses where N is a "
-                    f"multiple of 4 and B and C 16-byte aligned); before the first launch fill the module's globals "
+            element = f"{self.dtype} (16-bit)" if self.number.is_half else "float32"
+            whole = 8 if self.number.is_half else 4
+            return (f"B is K×N and C is M×N, row-major {element}; N is a runtime argument (16-byte accesses where N is "
+                    f"a multiple of {whole} and B and C 16-byte aligned); before the first launch fill the module's globals "
                     f"{', '.join(self.module_symbols.values())} (cuModuleGetGlobal) with A compressed "
                     f"{t.n}:{t.m} as lospmm.kernel.nm lays it out (kernel.json's `nm`)")
         if self.number.is_half:

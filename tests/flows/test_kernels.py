@@ -181,3 +181,62 @@ def test_an_nm_kernel_directory_is_checked_and_served_from_its_weight(tmp_path):
     np.testing.assert_allclose(spmm(b), want, rtol=1e-5, atol=1e-5)
     torch = pytest.importorskip("torch")
     np.testing.assert_allclose(spmm(torch.from_numpy(b)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_half_nm_kernel_directory_is_its_exact_model_and_served_in_its_dtype(tmp_path):
+    """An fp16 N:M kernel (packed sums): A rounded to fp16 in weight.parquet, checked on the host against
+    the exact model, served by the loader on float16 numpy input (module data from weight.parquet)."""
+    from lospmm.kernel.check import kernel_reference
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.numbers import rounded_matrix, to_dtype_bits
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    a = random_nm_pruned(40, 64, NMPattern(2, 4, 8), np.random.default_rng(7))
+    design = design_named("nm,fp16")
+    facts = emitted_kernel(str(tmp_path), a, None, "fc", 0.5, 0, "sm_90", tmp_path / "k", design=design,
+                           nm=NMTiling(2, 4, 8, 32, 64, 8, 4))
+    assert facts["compile"]["status"] == "ok" and facts["host_check"]["status"] == "ok"
+    assert facts["host_check"]["metric"] == "normalised_error"
+    spmm = load_kernel(tmp_path / "k", backend="host")
+    a16, _ = rounded_matrix(a, "fp16")
+    b = np.random.default_rng(8).standard_normal((64, 9)).astype(np.float16)
+    got = spmm(b)
+    assert got.dtype == np.float16
+    want = kernel_reference(a16, b.view(np.uint16), design.number)
+    np.testing.assert_array_equal(got.view(np.uint16), want)
+
+
+def test_a_served_kernel_that_fails_gives_way_to_the_searched_one(tmp_path, monkeypatch):
+    """emitted_layer: the N:M kernel wins the estimate on a vector-wise 16:32 layer; when it cannot be
+    emitted, the layer is served by the baked kernel of the searched tile, its row saying why."""
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.stages.emit import EmitParams
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    a = random_nm_pruned(256, 256, NMPattern(16, 32, 8), np.random.default_rng(0))
+    tiles = {8: reordered_tiles(a, 8)}
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 4096, "k": 256, "repeat": 1,
+              "sparsity": 0.5, "m1": 8, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]
+    timer = EstimateTimer(DEVICES["h100"])
+    real = fk.emitted_kernel
+
+    def flaky(*args, nm=None, **kwargs):
+        if nm is not None:
+            raise ValueError("boom")
+        return real(*args, nm=nm, **kwargs)
+
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "served", timed, a, tiles, timer, "sm_90", EmitParams(),
+                           logging.getLogger("test"))
+    assert row["status"] == "ok" and row["design"].startswith("nm ") and row["message"] == ""
+    monkeypatch.setattr(fk, "emitted_kernel", flaky)
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "fallback", timed, a, tiles, timer, "sm_90", EmitParams(),
+                           logging.getLogger("test"))
+    assert row["status"] == "ok" and row["design"] == "8×128" and row["runner_up"].startswith("nm ")
+    assert "failed (ValueError: boom); served 8×128 instead" in row["message"]
+    assert row["check"] == "host-asan"

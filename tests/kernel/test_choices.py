@@ -27,7 +27,10 @@ def test_an_nm_layer_is_priced_both_ways_and_other_layers_one_way():
     served, runner_up = cheapest_design(found)
     assert not served.tiled and served.estimate_us <= runner_up.estimate_us  # vector-wise 16:32 wins by the estimate
     assert len(options(a, untiled=False)) == 1  # --no-nm-kernel
-    assert len(options(a, design_named("fp16"))) == 1  # no half N:M kernel yet
+    half = options(a, design_named("fp16,acc=f32"))  # a half run's N:M kernel sums as the run does
+    assert [s.design.number for s in half[1:]] == [design_named("fp16,acc=f32").number] * (len(half) - 1) > []
+    assert all(s.design.a_values == "nm" and s.design.half for s in half[1:])
+    assert len(options(a, design_named("fp16,promote=8"))) == 1  # no promoted N:M kernel
     u = random_pruned(768, 768, 0.5, np.random.default_rng(0))
     assert len(options(u)) == 1  # unstructured: the baked kernel alone
 

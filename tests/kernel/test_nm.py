@@ -138,7 +138,7 @@ def test_spec_round_trips_kernel_json():
     assert set(spec.module_symbols) == {"values", "index", "bias"}
     assert facts["grid"] == {"x": 2, "y": "ceil(N / 64)", "z": 1}
     assert spec.column_multiple == 1 and spec.alignment == 4
-    with pytest.raises(ValueError, match="nm design is fp32"):
+    with pytest.raises(ValueError, match="nm design has its own blocking"):
         design_named("nm,v=4")
 
 
@@ -194,3 +194,28 @@ def test_a_check_runs_the_float4_path_too():
 
     baked = kernel_source(a, reordered_tiles(a, 4), 32).spec
     assert baked.path_counts(131) == (131,)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nm_layers(max_rows=48), st.sampled_from(["fp16", "bf16"]), st.sampled_from(["packed", "f32"]),
+       st.integers(0, len(BLOCKINGS) - 1), st.sampled_from([1, 6, 8, 37]),
+       st.sampled_from([Epilogue(), "bias+relu", Epilogue(activation="gelu")]))
+def test_a_half_nm_kernel_is_its_exact_model_bit_for_bit(layer, dtype, accumulate, blocking, n_columns, epilogue):
+    """fp16/bf16 N:M kernels, sums packed (one fma per slot and pair of columns) or in fp32 (fmaf in
+    slot order): the host run equals the exact model of the half kernels (kernel_reference: each
+    row's nonzeros in column order, every rounding as the device rounds it) value for value, through
+    the epilogue, on both paths (N a multiple of 8 or not)."""
+    from lospmm.kernel.design import half_design
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+
+    a, n, m, vector = layer
+    number = NumberFormat.half(dtype, accumulate, 0)
+    a, _ = rounded_matrix(a, dtype)
+    tilings = nm_tilings(n, m, vector)
+    tiling = tilings[blocking % len(tilings)]
+    if epilogue == "bias+relu":
+        epilogue = Epilogue(tuple(np.linspace(-1, 1, a.shape[0]).tolist()), "relu")
+    kernel = kernel_source(a, None, 0, CodegenParams(design=half_design(number, NM)), epilogue, nm=tiling)
+    assert kernel.spec.dtype == dtype and kernel.spec.number == number
+    result = checked(HostKernel(kernel, True, kernel.spec.module_data(a)), a, n_columns)
+    assert result.ok, (tiling.label, result.message)

@@ -146,6 +146,9 @@ static inline void lospmm_cp4(void* shared, const void* global, int bytes) {
   if (bytes) memcpy(shared, global, 4); else memset(shared, 0, 4);
 }
 static inline void lospmm_cp_commit() {}
+static inline unsigned lospmm_bits(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+struct alignas(8) uint2 { unsigned x, y; };
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static inline void lospmm_cp_wait_one() {}
 static inline void lospmm_cp_wait_all() {}
 void lospmm_syncthreads();

@@ -48,58 +48,107 @@ def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
 
 
 def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epilogue) -> str:
+    """The kernel's text in its number format: fp32 (B, C and the sums in float), or a half format
+    (B and C 16-bit; sums packed, one fma.rn.f16x2 / .bf16x2 per slot and pair of columns, or in fp32
+    on the unpacked pair, fmaf in slot order as the exact model sums; the epilogue in fp32, one
+    rounding at the pack)."""
     name, m, k = spec.name, spec.m, spec.k
+    number = spec.number
+    half, packed, dtype = number.is_half, number.is_half and number.packed, spec.dtype
+    ctype = "lospmm_h16" if half else "float"
     symbols = spec.module_symbols
     bm, bn, tm, tn, kc, kept, g = t.block_rows, t.block_columns, t.thread_rows, t.thread_columns, t.chunk, t.kept, \
         t.index_rows
     threads, per_row = t.threads, bn // tn
     span = 4 * per_row  # between a thread's column vectors
     per_slot = bm // g  # index entries per slot
+    per_copy = 8 if half else 4  # elements of B in one 16-byte copy
     globals_ = [f"__device__ __align__(16) float {symbols['values']}[{sizes[symbols['values']]}];\n",
                 f"__device__ __align__(16) unsigned char {symbols['index']}[{sizes[symbols['index']]}];\n"]
     if epilogue.bias:
         globals_.append(f"__device__ float {symbols['bias']}[{m}];\n")
+    element_copy = (
+        [f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
+         f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
+         f"      Bs[r * {bn} + q] = kr < {k} && col < N ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
+        if half else
+        [f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{\n",
+         f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
+         f"      const bool in = kr < {k} && col < N;\n",
+         f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
     stage = "".join([
-        f"__device__ __forceinline__ void stage_{name}(float* Bs, float* As, unsigned char* Is, "
-        f"const float* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
+        f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
+        f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
         f"const bool vec) {{\n",
         "  const int tid = threadIdx.x;\n",
         "  if (vec) {\n",
-        f"    for (int i = tid; i < {kc * bn // 4}; i += {threads}) {{\n",
-        f"      const int r = i / {bn // 4}, q = (i % {bn // 4}) * 4, kr = k0 + r, col = col0 + q;\n",
+        f"    for (int i = tid; i < {kc * bn // per_copy}; i += {threads}) {{\n",
+        f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, kr = k0 + r, col = col0 + q;\n",
         f"      const bool in = kr < {k} && col < N;\n",
         f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
-        "    }\n  } else {\n",
-        f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{\n",
-        f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
-        f"      const bool in = kr < {k} && col < N;\n",
-        f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n",
-        "    }\n  }\n",
+        "    }\n  } else {\n", *element_copy, "  }\n",
         f"  const float* av = {symbols['values']} + slab * {kept * bm};\n",
         f"  for (int i = tid; i < {kept * bm // 4}; i += {threads}) lospmm_cp16(As + 4 * i, av + 4 * i, 16);\n",
         f"  const unsigned char* ai = {symbols['index']} + slab * {t.slab};\n",
         f"  for (int i = tid; i < {t.slab // 16}; i += {threads}) lospmm_cp16(Is + 16 * i, ai + 16 * i, 16);\n",
         "}\n"])
-    acc = [[f"c{i}_{j}" for j in range(tn)] for i in range(tm)]
+    # the sums: per row and column a float, or per row and pair of columns a packed pair
+    columns = tn // 2 if packed else tn
+    acc = [[f"c{i}_{j}" for j in range(columns)] for i in range(tm)]
     slot = []
     for q in range(tm // 4):
         slot.append(f"      const float4 a{q} = *(const float4*)(as + p * {bm} + {4 * q});\n")
     for group in range(tm // g):
-        slot.append(f"      {{ const float* br = bs + is[p * {per_slot} + {group}] * {bn};\n")
+        slot.append(f"      {{ const {ctype}* br = bs + is[p * {per_slot} + {group}] * {bn};\n")
         for q in range(tn // 4):
-            slot.append(f"        const float4 b{q} = *(const float4*)(br + {q * span});\n")
+            if half:  # four columns: two packed pairs
+                slot.append(f"        const uint2 b{q} = *(const uint2*)(br + {q * span});\n")
+                if not packed:
+                    slot.append(f"        float b{q}_0, b{q}_1, b{q}_2, b{q}_3; lospmm_unpack_{dtype}(b{q}.x, b{q}_0, b{q}_1); "
+                                f"lospmm_unpack_{dtype}(b{q}.y, b{q}_2, b{q}_3);\n")
+            else:
+                slot.append(f"        const float4 b{q} = *(const float4*)(br + {q * span});\n")
         for i in range(group * g, (group + 1) * g):
             value = f"a{i // 4}.{LANE[i % 4]}"
-            slot.append("        " + " ".join(f"{acc[i][j]} += {value} * b{j // 4}.{LANE[j % 4]};"
-                                              for j in range(tn)) + "\n")
+            if packed:
+                slot.append(f"        {{ const unsigned ai = lospmm_bits({value}); "
+                            + " ".join(f"{acc[i][j]} = lospmm_fma_{dtype}(ai, b{j // 2}.{'xy'[j % 2]}, {acc[i][j]});"
+                                       for j in range(columns)) + " }\n")
+            elif half:  # fmaf(b, a, sum): the exact model's order of operands and of slots
+                slot.append("        " + " ".join(f"{acc[i][j]} = fmaf(b{j // 4}_{j % 4}, {value}, {acc[i][j]});"
+                                                  for j in range(columns)) + "\n")
+            else:
+                slot.append("        " + " ".join(f"{acc[i][j]} += {value} * b{j // 4}.{LANE[j % 4]};"
+                                                  for j in range(columns)) + "\n")
         slot.append("      }\n")
     stores = []
     for i in range(tm):
         stores.append(f"  {{ const int r = row0 + {i};\n    if (r < {m}) {{\n"
-                      f"      float* cr = C + (long long)r * N;\n")
+                      f"      {ctype}* cr = C + (long long)r * N;\n")
         bias = f" + {symbols['bias']}[r]" if epilogue.bias else ""
         for q in range(tn // 4):
             stores.append(f"      {{ const int col = col0 + tx * 4 + {q * span};\n")
+            if half:
+                if packed and epilogue.empty:  # the packed sums as they are
+                    pairs = [acc[i][2 * q], acc[i][2 * q + 1]]
+                else:
+                    if packed:
+                        stores.append(f"        float x0, x1, x2, x3; lospmm_unpack_{dtype}({acc[i][2 * q]}, x0, x1); "
+                                      f"lospmm_unpack_{dtype}({acc[i][2 * q + 1]}, x2, x3);\n")
+                        floats = ["x0", "x1", "x2", "x3"]
+                    else:
+                        floats = [acc[i][4 * q + lane] for lane in range(4)]
+                    for lane in range(4):
+                        stores.append(f"        const float y{lane} = {floats[lane]}{bias};\n")
+                    values = [epilogue_scalar(epilogue, f"y{lane}") for lane in range(4)]
+                    stores.append(f"        const unsigned p0 = lospmm_pack_{dtype}({values[0]}, {values[1]}), "
+                                  f"p1 = lospmm_pack_{dtype}({values[2]}, {values[3]});\n")
+                    pairs = ["p0", "p1"]
+                halves = [f"({pairs[lane // 2]} {'& 0xffffu' if lane % 2 == 0 else '>> 16'})" for lane in range(4)]
+                stores.append(f"        if (vec) {{ if (col < N) *(uint2*)(cr + col) = make_uint2({pairs[0]}, {pairs[1]}); }}\n"
+                              "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = (lospmm_h16){halves[lane]};"
+                                                        for lane in range(4)) + " }\n      }\n")
+                continue
             for lane in range(4):
                 stores.append(f"        const float x{lane} = {acc[i][4 * q + lane]}{bias};\n")
             values = [epilogue_scalar(epilogue, f"x{lane}") for lane in range(4)]
@@ -108,18 +157,22 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
                                                     for lane in range(4)) + " }\n      }\n")
         stores.append("    }\n  }\n")
     chunks, row_blocks = t.chunks(k), t.row_blocks(m)
+    zero = "0u" if packed else "0.0f"
+    # vector accesses: B's 16-byte copies and C's stores of a thread's 4 columns; a half row of N is
+    # 16-byte aligned when N is a multiple of 8
+    vec = (f"N % {per_copy} == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0")
     body = "".join([
-        f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}(const float* __restrict__ B, float* __restrict__ C, "
+        f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, "
         f"const int N) {{\n",
-        f"  __shared__ __align__(16) float Bs[2][{(kc + 1) * bn}];\n",
+        f"  __shared__ __align__(16) {ctype} Bs[2][{(kc + 1) * bn}];\n",
         f"  __shared__ __align__(16) float As[2][{kept * bm}];\n",
         f"  __shared__ __align__(16) unsigned char Is[2][{t.slab}];\n",
         f"  const int tid = threadIdx.x, tx = tid % {per_row}, ty = tid / {per_row};\n",
         f"  const int row_block = blockIdx.x, col0 = blockIdx.y * {bn}, row0 = row_block * {bm} + ty * {tm};\n",
-        "  const bool vec = N % 4 == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0;\n",
-        f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{kc * bn} + i % {bn}] = 0.0f;  "
+        f"  const bool vec = {vec};\n",
+        f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{kc * bn} + i % {bn}] = ({ctype})0;  "
         f"// the zero row a spare slot reads\n",
-        *(f"  float {', '.join(f'{c} = 0.0f' for c in row)};\n" for row in acc),
+        *(f"  {'unsigned' if packed else 'float'} {', '.join(f'{c} = {zero}' for c in row)};\n" for row in acc),
         f"  stage_{name}(Bs[0], As[0], Is[0], B, N, 0, col0, row_block, vec);\n",
         "  lospmm_cp_commit();\n",
         f"  for (int c = 0; c < {chunks}; ++c) {{\n",
@@ -128,7 +181,7 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         f"(long long)(c + 1) * {row_blocks} + row_block, vec);\n",
         "      lospmm_cp_commit();\n      lospmm_cp_wait_one();\n    } else {\n      lospmm_cp_wait_all();\n    }\n",
         "    __syncthreads();\n",
-        "    const float* bs = Bs[c & 1] + tx * 4;\n",
+        f"    const {ctype}* bs = Bs[c & 1] + tx * 4;\n",
         f"    const float* as = As[c & 1] + ty * {tm};\n",
         f"    const unsigned char* is = Is[c & 1] + ty * {tm // g};\n",
         "#pragma unroll\n",
@@ -137,5 +190,5 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         *stores, "}\n"])
     header = (f"// lospmm N:M kernel {name}: M={m} K={k} nnz={spec.nnz} {t.label} threads={threads} "
               f"design={spec.design.code_label}{' epilogue=' + epilogue.label if not epilogue.empty else ''}\n")
-    return "".join([included("preamble.cuh"), included("vector.cuh"), included("nm.cuh"), header, *globals_, stage,
-                    body])
+    return "".join([included("preamble.cuh"), included("vector.cuh"), *([included("half.cuh")] if half else []),
+                    included("nm.cuh"), header, *globals_, stage, body])
