@@ -189,7 +189,7 @@ def test_a_half_nm_kernel_directory_is_its_exact_model_and_served_in_its_dtype(t
     from lospmm.kernel.check import kernel_reference
     from lospmm.kernel.design import design_named
     from lospmm.kernel.nm import NMTiling
-    from lospmm.kernel.numbers import rounded_matrix, to_dtype_bits
+    from lospmm.kernel.numbers import rounded_matrix
     from lospmm.loader import load_kernel
     from lospmm.stages.prune import NMPattern, random_nm_pruned
 
