@@ -91,6 +91,13 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
                           nm=nm)
 
 
+def _timed_rows(timed: list[dict]) -> list[dict]:
+    """The candidates that timed ok (finite), in their rows' order."""
+    import math
+
+    return [r for r in timed if r["status"] == Status.OK and math.isfinite(r["time_us"])]
+
+
 def _failure(facts: dict) -> str:
     """Why an emitted kernel cannot be served ("" when it can): its compile failed, or its check."""
     comp, check = facts["compile"], facts.get("check", "not run")
@@ -197,15 +204,26 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     if best is None:
         return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
-    m1, n1, t0 = best["m1"], best["n1"], time.perf_counter()
+    t0 = time.perf_counter()
     try:
-        options = served_options(matrix, tiles[m1], best["m"], best["k"], best["n"], n1, design, timer.device,
-                                 params.nm_kernel, params.designs, epilogue, conv is not None)
+        # the ways to serve the layer: the fastest proxy's tile first; where designs are searched by
+        # the estimate (`--design auto` on the estimate timer) every timed tile in every design, since
+        # the tile best in one design need not be in another; then the N:M kernel of an N:M layer
+        joint = bool(params.designs) and not timer.measures
+        by_tile = {(r["m1"], r["n1"]): r for r in _timed_rows(timed)} if joint else {(best["m1"], best["n1"]): best}
+        if joint:
+            base["chosen_by"] = f"{params.chosen_by}; tile and design by the estimate"
+        tiled = [(best["m1"], best["n1"])] + [t for t in by_tile if t != (best["m1"], best["n1"])]
+        options = [o for i, (tm1, tn1) in enumerate(tiled)
+                   for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1, design,
+                                           timer.device, params.nm_kernel and i == 0, params.designs, epilogue,
+                                           conv is not None)]
         served, runner_up = cheapest_design(options)
 
         def emitted(choice) -> dict:
             """The kernel of one way to serve the layer, written, compiled, checked and timed."""
             design, nm = choice.design, choice.nm
+            m1, n1 = (choice.m1, choice.n1) if choice.tiled else (best["m1"], best["n1"])
 
             def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
                 comp = results["compile"]
@@ -230,10 +248,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                         "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
                         "max_rel_error": error, **({"check_message": failure} if failure else {})}
 
+            proxy_us = by_tile.get((m1, n1), best)["time_us"]
             return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
                                   verify=params.verify and not timer.runs_binary,
                                   extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
-                                         "proxy_time_us": best["time_us"], "candidates_timed": ok}, measured=measured,
+                                         "proxy_time_us": proxy_us, "candidates_timed": ok}, measured=measured,
                                   compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
 
         # the cheapest way that fails (does not render, compile or pass its check) gives way to the kernel
@@ -254,6 +273,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         base |= {"design": served.label, "design_estimate_us": served.estimate_us,
                  "runner_up": runner_up.label if runner_up else "",
                  "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
+        m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,
@@ -263,7 +283,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or
                                                         f"{check} ({facts.get('check_message') or 'no message'})")
                 if failed else fell_back,
-                "m1": m1, "n1": n1, "proxy_time_us": best["time_us"],
+                "m1": m1, "n1": n1, "proxy_time_us": by_tile.get((m1, n1), best)["time_us"],
                 "full_time_us": facts.get("full_time_us", float("nan")),
                 "dense_time_us": facts.get("dense_time_us", float("nan")),
                 "speedup_vs_dense": facts.get("speedup_vs_dense"), "kernel": facts["kernel"],

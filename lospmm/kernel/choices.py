@@ -35,6 +35,8 @@ class Served:
     estimate_us: float
     design: KernelDesign
     nm: NMTiling | None = None
+    m1: int = 0  # the tile of a tiled kernel (0 for the N:M kernel)
+    n1: int = 0
 
     @property
     def tiled(self) -> bool:
@@ -57,7 +59,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         if d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
             continue
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d))
-        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design else f" {d.label}"), float(timing.time_us), d))
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design else f" {d.label}"), float(timing.time_us), d,
+                              None, tiles.m1, n1))
     return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])
 
 

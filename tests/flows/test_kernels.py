@@ -240,3 +240,37 @@ def test_a_served_kernel_that_fails_gives_way_to_the_searched_one(tmp_path, monk
     assert row["status"] == "ok" and row["design"] == "8×128" and row["runner_up"].startswith("nm ")
     assert "failed (ValueError: boom); served 8×128 instead" in row["message"]
     assert row["check"] == "host-asan"
+
+
+def test_design_auto_on_the_estimate_takes_the_cheapest_tile_and_design_of_the_timed_ones(tmp_path):
+    """Under the estimate timer `--design auto` prices every timed tile in every candidate design: the
+    layer is served by the cheapest of them all, which need not be the fastest proxy's tile."""
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
+    from lospmm.kernel.design import BASELINE
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.stages.emit import EmitParams
+
+    a = random_pruned(512, 512, 0.9, np.random.default_rng(4))
+    tiles = {m1: reordered_tiles(a, m1) for m1 in (2, 16)}
+    row = {"model": "m", "layer": "fc", "op": "linear", "m": 512, "n": 2048, "k": 512, "repeat": 1, "sparsity": 0.9,
+           "status": "ok", "message": ""}
+    timed = [row | {"m1": 2, "n1": 128, "time_us": 5.0}, row | {"m1": 16, "n1": 256, "time_us": 6.0}]
+    timer = EstimateTimer(DEVICES["h100"])
+    everything = [o for m1, n1 in ((2, 128), (16, 256))
+                  for o in served_options(a, tiles[m1], 512, 512, 2048, n1, BASELINE, timer.device,
+                                          designs=DESIGN_CANDIDATES)]
+    want = min(everything, key=lambda o: o.estimate_us)
+    got = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90",
+                           EmitParams(designs=DESIGN_CANDIDATES, verify=False), logging.getLogger("test"))
+    assert got["status"] == "ok", got["message"]
+    assert got["design"] == want.label and (got["m1"], got["n1"]) == (want.m1, want.n1)
+    assert got["design_estimate_us"] == pytest.approx(want.estimate_us)
+    assert got["chosen_by"].endswith("tile and design by the estimate")
+    # without designs searched, the fastest proxy's tile in the run's design, as before
+    plain = fk.emitted_layer(str(tmp_path), tmp_path / "p", timed, a, tiles, timer, "sm_90", EmitParams(verify=False),
+                             logging.getLogger("test"))
+    assert (plain["m1"], plain["n1"], plain["design"]) == (2, 128, "2×128")
