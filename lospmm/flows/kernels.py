@@ -251,7 +251,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             proxy_us = by_tile.get((m1, n1), best)["time_us"]
             return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
                                   verify=params.verify and not timer.runs_binary,
-                                  extra={"chosen_by": params.chosen_by, "timer": timer.name, "gpu": timer.device.name,
+                                  extra={"chosen_by": base["chosen_by"], "timer": timer.name, "gpu": timer.device.name,
                                          "proxy_time_us": proxy_us, "candidates_timed": ok}, measured=measured,
                                   compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
 
@@ -269,10 +269,17 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
             fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
             served, runner_up = fallback, served
-            facts = emitted(served)
+        # after a fall back the runner-up is the cheaper choice that failed (the message says so)
         base |= {"design": served.label, "design_estimate_us": served.estimate_us,
                  "runner_up": runner_up.label if runner_up else "",
                  "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
+        if fell_back:
+            try:
+                facts = emitted(served)
+            except Exception as e:
+                if is_transient(e):
+                    raise
+                raise RuntimeError(f"{fell_back}; {type(e).__name__}: {e}") from e
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)
@@ -280,8 +287,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                     n1, compile_summary(comp, comp["from_cache"]), check, timer.name,
                     facts.get("full_time_us", float("nan")), time.perf_counter() - t0)
         return {**base, "status": Status.ERROR if failed else Status.OK,
-                "message": f"{layer} ({m1},{n1}): " + (comp.get("log", "")[-300:] or
-                                                        f"{check} ({facts.get('check_message') or 'no message'})")
+                "message": (f"{fell_back}; " if fell_back else "") + f"{layer} ({m1},{n1}): "
+                + (comp.get("log", "")[-300:] or f"{check} ({facts.get('check_message') or 'no message'})")
                 if failed else fell_back,
                 "m1": m1, "n1": n1, "proxy_time_us": by_tile.get((m1, n1), best)["time_us"],
                 "full_time_us": facts.get("full_time_us", float("nan")),

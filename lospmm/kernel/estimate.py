@@ -251,7 +251,8 @@ def nm_registers(tiling, number=None) -> int:
     N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108)."""
     groups = tiling.thread_rows // tiling.index_rows
     if number is not None and number.is_half and number.packed:  # a register holds a pair of sums (fp16 gave 106-110)
-        return tiling.thread_rows * tiling.thread_columns // 2 + tiling.thread_rows + tiling.thread_columns // 2 + 64
+        return (tiling.thread_rows * tiling.thread_columns // 2 + tiling.thread_rows + tiling.thread_columns // 2 + 64
+                + 4 * (groups - 1))
     return (tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
             + 4 * (groups - 1))
 
@@ -261,7 +262,8 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     t, ws = work.tiling, device.warp_size
     if work.n < 1:
         return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n}")
-    atb = resident_blocks(work.registers, t.threads, t.shared_bytes, device)
+    atb = resident_blocks(work.registers, t.threads, t.shared_bytes_of(2 if work.number is not None
+                                                                         and work.number.is_half else 4), device)
     if atb < 1:
         return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
     warps = -(-t.threads // ws)
@@ -317,8 +319,8 @@ class EstimateTimer:
 
     def time(self, launch: LaunchUnderTest) -> Timing:
         if launch.spec is not None and launch.spec.nm is not None:
-            return nm_timing(NMWork(launch.spec.nm, launch.m, launch.k, launch.n, launch.registers), self.device,
-                             self.params)
+            return nm_timing(NMWork(launch.spec.nm, launch.m, launch.k, launch.n, launch.registers,
+                                    launch.spec.number), self.device, self.params)
         if launch.clusters is not None:
             work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
                               launch.smem_bytes, launch.spill_bytes, design=launch.design)

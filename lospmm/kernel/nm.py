@@ -134,8 +134,13 @@ class NMTiling:
 
     @property
     def shared_bytes(self) -> int:
-        """Two stages of B's chunk (plus its zero row), A's values and the index."""
-        return 2 * ((self.chunk + 1) * self.block_columns * 4 + self.kept * self.block_rows * 4 + self.slab)
+        """Two stages of B's chunk (plus its zero row), A's values and the index, B in fp32 (what a
+        blocking must fit: a half kernel's, with B 16-bit, is smaller: shared_bytes_of)."""
+        return self.shared_bytes_of(4)
+
+    def shared_bytes_of(self, element_bytes: int) -> int:
+        """shared_bytes with B's elements `element_bytes` wide."""
+        return 2 * ((self.chunk + 1) * self.block_columns * element_bytes + self.kept * self.block_rows * 4 + self.slab)
 
     def chunks(self, k: int) -> int:
         return -(-k // self.chunk)

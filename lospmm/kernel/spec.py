@@ -138,11 +138,15 @@ class KernelSpec:
 
         arrays = nm_operands(matrix, self.nm)
         number = self.number
-        if number.is_half and number.packed:  # each value as the packed pair its fma takes, in a float's bits
-            from lospmm.kernel.numbers import to_dtype_bits
+        if number.is_half:  # A's values in the dtype (as a half run rounds them), and for packed sums each as
+            from lospmm.kernel.numbers import from_dtype_bits, to_dtype_bits  # the pair its fma takes
 
-            bits = to_dtype_bits(arrays["values"], number.dtype).astype(np.uint32)
-            arrays["values"] = (bits | (bits << 16)).view(np.float32)
+            bits = to_dtype_bits(arrays["values"], number.dtype)
+            if number.packed:
+                wide = bits.astype(np.uint32)
+                arrays["values"] = (wide | (wide << 16)).view(np.float32)
+            else:
+                arrays["values"] = from_dtype_bits(bits, number.dtype).astype(np.float32)
         if self.epilogue.bias:
             arrays["bias"] = np.asarray(self.epilogue.bias, np.float32)
         return {self.module_symbols[role]: array for role, array in arrays.items()}
@@ -202,11 +206,12 @@ class KernelSpec:
 
     def path_counts(self, count: int) -> tuple[int, ...]:
         """The counts a check runs at so that every path of the kernel runs: `count`, and for a kernel
-        that picks float4 accesses at launch where N is a multiple of 4 (the N:M kernel) the next such N
-        too (its element-wise path at an N that is not)."""
-        if self.nm is None or count % 4 == 0:
+        that picks 16-byte accesses at launch where N is a multiple of 4 (fp32) or 8 (16-bit elements)
+        (the N:M kernel) the next such N too (its element-wise path at an N that is not)."""
+        whole = 8 if self.number.is_half else 4
+        if self.nm is None or count % whole == 0:
             return (count,)
-        return count, count + (-count) % 4
+        return count, count + (-count) % whole
 
     def launch_count(self, count: int) -> int:
         """The count a launch passes for `count` (N padded to the column multiple; a batch as it is)."""

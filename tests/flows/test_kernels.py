@@ -274,3 +274,26 @@ def test_design_auto_on_the_estimate_takes_the_cheapest_tile_and_design_of_the_t
     plain = fk.emitted_layer(str(tmp_path), tmp_path / "p", timed, a, tiles, timer, "sm_90", EmitParams(verify=False),
                              logging.getLogger("test"))
     assert (plain["m1"], plain["n1"], plain["design"]) == (2, 128, "2×128")
+
+
+def test_when_the_fallback_fails_too_the_row_says_both(tmp_path, monkeypatch):
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.stages.emit import EmitParams
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    a = random_nm_pruned(256, 256, NMPattern(16, 32, 8), np.random.default_rng(0))
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 4096, "k": 256, "repeat": 1,
+              "sparsity": 0.5, "m1": 8, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]
+
+    def broken(*args, nm=None, **kwargs):
+        raise ValueError("the N:M kernel" if nm is not None else "the baked kernel")
+
+    monkeypatch.setattr(fk, "emitted_kernel", broken)
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, {8: reordered_tiles(a, 8)},
+                           EstimateTimer(DEVICES["h100"]), "sm_90", EmitParams(), logging.getLogger("test"))
+    assert row["status"] == "error" and row["design"] == "8×128"
+    assert "failed (ValueError: the N:M kernel); served 8×128 instead; ValueError: the baked kernel" in row["message"]

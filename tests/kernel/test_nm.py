@@ -190,6 +190,10 @@ def test_a_check_runs_the_float4_path_too():
     a = random_nm_pruned(16, 32, NMPattern(8, 32, 16), np.random.default_rng(0))
     spec = nm_source(a, NMTiling(8, 32, 16, 16, 64, 4, 4)).spec
     assert spec.path_counts(131) == (131, 132) and spec.path_counts(64) == (64,)
+    from lospmm.kernel.design import design_named as named
+
+    half = kernel_source(a, None, 0, CodegenParams(design=named("nm,fp16")), nm=NMTiling(8, 32, 16, 16, 64, 4, 4)).spec
+    assert half.path_counts(131) == (131, 136) and half.path_counts(132) == (132, 136)  # 16-bit: multiples of 8
     from lospmm.stages.reorder import reordered_tiles
 
     baked = kernel_source(a, reordered_tiles(a, 4), 32).spec
