@@ -84,3 +84,17 @@ def test_progress_lines_hold_each_launch_and_its_checks(built, tmp_path):
     first = json.loads((tmp_path / "m.progress.jsonl").read_text().splitlines()[0])
     assert set(first) == {"row", "checks"} and first["row"]["id"] == first["checks"][0]["id"]
     assert {"tile_loads", "tile_fmas", "estimate_us", "design", "m1", "n1"} <= set(first["row"])  # a calibration's inputs
+
+
+def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
+    """The nm-spmm set's kernels carry no A: the measurement makes it again from its seed, fills the
+    kernel's module data from it and checks the kernel (host backend here, as on the device)."""
+    plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((64, 128),), tokens=(40,))
+    built = bundle.build("nm", [sets.planned_job(p) for p in plan], tmp_path, cache=tmp_path / "cache", sass=False,
+                         with_source=True, say=lambda *_: None)
+    assert not list((built / "a").iterdir())  # nothing carried
+    tables = measure.run_bundle(built, tmp_path / "out", "nm", options=HOST, say=lambda *_: None)
+    (row,) = pq.read_table(tables["kernel-speed"]).to_pylist()
+    assert row["status"] == "checked", row["message"]
+    checks = pq.read_table(tables["checks"]).to_pylist()
+    assert sorted(c["n"] for c in checks) == [1, 33, 40] and all(c["status"] == "ok" for c in checks)
