@@ -250,7 +250,8 @@ def test_loader_on_torch_or_cupy(tmp_path):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path):
+@pytest.mark.parametrize("design", ["baseline", "column-x,walks=3"])
+def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path, design):
     from lospmm.kernel.epilogue import Epilogue
     from lospmm.kernel.geometry import ConvGeometry
     from lospmm.loader import load_kernel
@@ -259,8 +260,8 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     g = ConvGeometry(cin=5, h=11, w=9, kh=3, kw=3, stride=2, pad=1)
     a = random_pruned(12, g.k, 0.7, np.random.default_rng(3))
     bias = tuple(float(v) for v in np.linspace(-1, 1, 12))
-    a, package = _package(tmp_path, m1=4, n1=32, conv=g, epilogue=Epilogue(bias, "relu"), a=a)
-    _device_checked(package, a, (1, 3))  # batches
+    a, package = _package(tmp_path, m1=4, n1=32, conv=g, epilogue=Epilogue(bias, "relu"), a=a, design=design)
+    _device_checked(package, a, (1, 3))  # batches (a looped kernel walks 2 column blocks at batch 3)
     torch = pytest.importorskip("torch")
     x = torch.randn(2, 5, 11, 9, device="cuda")
     weight = torch.from_numpy(a.toarray().reshape(12, 5, 3, 3)).float().cuda()

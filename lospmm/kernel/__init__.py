@@ -27,7 +27,7 @@ renderer uses, render/numbers.py; the C++ they include is in include/):
     streamed GEMM    render/streamed.py  A's tiles as data read by one loop: O(1) code (fp32)
     N:M GEMM         render/nm.py        an N:M A compressed into module data filled at load (nm.py), B
                                          through double-buffered shared memory; fp32, fp16, bf16
-    implicit conv    render/conv.py      Alg. 2 reading NCHW X at each window offset (fp32, grid order)
+    implicit conv    render/conv.py      Alg. 2 reading NCHW X at each window offset (fp32; grid order, walks)
 
 One way to run and check (backend.py): a kernel on the `cuda` backend (cuda.py: the cubin through
 the driver) or the `host` backend (host.py: the same text built for the CPU under a shim, every block

@@ -208,9 +208,10 @@ def design_named(text: str) -> KernelDesign:
 
 
 def conv_design(design: KernelDesign) -> KernelDesign:
-    """The part of `design` an implicit-im2col conv kernel has: the grid's order (its loads already
-    take one instruction from the pixel's pointer; walks and vector columns are not written yet)."""
-    return KernelDesign(order=design.order)
+    """The part of `design` an implicit-im2col conv kernel has: the grid's order and the column walks
+    (its loads already take one instruction from the pixel's pointer; vector columns are not written
+    yet: adjacent output pixels are not adjacent inputs)."""
+    return KernelDesign(order=design.order, column_walks=design.column_walks)
 
 
 def design_in(number: NumberFormat, design: KernelDesign = BASELINE) -> KernelDesign:

@@ -61,9 +61,10 @@ def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
     fused = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES,
                            epilogue=Epilogue(activation="relu"))
     assert {s.design.a_values for s in fused} == {"baked"} and len(fused) == len(found) - 2
-    # a convolution's implicit-im2col kernel takes the grid's order alone: two designs
+    # a convolution's implicit-im2col kernel takes the grid's order and the walks alone
     conv = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES, conv=True)
-    assert [s.design.label for s in conv] == [BASELINE.label, design_named("column-x").label]
+    assert [s.design.label for s in conv] == [design_named(d).label for d in ("baseline", "column-x", "walks=4",
+                                                                                  "walks=16")]
     # a tile whose v=4 kernel needs more registers than the device has is not priced in it
     big = served_options(a, reordered_tiles(a, 64), 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES)
     assert all(s.design.columns_per_thread < 4 for s in big)

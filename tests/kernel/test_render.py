@@ -205,11 +205,15 @@ def convolutions(draw):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
-       relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]))
-def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz):
+       relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]),
+       design=st.sampled_from(["baseline", "column-x", "walks=3", "column-x,walks=2"]))
+def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz, design):
+    """In each grid order, once or walking its column blocks (a looped kernel finds each pixel's window
+    again per walk; its zero blocks walk too)."""
     a, geometry, bias = conv
     epilogue = Epilogue(bias=bias, activation="relu" if relu else "")
-    kernel = conv_kernel_source(a, reordered_tiles(a, m1), n1, geometry, epilogue, CodegenParams(shard_nnz=shard_nnz))
+    params = CodegenParams(shard_nnz=shard_nnz, design=design_named(design))
+    kernel = conv_kernel_source(a, reordered_tiles(a, m1), n1, geometry, epilogue, params)
     assert kernel.k == geometry.k and kernel.params == ("const float* X", "float* Y", "int batch")
     assert host_error(kernel, a, batch) < 1e-4
 
@@ -340,11 +344,13 @@ def test_design_names_read_back_and_bad_ones_are_named():
             design_named(bad)
 
 
-def test_a_conv_kernel_takes_only_the_grid_order():
+def test_a_conv_kernel_takes_the_grid_order_and_walks_only():
     g = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1)
     a = random_pruned(4, g.k, 0.5, np.random.default_rng(0))
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("column-x")))
     assert kernel.layout.order == "column-x" and kernel.grid(g.n(2))[1] == kernel.grid_x
+    looped = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("walks=4")))
+    assert looped.layout.column_walks == 4 and looped.grid(g.n(2))[1] == -(-g.n(2) // 8 // 4)  # 50 pixels: 7 blocks, 2 walkers
     with pytest.raises(ValueError, match="only the grid's order"):
         conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))
 

@@ -3,7 +3,9 @@ from the NCHW input X at its window offset (a literal byte offset from the pixel
 where the window leaves the image: two bit masks per tile function hold which window rows and
 columns are inside), and each output goes to NCHW Y through the epilogue. The input size, window,
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
-the designs, the grid's order (its loads already take one instruction from the pixel's pointer)."""
+the designs, the grid's order and the column walks (a looped kernel's tile function walks its
+column blocks, each output pixel's window found again per walk); its loads already take one
+instruction from the pixel's pointer."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
     if design != conv_design(design):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
-                         f"(tile-x or column-x) so far")
+                         f"(tile-x or column-x) and walks so far")
     if k != geometry.k:
         raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
     if epilogue.bias and len(epilogue.bias) != m:
@@ -49,11 +51,28 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
               + (f" activation={epilogue.activation}" if epilogue.activation not in ("", "relu") else "")
               + (f" design={design.code_label}" if design != BASELINE else ""))
     code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
-    functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue) for t in range(tiles.num_tiles)]
+    functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
+                 for t in range(tiles.num_tiles)]
     zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     tile_axis, column_axis = axes(design)
     preamble = included("preamble.cuh")
-    entry = entry_unit(
+    if design.looped:  # each thread walks its column blocks: the tile function finds each pixel's window
+        entry = entry_unit(
+            preamble, header, tiles.num_tiles,
+            "(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, const int total)",
+            [("(float* __restrict__ Y, int n, const int stride, const int total)",
+              "  do {\n"
+              f"    const int b = n / {hwo};\n    float* Yb = Y + (long long)b * {m * hwo} + (n - b * {hwo});\n"
+              + "".join(f"    lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n" for r in rows)
+              + "    n += stride;\n  } while (n < total);\n") for rows in zeros],
+            f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+            f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
+            f"  const int total = batch * {hwo};\n"
+            f"  if (n >= total) return;\n"
+            f"  const int stride = gridDim.{column_axis} * {n1};\n", "X, Y, n, stride, total",
+            "zero_{z}(Y, n, stride, total)", tile_axis)
+    else:
+        entry = entry_unit(
         preamble, header, tiles.num_tiles, "(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, const int ix0)",
         [("(float* __restrict__ Yb)", "".join(f"  lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n"
                                              for r in rows)) for rows in zeros],
@@ -68,14 +87,14 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         f"  float* Yb = Y + (long long)b * {m * hwo} + p;\n"
         f"  const int iy0 = oy * {g.stride} - {g.pad};\n"
         f"  const int ix0 = ox * {g.stride} - {g.pad};\n", "Xb, Yb, iy0, ix0", "zero_{z}(Yb)", tile_axis)
-    layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, order=design.order)
+    layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, 1, design.column_walks, design.order)
     spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
                                     + [entry]))
 
 
 def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
-                   epilogue: Epilogue) -> str:
+                   epilogue: Epilogue, looped: bool = False, m: int = 0) -> str:
     def load(j: int, column: int, previous: int) -> str:
         ci, rest = divmod(column, g.kh * g.kw)
         ky, kx = divmod(rest, g.kw)
@@ -86,6 +105,24 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
     values = code.tile_values(sub.data)
     nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
     body, _ = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
+    if looped:  # per walk: the pixel, its image and its window, then the tile's body
+        return "".join([
+            f"LOSPMM_TILE void tile_{t}(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, "
+            f"const int total) {{\n",
+            "  do {\n",
+            f"  const int b = n / {g.pixels};\n  const int p = n - b * {g.pixels};\n",
+            f"  const int oy = p / {g.w_out};\n  const int ox = p - oy * {g.w_out};\n",
+            f"  const float* Xb = X + (long long)b * {g.cin * g.h * g.w};\n",
+            f"  float* Yb = Y + (long long)b * {m * g.pixels} + p;\n",
+            f"  const int iy0 = oy * {g.stride} - {g.pad};\n  const int ix0 = ox * {g.stride} - {g.pad};\n",
+            f"  const float* xp = Xb + (iy0 * {g.w} + ix0);\n",
+            f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
+            f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n",
+            *body,
+            *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
+              for i, r in enumerate(rows)),
+            "  n += stride;\n  } while (n < total);\n",
+            "  LOSPMM_TILE_END\n}\n"])
     return "".join([
         f"LOSPMM_TILE void tile_{t}(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, "
         f"const int ix0) {{\n",
