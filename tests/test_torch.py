@@ -627,3 +627,22 @@ def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_
     fp32 = nn.Sequential(nn.Linear(24, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
     with pytest.raises(KernelDirError, match="0.weight: the kernel computes in fp16, the module's weight is float32"):
         lt.sparsify(fp32, run_id, backend="host", artifacts=root)
+
+
+def test_an_nm_pruned_model_is_served_by_nm_kernels(tmp_path, prefect_server):
+    """prune="nm:4:8:8": every Linear of an MLP is served by the N:M kernel (the estimate's choice, its
+    compressed A filled from weight.parquet), ReLU fused, equal to the pruned model on the host."""
+    import pyarrow.parquet as pq
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(256, 64)
+    root = tmp_path / "artifacts"
+    run_id = lt.search(model, x, prune="nm:4:8:8", artifacts=root, name="mlp", m1s=(1, 2, 4), jobs=2)
+    rows = pq.read_table(next((root / "10_kernels").glob("*.parquet"))).to_pylist()
+    assert [r["design"].split(" ")[0] for r in rows] == ["nm", "nm"] and all(r["check"] == "host-asan" for r in rows)
+    fast = lt.sparsify(model, run_id, backend="host", artifacts=root)
+    with torch.no_grad():
+        got, want = fast(x[:5]), lt.pruned(model, run_id, artifacts=root)(x[:5])
+    assert isinstance(fast[1], nn.Identity)  # the ReLU went into the first kernel
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
