@@ -271,9 +271,10 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                       fmt(g["dtype"]), fmt(g["timer"]), fmt(g["time_us"], "{:.1f}"), _speedup(g["speedup_vs_dense"]),
                       f"{g['search_seconds']:.1f}")
         return t
-    t = Table(title="per layer: candidates after each step, chosen tile, the kernel's dtype, time (timer named per "
-                    "row; 'estimate' = analytic model, not a measurement; vs cuBLAS in the kernel's dtype), search seconds")
-    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "M1×N1", "dtype", "timer",
+    t = Table(title="per layer: candidates after each step, the kernel served (its tile M1×N1, with its design when "
+                    "not the run's, or the N:M kernel's blocking), its dtype, time (timer named per row; 'estimate' = "
+                    "analytic model, not a measurement; vs cuBLAS in the kernel's dtype), search seconds")
+    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "kernel", "dtype", "timer",
               "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
         # a long layer name wraps: cut short it would name no layer (other cells may shorten)
         t.add_column(c, overflow="fold" if c == "layer" else "ellipsis", min_width=12 if c == "layer" else None)
