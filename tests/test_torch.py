@@ -646,3 +646,34 @@ def test_an_nm_pruned_model_is_served_by_nm_kernels(tmp_path, prefect_server):
         got, want = fast(x[:5]), lt.pruned(model, run_id, artifacts=root)(x[:5])
     assert isinstance(fast[1], nn.Identity)  # the ReLU went into the first kernel
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
+    """Three layers in three designs (baked v=4 walking, streamed, the N:M kernel), each directory
+    carrying its own: one nn.Sequential of SparseLinear serves them together, as the pruned model."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.stages.prune import NMPattern, random_nm_pruned, random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    rng = np.random.default_rng(0)
+    layers = [(random_pruned(96, 64, 0.8, rng), "chained,v=4,walks=2", None),
+              (random_pruned(48, 96, 0.7, rng), "streamed,chained", None),
+              (random_nm_pruned(32, 48, NMPattern(2, 4, 8), rng), "nm", NMTiling(2, 4, 8, 32, 64, 8, 4))]
+    modules = []
+    for i, (a, design, nm) in enumerate(layers):
+        out = tmp_path / f"k{i}"
+        facts = emitted_kernel(str(tmp_path), a, None if nm else reordered_tiles(a, 4), f"l{i}", 0.8, 32, "sm_90",
+                               out, verify=False, design=NM_DESIGN if nm else design_named(design), nm=nm)
+        assert facts["compile"]["status"] == "ok" and facts["design"]["label"] == (
+            NM_DESIGN if nm else design_named(design)).label
+        modules.append(lt.sparse_linear(out, backend="host"))
+    model = nn.Sequential(*modules)
+    x = torch.randn(5, 64)
+    want = x.numpy()
+    for a, _, _ in layers:
+        want = want @ a.toarray().T
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), torch.from_numpy(want.astype(np.float32)), rtol=1e-4, atol=1e-4)
