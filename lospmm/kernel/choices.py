@@ -1,7 +1,7 @@
 """The ways one layer can be served, each priced by the estimate: the kernel of the tile the search
 chose in the run's design and, for a `--design auto` run, in every design of DESIGN_CANDIDATES
 that can serve it (its registers, the grid's limits, an epilogue it cannot fuse, a convolution's
-grid order only); and the kernels of designs that need no tiles but a structure of A — today the
+grid order and walks only); and the kernels of designs that need no tiles but a structure of A — today the
 N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that fits. The emit
 stage keeps the cheapest (stages.emit.cheapest_design) and renders it with `kernel_source(...,
 served.design, nm=served.nm)`; a caller never asks which kind a choice is."""
@@ -28,8 +28,8 @@ DESIGN_CANDIDATES = ("baseline", "chained", "chained,column-x", "chained,walks=4
 @dataclass(frozen=True)
 class Served:
     """One way to serve a layer: `label` (10_kernels' `design`: `M1×N1` for the baked kernel of that
-    tile in the run's design, `nm N:M[:V],<block>,<thread>` for the N:M kernel), its estimate, the
-    design it is rendered in and, for the N:M kernel, its blocking."""
+    tile in the run's design, `M1×N1 <design label>` in another, `nm N:M[:V],<block>,<thread>` for the
+    N:M kernel), its estimate, the design it is rendered in and, for the N:M kernel, its blocking."""
 
     label: str
     estimate_us: float
@@ -50,7 +50,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
     search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
-    format and, for a convolution's implicit-im2col kernel (`conv`), its grid order) that can serve
+    format and, for a convolution's implicit-im2col kernel (`conv`), its grid order and walks) that can serve
     it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
     this number format (untiled_options; a GEMM layer's)."""
     estimate = estimate_timer(device)
@@ -66,7 +66,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, the grid order alone (conv_design), each once, `design` first."""
+    implicit-im2col convolution, the grid order and walks alone (conv_design), each once, `design` first."""
     out = [design]
     for label in designs:
         try:

@@ -121,7 +121,7 @@ class KernelDesign:
     @property
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_design: the grid's order
-        alone, fp32); a convolution in another design is served by the GEMM kernel on its im2col B."""
+        and walks, fp32); a convolution in another design is served by the GEMM kernel on its im2col B."""
         return self == conv_design(self)
 
     @property
