@@ -7,14 +7,19 @@ kernel.json. Everything that depends on a kernel's kind asks it:
     form         gemm (C = A·B, B K×N and C M×N row-major), conv (Y = conv(X) on NCHW X without im2col),
                  or proxy (a search proxy of one tile height M1, §5.1)
     design       how it walks its tiles (design.py): tile-x or column-x grid, column walks per block,
-                 1/2/4 columns per thread, based or chained B addresses, baked or streamed A values
+                 1/2/4 columns per thread, based or chained B addresses, baked, streamed or N:M-compressed
+                 A values (`nm`)
     number       its number format (numbers.py): fp32; fp16/bf16 with packed, fp32 or promoted sums
     epilogue     a bias per row and ReLU/GELU applied before the store (epilogue.py)
     conv         a conv kernel's geometry (geometry.py)
+    nm           an N:M kernel's pattern and blocking (nm.py)
     layout       how it is launched over N (layout.py): grid, block, columns per thread, walks
 
 and its capabilities: params (its C signature), column_multiple, element_bytes, alignment,
-n1_at_launch, serves(shape), input_shape/output_shape(count), launch_count(count).
+n1_at_launch, serves(shape), input_shape/output_shape(count), launch_count(count), module_symbols /
+module_data(A) (globals a loader fills before the first launch), cooperative (blocks meet at
+barriers), path_counts(count) (the counts a check runs so that every path runs). Which ways a
+layer can be served, each priced, is choices.py's.
 
 The kernels the system emits, with the renderer of each (render/: one entry point, `kernel_source`
 for a layer's kernel and `proxy_source` for a proxy; the number format is the strategy every
