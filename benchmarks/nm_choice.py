@@ -7,7 +7,9 @@ calibration is stored): what the device program's `nm` step will measure.
     python -m benchmarks.nm_choice                                   # BERT-base's layers, six patterns
     python -m benchmarks.nm_choice --models resnet50 --patterns nm:2:4,nm:16:32:8
 
-The table also lists the N:M kernel's estimate over the baked kernel's (< 1: the N:M kernel is served).
+The table also lists the N:M kernel's estimate over the baked kernel's (< 1: the N:M kernel is served),
+and what is served over the baked kernel of the same layer pruned at random to the same sparsity
+(issue 34's "an N:M layer never slower than our unstructured kernel", by the estimate).
 """
 
 from __future__ import annotations
@@ -40,8 +42,19 @@ def main(argv=None) -> None:
     table = Table(title=f"N:M layers by the estimate ({timer.name}, {device.name}): the baked kernel of the searched "
                         f"tile against the N:M kernel; ESTIMATES, µs")
     for c in ("model", "layer", "M×K×N", "pattern", "tile", "baked µs", "N:M blocking", "N:M µs", "N:M / baked",
-              "served"):
+              "served", "served / random"):
         table.add_column(c)
+    random_us: dict = {}  # (layer, sparsity) -> the baked kernel of the layer pruned at random, by the estimate
+
+    def unstructured(shape, sparsity: float) -> float:
+        key = (shape.model, shape.layer, sparsity)
+        if key not in random_us:
+            a = pruned_layer(shape, sparsity).matrix
+            tile = searched_tile(shape, sparsity, BASELINE, device, timer, "")
+            random_us[key] = float("nan") if tile is None else served_options(
+                a, reordered_tiles(a, tile[0]), shape.m, shape.k, shape.n, tile[1], BASELINE, device, False)[0].estimate_us
+        return random_us[key]
+
     for model in args.models.split(","):
         for shape in gemm_shapes(model):
             for method in args.patterns.split(","):
@@ -61,7 +74,8 @@ def main(argv=None) -> None:
                               f"{baked.estimate_us:.1f}", nm.nm.label.split(",", 1)[1] if nm else "-",
                               f"{nm.estimate_us:.1f}" if nm else "-",
                               f"{nm.estimate_us / baked.estimate_us:.2f}" if nm else "-",
-                              "N:M kernel" if served.nm is not None else "baked")
+                              "N:M kernel" if served.nm is not None else "baked",
+                              f"{served.estimate_us / unstructured(shape, pattern.sparsity):.2f}")
     Console(width=200).print(table)
 
 
