@@ -357,8 +357,8 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
     of the N:M A in the blocking the estimate prices lowest, as the flow's emit prices it: an N:M
     layer against our unstructured kernel, both of our N:M kernels against each other."""
     from lospmm.devices import device_named
-    from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
-    from lospmm.kernel.nm import nm_tilings
+    from lospmm.kernel.choices import nm_options
+    from lospmm.kernel.estimate import estimate_timer
     from lospmm.search import SearchParams
     from lospmm.stages.prune import nm_pattern
 
@@ -381,9 +381,8 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
                                    tile[1], _id(model, layer, pattern.sparsity, kind),
                                    f"search: ranker top-{SearchParams().rank.top_k}, proxies timed by {timer.name}; "
                                    f"A {kind}, the {method} case", prune=prune))
-            tilings = nm_tilings(pattern.n, pattern.m, pattern.vector)
-            best = min(tilings, key=lambda t: nm_timing(NMWork(t, shape.m, shape.k, shape.n, nm_registers(t)),
-                                                        timer.device, timer.params).time_us)
+            best = min(nm_options((pattern.n, pattern.m, pattern.vector), shape.m, shape.k, shape.n, device),
+                       key=lambda s: s.estimate_us).nm
             out.append(Planned(_id("nm", model, layer, method, "nm-kernel"), "nm", model, layer, shape.m, shape.k,
                                shape.n, pattern.sparsity, 4 if model != "bert-base" else 32, design_named("nm").label,
                                best.block_rows, best.threads, _id(model, layer, pattern.sparsity, method),
@@ -411,19 +410,19 @@ def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM
     GEMMs at 256 and 4096 tokens, our N:M kernel in the blocking the estimate prices lowest, against
     SGEMM (the baked kernel is left out: its code grows with A, 22 M nonzeros here)."""
     from lospmm.devices import device_named
-    from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
-    from lospmm.kernel.nm import nm_tilings
+    from lospmm.kernel.choices import nm_options
+    from lospmm.kernel.estimate import estimate_timer
     from lospmm.stages.prune import nm_pattern
 
-    timer = estimate_timer(device_named("h100"))
+    device = device_named("h100")
+    timer = estimate_timer(device)
     out = []
     for rows, k in shapes:
         for n in tokens:
             for method in patterns:
                 pattern = nm_pattern(method)
-                tilings = nm_tilings(pattern.n, pattern.m, pattern.vector)
-                best = min(tilings, key=lambda t: nm_timing(NMWork(t, rows, k, n, nm_registers(t)), timer.device,
-                                                            timer.params).time_us)
+                best = min(nm_options((pattern.n, pattern.m, pattern.vector), rows, k, n, device),
+                           key=lambda s: s.estimate_us).nm
                 out.append(Planned(_id(NM_SPMM_MODEL, rows, k, n, method), NM_SPMM_MODEL, NM_SPMM_MODEL,
                                    f"{rows}x{k}", rows, k, n, pattern.sparsity, n, design_named("nm").label,
                                    best.block_rows, best.threads, _id(NM_SPMM_MODEL, rows, k, method),

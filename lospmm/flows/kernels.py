@@ -18,7 +18,7 @@ from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
-from lospmm.kernel.check import CheckResult, check_count, checked
+from lospmm.kernel.check import CheckResult, check_count, checked_paths
 from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.kernel.choices import served_options, untiled_served
 from lospmm.kernel.epilogue import Epilogue
@@ -32,7 +32,7 @@ from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_proxy,
-                                host_check_columns, speedup, timed_ok)
+                                host_check_columns, speedup, timed_ok, timed_rows)
 from lospmm.status import Status
 
 
@@ -89,13 +89,6 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
                           conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
                           nm=nm)
-
-
-def _timed_rows(timed: list[dict]) -> list[dict]:
-    """The candidates that timed ok (finite), in their rows' order."""
-    import math
-
-    return [r for r in timed if r["status"] == Status.OK and math.isfinite(r["time_us"])]
 
 
 def _failure(facts: dict) -> str:
@@ -171,9 +164,7 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
         count = check_count(spec, host_check_columns(spec.n1 or n1))  # an N:M kernel's block is its own
         try:
             host = HostKernel(kernel, sanitize=True, module_data=spec.module_data(matrix))
-            # every path at launch (the N:M kernel's float4 one too); the record is the worst check
-            result = max((checked(host, matrix, c) for c in spec.path_counts(count)), key=lambda r: (not r.ok, r.error))
-            results["host_check"] = result.facts() | {"sanitizer": "address"}
+            results["host_check"] = checked_paths(host, matrix, count).facts() | {"sanitizer": "address"}
         except Exception as e:
             if is_transient(e):  # a killed compiler or a full disk says nothing about the kernel
                 raise
@@ -210,7 +201,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         # the estimate (`--design auto` on the estimate timer) every timed tile in every design, since
         # the tile best in one design need not be in another; then the N:M kernel of an N:M layer
         joint = bool(params.designs) and not timer.measures
-        by_tile = {(r["m1"], r["n1"]): r for r in _timed_rows(timed)} if joint else {(best["m1"], best["n1"]): best}
+        by_tile = {(r["m1"], r["n1"]): r for r in timed_rows(timed)} if joint else {(best["m1"], best["n1"]): best}
         if joint:
             base["chosen_by"] = f"{params.chosen_by}; tile and design by the estimate"
         tiled = [(best["m1"], best["n1"])] + [t for t in by_tile if t != (best["m1"], best["n1"])]
@@ -227,14 +218,13 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
 
             def measured(spec: KernelSpec, cubin: bytes, results: dict) -> dict:
                 comp = results["compile"]
-                data = spec.module_data(in_format(matrix, design.number)[0]) if spec.module_symbols else None
+                a = in_format(matrix, design.number)[0]
+                data = spec.module_data(a) if spec.module_symbols else None
                 full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
                                        comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data)
                 # the device check where the timer runs the kernel, else the host check's verdict: in the
                 # kernel's number format's metric, against its tolerance (every path the kernel picks at launch)
-                checks = [timer.checked(spec, cubin, in_format(matrix, design.number)[0], c)
-                          for c in spec.path_counts(check_count(spec, params.device_check_n))]
-                result = None if checks[0] is None else max(checks, key=lambda r: (not r.ok, r.error))
+                result = timer.checked(spec, cubin, a, check_count(spec, params.device_check_n))
                 host = results.get("host_check")
                 error, check = (check_column("device", result) if result is not None
                                 else check_column("host", CheckResult.of_facts(host) if host else None))

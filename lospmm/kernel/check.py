@@ -150,6 +150,13 @@ def checked(kernel, matrix: sp.csr_matrix, count: int, seed: int = 0) -> CheckRe
     return judged(kernel.spec, matrix, x, kernel.run(x))
 
 
+def checked_paths(kernel, matrix: sp.csr_matrix, count: int, seed: int = 0) -> CheckResult:
+    """`checked` at every count of KernelSpec.path_counts(count), so that each path the kernel picks at
+    launch runs (the N:M kernel's element-wise and 16-byte ones); the worst result (a failed one first)."""
+    results = [checked(kernel, matrix, c, seed) for c in kernel.spec.path_counts(count)]
+    return max(results, key=lambda r: (not r.ok, r.error))
+
+
 def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     """max |got − ref| / max |ref| (the fp32 metric); inf when an output is not finite."""
     if not np.isfinite(got).all():

@@ -102,13 +102,17 @@ def untiled_options(matrix, n: int, device, design: KernelDesign) -> list[Served
     except ValueError:  # a promoted half sum: no N:M kernel of it
         return []
     pattern = held_pattern(matrix)
-    if pattern is None:
-        return []
+    return [] if pattern is None else nm_options(pattern, *matrix.shape, n, device, nm_design)
+
+
+def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,
+               design: KernelDesign = NM_DESIGN) -> list[Served]:
+    """The N:M kernel of pattern (N, M, V) on an m × k A over N columns in each blocking that fits
+    (nm.nm_tilings), in the nm `design` (its number format), each with its estimate on `device`."""
     estimate = estimate_timer(device)
-    m, k = matrix.shape
-    number = nm_design.number
+    number = design.number
     return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number),
-                                                    estimate.device, estimate.params).time_us), nm_design, t)
+                                                    estimate.device, estimate.params).time_us), design, t)
             for t in nm_tilings(*pattern)]
 
 

@@ -478,11 +478,12 @@ class CudaTimer:
         return dense_sgemm_time(m, k, n, self.options, dtype)
 
     def checked(self, spec: KernelSpec, cubin: bytes, matrix, count: int):
-        """The kernel's check on this GPU (kernel.check.checked; a conv kernel's `count` is a batch)."""
-        from lospmm.kernel.check import checked
+        """The kernel's check on this GPU at every path it picks at launch (kernel.check.checked_paths;
+        a conv kernel's `count` is a batch)."""
+        from lospmm.kernel.check import checked_paths
 
         kernel = CudaKernel(spec, cubin, spec.module_data(matrix))
         try:
-            return checked(kernel, matrix, count)
+            return checked_paths(kernel, matrix, count)
         finally:
             kernel.close()

@@ -74,7 +74,7 @@ class Timer(Protocol):
         """The dense library GEMM of the layer's shape in `dtype` (fp32: SGEMM, TF32 off)."""
         ...
 
-    def checked(self, spec, cubin: bytes, matrix, count: int):
+    def checked(self, spec, cubin: bytes, matrix, count: int):  # at every path: kernel.check.checked_paths
         """The kernel's check (kernel.check.CheckResult) where this timer runs it; None: it runs nothing."""
         ...
 

@@ -31,11 +31,11 @@ __device__ __forceinline__ void lospmm_cp_wait_one() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 #endif
 }
-// a float's bits (a half N:M kernel's packed pair of A's value, kept in a float array)
-__device__ __forceinline__ unsigned lospmm_bits(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ void lospmm_cp_wait_all() {
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 #endif
 }
+// a float's bits (a half N:M kernel's packed pair of A's value, kept in a float array)
+__device__ __forceinline__ unsigned lospmm_bits(float x) { return __float_as_uint(x); }
 #endif
