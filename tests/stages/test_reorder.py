@@ -210,6 +210,46 @@ def test_refinement_never_loses_what_it_started_from(a, m1):
         assert refined.tile_nnz.min() >= start.tile_nnz.min() and refined.tile_nnz.max() <= start.tile_nnz.max()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(sparse_matrices(max_m=60, max_k=60), structured_matrices()), st.sampled_from([2, 4, 8]),
+       st.sampled_from([0.1, 0.25, 0.5]))
+def test_a_cov_bounded_refinement_moves_no_tile_further_from_the_window(a, m1, max_cov):
+    # the start's range clipped to max_cov of the mean: a tile inside stays inside, one outside gets no
+    # further out, so a start within the bound is refined within it (an order constrain's TH_row keeps)
+    start = reordered_tiles(a, m1)
+    refined = refined_tiles(a, start, max_cov=max_cov)
+    _check_tiles(a, refined, m1)
+    assert tile_stats(refined).nnc_sum <= tile_stats(start).nnc_sum
+    if start.num_tiles <= 1:
+        return
+    mean = start.tile_nnz.sum() / start.num_tiles
+    low = max(start.tile_nnz.min(), mean * (1 - 0.98 * max_cov))
+    high = min(start.tile_nnz.max(), mean * (1 + 0.98 * max_cov))
+    outside = lambda nnz: np.maximum(0, nnz - high) + np.maximum(0, low - nnz)  # noqa: E731
+    assert outside(refined.tile_nnz).max() <= outside(start.tile_nnz).max() + 1e-9
+    if outside(start.tile_nnz).max() == 0:
+        assert tile_stats(refined).cov_nnz <= max_cov + 1e-9
+
+
+def test_a_cov_bounded_refinement_keeps_an_order_past_constrain_out():
+    # rows of very different nnz, the heavy ones on shared columns (as in a magnitude-pruned conv): a
+    # refinement bounded only by its start's nnz range groups the heavy rows past TH_row; bounded by
+    # max_cov it never does from a start within it
+    rng = np.random.default_rng(57)
+    dense = np.zeros((96, 128), np.float32)
+    hot = rng.choice(128, size=48, replace=False)
+    for r in range(96):
+        width = int(rng.choice([4, 12, 40]))
+        dense[r, rng.choice(hot if width == 40 else np.arange(128), size=width, replace=False)] = 1.0
+    a = sp.csr_matrix(dense)
+    start = reordered_tiles(a, 8)
+    assert tile_stats(start).cov_nnz <= 0.25
+    free, bounded = refined_tiles(a, start), refined_tiles(a, start, max_cov=0.25)
+    assert tile_stats(bounded).cov_nnz <= 0.25
+    assert tile_stats(free).cov_nnz > 0.25, "the case no longer shows the unbounded refinement passing TH_row"
+    assert tile_stats(bounded).nnc_sum < tile_stats(start).nnc_sum
+
+
 def _planted(groups=16, size=8, k=256, seed=0) -> tuple[sp.csr_matrix, int]:
     """Groups of `size` rows on disjoint column sets, rows shuffled: the planted tiling's Σ nnc."""
     rng = np.random.default_rng(seed)
