@@ -224,9 +224,6 @@ def run_design(text: str) -> KernelDesign:
         raise ConfigError(f"--design {text}: the N:M kernel is no design to search in; a run serves each N:M layer "
                           f"by it where the estimate prices it lower (unless --no-nm-kernel), and `lospmm kernel "
                           f"--design nm` writes it for one layer")
-    if not design.proxied:
-        raise ConfigError(f"--design {text}: the search times proxies of baked kernels; build a streamed kernel "
-                          f"with `lospmm kernel --design streamed`, or let `--design auto` price it per layer")
     return design
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lospmm.kernel.design import KernelDesign, conv_design, design_in, design_named
+from lospmm.kernel.design import BASELINE, KernelDesign, conv_design, design_in, design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
 from lospmm.kernel.nm import NMTiling, held_pattern, nm_tilings
@@ -49,14 +49,21 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
                    conv: bool = False) -> list[Served]:
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
-    search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
+    search measured its proxies; where the run's design fuses no epilogue and the layer has one, in
+    the baseline), then in each of `designs` (fp32 labels, taken in the run's number
     format and, for a convolution's implicit-im2col kernel (`conv`), its grid order and walks) that can serve
     it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
     this number format (untiled_options; a GEMM layer's)."""
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
-        if d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
+        if d == design and not epilogue.empty and not d.fuses_epilogue:
+            # the run's design cannot fuse this layer's bias or activation (a streamed run): the same tile
+            # in the baseline of its number format serves the layer, and says so in its label
+            d = design_in(design.number, BASELINE)
+        elif d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
+            continue
+        if any(o.design == d for o in options):
             continue
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d))
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design else f" {d.label}"), float(timing.time_us), d,

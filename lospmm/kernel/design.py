@@ -102,12 +102,6 @@ class KernelDesign:
         return self.number.element_bytes
 
     @property
-    def proxied(self) -> bool:
-        """Whether the search times this design by proxies (§5.1): a baked kernel's code grows with its
-        layer, so a small proxy stands in for it; a streamed kernel's does not (it is its own proxy)."""
-        return self.a_values == "baked"
-
-    @property
     def fuses_epilogue(self) -> bool:
         """Whether its kernels apply a bias and activation before the store (the streamed kernel not yet)."""
         return self.a_values != "streamed"

@@ -213,6 +213,29 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
     assert {(r["layer"], r["m1"], r["n1"]) for r in timed} == kept
 
 
+def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
+    # the streamed design has its own proxy (the same loop over the clusters' columns), so a run searches
+    # in it (a layer with a bias the streamed kernel cannot fuse: tests/kernel/test_choices.py)
+    import json
+
+    root = tmp_path / "artifacts"
+    cfg = _config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="emit", verify=True, top_k=2,
+                  design="streamed,chained")
+    result = pl.pipeline(config=cfg)
+    states, record = _states(result, root)
+    assert result["status"] == "completed" and set(states.values()) == {"Completed"}
+    paths = {e["stage"]: root / e["path"] for e in record["entries"]}
+    compiled = pq.read_table(paths["compile"]).to_pylist()
+    assert compiled and all(r["kernel"].startswith("lospmm_stream_proxy_") and r["verified"] == "asan-ok"
+                            and r["spill_stores"] == 0 for r in compiled)
+    emitted = pq.read_table(paths["emit"]).to_pylist()
+    assert {r["layer"] for r in emitted} == {"enc.0.q.weight", "enc.0.ffn.weight"}
+    for r in emitted:
+        assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
+        facts = json.loads((root / r["kernel_dir"] / "kernel.json").read_text())
+        assert facts["design"]["label"] == "streamed,chained,tile-x,walks=1,v=1" and "×" in r["design"]
+
+
 def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
     import json
 

@@ -78,3 +78,19 @@ def test_every_candidate_design_is_one_the_device_program_measures():
     from lospmm.kernel.choices import DESIGN_CANDIDATES
 
     assert DESIGN_CANDIDATES == AB_DESIGNS
+
+
+def test_a_streamed_run_serves_a_layer_with_an_epilogue_by_the_same_tile_in_the_baseline():
+    from lospmm.kernel.epilogue import Epilogue
+
+    a = random_pruned(256, 256, 0.9, np.random.default_rng(4))
+    tiles = reordered_tiles(a, 8)
+    streamed = design_named("streamed,chained")
+    plain = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100)
+    assert [(s.label, s.design) for s in plain] == [("8×128", streamed)]
+    fused = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, epilogue=Epilogue(activation="relu"))
+    assert [(s.label, s.design) for s in fused] == [(f"8×128 {BASELINE.label}", BASELINE)]  # it says so in 10_kernels
+    # priced beside the run's other designs once, not twice
+    both = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, designs=("baseline", "chained"),
+                          epilogue=Epilogue(activation="relu"))
+    assert [s.design.label for s in both] == [BASELINE.label, design_named("chained").label]

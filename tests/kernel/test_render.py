@@ -143,6 +143,35 @@ def test_a_proxy_follows_its_design_and_stores_every_tile_row_in_bounds(design):
     assert ("while (n < N)" in kernel.source) == ("walks" in design)
 
 
+@pytest.mark.parametrize("design", ["streamed", "streamed,chained", "streamed,chained,v=4,walks=2,column-x"])
+def test_a_streamed_proxy_runs_its_clusters_columns_in_the_full_kernels_loop(design):
+    # the search times a streamed design by this proxy: block t runs the loop over its cluster's NNC_p
+    # columns, M1 multiply-adds each (as the full kernel per non-empty column), storing rows t·M1 + i
+    a = random_pruned(44, 96, 0.8, np.random.default_rng(2))
+    tiles = reordered_tiles(a, 4)
+    cl = proxy_clusters(a, tiles, 0.8, 2)
+    params = CodegenParams(design=design_named(design))
+    kernel = proxy_kernel_source(44, 96, cl, params)
+    assert kernel.spec.form == "proxy" and kernel.params[-1] == "const int* cluster_of" and len(kernel.units) == 1
+    b = np.random.default_rng(0).standard_normal((96, 72)).astype(np.float32)
+    out = HostKernel(kernel, sanitize=True).run(b, 8, {"cluster_of": cl.cluster_of})
+    # its values are 1 + (i % 97) / 128 over its cluster's columns, row-major per column: the product exactly
+    for t in range(tiles.num_tiles):
+        cols = np.asarray(cl.columns[cl.cluster_of[t]])
+        vals = (1 + (np.arange(len(cols) * 4) % 97) / 128).astype(np.float32).reshape(len(cols), 4)
+        for i in range(4):
+            if t * 4 + i < 44:
+                np.testing.assert_allclose(out[t * 4 + i], vals[:, i] @ b[cols], rtol=1e-4, atol=1e-4)
+    # the same loop as the full kernel's: its code does not grow with the clusters
+    full = full_kernel_source(a, tiles, 64, params)
+    loop = lambda k: re.sub(r"lospmm_\w+_[0-9a-f]{16}", "X", k.source[k.source.index("  const int stride"):])  # noqa: E731
+    assert loop(kernel).split("for (int n = n0")[1].split("    }\n")[0] == \
+        loop(full).split("for (int n = n0")[1].split("    }\n")[0]
+    with pytest.raises(ValueError, match="baked proxy is the baked designs'"):
+        from lospmm.kernel.render.baked import baked_proxy
+        baked_proxy(44, 96, cl, params)
+
+
 def test_a_proxy_spills_nothing_where_its_full_kernel_spills_nothing():
     """BERT's M1 = 12 proxies spilled ~1.8 KB on the H100 (a table of rows kept live through the
     multiply-adds) while the full kernels at the same cap spilled none: a proxy that spills misleads."""
@@ -150,10 +179,13 @@ def test_a_proxy_spills_nothing_where_its_full_kernel_spills_nothing():
 
     a = random_pruned(192, 768, 0.9, np.random.default_rng(5))
     tiles = reordered_tiles(a, 12)
-    proxy = proxy_kernel_source(192, 768, proxy_clusters(a, tiles, 0.9, 4))
-    full = full_kernel_source(a, tiles, 128)
-    spills = [compiled_kernel(k, kernel_options("sm_90", 12)).thread_spill_bytes for k in (full, proxy)]
-    assert spills == [0, 0]
+    for design in (BASELINE, design_named("streamed,chained,v=4")):
+        params = CodegenParams(design=design)
+        proxy = proxy_kernel_source(192, 768, proxy_clusters(a, tiles, 0.9, 4), params)
+        full = full_kernel_source(a, tiles, 128, params)
+        spills = [compiled_kernel(k, kernel_options("sm_90", 12, design=design)).thread_spill_bytes
+                  for k in (full, proxy)]
+        assert spills == [0, 0], design.label
 
 
 def test_proxy_is_much_shorter_than_the_full_kernel_and_compiles():

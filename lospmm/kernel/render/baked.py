@@ -95,10 +95,10 @@ def baked_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams(
     the multiply-adds, so no register holds it through them (a table of each tile's rows, read at
     the end, made ptxas keep its pointer and the rows live and spill 40-250 bytes per thread where
     the full kernel spills none). It follows the design's grid order, walks, columns per thread,
-    loads and number format (a streamed kernel is its own proxy: its code does not grow with the layer)."""
+    loads and number format (a streamed design's proxy is render.streamed.streamed_proxy)."""
     design = params.design
-    if not design.proxied:
-        raise ValueError(f"design {design.label}: a streamed kernel has no proxy (time the kernel itself)")
+    if design.a_values != "baked":
+        raise ValueError(f"design {design.label}: the baked proxy is the baked designs' (render.proxy_source)")
     code = number_code(design)
     m1, v, ctype = clusters.m1, design.columns_per_thread, code.ctype
     name = kernel_name(code.proxy_prefix, m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
