@@ -31,8 +31,8 @@ from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
-from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_proxy,
-                                host_check_columns, speedup, timed_ok, timed_rows)
+from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
+                                host_check_columns, measured_contenders, speedup, timed_ok, timed_rows)
 from lospmm.status import Status
 
 
@@ -245,16 +245,41 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                          "proxy_time_us": proxy_us, "candidates_timed": ok}, measured=measured,
                                   compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
 
+        def attempt(choice) -> tuple[dict | None, str, Exception | None]:
+            """Its kernel emitted, why it cannot be served ("" when it can) and what was raised, if anything."""
+            try:
+                facts = emitted(choice)
+                return facts, _failure(facts), None
+            except Exception as e:
+                if is_transient(e):
+                    raise
+                return None, f"{type(e).__name__}: {e}", e
+
+        # where the timer measures, the full kernels of the estimate's cheapest few are timed and the
+        # fastest that passes its check is served: the estimate prunes, the device decides
+        contenders = measured_contenders(options, params.measure_designs, params.measure_within) \
+            if timer.measures else [served]
+        tried = [(c, *attempt(c)) for c in contenders]
+        if len(contenders) > 1:
+            times = [f["full_time_us"] if f is not None and not why else None for _, f, why, _ in tried]
+            base["designs_measured"] = "; ".join(
+                f"{c.label}: {t:.2f} µs" if t is not None else f"{c.label}: failed ({why[:150]})"
+                for (c, _, why, _), t in zip(tried, times))
+            win = fastest_measured(times, params.tie_band)
+            if win is not None:
+                base["chosen_by"] += f"; design by the device among the estimate's {len(contenders)} cheapest"
+                others = sorted((t, i) for i, t in enumerate(times) if t is not None and i != win)
+                runner_up = contenders[others[0][1]] if others else runner_up
+            pick = win if win is not None else 0  # none passed: the cheapest's failure, as with one contender
+            if pick != len(contenders) - 1:  # the directory holds the last one emitted: this one again
+                tried[pick] = (contenders[pick], *attempt(contenders[pick]))  # (its compile from the cache)
+            tried = [tried[pick]]
         # the cheapest way that fails (does not render, compile or pass its check) gives way to the kernel
         # the search measured proxies of: the layer is served, and the failure said in its row
         fallback, fell_back = options[0], ""
-        try:
-            facts = emitted(served)
-            why = _failure(facts)
-        except Exception as e:
-            if is_transient(e) or served is fallback:
-                raise
-            facts, why = None, f"{type(e).__name__}: {e}"
+        served, facts, why, error = tried[0]
+        if error is not None and served is fallback:
+            raise error
         if why and served is not fallback:
             logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
             fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
@@ -264,12 +289,9 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                  "runner_up": runner_up.label if runner_up else "",
                  "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
         if fell_back:
-            try:
-                facts = emitted(served)
-            except Exception as e:
-                if is_transient(e):
-                    raise
-                raise RuntimeError(f"{fell_back}; {type(e).__name__}: {e}") from e
+            facts, why, error = attempt(served)
+            if error is not None:
+                raise RuntimeError(f"{fell_back}; {why}") from error
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)

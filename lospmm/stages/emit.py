@@ -5,7 +5,9 @@ The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). Its ke
 design, in the other designs a `--design auto` run prices (EmitParams.designs) and, for a layer
 whose A holds an N:M pattern, the data-driven N:M kernel (lospmm.kernel.nm) in each blocking are
 priced by the estimate (lospmm.kernel.choices) and the cheapest is emitted (`cheapest_design`; the
-runner-up is recorded with its estimate). The full kernel of that
+runner-up is recorded with its estimate). Where the run's timer measures, the estimate only prunes:
+the full kernels of its few cheapest (`measured_contenders`) are timed and the fastest that passes
+its check is served (`fastest_measured`). The full kernel of that
 tile is compiled and checked (lospmm.kernel.check: one metric and tolerance per number format): on
 the device when the run's timer runs binaries (`cuda`), else on the host from the same source under
 AddressSanitizer, with N = 2·N1 + 3 columns (two full column blocks and a partial one; a
@@ -36,7 +38,11 @@ class EmitParams:
     between calls on the H100, so a smaller difference says nothing), nm_kernel=True (a GEMM layer whose
     A holds an N:M pattern is served by the N:M kernel where the estimate prices it below the baked
     kernel of its chosen tile), designs=() (other designs, by label, in which the chosen tile's kernel is
-    priced beside the run's, the cheapest emitted: a `--design auto` run's kernel.choices.DESIGN_CANDIDATES)."""
+    priced beside the run's, the cheapest emitted: a `--design auto` run's kernel.choices.DESIGN_CANDIDATES),
+    measure_designs=3, measure_within=1.5 (where the run's timer measures, the full kernels of the 3
+    ways to serve a layer the estimate prices lowest, those within 1.5× of the cheapest, are compiled,
+    checked and timed, and the fastest is served (fastest_measured, ties within tie_band to the
+    estimate's order): the estimate prunes, the device decides; 1: the estimate's choice alone)."""
 
     verify: bool = True
     device_check_n: int = 77
@@ -45,6 +51,8 @@ class EmitParams:
     tie_band: float = 0.05
     nm_kernel: bool = True
     designs: tuple[str, ...] = ()
+    measure_designs: int = 3
+    measure_within: float = 1.5
 
 
 def chosen_by(rank: RankParams) -> str:
@@ -66,10 +74,40 @@ def cheapest_design(prices: Sequence) -> tuple:
     search measured proxies of)."""
     if not prices:
         raise ValueError("no design priced")
-    ranked = sorted(enumerate(prices), key=lambda ip: (not math.isfinite(ip[1].estimate_us),
-                                                       ip[1].estimate_us if math.isfinite(ip[1].estimate_us) else 0.0,
-                                                       ip[0]))
-    return ranked[0][1], (ranked[1][1] if len(ranked) > 1 else None)
+    ranked = ranked_designs(prices)
+    return ranked[0], (ranked[1] if len(ranked) > 1 else None)
+
+
+def ranked_designs(prices: Sequence) -> list:
+    """`prices` cheapest first by estimate (cheapest_design's order: the non-finite last, ties keep
+    the earlier)."""
+    return [p for _, p in sorted(enumerate(prices), key=lambda ip: (
+        not math.isfinite(ip[1].estimate_us), ip[1].estimate_us if math.isfinite(ip[1].estimate_us) else 0.0, ip[0]))]
+
+
+def measured_contenders(prices: Sequence, count: int, within: float) -> list:
+    """The ways to serve a layer whose full kernels a measuring timer times (`EmitParams.measure_designs`):
+    the `count` cheapest by estimate whose estimate is within `within`× the cheapest's, cheapest first;
+    the cheapest alone when `count` <= 1 (or no estimate is finite)."""
+    ranked = ranked_designs(prices)
+    if not ranked:
+        raise ValueError("no design priced")
+    best = ranked[0].estimate_us
+    if count <= 1 or not math.isfinite(best):
+        return ranked[:1]
+    return [p for p in ranked if math.isfinite(p.estimate_us) and p.estimate_us <= within * best][:count]
+
+
+def fastest_measured(times: Sequence[float], tie_band: float = 0.0) -> int | None:
+    """Index of the fastest of the contenders' measured full-kernel times (given cheapest estimate
+    first), None when none is finite. Times within `tie_band` of the fastest tie, and a tie keeps the
+    one the estimate prices lower (the earlier): a difference inside the device's repeatability
+    says nothing."""
+    finite = [(t, i) for i, t in enumerate(times) if t is not None and math.isfinite(t)]
+    if not finite:
+        return None
+    fastest = min(t for t, _ in finite)
+    return min(i for t, i in finite if t <= fastest * (1 + tie_band))
 
 
 def timed_rows(timed: Sequence[dict]) -> list[dict]:

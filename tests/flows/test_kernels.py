@@ -297,3 +297,58 @@ def test_when_the_fallback_fails_too_the_row_says_both(tmp_path, monkeypatch):
                            EstimateTimer(DEVICES["h100"]), "sm_90", EmitParams(), logging.getLogger("test"))
     assert row["status"] == "error" and row["design"] == "8×128"
     assert "failed (ValueError: the N:M kernel); served 8×128 instead; ValueError: the baked kernel" in row["message"]
+
+
+def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest(tmp_path):
+    """Where the timer measures, emit times the full kernels of the estimate's few cheapest ways to
+    serve the layer and serves the fastest measured, its directory holding that kernel; the estimate
+    only prunes. A stand-in timer plays a device that disagrees with the estimate."""
+    import dataclasses
+    import json
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
+    from lospmm.kernel.design import BASELINE
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.kernel.timing import Timing
+    from lospmm.stages.emit import EmitParams, measured_contenders
+    from lospmm.status import Status
+
+    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
+    tiles = {8: reordered_tiles(a, 8)}
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
+              "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
+    params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
+    options = served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"], designs=DESIGN_CANDIDATES)
+    contenders = measured_contenders(options, params.measure_designs, params.measure_within)
+    assert len(contenders) == 3, [(o.label, o.estimate_us) for o in options]
+    target = contenders[1]  # the device's favourite: the estimate's second
+
+    @dataclasses.dataclass(frozen=True)
+    class Device(EstimateTimer):
+        name: str = "device"
+        measures: bool = True
+        launches: list = dataclasses.field(default_factory=list)
+
+        def time(self, launch):
+            self.launches.append(launch.spec.design.label)
+            return Timing(self.name, 1.0 if launch.spec.design == target.design else 2.0, Status.OK)
+
+    timer = Device(DEVICES["h100"])
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90", params,
+                           logging.getLogger("test"))
+    assert row["status"] == "ok", row["message"]
+    assert row["design"] == target.label and row["full_time_us"] == 1.0
+    assert row["runner_up"] == contenders[0].label  # a tie at 2.0 µs goes to the lower estimate
+    assert row["designs_measured"] == "; ".join(f"{c.label}: {1.0 if c is target else 2.0:.2f} µs" for c in contenders)
+    assert "design by the device among the estimate's 3 cheapest" in row["chosen_by"]
+    # each contender timed once, then the winner again: the directory holds the kernel served
+    assert timer.launches == [c.design.label for c in contenders] + [target.design.label]
+    facts = json.loads((tmp_path / row["kernel_dir"] / "kernel.json").read_text())
+    assert facts["design"]["label"] == target.design.label
+    # one way measured at most: the estimate's choice, as before
+    one = fk.emitted_layer(str(tmp_path), tmp_path / "one", timed, a, tiles, Device(DEVICES["h100"]), "sm_90",
+                           dataclasses.replace(params, measure_designs=1), logging.getLogger("test"))
+    assert one["design"] == contenders[0].label and one.get("designs_measured") is None

@@ -85,3 +85,29 @@ def test_cheapest_design_keeps_the_lowest_finite_estimate_and_names_the_runner_u
     assert cheapest_design([baked]) == (baked, None)
     with pytest.raises(ValueError):
         cheapest_design([])
+
+
+def test_the_contenders_a_measuring_timer_times_are_the_estimates_cheapest_few_within_a_factor():
+    from types import SimpleNamespace as Priced
+
+    from lospmm.stages.emit import measured_contenders
+
+    prices = [Priced(label=label, estimate_us=us) for label, us in
+              (("run's", 10.0), ("a", 6.0), ("b", 8.0), ("c", float("inf")), ("d", 9.5), ("e", 6.0))]
+    assert [p.label for p in measured_contenders(prices, 3, 1.5)] == ["a", "e", "b"]  # ties keep the earlier
+    assert [p.label for p in measured_contenders(prices, 9, 1.5)] == ["a", "e", "b"]  # 9.5 is over 1.5 × 6
+    assert [p.label for p in measured_contenders(prices, 9, 2.0)] == ["a", "e", "b", "d", "run's"]
+    assert [p.label for p in measured_contenders(prices, 1, 2.0)] == ["a"]
+    assert [p.label for p in measured_contenders([Priced(label="x", estimate_us=float("nan"))], 3, 1.5)] == ["x"]
+    with pytest.raises(ValueError, match="no design priced"):
+        measured_contenders([], 3, 1.5)
+
+
+def test_the_fastest_measured_ties_within_the_band_go_to_the_lower_estimate():
+    from lospmm.stages.emit import fastest_measured
+
+    assert fastest_measured([10.0, 9.0, 12.0]) == 1
+    assert fastest_measured([10.0, 9.8, 12.0], tie_band=0.05) == 0  # 2% apart: noise, the estimate's order stands
+    assert fastest_measured([10.0, 9.0, 12.0], tie_band=0.05) == 1
+    assert fastest_measured([None, float("inf"), 3.0]) == 2  # failed and unmeasured never win
+    assert fastest_measured([None, float("nan")]) is None
