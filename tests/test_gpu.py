@@ -203,6 +203,24 @@ def test_a_half_kernel_with_its_epilogue_and_its_proxy_run_right_on_the_device(d
     assert timings and all(0 < t.time_us < 1e4 for t in timings.values())
 
 
+@pytest.mark.parametrize("design", ["streamed", "streamed,chained,v=4,walks=2"])
+def test_a_streamed_proxy_is_timed_on_the_device(design):
+    """The streamed design's proxy (its loop over the clusters' columns) launched by the cuda timer
+    with its cluster map, as the time stage of a `--design streamed` run launches it."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.cuda import CudaTimer, device_facts
+    from lospmm.kernel.design import design_named
+    from lospmm.search import SearchParams, layer_search, proxy_timings
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.rank import RankParams
+
+    a = random_pruned(130, 200, 0.85, np.random.default_rng(0))
+    search = layer_search(a, 4096, 0.85, device_named("h100"), None,
+                          SearchParams(m1s=(4, 8), design=design_named(design), rank=RankParams(use_rank=False)))
+    timings = proxy_timings(search, 130, 200, 4096, CudaTimer(device_named("h100"), device_facts()["name"]))
+    assert timings and all(0 < t.time_us < 1e4 and t.status == "ok" for t in timings.values())
+
+
 def test_a_kernel_loaded_on_one_thread_runs_and_is_timed_on_another(tmp_path):
     """Prefect runs tasks in worker threads, and a CUDA context is current per thread: a kernel
     loaded here must launch from a thread that has never touched CUDA."""

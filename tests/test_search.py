@@ -11,7 +11,7 @@ from lospmm.devices import device_named
 from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import RankParams
-from lospmm.search import SearchParams, choice, layer_search, layer_tiles, proxy_sources
+from lospmm.search import SearchParams, choice, layer_search, layer_tiles, proxy_sources, proxy_timings
 from lospmm.status import Status
 from lospmm.kernel.timing import Timing
 
@@ -74,3 +74,19 @@ def test_a_search_reports_seconds_per_stage(layer):
     assert list(first.seconds) == ["reorder", "constrain", "rank", "cluster", "pad"]
     assert all(s >= 0 for s in first.seconds.values()) and sum(first.seconds.values()) > 0
     assert [(c.m1, c.n1) for c in first.chosen] == [(c.m1, c.n1) for c in second.chosen]
+
+
+def test_a_streamed_search_compiles_and_prices_its_own_proxies(layer):
+    # the streamed design is searched like the baked ones: its proxies compile (no spill) and are timed
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateTimer
+
+    design = design_named("streamed,chained")
+    s = layer_search(layer, 4096, 0.9, H100, load_ranker()[0], SearchParams(m1s=(4, 16), design=design,
+                                                                             rank=RankParams(top_k=4)))
+    sources = proxy_sources(s, 768, 768)
+    assert sources and all(k.name.startswith("lospmm_stream_proxy_") and k.spec.design == design
+                           for k in sources.values())
+    timings = proxy_timings(s, 768, 768, 4096, EstimateTimer(H100))
+    assert set(timings) == {(c.m1, c.n1) for c in s.chosen}
+    assert all(t.status == Status.OK and 0 < t.time_us < 1e4 for t in timings.values())

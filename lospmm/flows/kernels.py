@@ -4,6 +4,8 @@ writes one per layer (`emitted_layer`); `lospmm kernel` writes one for any layer
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,13 +28,13 @@ from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.numbers import in_format
 from lospmm.kernel.nm import NMTiling
-from lospmm.kernel.package import cleared, write_cubin, write_record, write_source
+from lospmm.kernel.package import cleared, moved_package, write_cubin, write_record, write_source
 from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
-                                host_check_columns, measured_contenders, speedup, timed_ok, timed_rows)
+                                host_check_columns, measured_contenders, ranked_designs, speedup, timed_ok, timed_rows)
 from lospmm.status import Status
 
 
@@ -97,6 +99,20 @@ def _failure(facts: dict) -> str:
     if not emit_failed(comp["status"], check):
         return ""
     return comp.get("log", "")[-300:] or f"{check} ({facts.get('check_message') or 'no message'})"
+
+
+def _served_columns(served, runner_up) -> dict:
+    """10_kernels' design, runner_up and their estimates."""
+    return {"design": served.label, "design_estimate_us": served.estimate_us,
+            "runner_up": runner_up.label if runner_up else "",
+            "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
+
+
+def _measured(label: str, time_us: float | None, why: str) -> str:
+    """One entry of 10_kernels' designs_measured: a way to serve the layer and its measured time."""
+    if time_us is None:
+        return f"{label}: failed ({why[:150]})"
+    return f"{label}: {time_us:.2f} µs" if math.isfinite(time_us) else f"{label}: not timed"
 
 
 def checked_unchanged(path: str, sha256: str) -> None:
@@ -197,12 +213,12 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
     t0 = time.perf_counter()
     try:
-        # the ways to serve the layer: the fastest proxy's tile first; where designs are searched by
-        # the estimate (`--design auto` on the estimate timer) every timed tile in every design, since
-        # the tile best in one design need not be in another; then the N:M kernel of an N:M layer
-        joint = bool(params.designs) and not timer.measures
+        # the ways to serve the layer: the fastest proxy's tile first; where designs are searched
+        # (`--design auto`) every timed tile in every design, since the tile best in one design need not
+        # be in another; then the N:M kernel of an N:M layer
+        joint = bool(params.designs)
         by_tile = {(r["m1"], r["n1"]): r for r in timed_rows(timed)} if joint else {(best["m1"], best["n1"]): best}
-        if joint:
+        if joint and not timer.measures:
             base["chosen_by"] = f"{params.chosen_by}; tile and design by the estimate"
         tiled = [(best["m1"], best["n1"])] + [t for t in by_tile if t != (best["m1"], best["n1"])]
         options = [o for i, (tm1, tn1) in enumerate(tiled)
@@ -211,8 +227,10 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                            conv is not None)]
         served, runner_up = cheapest_design(options)
 
-        def emitted(choice) -> dict:
-            """The kernel of one way to serve the layer, written, compiled, checked and timed."""
+        dense_times: dict[str, float] = {}
+
+        def emitted(choice, where: Path) -> dict:
+            """The kernel of one way to serve the layer, written at `where`, compiled, checked and timed."""
             design, nm = choice.design, choice.nm
             m1, n1 = (choice.m1, choice.n1) if choice.tiled else (best["m1"], best["n1"])
 
@@ -231,7 +249,9 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 full_us = timer.time(full).time_us
                 # the dense baseline in the kernel's dtype: SGEMM (TF32 off) for fp32, cuBLAS's tensor-core
                 # GEMM for fp16 / bf16
-                dense_us = timer.dense(full.m, full.k, full.n, design.dtype).time_us
+                if design.dtype not in dense_times:  # once per layer and dtype, whatever the kernels tried
+                    dense_times[design.dtype] = timer.dense(full.m, full.k, full.n, design.dtype).time_us
+                dense_us = dense_times[design.dtype]
                 failure = (result.message if result is not None else (host or {}).get("message", "")) \
                     if "FAILED" in check else ""
                 return {"full_time_us": full_us, "dense_time_us": dense_us,
@@ -239,16 +259,16 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                         "max_rel_error": error, **({"check_message": failure} if failure else {})}
 
             proxy_us = by_tile.get((m1, n1), best)["time_us"]
-            return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, out, compile_=True,
+            return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, where, compile_=True,
                                   verify=params.verify and not timer.runs_binary,
                                   extra={"chosen_by": base["chosen_by"], "timer": timer.name, "gpu": timer.device.name,
                                          "proxy_time_us": proxy_us, "candidates_timed": ok}, measured=measured,
                                   compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
 
-        def attempt(choice) -> tuple[dict | None, str, Exception | None]:
-            """Its kernel emitted, why it cannot be served ("" when it can) and what was raised, if anything."""
+        def attempt(choice, where: Path) -> tuple[dict | None, str, Exception | None]:
+            """Its kernel emitted at `where`, why it cannot be served ("" when it can) and what was raised."""
             try:
-                facts = emitted(choice)
+                facts = emitted(choice, where)
                 return facts, _failure(facts), None
             except Exception as e:
                 if is_transient(e):
@@ -257,41 +277,53 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
 
         # where the timer measures, the full kernels of the estimate's cheapest few are timed and the
         # fastest that passes its check is served: the estimate prunes, the device decides
-        contenders = measured_contenders(options, params.measure_designs, params.measure_within) \
+        cheapest = measured_contenders(options, params.measure_designs, params.measure_within) \
             if timer.measures else [served]
-        tried = [(c, *attempt(c)) for c in contenders]
-        if len(contenders) > 1:
-            times = [f["full_time_us"] if f is not None and not why else None for _, f, why, _ in tried]
-            base["designs_measured"] = "; ".join(
-                f"{c.label}: {t:.2f} µs" if t is not None else f"{c.label}: failed ({why[:150]})"
-                for (c, _, why, _), t in zip(tried, times))
-            win = fastest_measured(times, params.tie_band)
-            if win is not None:
-                base["chosen_by"] += f"; design by the device among the estimate's {len(contenders)} cheapest"
-                others = sorted((t, i) for i, t in enumerate(times) if t is not None and i != win)
-                runner_up = contenders[others[0][1]] if others else runner_up
-            pick = win if win is not None else 0  # none passed: the cheapest's failure, as with one contender
-            if pick != len(contenders) - 1:  # the directory holds the last one emitted: this one again
-                tried[pick] = (contenders[pick], *attempt(contenders[pick]))  # (its compile from the cache)
-            tried = [tried[pick]]
-        # the cheapest way that fails (does not render, compile or pass its check) gives way to the kernel
-        # the search measured proxies of: the layer is served, and the failure said in its row
-        fallback, fell_back = options[0], ""
-        served, facts, why, error = tried[0]
-        if error is not None and served is fallback:
-            raise error
-        if why and served is not fallback:
-            logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
-            fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
-            served, runner_up = fallback, served
+        # with them the fastest proxy's kernel (the device's best so far) when the estimate left it out
+        contenders = cheapest + ([options[0]] if len(cheapest) > 1 and options[0] not in cheapest else [])
+        several = len(contenders) > 1
+        if several:  # before they are emitted: kernel.json records how its kernel was chosen
+            base["chosen_by"] += (f"; {'tile and ' if joint else ''}design by the device among the estimate's "
+                                  f"{len(cheapest)} cheapest" + (" and the fastest proxy's kernel"
+                                                                 if len(contenders) > len(cheapest) else ""))
+        # several are each written to a directory of their own beside `out`; the one served moves there
+        spots = [out.with_name(f".{out.name}.try{i}") for i in range(len(contenders))] if several else [out]
+        try:
+            tried = [(c, *attempt(c, where), where) for c, where in zip(contenders, spots)]
+            pick = 0  # with one: the estimate's choice; with several, none passing: the cheapest's failure
+            if several:
+                times = [f["full_time_us"] if f is not None and not why else None for _, f, why, _, _ in tried]
+                base["designs_measured"] = "; ".join(_measured(c.label, t, why) for (c, _, why, _, _), t in zip(tried, times))
+                win = fastest_measured(times, params.tie_band)
+                if win is not None:
+                    pick = win
+                    others = sorted((t, i) for i, t in enumerate(times)
+                                    if i != win and t is not None and math.isfinite(t))
+                    runner_up = contenders[others[0][1]] if others else \
+                        next((o for o in ranked_designs(options) if o is not contenders[win]), None)
+            # the cheapest way that fails (does not render, compile or pass its check) gives way to the kernel
+            # the search measured proxies of: the layer is served, and the failure said in its row
+            fallback, fell_back = options[0], ""
+            served, facts, why, error, where = tried[pick]
+            if error is not None and served is fallback:
+                raise error
+            if why and served is not fallback:
+                logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
+                fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
+                served, runner_up = fallback, served
+                base |= _served_columns(served, runner_up)  # the failed row says what it tried to serve
+                earlier = next((t for t in tried if t[0] is fallback), None)  # a contender already emitted
+                facts, why, error, where = earlier[1:] if earlier else (*attempt(fallback, out), out)
+                if error is not None:
+                    raise RuntimeError(f"{fell_back}; {why}") from error
+            if where != out:
+                moved_package(where, out)
+        finally:
+            for spot in spots:
+                if spot != out:
+                    shutil.rmtree(spot, ignore_errors=True)
         # after a fall back the runner-up is the cheaper choice that failed (the message says so)
-        base |= {"design": served.label, "design_estimate_us": served.estimate_us,
-                 "runner_up": runner_up.label if runner_up else "",
-                 "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
-        if fell_back:
-            facts, why, error = attempt(served)
-            if error is not None:
-                raise RuntimeError(f"{fell_back}; {why}") from error
+        base |= _served_columns(served, runner_up)
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)

@@ -35,6 +35,16 @@ def cleared(out: Path) -> None:
         (out / f).unlink(missing_ok=True)
 
 
+def moved_package(src: Path, out: Path) -> None:
+    """The package written at `src` moved to `out` (cleared first), its manifest last so that `out` is
+    trusted only once whole; `src` removed."""
+    cleared(out)
+    present = [f for f in (*KERNEL_FILES, MANIFEST) if (src / f).exists()]
+    for f in present:  # MANIFEST is the last of them
+        (src / f).replace(out / f)
+    shutil.rmtree(src, ignore_errors=True)
+
+
 def write_source(out: Path, kernel: KernelSource, matrix) -> None:
     """kernel.cu and weight.parquet (the A the kernel bakes in: what `lospmm.torch.sparsify` checks a
     model's weight against, and a user's way to evaluate the pruned layer without a GPU)."""

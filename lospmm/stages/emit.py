@@ -40,8 +40,8 @@ class EmitParams:
     kernel of its chosen tile), designs=() (other designs, by label, in which the chosen tile's kernel is
     priced beside the run's, the cheapest emitted: a `--design auto` run's kernel.choices.DESIGN_CANDIDATES),
     measure_designs=3, measure_within=1.5 (where the run's timer measures, the full kernels of the 3
-    ways to serve a layer the estimate prices lowest, those within 1.5× of the cheapest, are compiled,
-    checked and timed, and the fastest is served (fastest_measured, ties within tie_band to the
+    ways to serve a layer the estimate prices lowest, those within 1.5× of the cheapest, and the
+    fastest proxy's kernel where they leave it out, are compiled, checked and timed, and the fastest is served (fastest_measured, ties within tie_band to the
     estimate's order): the estimate prunes, the device decides; 1: the estimate's choice alone)."""
 
     verify: bool = True

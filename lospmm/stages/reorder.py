@@ -19,11 +19,11 @@ kernel's B traffic, the largest nnc bounds its slowest block. Candidates (`Reord
 - refine: row swaps (and moves into tiles with room) between tiles that lower Σ nnc, started from
   the cheaper of identity and Algorithm 1, for the M1s that can still win (as the partition); every
   tile's nnc stays within the start's largest and its nnz within the start's range clipped to
-  TH_row's window around the mean (a tile already outside it moves no further out), so the start's
-  max nnc and nnz range bound it too and it passes constrain's load-balance test wherever its start
-  does (bounded by the start's range alone, it grouped a real detector's heavy rows past TH_row and
-  was not eligible; bounded, the kept Σ nnc of that detector at 0.9, M1 = 8 went from 0.895 to 0.869
-  of the identity's). A fixed number of passes over the rows, in a fixed order. Where the partitioner ran, refinement runs
+  TH_row's window around the mean (a tile already outside it moves only towards it), so the start's
+  max nnc and nnz range bound it too, and from a start whose every tile lies in the window it passes
+  constrain's load-balance test (bounded by the start's range alone, it grouped a real detector's
+  heavy rows past TH_row and was not eligible; bounded, the kept Σ nnc of that detector at 0.9,
+  M1 = 8 went from 0.895 to 0.869 of the identity's). A fixed number of passes over the rows, in a fixed order. Where the partitioner ran, refinement runs
   again from its order, nnz balanced first (balanced_tiles: a partition groups alike rows, whose nnz
   often differ past constrain's TH_row), and the cheaper eligible of the two refinements stays.
 
@@ -400,7 +400,7 @@ def refined_tiles(matrix: sp.csr_matrix, start: Tiles, params: ReorderParams = R
                   max_cov: float | None = None) -> Tiles:
     """`start` improved by row swaps and moves that lower Σ nnc, no tile's nnc growing past the
     start's largest, and no tile's nnz leaving the start's range (given `max_cov`, its part within
-    max_cov of the mean) or, where it lies outside, moving further out (module docstring)."""
+    max_cov of the mean) or, where it lies outside, moving away from it (module docstring)."""
     a = _canonical(matrix)
     if start.num_tiles <= 1:
         return start
@@ -693,8 +693,10 @@ def _outside(x, low, high):
 
 @numba.njit(inline="always")
 def _no_further(before, after, low, high):
-    """A tile's nnz may change from `before` to `after`: it stays in [low, high] or gets no further out."""
-    return _outside(after, low, high) <= _outside(before, low, high)
+    """A tile's nnz may change from `before` to `after`: it stays within [low, high] widened to take
+    `before` in, so a tile inside stays inside and one outside moves only towards the window (never
+    past its start's range)."""
+    return min(low, before) <= after <= max(high, before)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lospmm.flows.kernels import emitted_kernel
+from lospmm.kernel.package import read_package
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
 
@@ -299,10 +300,11 @@ def test_when_the_fallback_fails_too_the_row_says_both(tmp_path, monkeypatch):
     assert "failed (ValueError: the N:M kernel); served 8×128 instead; ValueError: the baked kernel" in row["message"]
 
 
-def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest(tmp_path):
+def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest(tmp_path, monkeypatch):
     """Where the timer measures, emit times the full kernels of the estimate's few cheapest ways to
-    serve the layer and serves the fastest measured, its directory holding that kernel; the estimate
-    only prunes. A stand-in timer plays a device that disagrees with the estimate."""
+    serve the layer (and the fastest proxy's) and serves the fastest measured, its directory holding
+    that kernel; the estimate only prunes. A stand-in timer plays a device that disagrees with the
+    estimate."""
     import dataclasses
     import json
     import logging
@@ -322,8 +324,9 @@ def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest
               "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
     params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
     options = served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"], designs=DESIGN_CANDIDATES)
-    contenders = measured_contenders(options, params.measure_designs, params.measure_within)
-    assert len(contenders) == 3, [(o.label, o.estimate_us) for o in options]
+    cheapest = measured_contenders(options, params.measure_designs, params.measure_within)
+    assert len(cheapest) == 3 and options[0] not in cheapest, [(o.label, o.estimate_us) for o in options]
+    contenders = cheapest + [options[0]]  # and the fastest proxy's kernel, which the estimate left out
     target = contenders[1]  # the device's favourite: the estimate's second
 
     @dataclasses.dataclass(frozen=True)
@@ -331,24 +334,57 @@ def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest
         name: str = "device"
         measures: bool = True
         launches: list = dataclasses.field(default_factory=list)
+        dense_calls: list = dataclasses.field(default_factory=list)
 
         def time(self, launch):
             self.launches.append(launch.spec.design.label)
             return Timing(self.name, 1.0 if launch.spec.design == target.design else 2.0, Status.OK)
 
-    timer = Device(DEVICES["h100"])
-    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90", params,
-                           logging.getLogger("test"))
+        def dense(self, m, k, n, dtype="fp32"):
+            self.dense_calls.append(dtype)
+            return Timing(self.name, 50.0, Status.OK)
+
+    def served(where, timer=None, p=params):
+        timer = timer or Device(DEVICES["h100"])
+        return fk.emitted_layer(str(tmp_path), tmp_path / where, timed, a, tiles, timer, "sm_90", p,
+                                logging.getLogger("test")), timer
+
+    row, timer = served("k")
     assert row["status"] == "ok", row["message"]
-    assert row["design"] == target.label and row["full_time_us"] == 1.0
+    assert row["design"] == target.label and row["full_time_us"] == 1.0 and row["dense_time_us"] == 50.0
     assert row["runner_up"] == contenders[0].label  # a tie at 2.0 µs goes to the lower estimate
     assert row["designs_measured"] == "; ".join(f"{c.label}: {1.0 if c is target else 2.0:.2f} µs" for c in contenders)
-    assert "design by the device among the estimate's 3 cheapest" in row["chosen_by"]
-    # each contender timed once, then the winner again: the directory holds the kernel served
-    assert timer.launches == [c.design.label for c in contenders] + [target.design.label]
+    assert row["chosen_by"].endswith("tile and design by the device among the estimate's 3 cheapest and the "
+                                     "fastest proxy's kernel")
+    # each contender timed once and the dense GEMM once; the directory holds the kernel served, whole,
+    # saying how it was chosen, and no contender's directory is left beside it
+    assert timer.launches == [c.design.label for c in contenders] and timer.dense_calls == ["fp32"]
     facts = json.loads((tmp_path / row["kernel_dir"] / "kernel.json").read_text())
-    assert facts["design"]["label"] == target.design.label
+    assert facts["design"]["label"] == target.design.label and facts["chosen_by"] == row["chosen_by"]
+    assert facts["full_time_us"] == 1.0 and read_package(tmp_path / "k", ("kernel.json", "kernel.cubin")).spec.design == target.design
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".k")) == []
     # one way measured at most: the estimate's choice, as before
-    one = fk.emitted_layer(str(tmp_path), tmp_path / "one", timed, a, tiles, Device(DEVICES["h100"]), "sm_90",
-                           dataclasses.replace(params, measure_designs=1), logging.getLogger("test"))
-    assert one["design"] == contenders[0].label and one.get("designs_measured") is None
+    one, _ = served("one", p=dataclasses.replace(params, measure_designs=1))
+    assert one["design"] == cheapest[0].label and one.get("designs_measured") is None
+
+    # the fastest fails its emission: the next fastest is served, and the runner-up is another that ran
+    real = fk.emitted_kernel
+
+    def failing(bad):
+        def emitted_kernel(*args, design=None, **kwargs):
+            if design in bad:
+                raise ValueError(f"no {design.label}")
+            return real(*args, design=design, **kwargs)
+        return emitted_kernel
+
+    monkeypatch.setattr(fk, "emitted_kernel", failing({target.design}))
+    row, _ = served("k2")
+    assert row["status"] == "ok" and row["design"] == contenders[0].label and row["runner_up"] == contenders[2].label
+    assert f"{target.label}: failed (ValueError: no {target.design.label})" in row["designs_measured"]
+    assert json.loads((tmp_path / "k2" / "kernel.json").read_text())["design"]["label"] == contenders[0].design.label
+    # every one fails: the fastest proxy's kernel is the fallback, its failure said with the first's
+    monkeypatch.setattr(fk, "emitted_kernel", failing({c.design for c in contenders}))
+    row, _ = served("k3")
+    assert row["status"] == "error" and f"{cheapest[0].label} failed (ValueError: no " in row["message"]
+    assert f"served {options[0].label} instead; ValueError: no {options[0].design.label}" in row["message"]
+    assert not any(p.name.startswith(".k3") for p in tmp_path.iterdir())
