@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks import bundle as bundles
-from benchmarks.measure import Deadline, RunOptions, progress, run_bundle
+from benchmarks.measure import ContextLost, Deadline, RunOptions, progress, run_bundle
 from benchmarks.sets import AB_LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -555,6 +555,27 @@ def wheels(dest: Path = ROOT / ".whl") -> None:
     print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {dest}")
 
 
+RESTARTS = "LOSPMM_DEVICE_RESTARTS"  # how many times this command has started itself again
+MAX_RESTARTS = 4
+
+
+def restarted(argv: list[str], left_s: float, lost: ContextLost) -> None:
+    """The same command in a fresh process (this one's CUDA context is lost), with the budget left:
+    the step goes on from its progress file past the kernel that faulted (its row records the fault).
+    Exits 75 instead when it has restarted MAX_RESTARTS times or too little time is left."""
+    count = int(os.environ.get(RESTARTS, "0"))
+    print(f"{lost}", flush=True)
+    if count >= MAX_RESTARTS or left_s < 60:
+        print(f"not starting again ({count} restarts, {left_s:.0f} s left): run the command again to go on",
+              flush=True)
+        sys.exit(75)
+    os.environ[RESTARTS] = str(count + 1)
+    args = [a for i, a in enumerate(argv) if a != "--budget-s" and (i == 0 or argv[i - 1] != "--budget-s")]
+    args = [a for a in args if not a.startswith("--budget-s=")]
+    print(f"starting again in a fresh process ({count + 1} of at most {MAX_RESTARTS}), {left_s:.0f} s left", flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", "benchmarks.device", *args, "--budget-s", f"{left_s:.0f}"])
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -578,10 +599,15 @@ def main(argv=None) -> None:
         status()
     elif args.command == "prepare":
         prepare(step_named(args.step), args.jobs, pack=not args.no_pack)
-    elif args.command == "run":
-        run_step(step_named(args.step), min(args.budget_s, STEP_LIMIT_S), build=args.build, jobs=args.jobs)
-    elif args.command == "next":
-        next_steps(args.budget_s, args.build, args.jobs)
+    elif args.command in ("run", "next"):
+        started = time.monotonic()
+        try:
+            if args.command == "run":
+                run_step(step_named(args.step), min(args.budget_s, STEP_LIMIT_S), build=args.build, jobs=args.jobs)
+            else:
+                next_steps(args.budget_s, args.build, args.jobs)
+        except ContextLost as e:
+            restarted(argv if argv is not None else sys.argv[1:], args.budget_s - (time.monotonic() - started), e)
     elif args.command == "report":
         report(step_named(args.step) if args.step else None)
     else:

@@ -82,6 +82,24 @@ def progress(out: Path, name: str) -> list[dict]:
     return done
 
 
+class ContextLost(RuntimeError):
+    """A kernel faulted and took this process's CUDA context with it: its row is recorded as its
+    failure, and the launches after it need a fresh process (benchmarks.device starts one)."""
+
+    def __init__(self, error: str, at: str):
+        super().__init__(f"the CUDA context was lost ({error}); {at} and the launches after it need a fresh process")
+        self.error, self.at = error, at
+
+
+def lost_context(options: "RunOptions", probe: bool = False) -> str:
+    """The sticky CUDA error that lost this process's context ("" while whole; always "" on the host)."""
+    if options.backend != "cuda":
+        return ""
+    from lospmm.kernel.cuda import context_lost
+
+    return context_lost(probe)
+
+
 def run_bundle(bundle: Path, out: Path, name: str, deadline: Deadline | None = None,
                options: RunOptions = RunOptions(), say=print) -> dict[str, Path]:
     """Check and time every launch of `bundle` not yet in the progress of `name` under `out`, until
@@ -107,8 +125,14 @@ def run_bundle(bundle: Path, out: Path, name: str, deadline: Deadline | None = N
                 say(f"{name}: stopped at the time budget with {len(todo) - i} launches left (run again to go on)")
                 break
             t0 = time.perf_counter()
+            lost_before = lost_context(options)
+            if lost_before:  # nothing launched here would say anything: the rest needs a fresh process
+                raise ContextLost(lost_before, row["id"])
             result, checks = measured_launch(bundle, row, options, baselines)
             result["seconds"] = time.perf_counter() - t0
+            lost = result["status"] == "error" and lost_context(options, probe=True)
+            if lost:  # this kernel's fault (a launch syncs before it returns): its row, and no more here
+                result["message"] = f"{result['message']} (the CUDA context was lost: {lost})"[:500]
             log.write(json.dumps({"row": result, "checks": checks}, default=_jsonable) + "\n")
             log.flush()
             say(f"[{i + 1}/{len(todo)}] {row['id']}: {result['status']}"

@@ -26,8 +26,37 @@ from lospmm.status import Status
 NAME = "cuda"
 
 
+# errors after which the process's CUDA context is lost: every later call in it fails the same way
+# (CUDA's sticky errors: a kernel's bad access, trap or fault), so nothing after one says anything
+STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"})
+_lost: list[str] = []  # the sticky error that lost this process's context, once one has
+
+
 class CudaError(RuntimeError):
-    """A driver call failed; the message names the call and the error."""
+    """A driver call failed; the message names the call and the error. `context_lost`: this process's
+    CUDA context is gone (by this error or an earlier sticky one); `transient`: it was gone before
+    this call, so the failure says nothing of the kernel or data at hand (a fresh process retries it)."""
+
+    def __init__(self, message: str, context_lost: bool = False, transient: bool = False):
+        super().__init__(message)
+        self.context_lost, self.transient = context_lost, transient
+
+
+def context_lost(probe: bool = False) -> str:
+    """The sticky error that lost this process's CUDA context ("" while it is whole). `probe`: ask
+    the driver first (a synchronize), for a fault that surfaced elsewhere (torch's own calls)."""
+    if probe and not _lost and gpu_present():
+        from cuda.bindings import driver
+
+        try:
+            _context()
+            _ck(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+        except CudaError:
+            pass
+    return _lost[0] if _lost else ""
 
 
 def _ck(result, what: str):
@@ -35,8 +64,15 @@ def _ck(result, what: str):
 
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        raise CudaError(f"{what}: {name.decode() if isinstance(name, bytes) else name}")
+        name = getattr(err, "name", None)  # the enum's own name: no driver call (one may not answer)
+        if name is None:
+            _, name = driver.cuGetErrorName(err)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+        before = _lost[0] if _lost else ""
+        if name in STICKY_ERRORS and not before:
+            _lost.append(f"{what}: {name}")
+        raise CudaError(f"{what}: {name}" + (f" (the CUDA context was lost before, at {before})" if before else ""),
+                        context_lost=bool(_lost), transient=bool(before))
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
@@ -465,6 +501,8 @@ class CudaTimer:
         try:
             kernel = CudaKernel(launch.spec, launch.cubin, launch.module_data)
         except Exception as e:
+            if getattr(e, "transient", False):  # the context was lost before: nothing of this kernel's
+                raise
             return Timing(self.name, float("inf"), Status.ERROR, f"{type(e).__name__}: {e}")
         try:
             if launch.clusters is not None:  # a proxy: its N1 under test, its tile -> cluster map, Eq. 6's memory

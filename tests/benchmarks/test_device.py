@@ -87,3 +87,23 @@ def test_a_devices_results_folder_is_named_for_its_kind():
     assert device.device_slug("NVIDIA H100 80GB HBM3") == "h100"
     assert device.device_slug("NVIDIA H200") == "h200"
     assert device.device_slug("NVIDIA RTX 6000 Ada") == "nvidia-rtx-6000-ada"
+
+
+def test_a_lost_cuda_context_starts_the_command_again_with_the_budget_left(monkeypatch):
+    from benchmarks import device
+    from benchmarks.measure import ContextLost
+
+    started = []
+    monkeypatch.setattr(device.os, "execv", lambda exe, args: started.append(args))
+    monkeypatch.delenv(device.RESTARTS, raising=False)
+    lost = ContextLost("cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS", "ab-12")
+    device.restarted(["run", "designs", "--budget-s", "540", "--build"], 300.4, lost)
+    assert started[-1][1:] == ["-m", "benchmarks.device", "run", "designs", "--build", "--budget-s", "300"]
+    assert device.os.environ[device.RESTARTS] == "1"
+    monkeypatch.setenv(device.RESTARTS, str(device.MAX_RESTARTS))
+    with pytest.raises(SystemExit) as out:  # a kernel that keeps faulting does not loop: exit 75, go on by hand
+        device.restarted(["next"], 300, lost)
+    assert out.value.code == 75 and len(started) == 1
+    monkeypatch.setenv(device.RESTARTS, "0")
+    with pytest.raises(SystemExit):  # too little time left to start again
+        device.restarted(["next"], 20, lost)

@@ -98,3 +98,55 @@ def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
     assert row["status"] == "checked", row["message"]
     checks = pq.read_table(tables["checks"]).to_pylist()
     assert sorted(c["n"] for c in checks) == [1, 33, 40] and all(c["status"] == "ok" for c in checks)
+
+
+def test_a_kernel_that_loses_the_cuda_context_is_its_rows_failure_and_the_rest_waits_for_a_fresh_process(
+        built, tmp_path, monkeypatch):
+    """A kernel's fault (an illegal address, a trap) is sticky: every later launch in the process would
+    fail too. Its row records the fault; the launches after it are not recorded as failures but left
+    to a fresh process (benchmarks.device starts one), which goes on from there."""
+    rows = bundle.bundle_rows(built)
+    faulty = rows[1]["id"]
+    real = measure.measured_launch
+    lost = []
+
+    def launch(bundle_, row, options, baselines):
+        result, checks = real(bundle_, row, options, baselines)
+        if row["id"] == faulty:
+            lost.append("cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS")
+            return result | {"status": "error", "ours_us": float("inf"),
+                             "message": "CudaError: cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS"}, checks
+        return result, checks
+
+    monkeypatch.setattr(measure, "measured_launch", launch)
+    monkeypatch.setattr(measure, "lost_context", lambda options, probe=False: lost[0] if lost else "")
+    with pytest.raises(measure.ContextLost, match=f"{rows[2]['id']} and the launches after it need a fresh process"):
+        measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    done = [d["row"] for d in measure.progress(tmp_path, "m")]
+    assert [r["id"] for r in done] == [rows[0]["id"], faulty]
+    assert "the CUDA context was lost: cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS" in done[1]["message"]
+    lost.clear()  # a fresh process: the fault is this row's, measured; the rest goes on
+    monkeypatch.setattr(measure, "measured_launch", real)
+    tables = measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    assert [r["id"] for r in pq.read_table(tables["kernel-speed"]).to_pylist()] == [r["id"] for r in rows]
+
+
+def test_a_sticky_cuda_error_marks_the_context_lost_and_every_later_one_transient(monkeypatch):
+    from cuda.bindings import driver
+
+    from lospmm.kernel import cuda
+
+    monkeypatch.setattr(cuda, "_lost", [])
+    with pytest.raises(cuda.CudaError) as bad_value:
+        cuda._ck((driver.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemAlloc")
+    assert not bad_value.value.context_lost and not bad_value.value.transient and cuda.context_lost() == ""
+    with pytest.raises(cuda.CudaError) as fault:
+        cuda._ck((driver.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,), "cuCtxSynchronize")
+    assert fault.value.context_lost and not fault.value.transient  # the kernel's own failure
+    assert cuda.context_lost() == "cuCtxSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS"
+    with pytest.raises(cuda.CudaError, match="lost before, at cuCtxSynchronize") as after:
+        cuda._ck((driver.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,), "cuMemcpyDtoH")
+    assert after.value.transient  # says nothing of what it ran: retried, never cached as a result
+    from lospmm.flows.execution.taskio import is_transient
+
+    assert is_transient(after.value) and not is_transient(fault.value)
