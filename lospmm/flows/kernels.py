@@ -16,11 +16,13 @@ from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.flows.execution.taskio import failed_row, is_transient
 from lospmm.flows.execution.units import UnitCompiler
 from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
+from lospmm.flows.storage.faults import fault_key, faulted, record_fault
 from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
 from lospmm.kernel.check import CheckResult, check_count, checked_paths
+from lospmm.kernel.cuda import CudaError, context_lost
 from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.kernel.choices import served_options, untiled_served
 from lospmm.kernel.epilogue import Epilogue
@@ -266,13 +268,24 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                   compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
 
         def attempt(choice, where: Path) -> tuple[dict | None, str, Exception | None]:
-            """Its kernel emitted at `where`, why it cannot be served ("" when it can) and what was raised."""
+            """Its kernel emitted at `where`, why it cannot be served ("" when it can) and what was raised.
+            A kernel that faulted on the device in an earlier run is not launched again (storage.faults)."""
+            key = fault_key(best["model"], layer, best["sparsity"], choice.label)
+            if timer.runs_binary:
+                if key in faulted(root):
+                    error = ValueError(f"faulted on the device before ({faulted(root)[key]})")
+                    return None, f"{type(error).__name__}: {error}", error
+                if context_lost():  # an earlier kernel took this process's context: a fresh one retries
+                    raise CudaError(f"{choice.label}: not launched, the CUDA context was lost at {context_lost()}",
+                                    context_lost=True, transient=True)
             try:
                 facts = emitted(choice, where)
                 return facts, _failure(facts), None
             except Exception as e:
                 if is_transient(e):
                     raise
+                if timer.runs_binary and context_lost(probe=True):  # its own fault: remembered, so a retry gets past it
+                    record_fault(root, key, f"{type(e).__name__}: {e}")
                 return None, f"{type(e).__name__}: {e}", e
 
         # where the timer measures, the full kernels of the estimate's cheapest few are timed and the

@@ -361,3 +361,16 @@ def test_a_cached_run_is_served_from_its_artifacts_without_prefect(tmp_path, mon
     emitted.write_bytes(emitted.read_bytes() + b"x")
     with pytest.raises(AssertionError, match="the flow"):
         pipeline.run_plan(plan)
+
+
+def test_the_record_of_faulted_kernels_survives_a_line_cut_off(tmp_path):
+    from lospmm.flows.storage.faults import FILE, fault_key, faulted, record_fault
+
+    assert faulted(tmp_path) == {}
+    first = fault_key("bert-base", "fc", 0.9, "8×128 v=4")
+    record_fault(tmp_path, first, "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS")
+    with open(tmp_path / FILE, "a", encoding="utf-8") as f:
+        f.write('{"key": "bert-base|q|0.9|nm 1')  # a process killed mid-write
+    second = fault_key("bert-base", "q", 0.9, "nm 16:32:8,64x128,8x8")
+    record_fault(tmp_path, second, "RuntimeError: trap")
+    assert faulted(tmp_path) == {first: "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS", second: "RuntimeError: trap"}

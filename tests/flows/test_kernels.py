@@ -388,3 +388,68 @@ def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest
     assert row["status"] == "error" and f"{cheapest[0].label} failed (ValueError: no " in row["message"]
     assert f"served {options[0].label} instead; ValueError: no {options[0].design.label}" in row["message"]
     assert not any(p.name.startswith(".k3") for p in tmp_path.iterdir())
+
+
+def test_a_kernel_that_faults_on_the_device_is_remembered_and_a_retry_gets_past_it(tmp_path, monkeypatch):
+    """A fault loses the process's CUDA context: the faulting contender is recorded (faults.jsonl), the
+    layer's row is transient (every launch after it would fail), and the retry in a fresh process skips
+    the faulting kernel and serves the fastest of the others."""
+    import dataclasses
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.flows.storage.faults import faulted
+    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
+    from lospmm.kernel.design import BASELINE
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.kernel.timing import Timing
+    from lospmm.stages.emit import EmitParams, measured_contenders
+    from lospmm.status import Status
+
+    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
+    tiles = {8: reordered_tiles(a, 8)}
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
+              "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
+    params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
+    options = served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"], designs=DESIGN_CANDIDATES)
+    contenders = measured_contenders(options, 3, 1.5)
+    bad = contenders[1]
+
+    @dataclasses.dataclass(frozen=True)
+    class Device(EstimateTimer):  # runs binaries, as the cuda timer: checked and timed "on the device"
+        name: str = "device"
+        measures: bool = True
+        runs_binary: bool = True
+
+        def time(self, launch):
+            return Timing(self.name, 1.0 + contenders.index(next(c for c in contenders
+                                                                  if c.design == launch.spec.design)), Status.OK)
+
+        def checked(self, spec, cubin, matrix, count):
+            return None
+
+    lost = []
+    real = fk.emitted_kernel
+
+    def emitted_kernel(*args, design=None, **kwargs):
+        if lost:
+            raise AssertionError("nothing launches after the context is lost")
+        if design == bad.design:
+            lost.append("cuCtxSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS")
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*args, design=design, **kwargs)
+
+    monkeypatch.setattr(fk, "emitted_kernel", emitted_kernel)
+    monkeypatch.setattr(fk, "context_lost", lambda probe=False: lost[0] if lost else "")
+    timer = Device(DEVICES["h100"])
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90", params,
+                           logging.getLogger("test"))
+    assert row["status"] == "error" and row.get("transient") and "the CUDA context was lost" in row["message"]
+    assert list(faulted(tmp_path).values()) == ["RuntimeError: CUDA error: an illegal memory access was encountered"]
+    lost.clear()  # a fresh process
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90", params,
+                           logging.getLogger("test"))
+    assert row["status"] == "ok" and row["design"] == contenders[0].label
+    assert f"{bad.label}: failed (ValueError: faulted on the device before (RuntimeError: CUDA error" \
+        in row["designs_measured"]
