@@ -311,19 +311,12 @@ def test_a_measuring_timer_serves_the_fastest_measured_of_the_estimates_cheapest
 
     import lospmm.flows.kernels as fk
     from lospmm.devices import DEVICES
-    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
-    from lospmm.kernel.design import BASELINE
     from lospmm.kernel.estimate import EstimateTimer
     from lospmm.kernel.timing import Timing
-    from lospmm.stages.emit import EmitParams, measured_contenders
+    from lospmm.stages.emit import measured_contenders
     from lospmm.status import Status
 
-    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
-    tiles = {8: reordered_tiles(a, 8)}
-    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
-              "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
-    params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
-    options = served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"], designs=DESIGN_CANDIDATES)
+    a, tiles, timed, params, options = _auto_layer()
     cheapest = measured_contenders(options, params.measure_designs, params.measure_within)
     assert len(cheapest) == 3 and options[0] not in cheapest, [(o.label, o.estimate_us) for o in options]
     contenders = cheapest + [options[0]]  # and the fastest proxy's kernel, which the estimate left out
@@ -400,19 +393,12 @@ def test_a_kernel_that_faults_on_the_device_is_remembered_and_a_retry_gets_past_
     import lospmm.flows.kernels as fk
     from lospmm.devices import DEVICES
     from lospmm.flows.storage.faults import faulted
-    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
-    from lospmm.kernel.design import BASELINE
     from lospmm.kernel.estimate import EstimateTimer
     from lospmm.kernel.timing import Timing
-    from lospmm.stages.emit import EmitParams, measured_contenders
+    from lospmm.stages.emit import measured_contenders
     from lospmm.status import Status
 
-    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
-    tiles = {8: reordered_tiles(a, 8)}
-    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
-              "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
-    params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
-    options = served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"], designs=DESIGN_CANDIDATES)
+    a, tiles, timed, params, options = _auto_layer()
     contenders = measured_contenders(options, 3, 1.5)
     bad = contenders[1]
 
@@ -453,3 +439,20 @@ def test_a_kernel_that_faults_on_the_device_is_remembered_and_a_retry_gets_past_
     assert row["status"] == "ok" and row["design"] == contenders[0].label
     assert f"{bad.label}: failed (ValueError: faulted on the device before (RuntimeError: CUDA error" \
         in row["designs_measured"]
+
+
+def _auto_layer():
+    """A 256×512 layer at 0.9 with one timed tile, `--design auto`'s emit parameters (no host check)
+    and the ways to serve it, priced: what the measuring-timer tests serve."""
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
+    from lospmm.kernel.design import BASELINE
+    from lospmm.stages.emit import EmitParams
+
+    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
+    tiles = {8: reordered_tiles(a, 8)}
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
+              "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
+    params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
+    return a, tiles, timed, params, served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"],
+                                                   designs=DESIGN_CANDIDATES)
