@@ -272,11 +272,13 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             A kernel that faulted on the device in an earlier run is not launched again (storage.faults)."""
             key = fault_key(best["model"], layer, best["sparsity"], choice.label)
             if timer.runs_binary:
-                if key in faulted(root):
-                    error = ValueError(f"faulted on the device before ({faulted(root)[key]})")
+                before = faulted(root).get(key)
+                if before is not None:
+                    error = ValueError(f"faulted on the device before ({before})")
                     return None, f"{type(error).__name__}: {error}", error
-                if context_lost():  # an earlier kernel took this process's context: a fresh one retries
-                    raise CudaError(f"{choice.label}: not launched, the CUDA context was lost at {context_lost()}",
+                lost = context_lost()
+                if lost:  # an earlier kernel took this process's context: a fresh one retries
+                    raise CudaError(f"{choice.label}: not launched, the CUDA context was lost at {lost}",
                                     context_lost=True, transient=True)
             try:
                 facts = emitted(choice, where)

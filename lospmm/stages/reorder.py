@@ -23,7 +23,8 @@ kernel's B traffic, the largest nnc bounds its slowest block. Candidates (`Reord
   max nnc and nnz range bound it too, and from a start whose every tile lies in the window it passes
   constrain's load-balance test (bounded by the start's range alone, it grouped a real detector's
   heavy rows past TH_row and was not eligible; bounded, the kept Σ nnc of that detector at 0.9,
-  M1 = 8 went from 0.895 to 0.869 of the identity's). A fixed number of passes over the rows, in a fixed order. Where the partitioner ran, refinement runs
+  M1 = 8 went from 0.895 to 0.869 of the identity's). A fixed number of passes over the rows, in a
+  fixed order. Where the partitioner ran, refinement runs
   again from its order, nnz balanced first (balanced_tiles: a partition groups alike rows, whose nnz
   often differ past constrain's TH_row), and the cheaper eligible of the two refinements stays.
 
@@ -407,8 +408,8 @@ def refined_tiles(matrix: sp.csr_matrix, start: Tiles, params: ReorderParams = R
     _check_start(a, start)
     low, high = float(start.tile_nnz.min()), float(start.tile_nnz.max())
     if max_cov is not None:
-        mean = float(start.tile_nnz.sum()) / start.num_tiles
-        low, high = max(low, mean * (1 - 0.98 * max_cov)), min(high, mean * (1 + 0.98 * max_cov))
+        window = _nnz_window(start, max_cov)
+        low, high = max(low, window[0]), min(high, window[1])
     tile_of = _refine(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
                       start.rows.astype(np.int64), start.tile_ptr.astype(np.int64), start.m1,
                       params.refine_passes, params.refine_width, low, high)
@@ -423,12 +424,17 @@ def balanced_tiles(matrix: sp.csr_matrix, start: Tiles, max_cov: float) -> Tiles
     if start.num_tiles <= 1 or tile_stats(start).cov_nnz <= max_cov:
         return start
     _check_start(a, start)
-    mean = float(start.tile_nnz.sum()) / start.num_tiles
-    margin = 0.98 * max_cov  # inside the bound, not on it: float sums
     tile_of = _balance(a.indptr.astype(np.int64), a.indices.astype(np.int64), a.shape[1],
                        start.rows.astype(np.int64), start.tile_ptr.astype(np.int64), start.m1,
-                       mean * (1 - margin), mean * (1 + margin), 4 * start.num_tiles, 16)
+                       *_nnz_window(start, max_cov), 4 * start.num_tiles, 16)
     return _tiles_of_groups(a, start.m1, start.rows.astype(np.int64), tile_of)
+
+
+def _nnz_window(tiles: Tiles, max_cov: float) -> tuple[float, float]:
+    """The tile nnz within which every tile keeps the nnz COV at most max_cov: the mean ± 0.98·max_cov
+    of it (inside the bound, not on it: float sums)."""
+    mean = float(tiles.tile_nnz.sum()) / tiles.num_tiles
+    return mean * (1 - 0.98 * max_cov), mean * (1 + 0.98 * max_cov)
 
 
 def identity_tiles(matrix: sp.csr_matrix, m1: int) -> Tiles:

@@ -43,8 +43,10 @@ def record_fault(root: str | Path, key: str, message: str) -> None:
     path = Path(root) / FILE
     line = json.dumps({"key": key, "message": message[:500]}) + "\n"
     with _LOCK:
-        with open(path, "a", encoding="utf-8") as f:
-            if f.tell() and path.read_bytes()[-1:] != b"\n":  # after a line cut off: start a new one
-                f.write("\n")
-            f.write(line)
+        with open(path, "a+b") as f:
+            if f.seek(0, 2):  # not empty: after a line cut off, start a new one
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+            f.write(line.encode("utf-8"))
             f.flush()

@@ -30,8 +30,7 @@ def streamed_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams
         cols = np.flatnonzero(np.diff(sub.indptr))
         dense = np.zeros((len(cols), m1), np.float32)
         dense[:, :len(block_rows)] = sub[:, cols].toarray().T
-        steps = np.diff(cols, prepend=0) if design.loads == "chained" else cols
-        offsets.extend((4 * steps).tolist())
+        offsets.extend(_offsets(design, cols))
         values.append(dense.ravel())
         colptr.append(colptr[-1] + len(cols))
         rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
@@ -65,8 +64,7 @@ def streamed_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenPara
     colptr, offsets, values = [0], [], []
     for c in range(clusters.num_clusters):
         cols = np.asarray(clusters.columns[c], np.int64)
-        steps = np.diff(cols, prepend=0) if design.loads == "chained" else cols
-        offsets.extend((4 * steps).tolist())
+        offsets.extend(_offsets(design, cols))
         values.append((1 + (np.arange(len(cols) * m1) % 97) / 128).astype(np.float32))
         colptr.append(colptr[-1] + len(cols))
     name = kernel_name("lospmm_stream_proxy", m, k, m1, clusters.nnc_p.tobytes(),
@@ -84,6 +82,13 @@ def streamed_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenPara
     spec = KernelSpec(name, "proxy", m, k, m1, proxy_layout(len(clusters.cluster_of), design),
                       len(clusters.cluster_of), design)
     return KernelSource(spec, (source,))
+
+
+def _offsets(design, cols) -> list[int]:
+    """A block's column entries as the loop reads them: each column's byte offset in a row of B, or
+    with chained loads the step from the previous column's."""
+    steps = np.diff(cols, prepend=0) if design.loads == "chained" else cols
+    return (4 * np.asarray(steps, np.int64)).tolist()
 
 
 def _data(name: str, colptr, offsets, values, rows=None) -> str:
