@@ -107,3 +107,41 @@ def test_a_lost_cuda_context_starts_the_command_again_with_the_budget_left(monke
     monkeypatch.setenv(device.RESTARTS, "0")
     with pytest.raises(SystemExit):  # too little time left to start again
         device.restarted(["next"], 20, lost)
+
+
+def test_counters_profile_each_part_of_a_bundle_that_travels_in_parts(tmp_path, monkeypatch):
+    # the A/B bundle travels as 3 archives: the best and worst kernels are found in whichever part holds
+    # them and their counters land in one table (the first device run unpacked 3 folders into 1 and failed)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks import kernel_counters
+    from benchmarks.measure import Deadline
+
+    out = tmp_path / "h200" / "counters"
+    out.mkdir(parents=True)
+    ids = [f"k{i}" for i in range(12)]
+    rows = [{"id": i, "status": "ok", "ours_us": 1.0 + n, "sgemm_us": 10.0, "nnz": 100, "m": 8, "k": 8, "n": 8}
+            for n, i in enumerate(ids)]
+    (out.parent / "designs").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), out.parent / "designs" / "kernel-speed-ab.parquet")
+    parts = []
+    for p, chunk in enumerate((ids[:5], ids[5:9], ids[9:])):
+        folder = tmp_path / f"part{p}"
+        folder.mkdir()
+        pq.write_table(pa.Table.from_pylist([{"id": i} for i in chunk]), folder / "launches.parquet")
+        parts.append(folder)
+    monkeypatch.setattr(device, "opened_bundle", lambda *a, **k: parts)
+    asked = []
+
+    def profile(argv):
+        folder, there, listed = argv[1], argv[2], argv[argv.index("--ids") + 1:argv.index("--timeout-s")]
+        held = {r["id"] for r in pq.read_table(f"{folder}/launches.parquet").to_pylist()}
+        assert set(listed) <= held  # each part is asked only for the kernels it holds
+        asked.extend(listed)
+        kernel_counters.write_counters([kernel_counters._row(i, "k", "ok", "") for i in listed], tmp_path / there)
+
+    monkeypatch.setattr(kernel_counters, "main", profile)
+    assert device._counters(device.step_named("counters"), out, Deadline.after(100), print)
+    assert sorted(asked) == sorted(ids[:5] + ids[-5:])  # the five worst and five best by efficiency
+    assert sorted(r["id"] for r in pq.read_table(out / "counters.parquet").to_pylist()) == sorted(asked)
