@@ -24,7 +24,7 @@ def edited(monkeypatch):
     edits: dict[str, str] = {}
 
     def source(module):
-        return real(module) + edits.get(module.__name__, "")
+        return real(module) + edits.get(module.name, "")  # a ModuleSpec: sources are read, not imported
 
     monkeypatch.setattr(store, "_source", source)
 

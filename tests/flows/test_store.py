@@ -105,3 +105,22 @@ def test_code_versions_do_not_depend_on_the_locale():
     from lospmm.flows.dag import stage_version
 
     assert encoding.upper() in ("ANSI_X3.4-1968", "ASCII", "US-ASCII") and version == stage_version("reorder")
+
+
+def test_a_bundles_code_version_is_known_on_a_machine_without_prefect():
+    # the device program hashes a bundle's code (benchmarks.bundle.inputs_hash) on the GPU machine, whose
+    # image has no Prefect: reading the sources must not import the flow's stack (it did, and failed there)
+    import subprocess
+    import sys
+
+    from lospmm.flows.storage.store import module_closure_hash
+
+    from benchmarks.bundle import inputs_hash
+
+    probe = ("import sys; sys.modules['prefect'] = None; sys.modules['prefect_dask'] = None\n"
+             "from benchmarks.bundle import inputs_hash\n"
+             "print(inputs_hash('ab', {}))\n"
+             "assert 'lospmm.flows.execution.taskio' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == inputs_hash("ab", {})

@@ -33,17 +33,22 @@ class ArtifactError(RuntimeError):
 
 def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
     """Source of a module and, transitively, of every module under `prefix` it imports (at module
-    level or inside functions), except those in `skip`."""
+    level or inside functions), except those in `skip`. Read from the files, not imported (only a
+    module declaring `__code_files__` is, to read that list): the version of code that needs Prefect
+    or a GPU library is known without them (the device program hashes a bundle's code on a machine
+    without Prefect)."""
     seen: dict[str, str] = {}
     todo = [module_name]
     while todo:
         name = todo.pop()
         if name in seen or name in skip:
             continue
-        module = importlib.import_module(name)
-        source = _source(module)
-        seen[name] = source + _code_files(module)
-        todo.extend(_imports_under(prefix, source, name, getattr(module, "__path__", None) is not None))
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            raise ModuleNotFoundError(f"no module named {name!r}", name=name)
+        source = _source(spec)
+        seen[name] = source + (_code_files(importlib.import_module(name)) if "__code_files__" in source else "")
+        todo.extend(_imports_under(prefix, source, name, spec.submodule_search_locations is not None))
     return seen
 
 
@@ -76,10 +81,10 @@ def _imports_under(prefix: str, source: str, module_name: str, is_package: bool)
                     yield alias.name
 
 
-def _source(module) -> str:
+def _source(spec) -> str:
     # the file itself, as UTF-8 whatever the process's locale (a run once saw ASCII here mid-flow
     # and failed on the `§` of a docstring)
-    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    origin = getattr(spec, "origin", None)
     return Path(origin).read_text(encoding="utf-8") if origin and origin.endswith(".py") else ""
 
 
@@ -92,9 +97,10 @@ def _code_files(module) -> str:
 
 def _is_package(name: str) -> bool:
     try:
-        return hasattr(importlib.import_module(name), "__path__")
+        spec = importlib.util.find_spec(name)
     except ImportError:
         return False
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def artifact_key(stage: str, version: str, params: dict[str, Any], inputs: Iterable[str] = ()) -> str:
