@@ -406,8 +406,10 @@ def table4_rows(measured: list[dict]) -> list[dict]:
     layers = sorted({(r["model"], r["layer"]) for r in measured})
     for model, layer in layers:
         rows = [r for r in measured if (r["model"], r["layer"]) == (model, layer) and r["variant"] == ""]
-        full = {(r["m1"], r["n1"]): r for r in rows if r["role"] == "full"}
-        proxy = {(r["m1"], r["n1"]): r for r in rows if r["role"] == "proxy"}
+        # a tile in its design: search.choice's key (one design per sample so far)
+        key_of = lambda r: (r["m1"], r["n1"], r.get("design") or "")  # noqa: E731
+        full = {key_of(r): r for r in rows if r["role"] == "full"}
+        proxy = {key_of(r): r for r in rows if r["role"] == "proxy"}
         full_t = {key: r["ours_us"] for key, r in full.items() if np.isfinite(r["ours_us"])}
         if not full_t or not proxy:
             continue

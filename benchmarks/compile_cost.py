@@ -30,7 +30,7 @@ from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import pruned_layer, random_pruned
 from lospmm.stages.rank import RankParams
 from lospmm.stages.reorder import reordered_tiles, tile_stats
-from lospmm.search import SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
+from lospmm.search import SearchParams, chosen_by_proxy, full_source, layer_search, proxy_sources
 
 # the flow's search without the ranker: every kept candidate chosen, one proxy per kept M1
 UNRANKED = SearchParams(rank=RankParams(use_rank=False))
@@ -119,11 +119,11 @@ def search_counts(args) -> None:
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, args.sparsity).matrix
             search = layer_search(a, shape.n, args.sparsity, device, params=UNRANKED)
-            kept, by_m1 = search.kept, chosen_by_m1(search.chosen)
+            kept, by_m1 = search.kept, chosen_by_proxy(search.chosen)
             proxy_b = sum(len(k.source) for k in proxy_sources(search, shape.m, shape.k).values())
             # N1 only changes a constant: each kept (M1, N1) costs its M1's source at the first kept N1
             full_b = sum(len(group) * len(full_source(a, search, m1, group[0].n1).source)
-                         for m1, group in by_m1.items())
+                         for (m1, _), group in by_m1.items())
             ratio = f"{full_b / proxy_b:.1f}×" if proxy_b else "-"
             table.add_row(model, shape.layer, str(a.nnz), str(len(kept)), str(len(by_m1)), f"{full_b / 1e6:.1f}",
                           f"{proxy_b / 1e6:.1f}", ratio)

@@ -40,7 +40,7 @@ from lospmm.devices import device_named
 from lospmm.stages.extract import zoo_shapes
 from lospmm.stages.prune import pruned_layer
 from lospmm.stages.rank import RankParams
-from lospmm.search import DEFAULT_M1, SearchParams, chosen_by_m1, full_source, layer_search, proxy_sources
+from lospmm.search import DEFAULT_M1, SearchParams, chosen_by_proxy, full_source, layer_search, proxy_sources
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _build(model: str, layer: str, m1: int, n1: int, sparsity: float, gpu: str, 
     search = unranked_search(a, shape.n, sparsity, gpu, (m1,))
     if kind == "full":
         return full_source(a, search, m1, n1)
-    return proxy_sources(search, shape.m, shape.k)[m1]
+    return proxy_sources(search, shape.m, shape.k)[(m1, search.design.label)]
 
 
 def groups_of(models: list[str], sparsity: float, gpu: str) -> list[Group]:
@@ -82,8 +82,8 @@ def groups_of(models: list[str], sparsity: float, gpu: str) -> list[Group]:
         for shape in [s for s in zoo_shapes(model) if s.ok]:
             a = pruned_layer(shape, sparsity).matrix
             search = unranked_search(a, shape.n, sparsity, gpu)
-            for m1, cands in chosen_by_m1(search.chosen).items():
-                t, cl = search.tiles[m1], search.clusters[m1]
+            for (m1, label), cands in chosen_by_proxy(search.chosen).items():
+                t, cl = search.tiles[m1], search.clusters[(m1, label)]
                 groups.append(Group(model, shape.layer, m1, [c.n1 for c in cands], predicted_registers(m1),
                                     int(t.tile_nnc.sum()) + a.nnz, int(cl.nnc_p.sum() + (cl.nnc_p * cl.cpl).sum())))
     return groups

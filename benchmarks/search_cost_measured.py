@@ -15,6 +15,7 @@ kernels. One JSON line per kernel goes to --log as it finishes; a second run ski
 
     python -m benchmarks.search_cost_measured [--limit 60] [--jobs 2] [--log benchmarks/results/search_cost_measured.jsonl]
     python -m benchmarks.search_cost_measured --report-only --plot benchmarks/results/search_cost_measured.png
+    python -m benchmarks.search_cost_measured --designs   # the design searched (--design auto) against Rank
 """
 
 from __future__ import annotations
@@ -73,14 +74,17 @@ def _warm_up(device) -> None:
         _WARM = True
 
 
-def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str = "h100") -> dict:
-    """The three strategies' seconds for one kernel (see the module docstring)."""
+def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str = "h100",
+                designs_only: bool = False) -> dict:
+    """The three strategies' seconds for one kernel (see the module docstring); with `designs_only`,
+    LO-SpMM-Rank and the same search with `--design auto`'s design dimension (every candidate
+    design's tiles ranked together by the design-aware ranker) instead."""
     from lospmm.flows.storage.ranker_store import load_ranker
     from lospmm.stages.compile import compiled_kernel, kernel_options
     from lospmm.devices import device_named
     from lospmm.stages.extract import zoo_shapes
     from lospmm.stages.prune import pruned_layer
-    from lospmm.stages.rank import RankParams
+    from lospmm.stages.rank import FEATURES, RankParams, ranker_features
     from lospmm.search import SearchParams, choice, full_source, layer_search, proxy_timings
     from lospmm.kernel.estimate import estimate_timer
 
@@ -94,11 +98,11 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
     def compile_once(kernel, m1):
         key = kernel.sha256
         if key not in compiles:
-            compiles[key] = compiled_kernel(kernel, kernel_options(device.arch, m1))
+            compiles[key] = compiled_kernel(kernel, kernel_options(device.arch, m1, design=kernel.spec.design))
         return compiles[key]
 
-    def strategy(booster, params) -> dict:
-        search = layer_search(a, shape.n, sparsity, device, booster, params)
+    def strategy(booster, params, features=FEATURES) -> dict:
+        search = layer_search(a, shape.n, sparsity, device, booster, params, features, op=shape.op)
         out = {f"{st}_s": search.seconds[st] for st in STAGES}
         proxy_s = 0.0
 
@@ -117,12 +121,23 @@ def kernel_cost(model: str, layer: str, sparsity: float, limit: float, gpu: str 
         out["time_s"] = time.perf_counter() - t0 - excluded[0]
         picked = choice(timed, timer.measures)
         out |= {"proxy_compile_s": proxy_s, "proxies": len(search.clusters), "candidates": len(search.launches),
-                "kept": len(search.kept), "tile": f"{picked[0]}×{picked[1]}" if picked else ""}
+                "kept": len(search.kept), "tile": f"{picked[0]}×{picked[1]}" if picked else "",
+                "design": picked[2] if picked else ""}
         out["full_compile_s"] = compile_once(full_source(a, search, *picked), picked[0]).seconds if picked else 0.0
         out["total_s"] = sum(out[f"{st}_s"] for st in STAGES) + out["proxy_compile_s"] + out["time_s"] + out["full_compile_s"]
         return out, search
 
     booster, _ = load_ranker()
+    head = {"model": model, "layer": layer, "sparsity": sparsity, "m": shape.m, "k": shape.k, "n": shape.n,
+            "nnz": int(a.nnz)}
+    if designs_only:
+        from lospmm.flows.config import run_designs
+        from lospmm.flows.storage.ranker_store import SHIPPED_DESIGNS
+
+        aware, meta = load_ranker(SHIPPED_DESIGNS)
+        rank, _ = strategy(booster, SearchParams())
+        designs, _ = strategy(aware, SearchParams(designs=run_designs("auto")), ranker_features(meta))
+        return head | {f"rank_{k}": v for k, v in rank.items()} | {f"designs_{k}": v for k, v in designs.items()}
     lo, search_all = strategy(None, SearchParams(rank=RankParams(use_rank=False)))
     rank, _ = strategy(booster, SearchParams())
     # compile-all: every kept candidate's full kernel, in the ranker-free search's order
@@ -212,6 +227,40 @@ def report(rows: list[dict], plot: str | None) -> None:
         console.print(f"wrote {plot}")
 
 
+def designs_report(rows: list[dict]) -> None:
+    """`--designs`: the design search's seconds against LO-SpMM-Rank's, per model (issue 35's target:
+    at most 1.5×), and where they go."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    t = Table(title=f"search seconds per kernel with the design searched (--design auto: {len(rows)} kernels) over "
+                    f"LO-SpMM-Rank's (the baseline design alone); target ≤ 1.5×")
+    for c in ("model", "kernels", "designs / Rank median", "geomean", "max", "proxies (Rank → designs)",
+              "served in another design", "Rank s median", "designs s median"):
+        t.add_column(c)
+    for model in [*MODELS, "all"]:
+        mine = [r for r in rows if model in ("all", r["model"])]
+        if not mine:
+            continue
+        ratio = [r["designs_total_s"] / r["rank_total_s"] for r in mine]
+        other = sum(bool(r["designs_design"]) and not r["designs_design"].startswith("baked,based,tile-x,walks=1,v=1")
+                    for r in mine)
+        t.add_row(model, str(len(mine)), f"{np.median(ratio):.2f}×", f"{geomean(ratio):.2f}×", f"{max(ratio):.2f}×",
+                  f"{sum(r['rank_proxies'] for r in mine)} → {sum(r['designs_proxies'] for r in mine)}",
+                  f"{other}/{len(mine)}", f"{np.median([r['rank_total_s'] for r in mine]):.2f}",
+                  f"{np.median([r['designs_total_s'] for r in mine]):.2f}")
+    console.print(t)
+    split = Table(title="where the design search's seconds go (sum over the sample)")
+    parts = [*STAGES, "proxy_compile", "time", "full_compile"]
+    for c in ("strategy", *parts, "total s"):
+        split.add_column(c)
+    for name in ("rank", "designs"):
+        total = sum(r[f"{name}_total_s"] for r in rows)
+        split.add_row(name, *[f"{sum(r[f'{name}_{p}_s'] for r in rows) / total:.1%}" for p in parts], f"{total:.0f}")
+    console.print(split)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=float, default=60.0, help="compile-all's seconds per kernel before it stops")
@@ -219,7 +268,11 @@ def main() -> None:
     ap.add_argument("--log", default=str(ROOT / "benchmarks/results/search_cost_measured.jsonl"))
     ap.add_argument("--plot", default=None, help="PNG of seconds per kernel (log axis), e.g. …/search_cost_measured.png")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--designs", action="store_true", help="LO-SpMM-Rank against the same search over every "
+                    "candidate design (--design auto, issue 35), no compile-all; log: search_cost_designs.jsonl")
     args = ap.parse_args()
+    if args.designs and args.log == ap.get_default("log"):
+        args.log = str(ROOT / "benchmarks/results/search_cost_designs.jsonl")
     log = Path(args.log)
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     if not args.report_only:
@@ -227,17 +280,21 @@ def main() -> None:
         todo = [job for job in sample() if job not in have]
         print(f"{len(todo)} kernels to measure ({len(have)} in {log})", flush=True)
         with ProcessPoolExecutor(args.jobs) as pool:
-            futures = {pool.submit(kernel_cost, *job, args.limit): job for job in todo}
+            futures = {pool.submit(kernel_cost, *job, args.limit, designs_only=args.designs): job for job in todo}
             for f in as_completed(futures):
                 r = f.result()
                 with log.open("a") as out:
                     out.write(json.dumps(r) + "\n")
                 rows.append(r)
+                if args.designs:
+                    print(f"{r['model']} {r['layer']} s{r['sparsity']}: rank {r['rank_total_s']:.1f} s, designs "
+                          f"{r['designs_total_s']:.1f} s ({r['designs_tile']} {r['designs_design']})", flush=True)
+                    continue
                 print(f"{r['model']} {r['layer']} s{r['sparsity']}: rank {r['rank_total_s']:.1f} s, lo {r['lo_total_s']:.1f} s, "
                       f"compile-all {'' if r['compile_all_finished'] else '> '}{r['compile_all_s']:.1f} s "
                       f"({r['compile_all_done']}/{r['compile_all_kept']})", flush=True)
     if rows:
-        report(rows, args.plot)
+        designs_report(rows) if args.designs else report(rows, args.plot)
 
 
 if __name__ == "__main__":

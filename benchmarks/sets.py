@@ -338,11 +338,12 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, met
     a = in_format(a, design.number)[0]
     booster = _shipped_booster(design.half)
     search = layer_search(a, shape.n, sparsity, device, booster, SearchParams(design=design))
-    timings = {(c.m1, c.n1): timer.time(LaunchUnderTest(
+    timings = {(c.m1, c.n1, c.design): timer.time(LaunchUnderTest(
         search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
-        smem_bytes=search.launches[(c.m1, c.n1)].smem_bytes, clusters=search.clusters[c.m1],
+        smem_bytes=search.launches[(c.m1, c.n1, c.design)].smem_bytes, clusters=search.clusters[(c.m1, c.design)],
         design=design)) for c in search.chosen}
-    return choice(timings, timer.measures, {(c.m1, c.n1): c.pred_regs for c in search.chosen})
+    picked = choice(timings, timer.measures, {(c.m1, c.n1, c.design): c.pred_regs for c in search.chosen})
+    return None if picked is None else picked[:2]
 
 
 # NM-SpMM's ratios (M = 32, vector-wise: 32 rows share each pattern, as its 32 columns do), and 2:4
@@ -576,15 +577,15 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
                 chosen_by=f"search: ranker top-{params.top_k}")
     jobs = []
     proxies = proxy_sources(search, shape.m, shape.k)
-    for m1, kernel in proxies.items():  # one proxy per chosen M1, launched at each chosen N1 of it
-        n1s = sorted(n1 for (pm1, n1) in search.launches if pm1 == m1)
-        cl = search.clusters[m1]
+    for (m1, label), kernel in proxies.items():  # one proxy per chosen M1, launched at each chosen N1 of it
+        n1s = sorted(n1 for (pm1, n1, _) in search.launches if pm1 == m1)
+        cl = search.clusters[(m1, label)]
         work = proxy_work(cl, shape.m, shape.k, shape.n, n1s[0], 0, 0)
         p = Planned(f"{tag}-p{m1}", design=design_named("baseline").label, m1=m1, n1=n1s[0], role="proxy",
                     rank=ranks[(m1, n1s[0])], also_at=tuple((n1, ranks[(m1, n1)]) for n1 in n1s[1:]), **base)
         jobs.append(Job(p, lambda kernel=kernel: kernel, None,
                         {"cluster_of": [int(x) for x in cl.cluster_of],
-                         "smem_at": {n1: int(search.launches[(m1, n1)].smem_bytes) for n1 in n1s},
+                         "smem_at": {n1: int(search.launches[(m1, n1, label)].smem_bytes) for n1 in n1s},
                          "tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
                          "zero_blocks": 0}))
 

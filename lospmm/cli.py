@@ -59,10 +59,11 @@ def _expanded(argv: list[str]) -> list[str]:
 
 _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional: tile-x|column-x (grid order), "
                 "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
-                "'baseline' (default) is tile-x,walks=1,v=1,based.")
-_RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the search in the baseline, each layer's kernel in the design the "
-                                   "estimate prices lowest for its tile (ESTIMATES: the baseline stays the default "
-                                   "until the device says).")
+                "'baseline' (default) is tile-x,walks=1,v=1,based; 'chained' won the device's A/B.")
+_RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "
+                                   "ten designs of the device's A/B (each with its own constraints and proxies), "
+                                   "ranked together by the design-aware ranker (lospmm/models/ranker-designs); the "
+                                   "baseline stays the default for now.")
 
 _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfig)
 
@@ -152,12 +153,16 @@ def train_ranker_cmd(
     dtype: str = typer.Option("fp32", "--dtype", help="The kernels it ranks: fp32, or half kernels (fp16, bf16: "
                               "one packed pair per thread; the shipped lospmm/models/ranker-half is fp16's)."),
     accumulate: str = typer.Option("", "--accumulate", help="A half kernel's sums: packed (default) or f32."),
+    designs: str = typer.Option("", "--designs", help="A design-aware ranker: 'auto' (the designs `run --design "
+                                "auto` searches; the shipped lospmm/models/ranker-designs) or design labels split "
+                                "by ';'. Each synthetic kernel's tiles in every design are one group, ranked on "
+                                "Table 1's features and the design's."),
 ) -> None:
     """Build the ranker's training set by timing synthetic kernels (or from measured launch files), fit
     LambdaMART, write a model."""
     from rich.progress import Progress
 
-    from lospmm.flows.config import resolved_timer, source_design
+    from lospmm.flows.config import resolved_timer, source_design, trained_designs
     from lospmm.flows.training import train_measured_ranker, train_ranker
     from lospmm.kernel.design import BASELINE
 
@@ -186,15 +191,20 @@ def train_ranker_cmd(
         if accumulate and dtype == "fp32":
             raise ConfigError("--accumulate is a half ranker's (--dtype fp16 or bf16)")
         design = source_design(BASELINE, dtype, accumulate)
+        searched = trained_designs(designs)
+        if searched and dtype != "fp32":
+            raise ConfigError("--designs ranks fp32 kernels' designs (a half kernel has one grid so far)")
     except (ConfigError, ValueError) as e:
         _fail(str(e))
     with Progress(console=err, transient=True) as progress:
         bar = progress.add_task(f"timing synthetic kernels ({timer_.name})", total=samples)
         out = out or Path("ranker")
         meta = train_ranker(out, samples, timer_, seed,
-                            progress=lambda done, total: progress.update(bar, completed=done), design=design)
+                            progress=lambda done, total: progress.update(bar, completed=done), design=design,
+                            designs=searched)
+    kind = f"design {meta['design']}" if "design" in meta else f"{len(meta['designs'])} designs"
     console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')} (version {meta['version']}): "
-                  f"timer {meta['timer']}, device {meta['device']}, design {meta['design']}, "
+                  f"timer {meta['timer']}, device {meta['device']}, {kind}, "
                   f"{meta['synthetic_kernels']} kernels, "
                   f"{meta['samples']} timed candidates; held-out NDCG@10 {meta['heldout_ndcg_at_10']:.3f}, "
                   f"true best in top-10 {meta['heldout_top10_hit_rate']:.0%}")

@@ -13,6 +13,7 @@ from lospmm.stages.prune import random_pruned
 from lospmm.stages.rank import RankParams
 from lospmm.search import SearchParams, choice, layer_search, layer_tiles, proxy_sources, proxy_timings
 from lospmm.status import Status
+from lospmm.kernel.design import BASELINE
 from lospmm.kernel.timing import Timing
 
 H100 = device_named("h100")
@@ -32,13 +33,14 @@ def test_layer_search_composes_the_stages(layer):
     assert len(chosen) == 5
     best = sorted(s.ranked, key=lambda r: -r.score)[:5]
     assert {(r.candidate.m1, r.candidate.n1) for r in best} == {(c.m1, c.n1) for c in chosen}
-    assert set(s.clusters) == {c.m1 for c in chosen}
-    for m1, cl in s.clusters.items():
+    label = BASELINE.label  # one design searched: every key names it
+    assert set(s.clusters) == {(c.m1, label) for c in chosen}
+    for (m1, _), cl in s.clusters.items():
         group = [c for c in chosen if c.m1 == m1]
         assert cl.num_clusters == min(s.tiles[m1].num_tiles, 3 * proxy_active_blocks(group, H100))
-    assert set(s.launches) == {(c.m1, c.n1) for c in chosen}
+    assert set(s.launches) == {(c.m1, c.n1, label) for c in chosen}
     c = chosen[0]
-    assert s.launches[(c.m1, c.n1)] == proxy_launch(c.num_a_tiles, 4096, c.m1, c.n1, c.pred_regs, H100)
+    assert s.launches[(c.m1, c.n1, label)] == proxy_launch(c.num_a_tiles, 4096, c.m1, c.n1, c.pred_regs, H100)
     assert set(proxy_sources(s, 768, 768)) == set(s.clusters)
 
 
@@ -61,10 +63,10 @@ def test_layer_tiles_keeps_each_distinct_m1_once(layer):
 
 
 def test_choice_is_the_fastest_proxy_that_timed():
-    t = {(8, 128): Timing("estimate", 5.0), (4, 64): Timing("estimate", 4.0),
-         (2, 32): Timing("estimate", 1.0, Status.ERROR)}
-    assert choice(t) == (4, 64)
-    assert choice({(2, 32): Timing("estimate", float("inf"), Status.ERROR)}) is None
+    t = {(8, 128, "a"): Timing("estimate", 5.0), (4, 64, "b"): Timing("estimate", 4.0),
+         (2, 32, "a"): Timing("estimate", 1.0, Status.ERROR)}
+    assert choice(t) == (4, 64, "b")
+    assert choice({(2, 32, "a"): Timing("estimate", float("inf"), Status.ERROR)}) is None
 
 
 def test_a_search_reports_seconds_per_stage(layer):
@@ -88,5 +90,5 @@ def test_a_streamed_search_compiles_and_prices_its_own_proxies(layer):
     assert sources and all(k.name.startswith("lospmm_stream_proxy_") and k.spec.design == design
                            for k in sources.values())
     timings = proxy_timings(s, 768, 768, 4096, EstimateTimer(H100))
-    assert set(timings) == {(c.m1, c.n1) for c in s.chosen}
+    assert set(timings) == {(c.m1, c.n1, design.label) for c in s.chosen}
     assert all(t.status == Status.OK and 0 < t.time_us < 1e4 for t in timings.values())

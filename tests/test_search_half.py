@@ -89,7 +89,7 @@ def test_a_half_layer_is_searched_with_half_proxies_that_run_clean_and_spill_no_
     booster = load_ranker(shipped_ranker(half=True))[0]
     search = layer_search(a, 512, 0.8, H100, booster, SearchParams(m1s=(2, 8), design=design))
     assert search.chosen and all(c.num_b_tiles == -(-512 // (2 * c.n1)) for c in search.chosen)
-    for m1, proxy in proxy_sources(search, 96, 256).items():
+    for (m1, _), proxy in proxy_sources(search, 96, 256).items():
         assert proxy.name.startswith("lospmm_half_proxy") and proxy.layout.columns_per_thread == 2
         assert proxy.params[0] == "const lospmm_h16* B"
         compiled = compiled_kernel(proxy, kernel_options("sm_90", m1, design=design))
@@ -97,7 +97,7 @@ def test_a_half_layer_is_searched_with_half_proxies_that_run_clean_and_spill_no_
         full = compiled_kernel(kernel_source(a, search.tiles[m1], 64, CodegenParams(design=design)),
                                kernel_options("sm_90", m1, design=design))
         assert compiled.thread_spill_bytes <= full.thread_spill_bytes == 0
-        assert proxy_check(proxy, search.clusters[m1].cluster_of, 37, 32) == "asan-ok"
+        assert proxy_check(proxy, search.clusters[(m1, design.label)].cluster_of, 37, 32) == "asan-ok"
     timings = proxy_timings(search, 96, 256, 512, estimate_timer(H100))
     assert timings and all(np.isfinite(t.time_us) for t in timings.values())
 

@@ -55,8 +55,10 @@ class RunConfig:
     lowest; False: `--no-nm-kernel`),
     design="baseline" (the kernel design the constraints, proxies and emitted kernels follow:
     kernel.design.design_named's tokens, `--design`; a half source's is its half form: source_design;
-    "auto": the search in the baseline, each layer's kernel in the design of
-    kernel.choices.DESIGN_CANDIDATES that the estimate prices lowest for its tile),
+    "auto": the design is a search dimension: each fp32 layer's candidates span every design of
+    kernel.choices.DESIGN_CANDIDATES (each with its own constraints and proxies), ranked together by
+    the design-aware ranker (storage.ranker_store.SHIPPED_DESIGNS), and emit prices the fastest
+    proxy's tile in the others too),
     dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
     to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also
@@ -144,6 +146,13 @@ class RunPlan:
         (a half source's: one packed pair per thread, the run's accumulation)."""
         return source_design(self.search.design, source.dtype, self.config.accumulate, self.config.promote_every)
 
+    def designs_for(self, source: Source) -> tuple[KernelDesign, ...]:
+        """The designs `source`'s search spans: every one of a `--design auto` run (search.designs) for
+        fp32 kernels, else design_for's alone (a half kernel has one grid so far)."""
+        if self.search.designs and source.dtype == "fp32":
+            return self.search.designs
+        return (self.design_for(source),)
+
 
 MIN_FREE_BYTES = 256 * 2**20  # below this a run would fail writing artifacts or compile-cache entries
 
@@ -180,7 +189,7 @@ def resolved(cfg: RunConfig) -> RunPlan:
         prune={kind: PruneParams(method=cfg.prune or default_method(kind), seed=cfg.seed)
                for kind in ("zoo", "weights")},
         search=SearchParams(m1s=tuple(sorted(set(cfg.m1s))), constrain=ConstrainParams(th_row=cfg.th_row, th_col=cfg.th_col),
-                            rank=rank, design=design,
+                            rank=rank, design=design, designs=run_designs(cfg.design),
                             reorder=ReorderParams(strategies=cfg.reorder, budget_seconds=cfg.reorder_budget,
                                                   price_device=device.name, max_cov_nnz=cfg.th_row)),
         emit=emit_params(rank, verify=True, implicit_conv=cfg.implicit_conv, nm_kernel=cfg.nm_kernel,
@@ -206,6 +215,32 @@ def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:
 
 
 AUTO_DESIGN = "auto"  # --design auto: the search in the baseline design, each layer's kernel in the cheapest design
+
+
+def run_designs(text: str) -> tuple[KernelDesign, ...]:
+    """The designs each layer's search spans: kernel.choices.DESIGN_CANDIDATES for `--design auto`
+    (the baseline first), none besides the run's design otherwise."""
+    return tuple(design_named(d) for d in DESIGN_CANDIDATES) if text == AUTO_DESIGN else ()
+
+
+def trained_designs(text: str) -> tuple[KernelDesign, ...]:
+    """The designs `train-ranker --designs` ranks together: "" none (a ranker of one design), "auto"
+    the run's candidates (run_designs), else labels split by ';' (two or more fp32 tiled designs);
+    ConfigError naming what cannot be read."""
+    if not text:
+        return ()
+    if text == AUTO_DESIGN:
+        return run_designs(text)
+    try:
+        designs = tuple(dict.fromkeys(design_named(t.strip()) for t in text.split(";") if t.strip()))
+    except ValueError as e:
+        raise ConfigError(f"--designs: {e}") from None
+    if len(designs) < 2:
+        raise ConfigError(f"--designs {text!r}: name two or more designs (split by ';'), or 'auto'")
+    odd = [d.label for d in designs if d.half or not d.tiled]
+    if odd:
+        raise ConfigError(f"--designs: {', '.join(odd)}: a design-aware ranker ranks fp32 tiled designs")
+    return designs
 
 
 def run_design(text: str) -> KernelDesign:
@@ -282,14 +317,23 @@ def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool, given_half: boo
     otherwise."""
     if not (cfg.rank and "rank" in stages):
         return RankerRef(cfg.ranker, "none")
-    from lospmm.flows.storage.ranker_store import RankerError, checked_ranker, shipped_ranker
+    from lospmm.flows.storage.ranker_store import SHIPPED_DESIGNS, RankerError, checked_ranker, shipped_ranker
+    from lospmm.stages.rank import ranker_features, ranks_designs
 
+    designs = not half and cfg.design == AUTO_DESIGN  # the fp32 candidates span designs: ranked together
     path = cfg.ranker if cfg.ranker and given_half == half else \
-        (str(shipped_ranker(half=True)) if half else None)
+        (str(shipped_ranker(half=True)) if half else str(SHIPPED_DESIGNS) if designs else None)
     try:
         _, meta = checked_ranker(path)  # the model itself, not only its metadata: a bad file fails here
-        return RankerRef(path, meta["version"])
     except (RankerError, KeyError) as e:
+        raise ConfigError(f"--ranker: {e}") from None
+    if designs and not ranks_designs(ranker_features(meta)):
+        raise ConfigError(f"--ranker {cfg.ranker}: ranks the tiles of one kernel design, and --design auto ranks "
+                          f"every design's together (train one with `lospmm train-ranker --designs auto`, or leave "
+                          f"--ranker out for the shipped one)")
+    try:
+        return RankerRef(path, meta["version"])
+    except KeyError as e:
         raise ConfigError(f"--ranker: {e}") from None
 
 

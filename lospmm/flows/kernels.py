@@ -23,7 +23,7 @@ from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
 from lospmm.kernel.check import CheckResult, check_count, checked_paths
 from lospmm.kernel.cuda import CudaError, context_lost
-from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign, design_named
 from lospmm.kernel.choices import served_options, untiled_served
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
@@ -207,6 +207,9 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     layer = timed[0]["layer"]
     best = fastest_proxy(timed, params.tie_band if timer.measures else 0.0)  # an estimate has no noise to tie in
     ok = timed_ok(timed)
+    run_design = design  # the run's: its kernels' labels name no design
+    if best is not None and best.get("design"):  # where the search spans designs, the fastest proxy's
+        design = design_named(best["design"])
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok,
             "form": "gemm" if conv is None else "implicit-conv", "dtype": design.dtype}
@@ -219,14 +222,17 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         # (`--design auto`) every timed tile in every design, since the tile best in one design need not
         # be in another; then the N:M kernel of an N:M layer
         joint = bool(params.designs)
-        by_tile = {(r["m1"], r["n1"]): r for r in timed_rows(timed)} if joint else {(best["m1"], best["n1"]): best}
+        key = lambda r: (r["m1"], r["n1"], r.get("design") or run_design.label)  # noqa: E731
+        by_tile = {key(r): r for r in timed_rows(timed)} if joint else {key(best): best}
         if joint and not timer.measures:
             base["chosen_by"] = f"{params.chosen_by}; tile and design by the estimate"
-        tiled = [(best["m1"], best["n1"])] + [t for t in by_tile if t != (best["m1"], best["n1"])]
-        options = [o for i, (tm1, tn1) in enumerate(tiled)
-                   for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1, design,
-                                           timer.device, params.nm_kernel and i == 0, params.designs, epilogue,
-                                           conv is not None)]
+        tiled = [key(best)] + [t for t in by_tile if t != key(best)]
+        options = [o for i, (tm1, tn1, label) in enumerate(tiled)
+                   for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1,
+                                           design if i == 0 else design_named(label), timer.device,
+                                           params.nm_kernel and i == 0, params.designs, epilogue, conv is not None,
+                                           named=run_design)]
+        options = list({(o.label, o.m1, o.n1): o for o in options}.values())  # a tile in a design once
         served, runner_up = cheapest_design(options)
 
         dense_times: dict[str, float] = {}
@@ -260,7 +266,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                         "speedup_vs_dense": speedup(dense_us, full_us, timer.measures), "check": check,
                         "max_rel_error": error, **({"check_message": failure} if failure else {})}
 
-            proxy_us = by_tile.get((m1, n1), best)["time_us"]
+            proxy_us = by_tile.get((m1, n1, design.label), best)["time_us"]
             return emitted_kernel(root, matrix, tiles[m1], layer, best["sparsity"], n1, arch, where, compile_=True,
                                   verify=params.verify and not timer.runs_binary,
                                   extra={"chosen_by": base["chosen_by"], "timer": timer.name, "gpu": timer.device.name,

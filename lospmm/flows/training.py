@@ -11,42 +11,48 @@ from typing import Callable
 import numpy as np
 
 from lospmm.flows.storage.ranker_store import save_ranker
-from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign, design_named
 from lospmm.kernel.numbers import in_format
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.prune import random_pruned
-from lospmm.stages.rank import (RankerParams, SyntheticKernel, SyntheticParams, feature_row, synthetic_kernels,
-                                trained_ranker, training_rows)
+from lospmm.stages.rank import (DESIGN_FEATURES, FEATURES, RankerParams, SyntheticKernel, SyntheticParams,
+                                feature_row, synthetic_kernels, trained_ranker, training_rows)
 from lospmm.stages.reorder import tile_stats
 from lospmm.search import full_kernel_time, layer_tiles
 from lospmm.kernel.timing import Timer
 
 
 def candidate_rows(sk: SyntheticKernel, device, params: SyntheticParams = SyntheticParams(),
-                   design: KernelDesign = BASELINE) -> list[dict]:
+                   design: KernelDesign = BASELINE, designs: tuple[KernelDesign, ...] = ()) -> list[dict]:
     """The kept candidates of one synthetic kernel (the search's own reorder and constrain) for
-    kernels of `design`, with the tiles needed to time them (a half design's A rounded to its dtype)."""
+    kernels of `design`, or of each of `designs` (one group: a design-aware ranker's example), with
+    the tiles needed to time them (a half design's A rounded to its dtype)."""
     a = random_pruned(sk.m, sk.k, sk.sparsity, np.random.default_rng(sk.seed))
-    a = in_format(a, design.number)[0]
+    a = in_format(a, (designs[0] if designs else design).number)[0]
     tiles = layer_tiles(a, sk.n, params.m1, params.reorder)
     return [{**vars(c), **feature_row(c, sk.sparsity, sk.k), "m": sk.m, "n": sk.n, "_tiles": tiles[c.m1],
              "_matrix": a}
-            for c in layer_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, design=design)
+            for c in layer_candidates(sk.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, design=design,
+                                      designs=designs)
             if c.removed_by is None]  # fallbacks are not examples of good tiles
 
 
 def candidate_time(timer: Timer, design: KernelDesign = BASELINE) -> Callable[[SyntheticKernel, dict], float]:
-    """µs of a candidate's full kernel in `design` (search.full_kernel_time: compiled first when the
-    timer runs binaries, a failed compile times as inf; else estimated at the register prediction)."""
+    """µs of a candidate's full kernel in its own design (a row of several designs') or `design`
+    (search.full_kernel_time: compiled first when the timer runs binaries, a failed compile times as
+    inf; else estimated at the register prediction)."""
     def time_of(sk: SyntheticKernel, c: dict) -> float:
-        return full_kernel_time(timer, c["_matrix"], c["_tiles"], sk.m, sk.k, sk.n, c["n1"], design)
+        own = design_named(c["design"]) if c.get("design") else design
+        return full_kernel_time(timer, c["_matrix"], c["_tiles"], sk.m, sk.k, sk.n, c["n1"], own)
     return time_of
 
 
 def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
-                 progress: Callable[[int, int], None] | None = None, design: KernelDesign = BASELINE) -> dict:
-    """Build the training set for kernels of `design`, fit, save to `out` (.txt + .json); returns the
-    metadata (which names the design)."""
+                 progress: Callable[[int, int], None] | None = None, design: KernelDesign = BASELINE,
+                 designs: tuple[KernelDesign, ...] = ()) -> dict:
+    """Build the training set for kernels of `design`, or a design-aware one over `designs` (each
+    synthetic kernel's tiles in every design one group, Table 1's features and DESIGN_FEATURES), fit,
+    save to `out` (.txt + .json); returns the metadata (which names the design or designs)."""
     device = timer.device
     t0 = time.perf_counter()
     kernels = synthetic_kernels(count, seed=seed)
@@ -56,16 +62,18 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
         done[0] += 1
         if progress:
             progress(done[0], len(kernels))
-        return candidate_rows(sk, device, design=design)
+        return candidate_rows(sk, device, design=design, designs=designs)
 
-    x, t, g = training_rows(kernels, candidates_of, candidate_time(timer, design))
+    names = FEATURES + DESIGN_FEATURES if len(designs) > 1 else FEATURES
+    x, t, g = training_rows(kernels, candidates_of, candidate_time(timer, design), names)
     if len(np.unique(g)) < 5:
         raise ValueError(f"only {len(np.unique(g))} synthetic kernels had 2+ kept candidates; raise --samples")
-    trained = trained_ranker(x, t, g, RankerParams(seed=seed))
+    trained = trained_ranker(x, t, g, RankerParams(seed=seed), names=names)
     meta = {**trained.metadata, "timer": timer.name, "device": device.name, "arch": device.arch,
             "synthetic_kernels": count, "samples": int(len(t)), "seed": seed,
             "seconds": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "table3_ranges": asdict(SyntheticParams()), "design": design.label}
+            "table3_ranges": asdict(SyntheticParams()),
+            **({"designs": [d.label for d in designs]} if len(designs) > 1 else {"design": design.label})}
     return save_ranker(out, trained.booster, meta)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lospmm.devices import block_registers
 from lospmm.kernel.design import BASELINE, KernelDesign, conv_design, design_in, design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
@@ -46,14 +47,16 @@ class Served:
 
 def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: KernelDesign, device,
                    untiled: bool = True, designs: tuple[str, ...] = (), epilogue: Epilogue = Epilogue(),
-                   conv: bool = False) -> list[Served]:
+                   conv: bool = False, named: KernelDesign | None = None) -> list[Served]:
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
     search measured its proxies; where the run's design fuses no epilogue and the layer has one, in
     the baseline), then in each of `designs` (fp32 labels, taken in the run's number
     format and, for a convolution's implicit-im2col kernel (`conv`), its grid order and walks) that can serve
     it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
-    this number format (untiled_options; a GEMM layer's)."""
+    this number format (untiled_options; a GEMM layer's). A label names its design unless it is
+    `named` (default: `design`; the run's, where the search spans designs)."""
+    named = design if named is None else named
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
@@ -66,7 +69,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         if any(o.design == d for o in options):
             continue
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d))
-        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design else f" {d.label}"), float(timing.time_us), d,
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1))
     return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])
 
@@ -88,10 +91,17 @@ def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = F
 
 def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, epilogue: Epilogue = Epilogue()) -> str:
     """Why the kernel of tile (m1, n1) in `design` cannot serve N columns ("" when it can): its
-    predicted registers above the device's limit, a grid past its limits, an epilogue it does not fuse."""
+    predicted registers above the device's limit per thread or per block, a grid past its limits, an
+    epilogue it does not fuse."""
     registers = predicted_registers(m1, design=design)
     if registers > device.max_regs_per_thread:
         return f"{registers} registers predicted, over {device.max_regs_per_thread}"
+    block = block_registers(registers, n1, device)
+    if block > min(device.max_regs_per_block, device.regs_per_sm):
+        # the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: 5 kernels of the H200's A/B, v=2 and v=4
+        # on tiles sized for the baseline's registers)
+        return (f"{registers} registers predicted × {n1} threads = {block} a block, over "
+                f"{min(device.max_regs_per_block, device.regs_per_sm)}")
     if not epilogue.empty and not design.fuses_epilogue:
         return f"design {design.label} fuses no epilogue"
     try:

@@ -37,11 +37,11 @@ prediction: every tile function of 30 sampled layer × M1 cases (sparsity 0.5-0.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign, conv_design
 from lospmm.devices import Device
 from lospmm.devices import block_registers
 from lospmm.kernel.registers import RegisterModel, predicted_registers
@@ -75,7 +75,7 @@ class ConstrainParams:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One tile size (M1, N1) with everything the constraints looked at."""
+    """One tile size (M1, N1) of a kernel design with everything the constraints looked at."""
 
     m1: int
     n1: int
@@ -92,6 +92,7 @@ class Candidate:
     max_nnc: int
     removed_by: str | None
     fallback: bool = False  # kept although it fails `removed_by`: nothing passed every constraint
+    design: str = BASELINE.label  # the kernel design it is a tile of (KernelDesign.label)
 
     @property
     def kept(self) -> bool:
@@ -109,10 +110,12 @@ def constrained_candidates(
     device: Device,
     params: ConstrainParams = ConstrainParams(),
     design: KernelDesign = BASELINE,
+    fallback: bool = True,
 ) -> list[Candidate]:
     """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`, for a
     kernel of `design`: a block of N1 threads covers N1·V columns (V columns per thread) and walks
-    `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks."""
+    `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks. With
+    `fallback`, the least-bad are kept when none passes (with_fallback)."""
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
     out = []
@@ -137,8 +140,9 @@ def constrained_candidates(
             else:
                 reason = None
             out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, n1, regs, block_regs,
-                                 stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason))
-    if params.fallback_keep > 0 and not any(c.kept for c in out):
+                                 stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason,
+                                 design=design.label))
+    if fallback and params.fallback_keep > 0 and not any(c.kept for c in out):
         out = with_fallback(out, device, params)
     return out
 
@@ -156,19 +160,41 @@ def with_fallback(candidates: list[Candidate], device: Device, params: Constrain
     """`candidates` with the `fallback_keep` least-bad ones (removed only by utilisation or load
     balance) flagged `fallback`, so kept; unchanged if none is eligible."""
     eligible = [c for c in candidates if c.removed_by in ("utilisation", "load_balance")]
-    picked = {(c.m1, c.n1) for c in sorted(eligible, key=lambda c: (overshoot(c, device, params), c.m1, c.n1))
+    # the designs' order breaks a tie: the run's own (the first searched) before the others
+    order = {label: i for i, label in enumerate(dict.fromkeys(c.design for c in candidates))}
+    picked = {(c.m1, c.n1, c.design) for c in sorted(eligible, key=lambda c: (overshoot(c, device, params), c.m1,
+                                                                             c.n1, order[c.design]))
               [:params.fallback_keep]}
-    return [replace(c, fallback=True) if (c.m1, c.n1) in picked else c for c in candidates]
+    return [replace(c, fallback=True) if (c.m1, c.n1, c.design) in picked else c for c in candidates]
 
 
 def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Device,
                      params: ConstrainParams = ConstrainParams(), empty: bool = False,
-                     design: KernelDesign = BASELINE) -> list[Candidate]:
-    """`constrained_candidates` for one layer; an all-zero layer (`empty`) has no tiles, so it
-    stands as M1 = 1 with zero tiles and every N1 is removed as `empty`."""
+                     design: KernelDesign = BASELINE, designs: Sequence[KernelDesign] = ()) -> list[Candidate]:
+    """`constrained_candidates` for one layer in `design`, or in each of `designs` when given (the
+    design as a search dimension: every (M1, N1, design), design by design in the order given, each
+    with its own registers, column multiple and walks); the least-bad are kept as a fallback only
+    when no candidate of any design passes. An all-zero layer (`empty`) has no tiles, so it stands
+    as M1 = 1 with zero tiles and every N1 is removed as `empty`."""
     if empty:
         tiles_by_m1 = {1: TileStats(0, 0, 0.0, 0, 0, 0.0)}
-    return constrained_candidates(n, tiles_by_m1, device, params, design)
+    out = [c for d in (list(dict.fromkeys(designs)) or [design])
+           for c in constrained_candidates(n, tiles_by_m1, device, params, d, fallback=False)]
+    if params.fallback_keep > 0 and not any(c.kept for c in out):
+        out = with_fallback(out, device, params)
+    return out
+
+
+def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bool = True) -> tuple[KernelDesign, ...]:
+    """The designs a layer's search spans: `designs`, each once; where several are searched, a
+    convolution served by an implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the
+    part of each baked design such a kernel has (conv_design: the grid's order and walks). One
+    design (a forced `--design`) stands as given: a convolution in a design without a conv kernel is
+    served by the GEMM kernel on its im2col B (stages.emit.kernel_form)."""
+    unique = tuple(dict.fromkeys(designs))
+    if len(unique) > 1 and op == "conv" and implicit_conv:
+        return tuple(dict.fromkeys(conv_design(d) for d in unique if d.a_values == "baked")) or unique[:1]
+    return unique
 
 
 def reduction_counts(candidates: list[Candidate]) -> dict[str, int]:

@@ -9,14 +9,38 @@ its graded relevance is how close its time is to the group's best.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
 
+from lospmm.kernel.design import design_named
 from lospmm.stages.reorder import ReorderParams
 
 # Table 1, in this order: schedule information, sparse attributes, tile size.
 FEATURES = ("num_a_tiles", "num_b_tiles", "block_num", "sparsity", "nnc_sum", "nnz_max", "m1", "n1", "k")
+# a design-aware ranker's (one that ranks the tiles of several kernel designs together) besides Table 1's:
+# what of the design changes the code a thread runs (kernel.design.KernelDesign)
+DESIGN_FEATURES = ("columns_per_thread", "column_walks", "column_x", "chained", "streamed")
+
+
+@lru_cache(maxsize=None)
+def design_features(label: str) -> dict:
+    """DESIGN_FEATURES of the design with this label (KernelDesign.label; "" is the baseline)."""
+    d = design_named(label or "baseline")
+    return {"columns_per_thread": d.columns_per_thread, "column_walks": d.column_walks,
+            "column_x": int(d.order == "column-x"), "chained": int(d.loads == "chained"),
+            "streamed": int(d.a_values == "streamed")}
+
+
+def ranker_features(metadata: dict) -> tuple[str, ...]:
+    """The features a ranker was trained on (its metadata's; Table 1's for a model that names none)."""
+    return tuple(metadata.get("features") or FEATURES)
+
+
+def ranks_designs(features) -> bool:
+    """Whether a ranker with these features tells kernel designs apart."""
+    return set(DESIGN_FEATURES) <= set(features)
 
 
 @dataclass(frozen=True)
@@ -90,14 +114,24 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
     return out
 
 
-def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
-    """Table 1's features of candidate rows (dicts with the FEATURES keys) as float64."""
-    return np.array([[float(r[f]) for f in FEATURES] for r in rows], dtype=np.float64).reshape(len(rows), len(FEATURES))
+def feature_value(row: dict, name: str) -> float:
+    """One feature of a candidate row; a design feature from the row's `design` label where the row
+    does not hold it (a row without one is the baseline's)."""
+    if name in DESIGN_FEATURES and name not in row:
+        return float(design_features(row.get("design") or "")[name])
+    return float(row[name])
+
+
+def feature_matrix(rows: Sequence[dict], features: Sequence[str] = FEATURES) -> np.ndarray:
+    """The `features` (Table 1's by default) of candidate rows as float64."""
+    return np.array([[feature_value(r, f) for f in features] for r in rows],
+                    dtype=np.float64).reshape(len(rows), len(features))
 
 
 def feature_row(candidate, sparsity: float, k: int) -> dict:
-    """Table 1's features of a constrain.Candidate on a layer of this sparsity and K."""
-    return {**{f: getattr(candidate, f) for f in FEATURES if hasattr(candidate, f)}, "sparsity": sparsity, "k": k}
+    """Table 1's features of a constrain.Candidate on a layer of this sparsity and K, and its design."""
+    return {**{f: getattr(candidate, f) for f in FEATURES if hasattr(candidate, f)}, "sparsity": sparsity, "k": k,
+            "design": getattr(candidate, "design", "")}
 
 
 def relevance(times_us: np.ndarray, levels: int = 8) -> np.ndarray:
@@ -161,7 +195,8 @@ def ranker_quality(booster, features: np.ndarray, times_us: np.ndarray, groups: 
 
 
 def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarray,
-                   params: RankerParams = RankerParams(), held: set | None = None) -> TrainedRanker:
+                   params: RankerParams = RankerParams(), held: set | None = None,
+                   names: Sequence[str] = FEATURES) -> TrainedRanker:
     """Fit LGBMRanker on candidate rows (`groups` = group id per row, rows of a group contiguous)
     and report held-out NDCG@10, the top-10 hit rate (true best tile within the predicted top 10),
     and the loss of the best of the top 10 against the true best (share within 2%, mean). `held`:
@@ -196,7 +231,7 @@ def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarra
         hits.append(best in top)
         # the paper's Table 4 view: how much slower the best of the top 10 is than the true best
         losses.append(float(t_sorted[mask][top].min() / t_sorted[mask][best] - 1))
-    meta = {"features": list(FEATURES), "train_groups": int(len(ids) - len(held)), "heldout_groups": len(held),
+    meta = {"features": list(names), "train_groups": int(len(ids) - len(held)), "heldout_groups": len(held),
             "rows": int(len(x)), "heldout_ndcg_at_10": float(np.mean(ndcgs)),
             "heldout_top10_hit_rate": float(np.mean(hits)),
             "heldout_top10_within_2pct": float(np.mean(np.array(losses) <= 0.02)),
@@ -205,22 +240,29 @@ def trained_ranker(features: np.ndarray, times_us: np.ndarray, groups: np.ndarra
     return TrainedRanker(model.booster_, meta)
 
 
-def ranked(rows: Sequence[dict], booster, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Scores and 1-based ranks (1 = best) of one kernel's kept candidates; rank ≤ top_k is chosen."""
+def ranked(rows: Sequence[dict], booster, top_k: int, features: Sequence[str] = FEATURES
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and 1-based ranks (1 = best) of one kernel's kept candidates on the ranker's
+    `features`; rank ≤ top_k is chosen."""
     if not rows:
         return np.zeros(0), np.zeros(0, dtype=np.int32)
-    scores = np.asarray(booster.predict(feature_matrix(rows)), dtype=np.float64)
+    scores = np.asarray(booster.predict(feature_matrix(rows, features)), dtype=np.float64)
     ranks = np.empty(len(rows), dtype=np.int32)
     ranks[np.argsort(-scores, kind="stable")] = np.arange(1, len(rows) + 1)
     return scores, ranks
 
 
-def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankParams()
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankParams(),
+                      features: Sequence[str] = FEATURES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Scores, 1-based ranks and the `chosen` mask of one kernel's kept candidates: the ranker's
-    top-K, or with `use_rank=False` every candidate (scores 0, ranks in the given order)."""
+    top-K (on its `features`: a design-aware ranker's rank the tiles of several designs together),
+    or with `use_rank=False` every candidate (scores 0, ranks in the given order). ValueError when
+    the candidates span several designs and the ranker cannot tell designs apart."""
     if params.use_rank:
-        scores, ranks = ranked(rows, booster, params.top_k)
+        if len({r.get("design") or "" for r in rows}) > 1 and not ranks_designs(features):
+            raise ValueError("the candidates span several kernel designs and the ranker was trained on one "
+                             "(train a design-aware one: lospmm train-ranker --designs auto)")
+        scores, ranks = ranked(rows, booster, params.top_k, features)
         return scores, ranks, ranks <= params.top_k
     n = len(rows)
     return np.zeros(n), np.arange(1, n + 1, dtype=np.int32), np.ones(n, dtype=bool)
@@ -237,7 +279,7 @@ def launch_features(row: dict) -> dict:
     num_a, num_b = len(row["tile_loads"]), -(-int(row["n"]) // int(row["n1"]))
     return {"num_a_tiles": num_a, "num_b_tiles": num_b, "block_num": num_a * num_b, "sparsity": float(row["sparsity"]),
             "nnc_sum": int(np.sum(row["tile_loads"])), "nnz_max": int(np.max(row["tile_fmas"])), "m1": int(row["m1"]),
-            "n1": int(row["n1"]), "k": int(row["k"])}
+            "n1": int(row["n1"]), "k": int(row["k"]), "design": row.get("design") or ""}
 
 
 def measured_rows(launches: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
@@ -266,7 +308,8 @@ def measured_rows(launches: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def training_rows(kernels: Sequence[SyntheticKernel], candidates_of: Callable[[SyntheticKernel], list[dict]],
-                  time_of: Callable[[SyntheticKernel, dict], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  time_of: Callable[[SyntheticKernel, dict], float], features: Sequence[str] = FEATURES
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features, times and group ids for `kernels`; both callables are passed in (Triton-style), so
     the timer can be the estimate model or a GPU. A candidate that fails to time gets inf."""
     feats, times, groups = [], [], []
@@ -282,4 +325,4 @@ def training_rows(kernels: Sequence[SyntheticKernel], candidates_of: Callable[[S
             feats.append(c)
             times.append(t)
             groups.append(gid)
-    return feature_matrix(feats), np.array(times, dtype=np.float64), np.array(groups, dtype=np.int64)
+    return feature_matrix(feats, features), np.array(times, dtype=np.float64), np.array(groups, dtype=np.int64)

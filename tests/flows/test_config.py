@@ -292,9 +292,10 @@ def test_a_half_source_is_searched_in_its_half_design_with_the_half_ranker(tmp_p
     assert p.design_for(zoo) == design_named("chained")
     assert p.design_for(weights) == design_named("fp16,acc=f32,chained")
     assert p.ranker_for(weights).path == str(SHIPPED_HALF) and p.ranker_for(zoo).path is None
-    # every stage that sizes, builds or times a kernel gets the source's design; the rank stage its ranker
-    for stage in ("constrain", "pad", "compile", "time", "emit"):
-        assert NODES[stage].params(p, weights, 0.9)["design"] == design_named("fp16,acc=f32,chained")
+    # constrain spans the source's design (its rows name it for pad, compile and time), emit serves in it;
+    # the rank stage gets its ranker
+    assert NODES["constrain"].params(p, weights, 0.9)["designs"] == (design_named("fp16,acc=f32,chained"),)
+    assert NODES["emit"].params(p, weights, 0.9)["design"] == design_named("fp16,acc=f32,chained")
     assert NODES["rank"].params(p, weights, 0.9)["ranker"].path == str(SHIPPED_HALF)
     assert NODES["rank"].params(p, zoo, 0.9)["ranker"].path is None  # the shipped fp32 model
     # --ranker serves the sources of the kind it ranks; the shipped model of the other kind the rest
@@ -323,3 +324,32 @@ def test_the_reorder_keeps_to_the_runs_load_balance_threshold(tmp_path):
     assert plan.search.reorder.max_cov_nnz == 0.1 and plan.search.reorder.strategies == ("identity", "algorithm1")
     with pytest.raises(ConfigError, match="--reorder"):
         resolved(RunConfig(zoo=("shufflenetv2",), reorder=("nope",), artifacts=str(tmp_path)))
+
+
+def test_design_auto_searches_every_candidate_design_with_the_design_aware_ranker(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.flows.config import ConfigError, RunConfig, resolved
+    from lospmm.flows.dag import NODES
+    from lospmm.flows.storage.ranker_store import SHIPPED, SHIPPED_DESIGNS, SHIPPED_HALF
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.design import design_named
+
+    half = tmp_path / "half.safetensors"
+    save_file({"enc.0.weight": np.ones((8, 8), np.float16)}, str(half))
+    p = resolved(RunConfig(zoo=("bert-base",), weights=str(half), design="auto", artifacts=str(tmp_path / "art")))
+    zoo, weights = p.sources
+    # fp32 candidates span every design, ranked together by the design-aware model
+    assert p.designs_for(zoo) == tuple(design_named(d) for d in DESIGN_CANDIDATES)
+    assert NODES["constrain"].params(p, zoo, 0.9)["designs"] == p.designs_for(zoo)
+    assert p.ranker_for(zoo).path == str(SHIPPED_DESIGNS)
+    # a half source has one grid so far: its own design and the half ranker
+    assert p.designs_for(weights) == (design_named("fp16"),) and p.ranker_for(weights).path == str(SHIPPED_HALF)
+    # a ranker of one design cannot rank several designs' tiles together: said before any work
+    with pytest.raises(ConfigError, match="ranks the tiles of one kernel design"):
+        resolved(RunConfig(zoo=("bert-base",), design="auto", ranker=str(SHIPPED), artifacts=str(tmp_path / "a2")))
+    # a forced design is searched alone, with the shipped model
+    forced = resolved(RunConfig(zoo=("bert-base",), design="chained,v=4", artifacts=str(tmp_path / "a3")))
+    assert forced.designs_for(forced.sources[0]) == (design_named("chained,v=4"),)
+    assert forced.ranker_for(forced.sources[0]).path is None

@@ -188,7 +188,7 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
             s = layer_search(csr_from_row(pruned, i), row["n"], 0.8, device_named("h100"), booster,
                              SearchParams(m1s=(2, 8), rank=RankParams(top_k=4)))
             assert {(c.m1, c.n1) for c in s.chosen} == {(m1, n1) for lay, m1, n1 in chosen if lay == row["layer"]}
-            assert {m1: cl.num_clusters for m1, cl in s.clusters.items()} == \
+            assert {m1: cl.num_clusters for (m1, _), cl in s.clusters.items()} == \
                 {r["m1"]: r["num_clusters"] for r in clusters if r["layer"] == row["layer"]}
     summary = pq.read_table(root / record["summary"]).to_pylist()
     good = [s for s in summary if s["status"] == "ok"]
@@ -213,18 +213,23 @@ def test_whole_search_to_emitted_kernels(tmp_path, weights_file):
     assert {(r["layer"], r["m1"], r["n1"]) for r in timed} == kept
 
 
+def _emitted(tmp_path, weights_file, **options):
+    """A run to emit at 0.8 over M1 in {2, 8} with proxies host-checked (--verify): the artifact root and
+    each stage's artifact, after checking every task completed."""
+    root = tmp_path / "artifacts"
+    result = pl.pipeline(config=_config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="emit", verify=True,
+                                        **options))
+    states, record = _states(result, root)
+    assert result["status"] == "completed" and set(states.values()) == {"Completed"}
+    return root, {e["stage"]: root / e["path"] for e in record["entries"]}
+
+
 def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
     # the streamed design has its own proxy (the same loop over the clusters' columns), so a run searches
     # in it (a layer with a bias the streamed kernel cannot fuse: tests/kernel/test_choices.py)
     import json
 
-    root = tmp_path / "artifacts"
-    cfg = _config(root, weights_file, sparsities=[0.8], m1s=[2, 8], until="emit", verify=True, top_k=2,
-                  design="streamed,chained")
-    result = pl.pipeline(config=cfg)
-    states, record = _states(result, root)
-    assert result["status"] == "completed" and set(states.values()) == {"Completed"}
-    paths = {e["stage"]: root / e["path"] for e in record["entries"]}
+    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="streamed,chained")
     compiled = pq.read_table(paths["compile"]).to_pylist()
     assert compiled and all(r["kernel"].startswith("lospmm_stream_proxy_") and r["verified"] == "asan-ok"
                             and r["spill_stores"] == 0 for r in compiled)
@@ -234,6 +239,41 @@ def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
         facts = json.loads((root / r["kernel_dir"] / "kernel.json").read_text())
         assert facts["design"]["label"] == "streamed,chained,tile-x,walks=1,v=1" and "×" in r["design"]
+
+
+def test_design_auto_searches_the_designs_through_every_stage(tmp_path, weights_file):
+    # `--design auto`: each layer's candidates span every candidate design, the design-aware ranker's
+    # top-K may hold several, each (M1, design) gets its own proxy, compiled and host-checked under ASan,
+    # and the layer is served by a tile in the design the search chose
+    import json
+
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.design import design_named
+
+    root, paths = _emitted(tmp_path, weights_file, top_k=6, design="auto")
+    labels = {design_named(d).label for d in DESIGN_CANDIDATES}
+    candidates = pq.read_table(paths["constrain"]).to_pylist()
+    q = [r for r in candidates if r["layer"] == "enc.0.q.weight"]
+    assert {r["design"] for r in q} == labels and len(q) == len(labels) * 2 * 32
+    chosen = [r for r in pq.read_table(paths["rank"]).to_pylist() if r["chosen"]]
+    assert len({(r["layer"], r["design"]) for r in chosen}) > 2  # the ranker's top-K spans designs
+    compiled = pq.read_table(paths["compile"]).to_pylist()
+    assert {(r["layer"], r["m1"], r["design"]) for r in compiled} == {(r["layer"], r["m1"], r["design"])
+                                                                     for r in chosen}
+    assert all(r["status"] == "ok" and r["verified"] == "asan-ok" and r["spill_stores"] == 0 for r in compiled)
+    for r in compiled:  # each proxy is rendered in its row's design (its source's header names a non-baseline one)
+        source = (root / r["source_path"]).read_text()
+        design = design_named(r["design"])
+        assert (f"design={design.code_label}" in source) == (design != design_named("baseline")), r["design"]
+    timed = pq.read_table(paths["time"]).to_pylist()
+    assert {(r["layer"], r["m1"], r["n1"], r["design"]) for r in timed} == {
+        (r["layer"], r["m1"], r["n1"], r["design"]) for r in chosen}
+    for r in pq.read_table(paths["emit"]).to_pylist():
+        if r["layer"] not in ("enc.0.q.weight", "enc.0.ffn.weight"):
+            continue
+        assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
+        facts = json.loads((root / r["kernel_dir"] / "kernel.json").read_text())
+        assert facts["design"]["label"] in labels
 
 
 def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):

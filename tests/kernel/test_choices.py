@@ -94,3 +94,18 @@ def test_a_streamed_run_serves_a_layer_with_an_epilogue_by_the_same_tile_in_the_
     both = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, designs=("baseline", "chained"),
                           epilogue=Epilogue(activation="relu"))
     assert [s.design.label for s in both] == [BASELINE.label, design_named("chained").label]
+
+
+def test_a_design_whose_block_needs_more_registers_than_the_sm_has_cannot_serve_the_tile():
+    # on the H200 5 A/B kernels failed at launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): BERT's FFN tile
+    # (M1 = 48, N1 = 512) is fine in the baseline, but v=2 and v=4 ask more registers than a block may hold
+    from lospmm.kernel.choices import design_problem
+    from lospmm.kernel.design import BASELINE, design_named
+
+    h100 = DEVICES["h100"]
+    assert design_problem(BASELINE, 48, 512, 4096, h100) == ""
+    # v=2: 174 registers a thread (the device's kernel had 174), allocated per warp in 256s: 90112; v=4: over 255
+    assert "174 registers predicted × 512 threads = 90112 a block, over 65536" in design_problem(
+        design_named("chained,v=2"), 48, 512, 4096, h100)
+    assert "over 255" in design_problem(design_named("chained,v=4"), 48, 512, 4096, h100)
+    assert design_problem(design_named("chained,v=2"), 48, 128, 4096, h100) == ""  # fewer threads: it fits

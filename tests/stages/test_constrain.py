@@ -134,3 +134,50 @@ def test_the_constraints_follow_the_kernel_design():
     assert w.waste_col == pytest.approx((2 * 512 - 1000) / 1024)
     assert w.pred_regs == predicted_registers(8, design=design_named("v=4,walks=2")) > b.pred_regs
     assert predicted_registers(8, design=design_named("walks=2")) > predicted_registers(8) >= 32
+
+
+def test_the_design_is_a_search_dimension_each_with_its_own_constraints():
+    from lospmm.kernel.design import BASELINE, design_named
+
+    wide, streamed = design_named("chained,v=4,walks=4"), design_named("streamed,chained")
+    stats = {8: _stats(num_tiles=200), 64: _stats(num_tiles=200)}
+    both = layer_candidates(1000, stats, H100, designs=(BASELINE, wide, streamed))
+    assert len(both) == 3 * len(layer_candidates(1000, stats, H100))
+    for design in (BASELINE, wide, streamed):
+        alone = layer_candidates(1000, stats, H100, design=design)
+        # each design's candidates are what constraining it alone gives, naming it
+        assert [c for c in both if c.design == design.label] == alone
+        assert {c.design for c in alone} == {design.label}
+    base, four = (_one([c for c in both if c.design == d.label], 8, 64) for d in (BASELINE, wide))
+    # four columns a thread and four walks: B tiles 4× wider, blocks 16× fewer
+    assert four.num_b_tiles == -(-1000 // 256) and base.num_b_tiles == -(-1000 // 64)
+    assert four.pred_regs > base.pred_regs
+
+
+def test_a_fallback_is_kept_only_when_no_design_has_a_candidate():
+    from lospmm.kernel.design import BASELINE, design_named
+
+    wide = design_named("chained,v=4")
+    stats = {8: _stats(num_tiles=4)}
+    # N = 4: nothing passes in any design, so the least-bad of all designs are kept
+    both = layer_candidates(4, stats, H100, designs=(BASELINE, wide))
+    assert 0 < sum(c.fallback for c in both) <= ConstrainParams().fallback_keep
+    # at N = 4096 the baseline has candidates: the other design's failures stay removed
+    assert not any(c.fallback for c in layer_candidates(4096, {8: _stats()}, H100, designs=(BASELINE, wide)))
+
+
+def test_a_convolution_searches_the_designs_its_conv_kernel_has():
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.constrain import searched_designs
+
+    designs = tuple(design_named(d) for d in DESIGN_CANDIDATES)
+    conv = searched_designs(designs, "conv")
+    assert conv and all(d.serves_conv for d in conv) and len(set(conv)) == len(conv)
+    assert {(d.order, d.column_walks) for d in conv} == {("tile-x", 1), ("tile-x", 4), ("tile-x", 16),
+                                                         ("column-x", 1)}
+    # an im2col GEMM, a linear layer and a forced design: as given
+    assert searched_designs(designs, "conv", implicit_conv=False) == designs
+    assert searched_designs(designs, "linear") == designs
+    chained = design_named("chained")
+    assert searched_designs((chained,), "conv") == (chained,)

@@ -71,3 +71,61 @@ def test_shipped_ranker_loads_and_says_how_it_was_made():
     assert booster.num_feature() == len(FEATURES)
     for key in ("timer", "device", "samples", "heldout_ndcg_at_10", "version"):
         assert key in meta
+
+
+def test_design_features_come_from_the_rows_design_label():
+    from lospmm.kernel.design import BASELINE, design_named
+    from lospmm.stages.rank import DESIGN_FEATURES, design_features, ranks_designs
+
+    wide = design_named("chained,column-x,walks=4,v=4")
+    assert design_features(wide.label) == {"columns_per_thread": 4, "column_walks": 4, "column_x": 1, "chained": 1,
+                                           "streamed": 0}
+    assert design_features(design_named("streamed,chained").label)["streamed"] == 1
+    assert design_features("") == design_features(BASELINE.label)
+    rows = [{f: 1.0 for f in FEATURES} | {"design": wide.label}, {f: 1.0 for f in FEATURES}]
+    x = feature_matrix(rows, FEATURES + DESIGN_FEATURES)
+    assert x[0, len(FEATURES):].tolist() == [4, 4, 1, 1, 0] and x[1, len(FEATURES):].tolist() == [1, 1, 0, 0, 0]
+    assert feature_matrix(rows).shape == (2, len(FEATURES))  # Table 1's alone by default
+    assert ranks_designs(FEATURES + DESIGN_FEATURES) and not ranks_designs(FEATURES)
+
+
+def test_a_design_aware_ranker_learns_which_design_is_faster(tmp_path):
+    from lospmm.kernel.design import BASELINE, design_named
+    from lospmm.stages.rank import DESIGN_FEATURES, RankParams, chosen_candidates, ranker_features
+
+    wide = design_named("chained,v=4")
+    rng = np.random.default_rng(1)
+    rows, times, gids = [], [], []
+    for g in range(60):
+        for _ in range(30):
+            design = wide if rng.random() < 0.5 else BASELINE
+            r = {f: float(rng.integers(1, 100)) for f in FEATURES} | {"design": design.label}
+            rows.append(r)
+            # the same tile is 3× faster in the wide design: only the design features can tell
+            times.append(((r["m1"] - 30) ** 2 + 3 * r["n1"] + 10) / (3 if design is wide else 1))
+            gids.append(g)
+    names = FEATURES + DESIGN_FEATURES
+    trained = trained_ranker(feature_matrix(rows, names), np.array(times), np.array(gids),
+                             RankerParams(n_estimators=80), names=names)
+    save_ranker(tmp_path / "r", trained.booster, {**trained.metadata, "timer": "toy"})
+    booster, meta = load_ranker(tmp_path / "r")
+    assert ranker_features(meta) == names
+    tile = {f: 50.0 for f in FEATURES} | {"m1": 30.0, "n1": 10.0}
+    group = [tile | {"design": BASELINE.label}, tile | {"design": wide.label}]
+    _, ranks, chosen = chosen_candidates(group, booster, RankParams(top_k=1), names)
+    assert ranks.tolist() == [2, 1] and chosen.tolist() == [False, True]
+
+
+def test_a_ranker_of_one_design_refuses_candidates_of_several():
+    import pytest
+
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.rank import RankParams, chosen_candidates
+
+    booster, meta = load_ranker()
+    rows = [{f: 8.0 for f in FEATURES} | {"design": d} for d in ("", design_named("chained,v=4").label)]
+    with pytest.raises(ValueError, match="design-aware"):
+        chosen_candidates(rows, booster, RankParams(top_k=1))
+    # one design (or the ranker left out) is fine
+    assert chosen_candidates(rows[:1], booster, RankParams(top_k=1))[2].tolist() == [True]
+    assert chosen_candidates(rows, None, RankParams(use_rank=False))[2].tolist() == [True, True]

@@ -13,7 +13,7 @@ SCHEMA = pa.schema(
     + [("m1", I32), ("n1", I32), ("num_a_tiles", I32), ("num_b_tiles", I32), ("block_num", I64),
        ("threads", I32), ("pred_regs", I32), ("block_regs", I64), ("cov_row", F64), ("waste_col", F64),
        ("nnc_sum", I64), ("nnz_max", I64), ("max_nnc", I64), ("kept", BOOL), ("removed_by", STR),
-       ("fallback", BOOL)]
+       ("fallback", BOOL), ("design", STR)]
     + STATUS
 )
 RECORD = Candidate  # what a row stands for in the stages

@@ -1,16 +1,16 @@
-"""06_clusters: the proxy block functions of a layer's chosen M1 (cluster); a row is a stages.cluster.ProxyClusters."""
+"""06_clusters: the proxy block functions of a layer's chosen M1 in one design (cluster); a row is a stages.cluster.ProxyClusters."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from lospmm.flows.storage.schemas import F64, I32, LAYER_AT, STATUS, list_values
+from lospmm.flows.storage.schemas import F64, I32, LAYER_AT, STATUS, STR, list_values
 from lospmm.stages.cluster import ProxyClusters
 
 # 06_clusters (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
-    LAYER_AT + STATUS
+    LAYER_AT + [("design", STR)] + STATUS
     + [("num_tiles", I32), ("max_active_blocks", I32), ("num_clusters", I32),
        ("cluster_of", pa.list_(I32)), ("medoid", pa.list_(I32)), ("centroid_nnc", pa.list_(F64)),
        ("centroid_nnz", pa.list_(F64)), ("nnc_p", pa.list_(I32)), ("cpl", pa.list_(I32)),

@@ -8,7 +8,7 @@ from lospmm.flows.storage.schemas import BOOL, F64, I32, I64, LAYER_AT, STATUS, 
 
 # 08_compiled (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
-    LAYER_AT + STATUS
+    LAYER_AT + [("design", STR)] + STATUS
     + [("kind", STR), ("kernel", STR), ("source_sha256", STR), ("compile_key", STR), ("arch", STR),
        ("maxrregcount", I32), ("registers", I32), ("spill_stores", I32), ("spill_loads", I32), ("thread_spill_bytes", I32),
        ("stack_bytes", I32), ("smem_bytes", I32), ("compile_seconds", F64), ("cost_seconds", F64), ("from_cache", BOOL),

@@ -9,7 +9,7 @@ from lospmm.stages.pad import ProxyLaunch
 
 # 07_launch (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
-    LAYER_AT + [("n1", I32)] + STATUS
+    LAYER_AT + [("n1", I32), ("design", STR)] + STATUS
     + [("gpu", STR), ("grid_x", I32), ("grid_y", I32), ("block", I32), ("pred_regs", I32),
        ("num_atb", I32), ("smem_bytes", I32), ("rank", I32)]
 )

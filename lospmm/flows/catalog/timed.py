@@ -9,7 +9,7 @@ from lospmm.kernel.timing import Timing
 
 # 09_timed (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
-    LAYER_AT + [("n1", I32)] + STATUS
+    LAYER_AT + [("n1", I32), ("design", STR)] + STATUS
     + [("kind", STR), ("timer", STR), ("time_us", F64), ("compute_us", F64), ("memory_us", F64),
        ("latency_us", F64), ("fetch_us", F64), ("active_blocks", I32), ("repeats", I32), ("registers", I32),
        ("spill_bytes", I32), ("smem_bytes", I32), ("rank", I32), ("seconds", F64)]

@@ -27,14 +27,14 @@ VIEW_COLUMNS = {
     "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "order", "identity_nnc_sum",
                 "reordered_nnc_sum", "identity_max_nnc", "reordered_max_nnc", "identity_cov_nnz", "reordered_cov_nnz",
                 "status", "seconds"],
-    "constrain": ["layer", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
+    "constrain": ["layer", "design", "m1", "n1", "block_num", "pred_regs", "block_regs", "cov_row", "waste_col", "kept",
                   "removed_by", "fallback"],
-    "cluster": ["layer", "m1", "num_tiles", "max_active_blocks", "num_clusters", "status", "message", "seconds"],
-    "pad": ["layer", "m1", "n1", "grid_x", "grid_y", "block", "pred_regs", "num_atb", "smem_bytes", "status"],
-    "compile": ["layer", "m1", "kind", "status", "registers", "maxrregcount", "spill_stores", "compile_seconds",
+    "cluster": ["layer", "m1", "design", "num_tiles", "max_active_blocks", "num_clusters", "status", "message", "seconds"],
+    "pad": ["layer", "m1", "n1", "design", "grid_x", "grid_y", "block", "pred_regs", "num_atb", "smem_bytes", "status"],
+    "compile": ["layer", "m1", "design", "kind", "status", "registers", "maxrregcount", "spill_stores", "compile_seconds",
                 "from_cache", "source_bytes", "verified", "cubin_path"],
-    "rank": ["layer", "m1", "n1", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
-    "time": ["layer", "m1", "n1", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
+    "rank": ["layer", "m1", "n1", "design", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
+    "time": ["layer", "m1", "n1", "design", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
     # the served kernel's `design` names its tile (M1×N1) or its N:M blocking
     "emit": ["layer", "dtype", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "designs_measured", "timer",
@@ -188,7 +188,8 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
 def _reduction_table(table: pa.Table, entry: dict) -> Table:
     """Per layer: candidates left after each constraint (Fig. 3 in numbers), and the kept tiles."""
     t = Table(title=f"constrain {entry.get('model', '')} s={entry.get('sparsity', '')}: candidates left")
-    for c in ("layer", "M", "N", "K", "total", *(f"-{r}" for r in REMOVED_BY), "kept", "kept (M1,N1) sample"):
+    for c in ("layer", "M", "N", "K", "designs", "total", *(f"-{r}" for r in REMOVED_BY), "kept",
+              "kept (M1,N1) sample"):
         t.add_column(c, overflow="fold", no_wrap=c == "layer")
     for row_layer in dict.fromkeys(table.column("layer").to_pylist()):
         sub = table.filter(pc.equal(table["layer"], row_layer)).to_pylist()
@@ -196,7 +197,8 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
         kept = [r for r in sub if r["kept"]]
         sample = ", ".join(f"({r['m1']},{r['n1']})" for r in kept[:6]) + (" …" if len(kept) > 6 else "")
         first = sub[0]
-        t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(sub)),
+        designs = {r.get("design") for r in sub if r.get("design")}
+        t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(designs) or 1), str(len(sub)),
                   *(str(removed.count(r)) for r in REMOVED_BY),
                   str(len(kept)) + (" (fallback)" if any(r.get("fallback") for r in kept) else ""),
                   sample if first["status"] != Status.ERROR else first["message"])

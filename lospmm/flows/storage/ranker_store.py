@@ -12,6 +12,8 @@ from pathlib import Path
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "ranker"  # lospmm/models/ranker.{txt,json}
 # the half designs' (fp16/bf16: one packed pair per thread): trained on their own candidates and estimate
 SHIPPED_HALF = SHIPPED.with_name("ranker-half")
+# `--design auto`'s: the fp32 tiles of every design of kernel.choices.DESIGN_CANDIDATES ranked together
+SHIPPED_DESIGNS = SHIPPED.with_name("ranker-designs")
 
 
 def shipped_ranker(half: bool = False) -> Path:

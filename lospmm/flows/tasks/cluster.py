@@ -1,5 +1,5 @@
 """Adapter of stage 6, cluster: 02_pruned, 03_reordered and 05_ranked -> 06_clusters (one row per
-layer and chosen M1)."""
+layer, chosen M1 and design)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
     def compute():
         a, tiles = matrices(ctx, inputs["prune"]), tiles_by_layer(ctx, inputs["reorder"])
         rows = []
-        # rank's rows are in (layer, M1, N1) order, so the groups are too
-        for (layer, m1), group in stoppable(grouped(chosen_rows(ctx, inputs["rank"]), "layer", "m1").items()):
-            base = {**layer_fields(group[0], "sparsity"), "m1": m1}
+        # one proxy per layer, M1 and design: the chosen candidates of that M1 in that design
+        for (layer, m1, design), group in stoppable(grouped(chosen_rows(ctx, inputs["rank"]), "layer", "m1",
+                                                            "design").items()):
+            base = {**layer_fields(group[0], "sparsity"), "m1": m1, "design": design}
             t0 = time.perf_counter()
             try:
                 cl, atb = chosen_proxy_clusters(a[layer], tiles[layer][m1], group, sparsity, device, params)
@@ -31,7 +32,7 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
                              "num_tiles": tiles[layer][m1].num_tiles, "max_active_blocks": atb,
                              "seconds": time.perf_counter() - t0})
             except Exception as e:
-                rows.append(failed_row(base, f"{layer} M1={m1}", e))
+                rows.append(failed_row(base, f"{layer} M1={m1} ({design})", e))
         return rows
 
     return run_stage("cluster", SCHEMA, key, ctx, label, force, compute, inputs)

@@ -1,4 +1,4 @@
-"""Adapter of stage 8, compile: 06_clusters -> 08_compiled, one proxy per layer and chosen M1,
+"""Adapter of stage 8, compile: 06_clusters -> 08_compiled, one proxy per layer, chosen M1 and design,
 through the content-addressed compile cache, on `jobs` threads."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.execution.taskio import RunContext, failed_row, in_parallel, layer_fields, run_logger, run_stage, stage_task
 from lospmm.flows.execution.units import run_compiler, waiting_on_units
-from lospmm.kernel.design import KernelDesign
+from lospmm.kernel.design import design_named
 from lospmm.kernel.host import proxy_check
 from lospmm.kernel.render import CodegenParams, proxy_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
@@ -18,16 +18,17 @@ from lospmm.status import Status
 
 @stage_task("compile")
 def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, arch: str, verify: bool,
-             check: ProxyCheck, design: KernelDesign) -> dict:
+             check: ProxyCheck) -> dict:
     def compute():
         table = ctx.read(inputs["cluster"])
         logger = run_logger()  # fetched here: pool threads do not carry Prefect's run context
 
         def one(i: int) -> dict:
-            info = {c: table.column(c)[i].as_py() for c in LAYER_COLUMNS + ("sparsity", "m1", "status",
+            info = {c: table.column(c)[i].as_py() for c in LAYER_COLUMNS + ("sparsity", "m1", "design", "status",
                                                                                    "message")}
-            base = {**layer_fields(info, "sparsity", "m1"), "kind": "proxy"}
-            where = f"{info['layer']} M1={info['m1']}"
+            base = {**layer_fields(info, "sparsity", "m1", "design"), "kind": "proxy"}
+            where = f"{info['layer']} M1={info['m1']} ({info['design']})"
+            design = design_named(info["design"])
             if info["status"] != Status.OK:
                 return {**base, "status": info["status"], "message": info["message"]}
             try:

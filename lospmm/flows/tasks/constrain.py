@@ -1,4 +1,5 @@
-"""Adapter of stage 4, constrain: 03_reordered (scalar columns) -> 04_candidates."""
+"""Adapter of stage 4, constrain: 03_reordered (scalar columns) -> 04_candidates, every (M1, N1) in
+each design the layer's search spans (stages.constrain.searched_designs)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from lospmm.flows.catalog.reordered import SCHEMA as REORDERED
 from lospmm.flows.execution.taskio import (RunContext, failed_row, grouped, layer_fields, run_stage, scalar_rows,
                                            stage_task, stoppable)
 from lospmm.kernel.design import KernelDesign
-from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates
+from lospmm.stages.constrain import UPSTREAM_ERROR, ConstrainParams, layer_candidates, searched_designs
 from lospmm.devices import Device
 from lospmm.stages.reorder import TileStats
 from lospmm.status import Status
@@ -15,7 +16,7 @@ from lospmm.status import Status
 
 @stage_task("constrain")
 def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, device: Device,
-              params: ConstrainParams, design: KernelDesign) -> dict:
+              params: ConstrainParams, designs: tuple[KernelDesign, ...], implicit_conv: bool) -> dict:
     def one(layer: str, group: list[dict]) -> list[dict]:
         first = group[0]
         base = {**layer_fields(first, "sparsity"), "gpu": device.name, "arch": device.arch}
@@ -27,7 +28,7 @@ def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, 
                  for r in group if r["status"] == Status.OK}
         try:
             cands = layer_candidates(first["n"], stats, device, params, empty=first["status"] == Status.EMPTY,
-                                     design=design)
+                                     designs=searched_designs(designs, first["op"], implicit_conv))
         except Exception as e:
             return [{**failed_row(base, layer, e), "kept": False, "removed_by": UPSTREAM_ERROR}]
         return [{**base, **vars(c), "kept": c.kept, "status": first["status"], "message": first["message"]}
