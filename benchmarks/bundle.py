@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 import lzma
 import os
@@ -118,6 +119,7 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     if len(set(ids)) != len(ids):
         raise ValueError(f"{name}: launch ids collide")
     t_start = time.perf_counter()
+    said = threading.Lock()  # one line at a time from the build's threads (a step's log is one file)
 
     def built(i: int, job) -> list[dict]:
         """One kernel's launch rows: built (a failure is its row), or as a cut-off build left them."""
@@ -153,15 +155,21 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
             row |= {"status": "error", "message": f"{type(e).__name__}: {e}"[:500]}
         launched = _launch_rows(row, job, timer)
         atomic_write(pkg / "row.json", lambda tmp: Path(tmp).write_text(json.dumps(launched), encoding="utf-8"))
-        say(f"[{i + 1}/{len(jobs)}] {p.id}: {row['status']}, {row.get('registers', '?')} registers, "
-            f"{row.get('instructions', '?')} instructions, {time.perf_counter() - t0:.1f} s")
+        with said:
+            say(f"[{i + 1}/{len(jobs)}] {p.id}: {row['status']}, {row.get('registers', '?')} registers, "
+                f"{row.get('instructions', '?')} instructions, {time.perf_counter() - t0:.1f} s")
         return launched
 
     # kernels side by side (each its own NVRTC and ptxas; the compile cache is safe across threads), and
     # each kernel's units on the same number of threads: a bundle of many small kernels and one of a few
     # large ones both use the cores (one at a time, the GPU machine's 16 cores built 17-62 s a kernel)
-    with ThreadPoolExecutor(max(1, threads)) as pool:
+    pool = ThreadPoolExecutor(max(1, threads))
+    try:
         rows = [r for launched in pool.map(built, range(len(jobs)), jobs) for r in launched]
+    except BaseException:  # a full disk, Ctrl-C: the kernels not started are not compiled for nothing
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     pq.write_table(rows_table(rows), dest / "launches.parquet")
     facts = {"name": name, "set": set_name or name, "options": options or {},
              "inputs": inputs_hash(set_name or name, options or {}) if set_name else "", "arch": arch,

@@ -122,8 +122,8 @@ def search_counts(args) -> None:
             kept, by_m1 = search.kept, chosen_by_proxy(search.chosen)
             proxy_b = sum(len(k.source) for k in proxy_sources(search, shape.m, shape.k).values())
             # N1 only changes a constant: each kept (M1, N1) costs its M1's source at the first kept N1
-            full_b = sum(len(group) * len(full_source(a, search, m1, group[0].n1).source)
-                         for (m1, _), group in by_m1.items())
+            full_b = sum(len(group) * len(full_source(a, search, m1, group[0].n1, label).source)
+                         for (m1, label), group in by_m1.items())
             ratio = f"{full_b / proxy_b:.1f}×" if proxy_b else "-"
             table.add_row(model, shape.layer, str(a.nnz), str(len(kept)), str(len(by_m1)), f"{full_b / 1e6:.1f}",
                           f"{proxy_b / 1e6:.1f}", ratio)

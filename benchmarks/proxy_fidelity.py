@@ -28,15 +28,17 @@ from lospmm.flows.execution.taskio import RunContext
 from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.devices import device_named
+from lospmm.kernel.design import design_named
 from lospmm.search import full_kernel_time
 
 from benchmarks.paper_plots import run_record
 
 
 def full_time(timer, a, tiles, row: dict) -> float:
-    """µs of the candidate's full kernel (search.full_kernel_time: compiled and run when the timer
-    runs binaries, else estimated at the register prediction, as the search assumes)."""
-    return full_kernel_time(timer, a, tiles, row["m"], row["k"], row["n"], row["n1"])
+    """µs of the candidate's full kernel in its row's design (search.full_kernel_time: compiled and run
+    when the timer runs binaries, else estimated at the register prediction, as the search assumes)."""
+    return full_kernel_time(timer, a, tiles, row["m"], row["k"], row["n"], row["n1"],
+                            design_named(row.get("design") or "baseline"))
 
 
 def main() -> None:

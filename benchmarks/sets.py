@@ -577,8 +577,8 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
                 chosen_by=f"search: ranker top-{params.top_k}")
     jobs = []
     proxies = proxy_sources(search, shape.m, shape.k)
-    for (m1, label), kernel in proxies.items():  # one proxy per chosen M1, launched at each chosen N1 of it
-        n1s = sorted(n1 for (pm1, n1, _) in search.launches if pm1 == m1)
+    for (m1, label), kernel in proxies.items():  # one proxy per chosen M1 (one design), at each chosen N1 of it
+        n1s = sorted(n1 for (pm1, n1, pl) in search.launches if (pm1, pl) == (m1, label))
         cl = search.clusters[(m1, label)]
         work = proxy_work(cl, shape.m, shape.k, shape.n, n1s[0], 0, 0)
         p = Planned(f"{tag}-p{m1}", design=design_named("baseline").label, m1=m1, n1=n1s[0], role="proxy",

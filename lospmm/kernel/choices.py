@@ -63,7 +63,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         if d == design and not epilogue.empty and not d.fuses_epilogue:
             # the run's design cannot fuse this layer's bias or activation (a streamed run): the same tile
             # in the baseline of its number format serves the layer, and says so in its label
-            d = design_in(design.number, BASELINE)
+            d = design_in(design.number, BASELINE)  # its registers are the streamed kernel's (the same prediction)
         elif d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
             continue
         if any(o.design == d for o in options):

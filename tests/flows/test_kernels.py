@@ -271,6 +271,10 @@ def test_design_auto_on_the_estimate_takes_the_cheapest_tile_and_design_of_the_t
     assert got["design"] == want.label and (got["m1"], got["n1"]) == (want.m1, want.n1)
     assert got["design_estimate_us"] == pytest.approx(want.estimate_us)
     assert got["chosen_by"].endswith("tile and design by the estimate")
+    # the row's proxy time is the served tile's proxy, not the fastest proxy's (as kernel.json says)
+    proxy = {(2, 128): 5.0, (16, 256): 6.0}[(want.m1, want.n1)]
+    facts = json.loads((tmp_path / "k" / "kernel.json").read_text())
+    assert got["proxy_time_us"] == facts["proxy_time_us"] == proxy
     # without designs searched, the fastest proxy's tile in the run's design, as before
     plain = fk.emitted_layer(str(tmp_path), tmp_path / "p", timed, a, tiles, timer, "sm_90", EmitParams(verify=False),
                              logging.getLogger("test"))

@@ -28,10 +28,10 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
                                                                                    "message")}
             base = {**layer_fields(info, "sparsity", "m1", "design"), "kind": "proxy"}
             where = f"{info['layer']} M1={info['m1']} ({info['design']})"
-            design = design_named(info["design"])
             if info["status"] != Status.OK:
                 return {**base, "status": info["status"], "message": info["message"]}
             try:
+                design = design_named(info["design"] or "baseline")
                 cl = clusters_from_row(table, i)
                 kernel = proxy_source(info["m"], info["k"], cl, CodegenParams(design=design))
                 options = kernel_options(arch, info["m1"], design=design)
