@@ -59,11 +59,12 @@ def _expanded(argv: list[str]) -> list[str]:
 
 _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional: tile-x|column-x (grid order), "
                 "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
-                "'baseline' (default) is tile-x,walks=1,v=1,based; 'chained' won the device's A/B.")
+                "'chained' (default: it won the device's A/B) is tile-x,walks=1,v=1,chained; 'baseline' the kernel "
+                "measured before it, tile-x,walks=1,v=1,based.")
 _RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "
                                    "ten designs of the device's A/B (each with its own constraints and proxies), "
                                    "ranked together by the design-aware ranker (lospmm/models/ranker-designs); the "
-                                   "baseline stays the default for now.")
+                                   "default stays 'chained'.")
 
 _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfig)
 

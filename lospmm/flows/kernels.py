@@ -162,6 +162,8 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     it compiled (its time, a device check). `nm`: the N:M kernel in this blocking (design `nm`; its A
     in natural row order, `tiles` unused). Returns its kernel.json record. ValueError naming what no
     renderer can do."""
+    if conv is not None and design.conv_kernel is not None:  # a convolution's kernel in its design's conv form
+        design = design.conv_kernel
     matrix, rounding = in_format(matrix, design.number)
     kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design), epilogue, conv, nm=nm)
     spec = kernel.spec.located(layer, sparsity, arch, None if nm is not None else tiles, rounding)

@@ -57,6 +57,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     this number format (untiled_options; a GEMM layer's). A label names its design unless it is
     `named` (default: `design`; the run's, where the search spans designs)."""
     named = design if named is None else named
+    if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
+        design, named = design.conv_kernel or design, named.conv_kernel or named
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):

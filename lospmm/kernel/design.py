@@ -119,6 +119,14 @@ class KernelDesign:
         return self == conv_design(self)
 
     @property
+    def conv_kernel(self) -> "KernelDesign | None":
+        """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of a
+        baked fp32 design such a kernel has (conv_design: the grid's order and walks; its loads already
+        take one instruction from the pixel's pointer, so `chained` has nothing to add); None for a
+        streamed, N:M or half design (their convolutions are im2col GEMMs)."""
+        return conv_design(self) if self.a_values == "baked" and not self.half else None
+
+    @property
     def looped(self) -> bool:
         return self.column_walks > 1
 

@@ -186,14 +186,14 @@ def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Devic
 
 
 def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bool = True) -> tuple[KernelDesign, ...]:
-    """The designs a layer's search spans: `designs`, each once; where several are searched, a
-    convolution served by an implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the
-    part of each baked design such a kernel has (conv_design: the grid's order and walks). One
-    design (a forced `--design`) stands as given: a convolution in a design without a conv kernel is
-    served by the GEMM kernel on its im2col B (stages.emit.kernel_form)."""
+    """The designs a layer's search spans: `designs`, each once; a convolution served by an
+    implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
+    (KernelDesign.conv_kernel: a baked fp32 design's grid order and walks), the kernel it is served
+    by; where no design has one (streamed, half) it stays an im2col GEMM in the first design
+    (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))
-    if len(unique) > 1 and op == "conv" and implicit_conv:
-        return tuple(dict.fromkeys(conv_design(d) for d in unique if d.a_values == "baked")) or unique[:1]
+    if op == "conv" and implicit_conv:
+        return tuple(dict.fromkeys(d.conv_kernel for d in unique if d.conv_kernel is not None)) or unique[:1]
     return unique
 
 

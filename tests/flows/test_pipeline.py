@@ -312,5 +312,12 @@ def test_an_implicit_im2col_kernel_for_a_convolution_of_a_run(tmp_path):
     assert written["conv"]["stride"] == 2 and written["conv"]["cin"] == 3 and written["epilogue"]["relu"] is True
     assert facts["host_check"]["reference"] == "numpy conv2d in float64" and facts["host_check"]["max_rel_error"] < 1e-4
     assert facts["compile"]["status"] == "ok" and "LOSPMM_LDX" in (out / "kernel.cu").read_text()
+    # in the default design (chained) a convolution's kernel is its conv form: the grid's order and walks
+    from lospmm.kernel.design import design_named
+
+    walked = write_full_kernel(str(root), record, "conv1.0", 4, 64, str(tmp_path / "walked"), implicit_conv=True,
+                               design=design_named("chained,walks=4"))
+    assert walked["design"]["label"] == "baked,based,tile-x,walks=4,v=1" and walked["conv"]["stride"] == 2
+    assert walked["host_check"]["max_rel_error"] < 1e-4
     with pytest.raises(ValueError, match="fc is a linear layer, not a convolution"):
         write_full_kernel(str(root), record, "fc", 4, 64, str(out), implicit_conv=True)

@@ -176,8 +176,11 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     assert conv and all(d.serves_conv for d in conv) and len(set(conv)) == len(conv)
     assert {(d.order, d.column_walks) for d in conv} == {("tile-x", 1), ("tile-x", 4), ("tile-x", 16),
                                                          ("column-x", 1)}
-    # an im2col GEMM, a linear layer and a forced design: as given
+    # an im2col GEMM and a linear layer: as given
     assert searched_designs(designs, "conv", implicit_conv=False) == designs
     assert searched_designs(designs, "linear") == designs
-    chained = design_named("chained")
-    assert searched_designs((chained,), "conv") == (chained,)
+    # one design (the default chained): its conv kernel, the grid's order and walks; a design without one
+    # (streamed, half) leaves the convolution an im2col GEMM in it
+    assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
+    streamed, half = design_named("streamed,chained"), design_named("fp16,chained")
+    assert searched_designs((streamed,), "conv") == (streamed,) and searched_designs((half,), "conv") == (half,)

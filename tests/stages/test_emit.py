@@ -65,10 +65,12 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     assert kernel_form({**conv, "groups": 32}) == "implicit-conv"  # grouped: its block-diagonal dense form
     assert kernel_form({**conv, "h_in": 0}) == "gemm"  # no geometry (a plain checkpoint)
     assert kernel_form({"op": "linear", "groups": 0, "h_in": 0}) == "gemm"
-    # a design with no conv kernel (vector columns, a half format): the im2col GEMM the search searched
-    for design in ("chained,v=4", "fp16"):
+    # a design with no conv kernel (streamed values, a half format): the im2col GEMM the search searched;
+    # a baked one (chained, vector columns too) serves it by its conv form (the grid's order and walks)
+    for design in ("streamed,chained", "fp16"):
         assert kernel_form(conv, design=design_named(design)) == "gemm"
-    assert kernel_form(conv, design=design_named("column-x")) == "implicit-conv"
+    for design in ("column-x", "chained", "chained,v=4,walks=4"):
+        assert kernel_form(conv, design=design_named(design)) == "implicit-conv"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False
 
 
