@@ -369,16 +369,22 @@ def analysis_decision(out: Path, name: str) -> dict:
     return decision
 
 
-def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 16) -> None:
-    """The next steps not done on this device, in order, while the time left covers a step's need."""
+def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 16, here: str | None = None,
+               results: Path = RESULTS, run: Callable = None) -> None:
+    """The next steps done neither on their own device nor on this one (`here`: this GPU's results
+    folder; an H200 window goes on past what an earlier H200 window measured), in order, while the
+    time left covers a step's need."""
+    run = run or run_step
+    here = here or device_slug(env_facts()["name"])
     deadline = Deadline.after(budget_s)
     for step in STEPS:
-        if step_state(step).get(step.device, {}).get("state") == "done":
+        state = step_state(step, results)
+        if any(state.get(d, {}).get("state") == "done" for d in (step.device, here)):
             continue
         if deadline.left() < min(step.device_seconds, STEP_LIMIT_S) / 2:
             print(f"{deadline.left():.0f} s left: {step.name} needs about {step.device_seconds:.0f} s; stopping here")
             return
-        run_step(step, min(deadline.left(), STEP_LIMIT_S), build=build, jobs=jobs)
+        run(step, min(deadline.left(), STEP_LIMIT_S), build=build, jobs=jobs)
 
 
 # --- steps with runners of their own ---------------------------------------------------------------------------

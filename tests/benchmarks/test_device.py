@@ -145,3 +145,18 @@ def test_counters_profile_each_part_of_a_bundle_that_travels_in_parts(tmp_path, 
     assert device._counters(device.step_named("counters"), out, Deadline.after(100), print)
     assert sorted(asked) == sorted(ids[:5] + ids[-5:])  # the five worst and five best by efficiency
     assert sorted(r["id"] for r in pq.read_table(out / "counters.parquet").to_pylist()) == sorted(asked)
+
+
+def test_next_goes_on_past_the_steps_this_kind_of_gpu_already_measured(tmp_path):
+    # an H200 window after another: the gate and designs it measured are not run again; an H100 window
+    # still runs them (the targets are the H100's)
+    results = tmp_path / "results"
+    for step in ("gate", "designs"):
+        (results / "h200" / step).mkdir(parents=True)
+        (results / "h200" / step / "done.json").write_text("{}")
+    ran = []
+    device.next_steps(1e6, here="h200", results=results, run=lambda step, *a, **k: ran.append(step.name))
+    assert ran[:2] == ["reorder", "nm"] and "gate" not in ran and "designs" not in ran
+    ran.clear()
+    device.next_steps(1e6, here="h100", results=results, run=lambda step, *a, **k: ran.append(step.name))
+    assert ran[:3] == ["gate", "designs", "reorder"]
