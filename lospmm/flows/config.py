@@ -214,7 +214,7 @@ def scheduler_problem(address: str, timeout_s: float = 5.0) -> str:
         return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
-AUTO_DESIGN = "auto"  # --design auto: the search in the baseline design, each layer's kernel in the cheapest design
+AUTO_DESIGN = "auto"  # --design auto: the design is a search dimension (run_designs), the baseline first
 
 
 def run_designs(text: str) -> tuple[KernelDesign, ...]:
@@ -244,8 +244,8 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
 
 
 def run_design(text: str) -> KernelDesign:
-    """The kernel design of a run (`--design`; `auto`: the baseline's search, each layer's kernel in
-    the design the estimate prices lowest), or ConfigError naming what cannot be read or searched."""
+    """The kernel design of a run (`--design`; `auto`: the baseline, the first of the designs its
+    search spans, run_designs), or ConfigError naming what cannot be read or searched."""
     if text == AUTO_DESIGN:
         return BASELINE
     try:
@@ -325,16 +325,14 @@ def _ranker(cfg: RunConfig, stages: tuple[str, ...], half: bool, given_half: boo
         (str(shipped_ranker(half=True)) if half else str(SHIPPED_DESIGNS) if designs else None)
     try:
         _, meta = checked_ranker(path)  # the model itself, not only its metadata: a bad file fails here
+        ref = RankerRef(path, meta["version"])
     except (RankerError, KeyError) as e:
         raise ConfigError(f"--ranker: {e}") from None
     if designs and not ranks_designs(ranker_features(meta)):
         raise ConfigError(f"--ranker {cfg.ranker}: ranks the tiles of one kernel design, and --design auto ranks "
                           f"every design's together (train one with `lospmm train-ranker --designs auto`, or leave "
                           f"--ranker out for the shipped one)")
-    try:
-        return RankerRef(path, meta["version"])
-    except KeyError as e:
-        raise ConfigError(f"--ranker: {e}") from None
+    return ref
 
 
 def _ranks_half(path: str) -> bool:

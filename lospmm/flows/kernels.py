@@ -231,7 +231,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         tiled = [key(best)] + [t for t in by_tile if t != key(best)]
         options = [o for i, (tm1, tn1, label) in enumerate(tiled)
                    for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1,
-                                           design if i == 0 else design_named(label), timer.device,
+                                           design_named(label), timer.device,
                                            params.nm_kernel and i == 0, params.designs, epilogue, conv is not None,
                                            named=run_design)]
         options = list({(o.label, o.m1, o.n1): o for o in options}.values())  # a tile in a design once
