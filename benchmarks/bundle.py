@@ -89,12 +89,15 @@ def matrix_of_row(bundle: Path, row: dict):
 
 def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_90", cache: Path | None = None,
           set_name: str = "", options: dict | None = None, sass: bool = True, with_source: bool = False,
-          say=print) -> Path:
+          say=print, stop_at: float | None = None) -> Path:
     """Compile every job (benchmarks.sets.Job) into the bundle `into/name` and return its folder. A
     kernel that fails to compile is a row with its status; one already built (a previous, cut-off
-    build) is kept. launches.parquet and bundle.json are written last: a bundle without them is
+    build) is kept. launches.parquet and bundle.json are written last: a bundle without bundle.json is
     not finished. `with_source`: the packages keep kernel.cu (what the host backend runs: a bundle
-    checked without a GPU)."""
+    checked without a GPU). `stop_at` (a time.monotonic() value): no kernel is started after it; the
+    kernels built by then are the launch rows of an unfinished bundle (no bundle.json) that can be
+    measured, and the next build goes on from them (on the GPU machine a step builds for part of its
+    budget and measures what it built, rather than building past the command's limit)."""
     import pyarrow.parquet as pq
 
     from lospmm.devices import device_named
@@ -128,6 +131,8 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
         done = _built_rows(pkg)
         if done is not None:
             return done
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return None  # not started: the build's time is up
         row = p.row() | {"package": p.id, "count": p.n if p.role == "proxy" else None}
         try:
             source = job.source()
@@ -165,12 +170,18 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     # large ones both use the cores (one at a time, the GPU machine's 16 cores built 17-62 s a kernel)
     pool = ThreadPoolExecutor(max(1, threads))
     try:
-        rows = [r for launched in pool.map(built, range(len(jobs)), jobs) for r in launched]
+        launched_rows = list(pool.map(built, range(len(jobs)), jobs))
     except BaseException:  # a full disk, Ctrl-C: the kernels not started are not compiled for nothing
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
-    pq.write_table(rows_table(rows), dest / "launches.parquet")
+    rows = [r for launched in launched_rows if launched is not None for r in launched]
+    atomic_write(dest / "launches.parquet", lambda tmp: pq.write_table(rows_table(rows), tmp))
+    not_started = sum(launched is None for launched in launched_rows)
+    if not_started:
+        say(f"{name}: the build's time is up: {len(jobs) - not_started} of {len(jobs)} kernels built; the next "
+            f"build goes on from them")
+        return dest
     facts = {"name": name, "set": set_name or name, "options": options or {},
              "inputs": inputs_hash(set_name or name, options or {}) if set_name else "", "arch": arch,
              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.perf_counter() - t_start, 1),

@@ -276,10 +276,17 @@ def env_facts() -> dict:
     return facts
 
 
-def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print) -> list[Path]:
+# Of a step's time left, the share a bundle build on the GPU machine may take before the kernels it
+# built are measured (a 150-kernel N:M set took more than one command's 10 minutes on 16 cores).
+BUILD_SHARE = 0.6
+
+
+def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print,
+                  stop_at: float | None = None) -> list[Path]:
     """The folders of a step's bundle on the GPU machine: its carried archives, checked by their
-    SHA-256 and unpacked; else, with `build`, built here on `jobs` cores; else SystemExit naming what
-    to prepare."""
+    SHA-256 and unpacked; else, with `build`, built here on `jobs` cores, no kernel started after
+    `stop_at` (time.monotonic(); what was built by then is an unfinished bundle to measure); else
+    SystemExit naming what to prepare."""
     listing = Path(carry) / f"{spec.name}.parts.json"
     if listing.is_file():
         facts = json.loads(listing.read_text())
@@ -301,7 +308,7 @@ def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs
 
     say(f"{spec.name}: building here on {jobs} cores")
     return [bundles.build(spec.name, set_jobs(spec.set, **spec.options), bundles.HOME, jobs, set_name=spec.set,
-                          options=spec.options, say=say)]
+                          options=spec.options, say=say, stop_at=stop_at)]
 
 
 class Log:
@@ -325,6 +332,8 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
     import torch  # noqa: F401  (before anything loads NVRTC: see lospmm.kernel.cuda.SPIN_PTX)
 
     deadline = Deadline.after(budget_s)
+    if "wheels" in step.needs or build:  # a build plans with the ranker (LightGBM), compiles through Prefect tasks
+        with_wheels(ROOT / ".whl")
     env = env_facts()
     device = device_slug(env["name"])
     if device != step.device:
@@ -339,10 +348,13 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
         complete = step.runner(step, out, deadline, say)
     for spec in step.bundles:
         options = RunOptions(baselines=spec.baselines)
-        for folder in opened_bundle(spec, carry, unpack, build, jobs, say):  # the bundle, or each of its parts
+        # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
+        stop_at = time.monotonic() + BUILD_SHARE * max(0.0, deadline.left())
+        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at):  # the bundle, or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
             measured = {d["row"]["id"] for d in progress(out, spec.name)}
             complete &= measured >= {r["id"] for r in bundles.bundle_rows(folder)}
+            complete &= bool(bundles.bundle_facts(folder))  # a build cut off at its time: kernels still to build
             say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
         if spec.set == "ab":
             decision = analysis_decision(out, spec.name)
@@ -474,7 +486,8 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
 
     for s in ([step] if step else STEPS):
         for folder in sorted(Path(results).glob(f"*/{s.name}")):
-            speed = [r for f in sorted(folder.glob("kernel-speed-*.parquet")) for r in pq.read_table(f).to_pylist()]
+            speed = with_plan_columns([r for f in sorted(folder.glob("kernel-speed-*.parquet"))
+                                       for r in pq.read_table(f).to_pylist()])
             if not speed:
                 continue
             print(f"\n== {s.name} on {folder.parent.name}: {len(speed)} launches")
@@ -519,6 +532,21 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("Table 4, measured", analysis.table4_rows(launches))
 
 
+def with_plan_columns(rows: list[dict]) -> list[dict]:
+    """Launch rows with their plan's columns (measure.PLAN_COLUMNS: row order, pruning, epilogue).
+    Rows measured before the launch rows carried them (the H200's reorder and nm-spmm steps of
+    2026-11-26) get them from their set's plan, matched by kernel id; those two plans are pure and
+    take a fraction of a second."""
+    from benchmarks.measure import PLAN_COLUMNS
+    from benchmarks.sets import nm_spmm_plan, reorder_plan
+
+    lacking = {r.get("set") for r in rows if any(c not in r for c in PLAN_COLUMNS)}
+    planned = {p.id: p for name, plan in (("reorder", reorder_plan), ("nm-spmm", nm_spmm_plan)) if name in lacking
+               for p in plan()}
+    return [{**{c: getattr(planned[r["id"]], c) for c in PLAN_COLUMNS}, **r} if r.get("id") in planned else r
+            for r in rows]
+
+
 def reorder_nnc() -> dict[str, tuple[int, int]]:
     """Σ nnc and max nnc of every kernel of the reorder set, from its planned tiles (host only)."""
     from benchmarks.sets import matrix_of, ordered, reorder_plan
@@ -555,7 +583,7 @@ PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x
 def wheels(dest: Path = ROOT / ".whl") -> None:
     """The wheels (with their dependencies) that the GPU image lacks, for CPython 3.12 x86-64, into
     `dest` (git-ignored): Prefect's stack for `pytest -m gpu`'s flow test and the serving step, and
-    LightGBM. On the GPU machine: pip install --no-index --find-links .whl prefect lightgbm."""
+    LightGBM. On the GPU machine `run` installs them itself (with_wheels)."""
     import re
     import tempfile
 
@@ -573,6 +601,33 @@ def wheels(dest: Path = ROOT / ".whl") -> None:
                 kept.append(whl.name)
     size = sum((dest / k).stat().st_size for k in kept)
     print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {dest}")
+
+
+WHEEL_MODULES = ("prefect", "lightgbm")  # what the steps that need the wheels import
+
+
+def with_wheels(wheel_dir: Path, modules: tuple[str, ...] = WHEEL_MODULES, install: Callable = subprocess.run) -> None:
+    """The carried wheels installed into this Python when a module the step needs is missing: with
+    `sys.executable -m pip` (the GPU image's `pip` on PATH belongs to another Python: it found neither
+    numpy nor anyio and installed nothing), offline from `wheel_dir`. SystemExit with one line when
+    they are not carried or the install leaves a module missing, before any device time is spent."""
+    import importlib
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    if not any(Path(wheel_dir).glob("*.whl")):
+        raise SystemExit(f"this step needs {', '.join(missing)}, not on this machine and no wheels carried in "
+                         f"{wheel_dir}: run `python -m benchmarks.device wheels` there and carry .whl")
+    names = [w.split("==")[0] for w in WHEELS]
+    done = install([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheel_dir), *names])
+    importlib.invalidate_caches()
+    still = [m for m in modules if importlib.util.find_spec(m) is None]
+    if getattr(done, "returncode", 0) or still:
+        raise SystemExit(f"installing the wheels of {wheel_dir} left {', '.join(still) or 'pip failing'}: "
+                         f"`{sys.executable} -m pip install --no-index --find-links {wheel_dir} {' '.join(names)}` "
+                         f"says why")
 
 
 RESTARTS = "LOSPMM_DEVICE_RESTARTS"  # how many times this command has started itself again

@@ -88,3 +88,19 @@ def test_a_package_that_fails_its_manifest_is_not_launched(tmp_path):
     (folder / "kernels" / row["package"] / "kernel.json").write_text("{}")
     with pytest.raises(KernelDirError, match="kernel.json does not match its checksum"):
         bundle.package_of(folder, row)
+
+
+def test_a_build_whose_time_is_up_starts_no_more_kernels_and_what_it_built_can_be_measured(tmp_path):
+    # the GPU machine's build of the nm set outlasted a 10-minute command and nothing came back: a build
+    # now stops starting kernels at its time, leaves an unfinished bundle of what it built, and goes on
+    import time
+
+    jobs, said = _jobs(), []
+    bundle.build("b", jobs[:2], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", sass=False, say=said.append,
+                          stop_at=time.monotonic())
+    assert [r["id"] for r in bundle.bundle_rows(folder)] == [j.planned.id for j in jobs[:2]]
+    assert bundle.bundle_facts(folder) == {}  # unfinished: not a ready bundle
+    assert any("2 of 4 kernels built" in line for line in said)
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    assert len(bundle.bundle_rows(folder)) == 4 and bundle.bundle_facts(folder)["kernels"] == 4

@@ -160,3 +160,38 @@ def test_next_goes_on_past_the_steps_this_kind_of_gpu_already_measured(tmp_path)
     ran.clear()
     device.next_steps(1e6, here="h100", results=results, run=lambda step, *a, **k: ran.append(step.name))
     assert ran[:3] == ["gate", "designs", "reorder"]
+
+
+def test_a_step_that_needs_the_wheels_installs_them_with_this_python_or_says_what_to_carry(tmp_path):
+    # on the GPU image `pip` on PATH belonged to another Python: the install must be this one's
+    import sys
+
+    asked = []
+    with pytest.raises(SystemExit, match="no wheels carried"):
+        device.with_wheels(tmp_path, modules=("no_such_module_xyz",), install=asked.append)
+    assert asked == []
+    (tmp_path / "x-1.0-py3-none-any.whl").write_bytes(b"")
+    with pytest.raises(SystemExit, match="left no_such_module_xyz"):
+        device.with_wheels(tmp_path, modules=("no_such_module_xyz",), install=asked.append)
+    (cmd,) = asked
+    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and "--no-index" in cmd and "lightgbm" in cmd
+    device.with_wheels(tmp_path, modules=("json",), install=asked.append)  # nothing missing: nothing installed
+    assert len(asked) == 1
+
+
+def test_the_reports_group_rows_measured_before_they_carried_their_plan_columns():
+    # the H200's reorder and nm-spmm rows of 2026-11-26 lack `order` and `prune`: the report crashed on them
+    from benchmarks import analysis, sets
+
+    plan = sets.reorder_plan()[:3]
+    rows = [{"id": p.id, "set": "reorder", "role": "full", "model": p.model, "layer": p.layer, "ours_us": 10.0 + i,
+             "spread": 0.01} for i, p in enumerate(plan)]
+    filled = device.with_plan_columns(rows)
+    assert [r["order"] for r in filled] == ["identity", "algorithm1", "kept"]
+    (row,), _ = analysis.reorder_summary(filled, {})
+    assert row["kept_over_alg1"] == 12.0 / 11.0
+    nm = sets.nm_spmm_plan()[0]
+    (filled,) = device.with_plan_columns([{"id": nm.id, "set": "nm-spmm"}])
+    assert filled["prune"] == nm.prune and nm.prune.startswith("nm:")
+    kept = {"id": nm.id, "set": "nm-spmm", "order": "x", "prune": "nm:4:32:32", "epilogue": ""}
+    assert device.with_plan_columns([kept]) == [kept]  # a row that has them keeps its own

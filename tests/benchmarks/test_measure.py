@@ -96,6 +96,7 @@ def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
     tables = measure.run_bundle(built, tmp_path / "out", "nm", options=HOST, say=lambda *_: None)
     (row,) = pq.read_table(tables["kernel-speed"]).to_pylist()
     assert row["status"] == "checked", row["message"]
+    assert row["prune"] == "nm:8:32:32" and row["order"] == "algorithm1"  # the plan's columns the reports group by
     checks = pq.read_table(tables["checks"]).to_pylist()
     assert sorted(c["n"] for c in checks) == [1, 33, 40] and all(c["status"] == "ok" for c in checks)
 
