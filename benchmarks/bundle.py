@@ -117,6 +117,9 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     units = unit_threads(threads)
     timer = estimate_timer(device_named({"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(
         arch, "h100")))
+    # the code this build runs, hashed before it starts: sources edited while it builds (hours, for a
+    # large set) must not lend their hash to kernels rendered by the code loaded before
+    inputs = inputs_hash(set_name or name, options or {}) if set_name else ""
     jobs = list(jobs)
     ids = [j.planned.id for j in jobs]
     if len(set(ids)) != len(ids):
@@ -183,7 +186,7 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
             f"build goes on from them")
         return dest
     facts = {"name": name, "set": set_name or name, "options": options or {},
-             "inputs": inputs_hash(set_name or name, options or {}) if set_name else "", "arch": arch,
+             "inputs": inputs, "arch": arch,
              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.perf_counter() - t_start, 1),
              "kernels": len(jobs), "launches": len(rows), "compiled": sum(r["status"] == "ok" for r in rows)}
     atomic_write(dest / "bundle.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1), encoding="utf-8"))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks import bundle as bundles
-from benchmarks.measure import ContextLost, Deadline, RunOptions, progress, run_bundle
+from benchmarks.measure import ContextLost, Deadline, RunOptions, measured_key, progress, run_bundle
 from benchmarks.sets import AB_LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,8 +352,8 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
         stop_at = time.monotonic() + BUILD_SHARE * max(0.0, deadline.left())
         for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at):  # the bundle, or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
-            measured = {d["row"]["id"] for d in progress(out, spec.name)}
-            complete &= measured >= {r["id"] for r in bundles.bundle_rows(folder)}
+            measured = {measured_key(d["row"]) for d in progress(out, spec.name)}
+            complete &= measured >= {measured_key(r) for r in bundles.bundle_rows(folder)}
             complete &= bool(bundles.bundle_facts(folder))  # a build cut off at its time: kernels still to build
             say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
         if spec.set == "ab":

@@ -30,7 +30,7 @@ from benchmarks.bundle import bundle_rows, matrix_of_row, package_of
 # pruning, a conv case's epilogue): the reports group by them.
 PLAN_COLUMNS = ("order", "prune", "epilogue")
 CHECK_COUNTS = (1, 31, 32, 4096)  # N every GEMM kernel is checked at besides its layer's (lospmm.kernel.check.check_counts)
-ROW_COLUMNS = ("id", "set", "role", "variant", "model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "design",
+ROW_COLUMNS = ("id", "kernel", "set", "role", "variant", "model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "design",
                "dtype", "form", "m1", "n1", "rank", "count", "prefetch", "smem_bytes", "registers", "spill_bytes",
                "instructions", "instructions_per_fma", "tile_code_bytes_mean", "chosen_by", "estimate_us",
                "estimate_timer", "tile_loads", "tile_fmas", "zero_blocks", *PLAN_COLUMNS)
@@ -85,6 +85,22 @@ def progress(out: Path, name: str) -> list[dict]:
     return done
 
 
+def measured_key(row: dict) -> tuple:
+    """What makes a launch measured: its id and its kernel's name (which hashes the kernel's text),
+    so a step run again on a bundle of changed kernels measures them again under the same ids."""
+    return row["id"], row.get("kernel")
+
+
+def latest(done: list[dict]) -> list[dict]:
+    """Each launch's last measurement, in the order of their first (a kernel changed and measured
+    again replaces its earlier row in the tables; the progress file keeps both)."""
+    last = {}
+    for d in done:
+        last.setdefault(d["row"]["id"], None)
+        last[d["row"]["id"]] = d
+    return list(last.values())
+
+
 class ContextLost(RuntimeError):
     """A kernel faulted and took this process's CUDA context with it: its row is recorded as its
     failure, and the launches after it need a fresh process (benchmarks.device starts one)."""
@@ -110,11 +126,11 @@ def run_bundle(bundle: Path, out: Path, name: str, deadline: Deadline | None = N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     done = progress(out, name)
-    finished = {d["row"]["id"] for d in done}
+    finished = {measured_key(d["row"]) for d in done}
     baselines = {_shape_key(d["row"]): {k: v for k, v in d["row"].items() if _is_baseline(k)} for d in done
                  if d["row"].get("set") != "micro"}
     rows = bundle_rows(bundle)
-    todo = [r for r in rows if r["id"] not in finished]
+    todo = [r for r in rows if measured_key(r) not in finished]
     say(f"{name}: {len(rows)} launches, {len(rows) - len(todo)} measured before, {len(todo)} to go")
     path = out / f"{name}.progress.jsonl"
     if path.exists() and path.stat().st_size:
@@ -150,7 +166,7 @@ def write_tables(out: Path, name: str) -> dict[str, Path]:
 
     from benchmarks.analysis import half_rows, rows_table
 
-    done = progress(out, name)
+    done = latest(progress(out, name))
     tables = {"kernel-speed": [d["row"] for d in done], "checks": [c for d in done for c in d["checks"]]}
     tables["half-precision"] = half_rows(tables["kernel-speed"])
     written = {}

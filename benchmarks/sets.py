@@ -388,7 +388,8 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
                                shape.n, pattern.sparsity, 4 if model != "bert-base" else 32, design_named("nm").label,
                                best.block_rows, best.threads, _id(model, layer, pattern.sparsity, method),
                                f"the N:M kernel's blocking of least estimate ({timer.name}): {best.label}", prune=method,
-                               nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns)))
+                               nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns,
+                                   best.depth)))
     return out
 
 
@@ -422,14 +423,20 @@ def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM
         for n in tokens:
             for method in patterns:
                 pattern = nm_pattern(method)
-                best = min(nm_options((pattern.n, pattern.m, pattern.vector), rows, k, n, device),
-                           key=lambda s: s.estimate_us).nm
-                out.append(Planned(_id(NM_SPMM_MODEL, rows, k, n, method), NM_SPMM_MODEL, NM_SPMM_MODEL,
-                                   f"{rows}x{k}", rows, k, n, pattern.sparsity, n, design_named("nm").label,
-                                   best.block_rows, best.threads, _id(NM_SPMM_MODEL, rows, k, method),
-                                   f"the N:M kernel's blocking of least estimate ({timer.name}): {best.label}",
-                                   prune=method, nm=(best.block_rows, best.block_columns, best.thread_rows,
-                                                     best.thread_columns)))
+                options = nm_options((pattern.n, pattern.m, pattern.vector), rows, k, n, device)
+                best = min(options, key=lambda s: s.estimate_us).nm
+                # where the estimate takes a deeper stage, the best 32-column one beside it: the device
+                # tells the gathered stage's gain from the depth's
+                shallow = min((s for s in options if s.nm.depth == 32), key=lambda s: s.estimate_us).nm
+                for tiling, variant in ((best, ""), *(((shallow, "stage-32"),) if shallow != best else ())):
+                    why = (f"the N:M kernel's blocking of least estimate ({timer.name}): {tiling.label}" if not variant
+                           else f"the 32-column stage of least estimate beside the chosen {best.label}")
+                    out.append(Planned(_id(NM_SPMM_MODEL, rows, k, n, method, *([variant] if variant else [])),
+                                       NM_SPMM_MODEL, NM_SPMM_MODEL, f"{rows}x{k}", rows, k, n, pattern.sparsity, n,
+                                       design_named("nm").label, tiling.block_rows, tiling.threads,
+                                       _id(NM_SPMM_MODEL, rows, k, method), why, variant=variant, prune=method,
+                                       nm=(tiling.block_rows, tiling.block_columns, tiling.thread_rows,
+                                           tiling.thread_columns, tiling.depth)))
     return out
 
 

@@ -278,14 +278,14 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
     unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
     slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
-    copies = (t.chunk * t.block_columns * element / 16 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
+    copies = (t.staged * t.block_columns * element / 16 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
     chunk_instr = t.kept * slot_instr + 6 * copies + 12  # the copies' addresses, the barriers and the loop
     block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
                            + t.thread_rows * t.thread_columns / 4 * 4)  # the stores
     block_ffma = warps * chunks * t.kept * fmas
     # shared memory: a warp's B vectors are 512 bytes (4 wavefronts), its A values one; the copies' stores
     block_wavefronts = (warps * chunks * t.kept * (1 + groups * t.thread_columns / 4 * 4 * element / 4)
-                        + chunks * (t.chunk * t.block_columns * element + t.kept * t.block_rows * 4 + t.slab) / 128)
+                        + chunks * (t.staged * t.block_columns * element + t.kept * t.block_rows * 4 + t.slab) / 128)
     per_sm = -(-blocks // device.sms)  # the busiest SM's blocks
     issue = per_sm * block_instr / params.issue_per_sm_cycle
     ffma = per_sm * block_ffma / (device.fp32_lanes_per_sm / ws)
@@ -295,9 +295,10 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     compute_s = max(issue, ffma, smem) / clock_hz
     latency_s = latency / clock_hz
     sizes = t.operand_sizes(work.m, work.k)
-    compressed = 4 * sizes["values"] + sizes["index"]
+    compressed = 4 * sizes["values"] + sizes["index"] + sizes.get("rows", 0)
     dram = element * (work.k * work.n + work.m * work.n) + compressed
-    l2 = element * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
+    # each row block reads B's staged rows: all of K, or the share its stages gather
+    l2 = element * (row_blocks * work.k * t.staged / t.chunk * work.n + work.m * work.n) + column_blocks * compressed
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
     body = max(compute_s, latency_s, memory_s)
     return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,

@@ -68,7 +68,7 @@ def _params(spec: KernelSpec) -> list[_Param]:
 
 
 # the C type of each role of module data (KernelSpec.module_symbols)
-MODULE_CTYPES = {"values": "float", "index": "unsigned char", "bias": "float"}
+MODULE_CTYPES = {"values": "float", "index": "unsigned char", "rows": "unsigned char", "bias": "float"}
 _MODULE_DTYPES = {"float": np.float32, "unsigned char": np.uint8}
 
 

@@ -10,11 +10,21 @@ staged in shared memory (double-buffered, cp.async) while the previous chunk is 
 chunk of a row holds `kept` = N·chunk/M slots. Rows in groups of `index_rows` (gcd of V and the
 thread's rows) share one slot's column, so a thread loads one B vector per group of its rows.
 
+A stage holds `staged` rows of B's chunk: all `chunk` of them, or, where a block's rows lie in so
+few vectors that they keep fewer columns of a chunk than it has (`gathers`: NM-SpMM's 4:32 in
+vectors of 32 rows keeps at most 8 of every 32 in a block of 64 rows), only the rows the block's
+slots read, listed per block and chunk. On the H200 the whole-chunk copy held the kernel at 0.35 of
+SGEMM's efficiency per nonzero at 4:32 against 0.7 at 16:32: its traffic did not shrink with the
+sparsity.
+
 The compressed A, laid out so that a block's share of a chunk is contiguous (one copy loop each):
     values  float32  [chunks][row blocks][kept][block_rows]           the kept values (0 in a spare slot)
     index   uint8    [chunks][row blocks][slab]                       per slot and index row group, the
-             column within the chunk (`chunk`, one past the last: a row of zeros, for a spare slot),
+             staged row it reads (`staged`, one past the last: a row of zeros, for a spare slot),
              [kept][block_rows / index_rows] padded to `slab` bytes (a multiple of 16)
+    rows    uint8    [chunks][row blocks][rows_slab]                  only where the tiling gathers: the
+             staged rows' columns within the chunk, ascending, then `chunk` (a row of zeros) up to
+             `staged`, padded to `rows_slab` bytes; where it does not, staged row r is column r
 A spare slot (a group whose rows hold fewer than N columns, or past K) multiplies a zero row, never
 a value of B. A row sharing a slot with rows that have a nonzero in its column multiplies that
 column of B by its own zero (a NaN or infinity there reaches its output, as in a dense product of
@@ -72,7 +82,8 @@ def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
 class NMTiling:
     """n, m, vector: the N:M pattern the kernel serves (at most n of every m columns; rows in vectors
     of `vector` that share positions). Defaults: NM-SpMM's blocking, 64 × 128 outputs per block in
-    8 × 8 per thread (128 threads)."""
+    8 × 8 per thread (128 threads), and stages of at least `depth` = 32 columns of K (a sparse pattern
+    whose stages gather few rows of B takes deeper ones: as many slots per barrier as a dense one)."""
 
     n: int
     m: int
@@ -81,6 +92,7 @@ class NMTiling:
     block_columns: int = 128
     thread_rows: int = 8
     thread_columns: int = 8
+    depth: int = 32
 
     def __post_init__(self):
         if not (1 <= self.n < self.m <= 255):
@@ -104,13 +116,14 @@ class NMTiling:
     @property
     def label(self) -> str:
         v = f":{self.vector}" if self.vector > 1 else ""
+        deep = f",k{self.chunk}" if self.depth != 32 else ""
         return (f"{self.n}:{self.m}{v},{self.block_rows}x{self.block_columns},"
-                f"{self.thread_rows}x{self.thread_columns}")
+                f"{self.thread_rows}x{self.thread_columns}{deep}")
 
     @property
     def chunk(self) -> int:
-        """Columns of K per stage: whole groups, at least 32."""
-        return self.m * -(-32 // self.m)
+        """Columns of K per stage: whole groups, at least `depth`."""
+        return self.m * -(-self.depth // self.m)
 
     @property
     def kept(self) -> int:
@@ -121,6 +134,24 @@ class NMTiling:
     def index_rows(self) -> int:
         """Rows that share one slot's column in the index (a thread loads one B vector for them)."""
         return math.gcd(self.vector, self.thread_rows)
+
+    @property
+    def staged(self) -> int:
+        """Rows of B's chunk a stage holds: the chunk, or the most columns the block's rows can keep
+        in it (the slots of each vector of `vector` rows the block touches) where that is fewer."""
+        v, rows = self.vector, self.block_rows
+        touching = rows // v if rows % v == 0 else 1 if v % rows == 0 else rows // v + 2
+        return min(self.chunk, touching * self.kept)
+
+    @property
+    def gathers(self) -> bool:
+        """Whether a stage copies only the rows of B its block reads (listed in the `rows` operand)."""
+        return self.staged < self.chunk
+
+    @property
+    def rows_slab(self) -> int:
+        """Bytes of one block's chunk of the `rows` operand (0 where the tiling does not gather)."""
+        return -(-self.staged // 16) * 16 if self.gathers else 0
 
     @property
     def threads(self) -> int:
@@ -134,13 +165,14 @@ class NMTiling:
 
     @property
     def shared_bytes(self) -> int:
-        """Two stages of B's chunk (plus its zero row), A's values and the index, B in fp32 (what a
-        blocking must fit: a half kernel's, with B 16-bit, is smaller: shared_bytes_of)."""
+        """Two stages of B's staged rows (plus the zero row), A's values and the index, B in fp32 (what
+        a blocking must fit: a half kernel's, with B 16-bit, is smaller: shared_bytes_of)."""
         return self.shared_bytes_of(4)
 
     def shared_bytes_of(self, element_bytes: int) -> int:
         """shared_bytes with B's elements `element_bytes` wide."""
-        return 2 * ((self.chunk + 1) * self.block_columns * element_bytes + self.kept * self.block_rows * 4 + self.slab)
+        return 2 * ((self.staged + 1) * self.block_columns * element_bytes + self.kept * self.block_rows * 4
+                    + self.slab)
 
     def chunks(self, k: int) -> int:
         return -(-k // self.chunk)
@@ -149,34 +181,44 @@ class NMTiling:
         return -(-m // self.block_rows)
 
     def operand_sizes(self, m: int, k: int) -> dict[str, int]:
-        """Elements of each compressed array for an A of m × k (values: 4 bytes each, index: 1)."""
+        """Elements of each compressed array for an A of m × k (values: 4 bytes each, index and rows: 1)."""
         blocks = self.chunks(k) * self.row_blocks(m)
-        return {"values": blocks * self.kept * self.block_rows, "index": blocks * self.slab}
+        sizes = {"values": blocks * self.kept * self.block_rows, "index": blocks * self.slab}
+        return sizes | ({"rows": blocks * self.rows_slab} if self.gathers else {})
 
     def facts(self) -> dict:
         return {"label": self.label, "n": self.n, "m": self.m, "vector": self.vector, "block_rows": self.block_rows,
                 "block_columns": self.block_columns, "thread_rows": self.thread_rows,
                 "thread_columns": self.thread_columns, "chunk": self.chunk, "kept": self.kept,
-                "index_rows": self.index_rows, "slab": self.slab}
+                "index_rows": self.index_rows, "slab": self.slab, "staged": self.staged, "depth": self.depth}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "NMTiling":
         return cls(*(int(facts[f]) for f in ("n", "m", "vector", "block_rows", "block_columns", "thread_rows",
-                                             "thread_columns")))
+                                             "thread_columns")), int(facts.get("depth", 32)))
 
 
 # the blockings the search tries, widest first (NM-SpMM's 64 × 128 first); nm_tilings keeps those that fit
 BLOCKINGS = ((64, 128, 8, 8), (64, 64, 8, 8), (32, 128, 8, 4), (32, 64, 8, 4), (16, 64, 4, 4))
+# the stage depths it tries: deeper stages only where they hold no more slots than a 32-column stage
+# of a half-dense pattern would (what fits shared memory decides the rest)
+DEPTHS = (32, 64, 128)
 
 
 def nm_tilings(n: int, m: int, vector: int = 1) -> list[NMTiling]:
-    """Every blocking of BLOCKINGS that fits shared memory for the pattern n:m:vector."""
+    """Every blocking of BLOCKINGS at every depth of DEPTHS that fits shared memory for the pattern
+    n:m:vector, the 32-column stages first; a deeper stage only where it changes the chunk and its
+    block's stages gather (a whole-chunk stage grows with depth without saving any traffic)."""
     out = []
-    for rows, cols, trows, tcols in BLOCKINGS:
-        try:
-            out.append(NMTiling(n, m, vector, rows, cols, trows, tcols))
-        except ValueError:
-            continue
+    for depth in DEPTHS:
+        for rows, cols, trows, tcols in BLOCKINGS:
+            try:
+                t = NMTiling(n, m, vector, rows, cols, trows, tcols, depth)
+            except ValueError:
+                continue
+            if depth == DEPTHS[0] or (t.gathers and t.chunk > NMTiling(n, m, vector, rows, cols, trows, tcols).chunk
+                                      and t.kept <= 16):
+                out.append(t)
     return out
 
 
@@ -200,23 +242,26 @@ def pattern_problem(matrix: sp.csr_matrix, n: int, m: int, vector: int) -> str:
 
 
 def nm_operands(matrix: sp.csr_matrix, tiling: NMTiling) -> dict[str, np.ndarray]:
-    """A compressed for the kernel: {"values": float32, "index": uint8} as the module docstring lays
-    them out. ValueError naming the problem when A does not hold the tiling's pattern."""
+    """A compressed for the kernel: {"values": float32, "index": uint8, and where the tiling gathers
+    "rows": uint8} as the module docstring lays them out. ValueError naming the problem when A does
+    not hold the tiling's pattern."""
     a = sp.csr_matrix(matrix, copy=True)
     a.sum_duplicates()
     a.eliminate_zeros()  # a stored zero is no nonzero: it takes no slot
     a = a.tocoo()
     rows, k = a.shape
     t = tiling
-    problem = pattern_problem(a, t.n, t.m, t.index_rows)
+    # a gathering stage holds the columns of whole vectors: A must share positions in vectors of V rows
+    problem = pattern_problem(a, t.n, t.m, t.vector if t.gathers else t.index_rows)
     if problem:
         raise ValueError(f"N:M kernel: {problem}")
     chunks, blocks = t.chunks(k), t.row_blocks(rows)
     group_of_rows = t.index_rows
     index_per_slot = t.block_rows // group_of_rows
     values = np.zeros((chunks, blocks, t.kept, t.block_rows), np.float32)
-    index = np.full((chunks, blocks, t.slab), t.chunk, np.uint8)
+    index = np.full((chunks, blocks, t.slab), t.staged, np.uint8)
     index[:, :, t.kept * index_per_slot:] = 0  # padding past the slots: never read
+    staged_rows = np.full((chunks, blocks, t.rows_slab), t.chunk, np.uint8)
     if a.nnz:
         row, col = a.row.astype(np.int64), a.col.astype(np.int64)
         # the slot of a (row group, column): its rank among the group's distinct columns in its M-group
@@ -230,9 +275,21 @@ def nm_operands(matrix: sp.csr_matrix, tiling: NMTiling) -> dict[str, np.ndarray
         pair_row_group = pairs // k
         block = (pair_row_group * group_of_rows) // t.block_rows
         g = pair_row_group % index_per_slot
-        index[chunk_of, block, p * index_per_slot + g] = (pair_col - chunk_of * t.chunk).astype(np.uint8)
+        staged = pair_col - chunk_of * t.chunk  # the column within the chunk: its staged row, unless gathered
+        if t.gathers:  # each (chunk, block)'s distinct columns, ascending, are its staged rows
+            cell = chunk_of * blocks + block
+            used, position = np.unique(cell * t.chunk + staged, return_inverse=True)
+            used_cell = used // t.chunk
+            starts = np.r_[0, np.flatnonzero(np.diff(used_cell)) + 1]
+            rank_in_cell = np.arange(len(used)) - np.repeat(starts, np.diff(np.r_[starts, len(used)]))
+            if rank_in_cell.max() >= t.staged:  # the pattern check above rules it out: a guard, not a path
+                raise ValueError(f"N:M kernel: a block's chunk reads more than {t.staged} rows of B")
+            staged_rows.reshape(chunks * blocks, t.rows_slab)[used_cell, rank_in_cell] = used % t.chunk
+            staged = rank_in_cell[position]
+        index[chunk_of, block, p * index_per_slot + g] = staged.astype(np.uint8)
         values[chunk_of[where], row // t.block_rows, p[where], row % t.block_rows] = a.data
-    return {"values": values.ravel(), "index": index.ravel()}
+    out = {"values": values.ravel(), "index": index.ravel()}
+    return out | ({"rows": staged_rows.ravel()} if t.gathers else {})
 
 
 def nm_product(operands: dict[str, np.ndarray], tiling: NMTiling, m: int, k: int, b: np.ndarray) -> np.ndarray:
@@ -242,6 +299,7 @@ def nm_product(operands: dict[str, np.ndarray], tiling: NMTiling, m: int, k: int
     chunks, blocks = t.chunks(k), t.row_blocks(m)
     values = operands["values"].reshape(chunks, blocks, t.kept, t.block_rows).astype(np.float64)
     index = operands["index"].reshape(chunks, blocks, t.slab)
+    listed = operands["rows"].reshape(chunks, blocks, t.rows_slab) if t.gathers else None
     per_slot = t.block_rows // t.index_rows
     padded = np.zeros((chunks * t.chunk + 1, b.shape[1]))
     padded[:k] = b
@@ -249,9 +307,11 @@ def nm_product(operands: dict[str, np.ndarray], tiling: NMTiling, m: int, k: int
     c = np.zeros((blocks * t.block_rows, b.shape[1]))
     for ch in range(chunks):
         for bl in range(blocks):
+            # the stage as the kernel copies it: staged row r is B's row at the chunk's column r (or listed)
+            columns = listed[ch, bl, :t.staged].astype(np.int64) if t.gathers else np.arange(t.chunk)
+            stage = np.append(np.where(columns < t.chunk, ch * t.chunk + columns, zero_row), zero_row)
             for p in range(t.kept):
-                cols = index[ch, bl, p * per_slot:(p + 1) * per_slot].astype(np.int64)
-                at = np.where(cols == t.chunk, zero_row, ch * t.chunk + cols)
+                at = stage[index[ch, bl, p * per_slot:(p + 1) * per_slot].astype(np.int64)]
                 rows_b = padded[np.repeat(at, t.index_rows)]
                 c[bl * t.block_rows:(bl + 1) * t.block_rows] += values[ch, bl, p][:, None] * rows_b
     return c[:m]

@@ -120,11 +120,13 @@ class KernelSpec:
     @property
     def module_symbols(self) -> dict[str, str]:
         """The module's globals a loader fills before the first launch (cuModuleGetGlobal), by role:
-        an N:M kernel's compressed A ("values", "index") and its bias ("bias"); none for a kernel
+        an N:M kernel's compressed A ("values", "index", and "rows" where its stages gather B's
+        rows) and its bias ("bias"); none for a kernel
         whose A is in its code or initialised data."""
         if self.nm is None:
             return {}
         symbols = {"values": f"lospmm_nmv_{self.name}", "index": f"lospmm_nmi_{self.name}"}
+        symbols |= {"rows": f"lospmm_nmr_{self.name}"} if self.nm.gathers else {}
         return symbols | ({"bias": f"lospmm_nmb_{self.name}"} if self.epilogue.bias else {})
 
     def module_data(self, matrix) -> dict[str, Any]:

@@ -104,3 +104,12 @@ def test_a_build_whose_time_is_up_starts_no_more_kernels_and_what_it_built_can_b
     assert any("2 of 4 kernels built" in line for line in said)
     folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
     assert len(bundle.bundle_rows(folder)) == 4 and bundle.bundle_facts(folder)["kernels"] == 4
+
+
+def test_a_bundle_records_the_code_it_was_built_from_not_the_code_at_its_end(tmp_path, monkeypatch):
+    # a 2-core build of the nm set runs for hours: sources edited meanwhile must leave it stale
+    hashes = iter(["before", "after"])
+    monkeypatch.setattr(bundle, "inputs_hash", lambda *a: next(hashes))
+    folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", set_name="micro", sass=False,
+                          say=lambda *_: None)
+    assert bundle.bundle_facts(folder)["inputs"] == "before"

@@ -94,11 +94,14 @@ def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
                          with_source=True, say=lambda *_: None)
     assert not list((built / "a").iterdir())  # nothing carried
     tables = measure.run_bundle(built, tmp_path / "out", "nm", options=HOST, say=lambda *_: None)
-    (row,) = pq.read_table(tables["kernel-speed"]).to_pylist()
-    assert row["status"] == "checked", row["message"]
-    assert row["prune"] == "nm:8:32:32" and row["order"] == "algorithm1"  # the plan's columns the reports group by
+    rows = pq.read_table(tables["kernel-speed"]).to_pylist()
+    # the chosen blocking (a deeper stage, its stages gathering B's rows) and the 32-column one beside it
+    assert sorted(r["variant"] for r in rows) == ["", "stage-32"]
+    for row in rows:
+        assert row["status"] == "checked", row["message"]
+        assert row["prune"] == "nm:8:32:32" and row["order"] == "algorithm1"  # the plan's columns the reports group by
     checks = pq.read_table(tables["checks"]).to_pylist()
-    assert sorted(c["n"] for c in checks) == [1, 33, 40] and all(c["status"] == "ok" for c in checks)
+    assert sorted(c["n"] for c in checks) == [1, 1, 33, 33, 40, 40] and all(c["status"] == "ok" for c in checks)
 
 
 def test_a_kernel_that_loses_the_cuda_context_is_its_rows_failure_and_the_rest_waits_for_a_fresh_process(
@@ -151,3 +154,20 @@ def test_a_sticky_cuda_error_marks_the_context_lost_and_every_later_one_transien
     from lospmm.flows.execution.taskio import is_transient
 
     assert is_transient(after.value) and not is_transient(fault.value)
+
+
+def test_a_launch_whose_kernel_changed_is_measured_again_and_its_new_row_replaces_the_old(built, tmp_path):
+    # a step run again after its kernels changed (the N:M kernel's gathered stages) would have kept the
+    # old kernels' rows under the same ids: a launch is measured per (id, kernel name)
+    measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    path = tmp_path / "m.progress.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    first = lines[0]["row"]["id"]
+    lines[0]["row"]["kernel"] = "an_older_kernel"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    said = []
+    tables = measure.run_bundle(built, tmp_path, "m", options=HOST, say=said.append)
+    assert any("1 to go" in line for line in said)
+    rows = pq.read_table(tables["kernel-speed"]).to_pylist()
+    assert len(rows) == len(lines) and [r["id"] for r in rows].count(first) == 1
+    assert next(r for r in rows if r["id"] == first)["kernel"] != "an_older_kernel"

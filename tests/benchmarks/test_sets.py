@@ -120,7 +120,9 @@ def test_the_nm_spmm_set_plans_the_nm_kernel_on_llama_shapes_with_a_seeded_a():
     from lospmm.stages.prune import nm_pattern_of
 
     plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((256, 512),), tokens=(64,))
-    (p,) = plan
+    p, shallow = plan  # the estimate's choice, a deeper stage, and the best 32-column stage beside it
+    assert sets.nm_tiling_of(p).depth > 32 and sets.nm_tiling_of(shallow).depth == 32 and shallow.variant == "stage-32"
+    assert shallow.matrix == p.matrix  # the same A
     assert (p.model, p.m, p.k, p.n, p.sparsity, p.design) == ("nm-spmm", 256, 512, 64, 0.75, "nm,based,tile-x,walks=1,v=1")
     a = sets.matrix_of(p)
     found = nm_pattern_of(a)

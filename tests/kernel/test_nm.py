@@ -16,7 +16,7 @@ from lospmm.kernel.design import design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import NMWork, nm_registers, nm_timing
 from lospmm.kernel.host import EmulationError, HostKernel
-from lospmm.kernel.nm import BLOCKINGS, NMTiling, nm_operands, nm_product, nm_tilings, pattern_problem
+from lospmm.kernel.nm import BLOCKINGS, DEPTHS, NMTiling, nm_operands, nm_product, nm_tilings, pattern_problem
 from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.stages.prune import NMPattern, random_nm_pruned
@@ -40,7 +40,7 @@ def host_checked(a, tiling, n, epilogue=Epilogue(), seed=0, sanitize=True):
 @st.composite
 def nm_layers(draw, max_rows=80):
     n, m = draw(st.sampled_from(PATTERNS))
-    vector = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    vector = draw(st.sampled_from([1, 2, 4, 8, 16, 32]))
     rows = vector * draw(st.integers(1, max(1, max_rows // vector)))
     k = m * draw(st.integers(1, max(1, 96 // m)))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
@@ -52,7 +52,7 @@ def nm_layers(draw, max_rows=80):
 
 
 @settings(max_examples=60, deadline=None)
-@given(nm_layers(max_rows=200), st.integers(0, len(BLOCKINGS) - 1), st.integers(1, 9))
+@given(nm_layers(max_rows=200), st.integers(0, len(BLOCKINGS) * len(DEPTHS) - 1), st.integers(1, 9))
 def test_compressed_operands_mean_a(layer, blocking, n_columns):
     """The kernel's data read as the kernel reads it (nm_product) is A·B, for every pattern, vector
     length and blocking that fits."""
@@ -76,7 +76,7 @@ def test_an_a_without_the_pattern_is_refused_by_name():
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nm_layers(), st.integers(0, len(BLOCKINGS) - 1), st.sampled_from([1, 5, 8, 70, 131]),
+@given(nm_layers(), st.integers(0, len(BLOCKINGS) * len(DEPTHS) - 1), st.sampled_from([1, 5, 8, 70, 131]),
        st.sampled_from([Epilogue(), "bias+relu", Epilogue(activation="gelu")]))
 def test_host_run_equals_scipy(layer, blocking, n_columns, epilogue):
     """The exact CUDA text, built for the host under AddressSanitizer with each block's threads run
@@ -135,7 +135,9 @@ def test_spec_round_trips_kernel_json():
     assert back == spec and back.nm == spec.nm and back.cooperative
     facts = json.loads(spec.to_json())
     assert facts["nm"]["module_data"] == spec.module_symbols
-    assert set(spec.module_symbols) == {"values", "index", "bias"}
+    assert set(spec.module_symbols) == {"values", "index", "rows", "bias"}  # 4 vectors of 4 slots: 16 of 32 rows
+    whole = nm_source(a, NMTiling(4, 32, 1, 32, 64, 8, 4)).spec  # element-wise: every row of a chunk is read
+    assert set(whole.module_symbols) == {"values", "index"} and whole.nm.staged == whole.nm.chunk
     assert facts["grid"] == {"x": 2, "y": "ceil(N / 64)", "z": 1}
     assert spec.column_multiple == 1 and spec.alignment == 4
     with pytest.raises(ValueError, match="nm design has its own blocking"):
@@ -202,7 +204,7 @@ def test_a_check_runs_the_float4_path_too():
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nm_layers(max_rows=48), st.sampled_from(["fp16", "bf16"]), st.sampled_from(["packed", "f32"]),
-       st.integers(0, len(BLOCKINGS) - 1), st.sampled_from([1, 6, 8, 37]),
+       st.integers(0, len(BLOCKINGS) * len(DEPTHS) - 1), st.sampled_from([1, 6, 8, 37]),
        st.sampled_from([Epilogue(), "bias+relu", Epilogue(activation="gelu")]))
 def test_a_half_nm_kernel_is_its_exact_model_bit_for_bit(layer, dtype, accumulate, blocking, n_columns, epilogue):
     """fp16/bf16 N:M kernels, sums packed (one fma per slot and pair of columns) or in fp32 (fmaf in
@@ -223,3 +225,53 @@ def test_a_half_nm_kernel_is_its_exact_model_bit_for_bit(layer, dtype, accumulat
     assert kernel.spec.dtype == dtype and kernel.spec.number == number
     result = checked(HostKernel(kernel, True, kernel.spec.module_data(a)), a, n_columns)
     assert result.ok, (tiling.label, result.message)
+
+
+def test_a_stage_of_a_long_vector_pattern_copies_only_the_rows_its_block_reads():
+    """NM-SpMM's 4:32 in vectors of 32 rows keeps at most 8 of every 32 columns in a block of 64
+    rows: a stage copies those 8 rows of B, as the block's list says, not the chunk's 32 (on the
+    H200 the whole-chunk copy held 4:32 at half the efficiency per nonzero of 16:32)."""
+    rng = np.random.default_rng(5)
+    a = random_nm_pruned(64, 96, NMPattern(4, 32, 32), rng)
+    t = NMTiling(4, 32, 32)
+    assert t.gathers and t.staged == 8 and t.shared_bytes < NMTiling(16, 32, 32).shared_bytes
+    listed = nm_operands(a, t)["rows"].reshape(t.chunks(96), 1, t.rows_slab)
+    dense = a.toarray() != 0
+    for ch in range(3):
+        read = np.flatnonzero(dense[:, ch * 32:(ch + 1) * 32].any(axis=0))
+        assert list(listed[ch, 0, :len(read)]) == list(read) and (listed[ch, 0, len(read):t.staged] == 32).all()
+    kernel = nm_source(a, t)
+    assert "listed[r]" in kernel.source and f"Bs[2][{9 * 128}]" in kernel.source
+    result = host_checked(a, t, 70)
+    assert result.ok, result.message
+    # a row of B that no slot of the block reads is never copied: a NaN there stays out of C
+    b = rng.standard_normal((96, 8)).astype(np.float32)
+    unread = np.flatnonzero(~dense.any(axis=0))
+    b[unread] = np.nan
+    c = HostKernel(kernel, True, kernel.spec.module_data(a)).run(b)
+    b[unread] = 0.0
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    # a deeper stage (128 columns: 16 slots, at most 32 rows gathered), K past the last stage's end
+    deep_a = random_nm_pruned(64, 160, NMPattern(4, 32, 32), rng)
+    deep = NMTiling(4, 32, 32, depth=128)
+    assert deep.chunk == 128 and deep.kept == 16 and deep.staged == 32 and deep.gathers and deep in nm_tilings(4, 32, 32)
+    result = host_checked(deep_a, deep, 37)
+    assert result.ok, result.message
+    # an A whose rows share positions in vectors of 8 only does not fit a stage of 8 rows for 64
+    short = random_nm_pruned(64, 96, NMPattern(4, 32, 8), rng)
+    with pytest.raises(ValueError, match="vectors of 32 rows"):
+        nm_operands(short, t)
+
+
+def test_a_gathered_stage_is_priced_cheaper_than_the_whole_chunk():
+    from dataclasses import replace
+
+    h100 = DEVICES["h100"]
+    t = NMTiling(4, 32, 32)
+    whole = replace(t, vector=8)  # the same slots and B vectors per thread, every row of the chunk staged
+    assert t.gathers and not whole.gathers and t.index_rows == whole.index_rows
+
+    def us(tiling):
+        return nm_timing(NMWork(tiling, 4096, 4096, 4096, nm_registers(tiling)), h100).time_us
+
+    assert us(t) < 0.8 * us(whole)

@@ -4,7 +4,8 @@ globals when it is loaded (KernelSpec.module_data); one unit of O(1) code per pa
 whatever the layer's size.
 
 Each block computes block_rows × block_columns of C. Per chunk of K (whole groups of M columns),
-its threads copy the chunk's rows of B, the block's slots of A's values and their columns into
+its threads copy the chunk's rows of B (or, where the tiling gathers, only the rows its slots read,
+as the block's list for the chunk says), the block's slots of A's values and their rows into
 shared memory (cp.async, two stages: the next chunk is on its way while this one is multiplied);
 then per slot each thread reads its rows' values (vectors of 4) and, per group of rows that share
 the slot's column, one B vector of its columns from that row of the chunk, and does rows ×
@@ -59,32 +60,43 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     symbols = spec.module_symbols
     bm, bn, tm, tn, kc, kept, g = t.block_rows, t.block_columns, t.thread_rows, t.thread_columns, t.chunk, t.kept, \
         t.index_rows
+    staged = t.staged  # rows of B a stage holds; the zero row a spare slot reads follows them
     threads, per_row = t.threads, bn // tn
     span = 4 * per_row  # between a thread's column vectors
     per_slot = bm // g  # index entries per slot
     per_copy = 8 if half else 4  # elements of B in one 16-byte copy
     globals_ = [f"__device__ __align__(16) float {symbols['values']}[{sizes[symbols['values']]}];\n",
                 f"__device__ __align__(16) unsigned char {symbols['index']}[{sizes[symbols['index']]}];\n"]
+    if t.gathers:
+        globals_.append(f"__device__ __align__(16) unsigned char {symbols['rows']}[{sizes[symbols['rows']]}];\n")
     if epilogue.bias:
         globals_.append(f"__device__ float {symbols['bias']}[{m}];\n")
+    # the row of B staged row r holds: the chunk's column r, or the block's list's r-th entry (past the
+    # list's end the chunk's width: nothing to copy, the row stays zero)
+    row_of = [f"const unsigned char* listed = {symbols['rows']} + slab * {t.rows_slab};\n"] if t.gathers else []
+
+    def in_chunk(r: str) -> str:
+        if t.gathers:
+            return f"const int lr = listed[{r}], kr = k0 + lr; const bool in = lr < {kc} && kr < {k}"
+        return f"const int kr = k0 + {r}; const bool in = kr < {k}"
     element_copy = (
-        [f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
-         f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
-         f"      Bs[r * {bn} + q] = kr < {k} && col < N ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
+        [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
+         f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
+         f"      Bs[r * {bn} + q] = in ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
         if half else
-        [f"    for (int i = tid; i < {kc * bn}; i += {threads}) {{\n",
-         f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
-         f"      const bool in = kr < {k} && col < N;\n",
+        [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
+         f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
          f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
     stage = "".join([
         f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
         f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
         f"const bool vec) {{\n",
         "  const int tid = threadIdx.x;\n",
+        *(f"  {line}" for line in row_of),
         "  if (vec) {\n",
-        f"    for (int i = tid; i < {kc * bn // per_copy}; i += {threads}) {{\n",
-        f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, kr = k0 + r, col = col0 + q;\n",
-        f"      const bool in = kr < {k} && col < N;\n",
+        f"    for (int i = tid; i < {staged * bn // per_copy}; i += {threads}) {{\n",
+        f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, col = col0 + q;\n",
+        f"      {in_chunk('r')} && col < N;\n",
         f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
         "    }\n  } else {\n", *element_copy, "  }\n",
         f"  const float* av = {symbols['values']} + slab * {kept * bm};\n",
@@ -164,13 +176,13 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     body = "".join([
         f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, "
         f"const int N) {{\n",
-        f"  __shared__ __align__(16) {ctype} Bs[2][{(kc + 1) * bn}];\n",
+        f"  __shared__ __align__(16) {ctype} Bs[2][{(staged + 1) * bn}];\n",
         f"  __shared__ __align__(16) float As[2][{kept * bm}];\n",
         f"  __shared__ __align__(16) unsigned char Is[2][{t.slab}];\n",
         f"  const int tid = threadIdx.x, tx = tid % {per_row}, ty = tid / {per_row};\n",
         f"  const int row_block = blockIdx.x, col0 = blockIdx.y * {bn}, row0 = row_block * {bm} + ty * {tm};\n",
         f"  const bool vec = {vec};\n",
-        f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{kc * bn} + i % {bn}] = ({ctype})0;  "
+        f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{staged * bn} + i % {bn}] = ({ctype})0;  "
         f"// the zero row a spare slot reads\n",
         *(f"  {'unsigned' if packed else 'float'} {', '.join(f'{c} = {zero}' for c in row)};\n" for row in acc),
         f"  stage_{name}(Bs[0], As[0], Is[0], B, N, 0, col0, row_block, vec);\n",
