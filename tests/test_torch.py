@@ -660,8 +660,9 @@ def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
 
     rng = np.random.default_rng(0)
     layers = [(random_pruned(96, 64, 0.8, rng), "chained,v=4,walks=2", None),
-              (random_pruned(48, 96, 0.7, rng), "streamed,chained", None),
-              (random_nm_pruned(32, 48, NMPattern(2, 4, 8), rng), "nm", NMTiling(2, 4, 8, 32, 64, 8, 4))]
+              (random_pruned(64, 96, 0.7, rng), "streamed,chained", None),
+              # 4:32 in vectors of 32 rows: its stages gather B's rows (a third module global, filled too)
+              (random_nm_pruned(32, 64, NMPattern(4, 32, 32), rng), "nm", NMTiling(4, 32, 32, 32, 64, 8, 4))]
     modules = []
     for i, (a, design, nm) in enumerate(layers):
         out = tmp_path / f"k{i}"
@@ -670,6 +671,7 @@ def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
         assert facts["compile"]["status"] == "ok" and facts["design"]["label"] == (
             NM_DESIGN if nm else design_named(design)).label
         modules.append(lt.sparse_linear(out, backend="host"))
+    assert NMTiling(4, 32, 32, 32, 64, 8, 4).gathers
     model = nn.Sequential(*modules)
     x = torch.randn(5, 64)
     want = x.numpy()

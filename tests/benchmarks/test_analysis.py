@@ -222,4 +222,8 @@ def test_design_choice_sets_the_estimates_design_against_the_best_measured_one()
     assert verdict["layers"] == 3 and verdict["within 5% of the best"] == pytest.approx(2 / 3)
     assert verdict["best single design"] == "v4"  # geomean over a, b, c
     assert verdict["chosen over best single (geomean speedup)"] == pytest.approx((5 * 8 * 4 / (5 * 10 * 4)) ** (1 / 3))
+    assert verdict["best per layer over best single (the ceiling)"] == pytest.approx(1.0)  # v4 is best everywhere
     assert not verdict["meets"]
+    rows.append(row("b", "v2", 4.0, 9.0))  # on b a third design is fastest, but v2 has no row on a or c
+    _, verdict = analysis.design_choice(rows)
+    assert verdict["best per layer over best single (the ceiling)"] == pytest.approx(2 ** (1 / 3))
