@@ -7,6 +7,7 @@ first. One entry point:
     python -m benchmarks.device next [--budget-s S]       # on the GPU machine: the next steps that fit the time left
     python -m benchmarks.device report [STEP]             # anywhere: a step's tables from its results
     python -m benchmarks.device wheels                    # here: the wheels the GPU image lacks, into .whl/
+    python -m benchmarks.device window [--kind h100]      # here: a window's device calls, what each carries and runs
 
 Each step fits one command (STEP_LIMIT_S, 9 minutes on the H100), writes its Parquet and log.txt
 under benchmarks/results/<device>/<step>/ as it goes, and can be run again after it was cut off:
@@ -73,6 +74,7 @@ class Step:
     device_seconds: float = STEP_LIMIT_S
     needs: tuple[str, ...] = ()
     device: str = "h100"
+    reads: tuple[str, ...] = ()  # steps whose results on the same GPU it reads, and whose bundles it opens
 
 
 # --- the program, most valuable first ----------------------------------------------------------------------
@@ -99,7 +101,7 @@ STEPS: tuple[Step, ...] = (
          (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
          device_seconds=480),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
-         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",)),
+         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",)),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -212,6 +214,149 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
     if next_step is None:
         say("every step is done")
     return rows
+
+
+# --- a window's calls (no GPU) ---------------------------------------------------------------------------------
+
+CARRY_LIMIT = 64 * 2**20  # what one device call carries, the checkout included
+WHEELS_DIR = ".whl"
+START_S = 40.0  # a fresh machine's start, counted against the window (the H200 windows: 22-30 s, a margin)
+
+
+@dataclass(frozen=True)
+class DeviceCall:
+    """One command of a window: the steps it runs in order, the ignored paths it carries (relative to
+    the checkout), their bytes with the checkout's, and its seconds (each step's observed time where
+    a log shows one, else its budget)."""
+
+    steps: tuple[str, ...]
+    carry: tuple[str, ...]
+    carry_bytes: int
+    seconds: float
+    kind: str = "h100"
+
+    @property
+    def command(self) -> str:
+        """The call's command: each step with the budget left, the results packed into $OUT after each
+        (a call cut off at its limit brings back only what $OUT holds)."""
+        runs = "; ".join(f"python -m benchmarks.device run {name} --budget-s $(left); pack" for name in self.steps)
+        return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ echo $((B - $(date +%s) + s)); }}; "
+                f"pack() {{ tar czf $OUT/results.tgz benchmarks/results/{self.kind}; }}; {runs}")
+
+
+def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
+    """How long the step took where it ran (the longest span of its log.txt's times on any device), or None."""
+    spans = []
+    for log in Path(results).glob(f"*/{step.name}/log.txt"):
+        stamps = [line[:8] for line in log.read_text(encoding="utf-8").splitlines() if line[:2].isdigit()]
+        if len(stamps) >= 2:
+            first, last = (int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in (stamps[0], stamps[-1]))
+            spans.append((last - first) % 86400)
+    return float(max(spans)) if spans else None
+
+
+def checkout_bytes(root: Path = ROOT) -> int:
+    """The bytes a device call copies of the checkout: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / f.decode()).stat().st_size for f in listed if f and (root / f.decode()).is_file())
+
+
+def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESULTS, home: Path = bundles.HOME,
+                 carry: Path = CARRY, wheels: Path | None = None,
+                 again: tuple[str, ...] = ()) -> tuple[list[DeviceCall], list[str]]:
+    """The calls that spend a window of `budget_s` device seconds on a GPU of `kind` (its results
+    folder: h100, h200): the steps done neither on their own device nor on this kind, in the program's
+    order, as many to a call as its carry (CARRY_LIMIT with the checkout) and STEP_LIMIT_S allow, each
+    fresh machine's start counted. Returns the calls and why each other step is left out (a bundle to
+    prepare or carry, the window's time). `again`: steps to run even where done (their kernels changed
+    since: a step run again measures them again, measure.measured_key)."""
+    wheels = Path(wheels or Path(carry).parent / WHEELS_DIR)
+    wheel_bytes = sum(f.stat().st_size for f in wheels.glob("*.whl")) if wheels.is_dir() else 0
+    calls: list[DeviceCall] = []
+    left_out: list[str] = []
+    current: dict = {"steps": [], "carry": [], "bytes": checkout, "seconds": 0.0}
+    spent = START_S  # the first call starts a machine
+
+    def close() -> None:
+        if current["steps"]:
+            calls.append(DeviceCall(tuple(current["steps"]), tuple(current["carry"]), current["bytes"],
+                                    current["seconds"], kind))
+        current.update(steps=[], carry=[], bytes=checkout, seconds=0.0)
+
+    planned: set[str] = set()
+    for step in STEPS:
+        state = step_state(step, results)
+        if step.name not in again and any(state.get(d, {}).get("state") == "done" for d in (step.device, kind)):
+            continue
+        unread = [r for r in step.reads if r not in planned and step_state(step_named(r), results).get(kind, {})
+                  .get("state") != "done"]
+        if unread:
+            left_out.append(f"{step.name}: reads {', '.join(unread)} measured on this GPU, not done nor in this window")
+            continue
+        opened = [*step.bundles, *(b for r in step.reads for b in step_named(r).bundles)]
+        paths, size = [], 0
+        missing = [b.name for b in opened if not bundle_state(b, home, carry).get("carried")]
+        if missing:
+            left_out.append(f"{step.name}: prepare {', '.join(missing)} first (python -m benchmarks.device prepare "
+                            f"{step.name})")
+            continue
+        for b in opened:
+            listing = Path(carry) / f"{b.name}.parts.json"
+            parts = json.loads(listing.read_text())["parts"]
+            paths += [f"{Path(carry).name}/{listing.name}", *(f"{Path(carry).name}/{q['file']}" for q in parts)]
+            size += listing.stat().st_size + sum(int(q["bytes"]) for q in parts)
+        if "wheels" in step.needs:
+            if not wheel_bytes:
+                left_out.append(f"{step.name}: needs the wheels (python -m benchmarks.device wheels)")
+                continue
+            paths.append(WHEELS_DIR)
+            size += wheel_bytes
+        if checkout + size > CARRY_LIMIT:
+            left_out.append(f"{step.name}: {(checkout + size) / 2**20:.1f} MiB with the checkout, over what one call "
+                            f"carries ({CARRY_LIMIT / 2**20:.0f} MiB)")
+            continue
+        # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
+        seconds = min((observed_seconds(step, results) or step.device_seconds) + 15, STEP_LIMIT_S)
+        fits = (current["bytes"] + size <= CARRY_LIMIT and current["seconds"] + seconds <= STEP_LIMIT_S
+                and not (WHEELS_DIR in current["carry"] and WHEELS_DIR in paths))
+        if not fits:
+            close()
+        if spent + seconds > budget_s:
+            left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
+            continue
+        new = [q for q in paths if q not in current["carry"]]
+        current["steps"].append(step.name)
+        current["carry"] += new
+        current["bytes"] += size if len(new) == len(paths) else sum(_carried_bytes(q, carry, wheels) for q in new)
+        current["seconds"] += seconds
+        spent += seconds
+        planned.add(step.name)
+    close()
+    return calls, left_out
+
+
+def _carried_bytes(path: str, carry: Path, wheels: Path) -> int:
+    """The bytes of one carried path of a call (an archive or listing under .gpu, or the wheels)."""
+    if path == WHEELS_DIR:
+        return sum(f.stat().st_size for f in Path(wheels).glob("*.whl"))
+    return (Path(carry) / Path(path).name).stat().st_size
+
+
+def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=print) -> list[DeviceCall]:
+    """The window's calls, each with what to carry and its command; what is left out and why."""
+    calls, left_out = window_calls(kind, budget_s, checkout_bytes(), again=again)
+    for i, call in enumerate(calls, 1):
+        say(f"call {i}: {', '.join(call.steps)} (about {call.seconds:.0f} s; carries {call.carry_bytes / 2**20:.1f} MiB "
+            f"with the checkout)")
+        say(f"  carry: {json.dumps(list(call.carry))}")
+        say(f"  command: {call.command}")
+        say(f"  then here: tar xzf <files_at>/results.tgz (the next call carries them; commit them first)")
+    for line in left_out:
+        say(f"left out: {line}")
+    if not calls:
+        say("no step to run in this window")
+    return calls
 
 
 # --- prepare (no GPU) -----------------------------------------------------------------------------------------
@@ -666,6 +811,11 @@ def main(argv=None) -> None:
         p.add_argument("--budget-s", type=float, default=STEP_LIMIT_S)
         p.add_argument("--build", action="store_true", help="build a missing bundle here (the GPU machine's cores)")
         p.add_argument("--jobs", type=int, default=os.cpu_count() or 16)
+    p = sub.add_parser("window", help="here: the device calls a window should make, what each carries and runs")
+    p.add_argument("--kind", default="h100", help="the GPU's results folder (h100, h200)")
+    p.add_argument("--budget-s", type=float, default=900.0, help="the window's device seconds")
+    p.add_argument("--again", nargs="*", default=[], choices=STEP_NAMES,
+                   help="steps to measure again where done (their kernels changed since)")
     p = sub.add_parser("report", help="a step's tables from its results (every step's by default)")
     p.add_argument("step", nargs="?", choices=STEP_NAMES)
     sub.add_parser("wheels", help="download the wheels the GPU image lacks into .whl/ (no GPU)")
@@ -683,6 +833,8 @@ def main(argv=None) -> None:
                 next_steps(args.budget_s, args.build, args.jobs)
         except ContextLost as e:
             restarted(argv if argv is not None else sys.argv[1:], args.budget_s - (time.monotonic() - started), e)
+    elif args.command == "window":
+        print_window(args.kind, args.budget_s, tuple(args.again))
     elif args.command == "report":
         report(step_named(args.step) if args.step else None)
     else:

@@ -195,3 +195,41 @@ def test_the_reports_group_rows_measured_before_they_carried_their_plan_columns(
     assert filled["prune"] == nm.prune and nm.prune.startswith("nm:")
     kept = {"id": nm.id, "set": "nm-spmm", "order": "x", "prune": "nm:4:32:32", "epilogue": ""}
     assert device.with_plan_columns([kept]) == [kept]  # a row that has them keeps its own
+
+
+def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leave_out(tmp_path, monkeypatch):
+    # the first windows worked out by hand which bundles could travel together (ab and the wheels could
+    # not): `window` plans the calls from what is prepared
+    mib = 2**20
+    specs = {n: device.BundleSpec(n, "micro", {"n": i}) for i, n in enumerate(("b1", "b2", "b3", "b4"), 1)}
+    steps = (device.Step("s1", "", "", (specs["b1"],), device_seconds=100),
+             device.Step("s2", "", "", (specs["b2"],), device_seconds=100),
+             device.Step("done-here", "", "", (specs["b3"],), device_seconds=100),
+             device.Step("unprepared", "", "", (specs["b4"],), device_seconds=100),
+             device.Step("wheeled", "", "", runner=lambda *a: True, device_seconds=100, needs=("wheels",)),
+             device.Step("reader", "", "", runner=lambda *a: True, device_seconds=100, reads=("s1",)),
+             device.Step("orphan", "", "", runner=lambda *a: True, device_seconds=100, reads=("unprepared",)),
+             device.Step("long", "", "", runner=lambda *a: True, device_seconds=540))
+    monkeypatch.setattr(device, "STEPS", steps)
+    carry, results, wheels = tmp_path / ".gpu", tmp_path / "results", tmp_path / ".whl"
+    carry.mkdir()
+    for name, size in (("b1", 30), ("b2", 30), ("b3", 1)):
+        (carry / f"{name}.tar.xz").write_bytes(b"")
+        (carry / f"{name}.parts.json").write_text(json.dumps(
+            {"inputs": specs[name].inputs, "parts": [{"file": f"{name}.tar.xz", "bytes": size * mib}]}))
+    wheels.mkdir()
+    (wheels / "w.whl").write_bytes(b"x" * (40 * mib))
+    (results / "h200" / "done-here").mkdir(parents=True)
+    (results / "h200" / "done-here" / "done.json").write_text("{}")
+    calls, left_out = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels)
+    assert [c.steps for c in calls] == [("s1",), ("s2",), ("wheeled",), ("reader",)]
+    assert all(c.carry_bytes <= device.CARRY_LIMIT for c in calls)
+    assert calls[0].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz") and calls[2].carry == (".whl",)
+    assert calls[3].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz")  # the reader opens what it reads
+    assert "run s1 --budget-s" in calls[0].command and "benchmarks/results/h200" in calls[0].command
+    said = "\n".join(left_out)
+    assert "unprepared: prepare b4 first" in said and "orphan: reads unprepared" in said
+    assert "long: about 540 s, past the window's 900 s" in said and "done-here" not in said
+    again, _ = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels,
+                                   again=("done-here",))
+    assert any("done-here" in c.steps for c in again)  # its kernels changed: measured again
