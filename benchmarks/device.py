@@ -677,18 +677,21 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("Table 4, measured", analysis.table4_rows(launches))
 
 
+# the plan's columns that name what was measured whatever the code: a row order, a pruning, an epilogue
+# (not an N:M blocking: the plan's blocking today need not be the one a row measured then)
+STABLE_PLAN_COLUMNS = ("order", "prune", "epilogue")
+
+
 def with_plan_columns(rows: list[dict]) -> list[dict]:
-    """Launch rows with their plan's columns (measure.PLAN_COLUMNS: row order, pruning, epilogue).
-    Rows measured before the launch rows carried them (the H200's reorder and nm-spmm steps of
-    2026-11-26) get them from their set's plan, matched by kernel id; those two plans are pure and
-    take a fraction of a second."""
-    from benchmarks.measure import PLAN_COLUMNS
+    """Launch rows with their plan's stable columns (STABLE_PLAN_COLUMNS). Rows measured before the
+    launch rows carried them (the H200's reorder and nm-spmm steps of 2026-11-26) get them from their
+    set's plan, matched by kernel id; those two plans are pure and take a fraction of a second."""
     from benchmarks.sets import nm_spmm_plan, reorder_plan
 
-    lacking = {r.get("set") for r in rows if any(c not in r for c in PLAN_COLUMNS)}
+    lacking = {r.get("set") for r in rows if any(c not in r for c in STABLE_PLAN_COLUMNS)}
     planned = {p.id: p for name, plan in (("reorder", reorder_plan), ("nm-spmm", nm_spmm_plan)) if name in lacking
                for p in plan()}
-    return [{**{c: getattr(planned[r["id"]], c) for c in PLAN_COLUMNS}, **r} if r.get("id") in planned else r
+    return [{**{c: getattr(planned[r["id"]], c) for c in STABLE_PLAN_COLUMNS}, **r} if r.get("id") in planned else r
             for r in rows]
 
 

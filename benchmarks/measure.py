@@ -28,7 +28,7 @@ from benchmarks.bundle import bundle_rows, matrix_of_row, package_of
 
 # What tells a set's kernels apart besides the design (a reorder kernel's row order, an N:M kernel's
 # pruning, a conv case's epilogue): the reports group by them.
-PLAN_COLUMNS = ("order", "prune", "epilogue")
+PLAN_COLUMNS = ("order", "prune", "epilogue", "nm")
 CHECK_COUNTS = (1, 31, 32, 4096)  # N every GEMM kernel is checked at besides its layer's (lospmm.kernel.check.check_counts)
 ROW_COLUMNS = ("id", "kernel", "set", "role", "variant", "model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "design",
                "dtype", "form", "m1", "n1", "rank", "count", "prefetch", "smem_bytes", "registers", "spill_bytes",

@@ -87,7 +87,7 @@ class Planned:
     epilogue: str = ""  # "", "relu", "bias", "bias+relu" (a conv case's)
     order: str = "algorithm1"  # the row order of its tiles: a stages.reorder strategy, or "kept" (the flow's choice)
     prune: str = ""  # how its A is pruned: "" the zoo's seeded random, or a prune method (nm:N:M[:V])
-    nm: tuple[int, ...] = ()  # the nm design's blocking: block rows, block columns, thread rows, thread columns
+    nm: tuple = ()  # the nm design's blocking: block rows, block columns, thread rows, thread columns, depth, gather
 
     def row(self) -> dict:
         """The launch row's description columns."""
@@ -202,11 +202,19 @@ def planned_job(p: Planned, matrix: Callable[[], sp.csr_matrix] | None = None) -
 
 def nm_tiling_of(p: Planned):
     """A planned N:M kernel's blocking, with the pattern its A is pruned to (p.prune)."""
-    from lospmm.kernel.nm import NMTiling
     from lospmm.stages.prune import nm_pattern
 
     pattern = nm_pattern(p.prune)
-    return NMTiling(pattern.n, pattern.m, pattern.vector, *p.nm)
+    return nm_tiling_from(pattern, p.nm)
+
+
+def nm_tiling_from(pattern, blocking) -> "NMTiling":
+    """The NMTiling of an N:M pattern and a planned blocking: block rows and columns, thread rows and
+    columns, and where given the stage depth and whether stages gather (1/0: a Parquet list holds ints)."""
+    from lospmm.kernel.nm import NMTiling
+
+    blocking = [int(x) for x in blocking]
+    return NMTiling(pattern.n, pattern.m, pattern.vector, *blocking[:5], *(bool(g) for g in blocking[5:6]))
 
 
 def nm_job(p: Planned, matrix: Callable[[], sp.csr_matrix]) -> Job:
@@ -428,15 +436,21 @@ def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM
                 # where the estimate takes a deeper stage, the best 32-column one beside it: the device
                 # tells the gathered stage's gain from the depth's
                 shallow = min((s for s in options if s.nm.depth == 32), key=lambda s: s.estimate_us).nm
-                for tiling, variant in ((best, ""), *(((shallow, "stage-32"),) if shallow != best else ())):
-                    why = (f"the N:M kernel's blocking of least estimate ({timer.name}): {tiling.label}" if not variant
-                           else f"the 32-column stage of least estimate beside the chosen {best.label}")
+                # and where that one gathers B's rows, the same blocking copying whole chunks (the kernel the
+                # H200 measured first): what the gathered stages gain, on the same GPU
+                whole = replace(shallow, gather=False)
+                variants = ((best, ""), *(((shallow, "stage-32"),) if shallow != best else ()),
+                            *(((whole, "whole-chunk"),) if shallow.gathers else ()))
+                for tiling, variant in variants:
+                    why = {"": f"the N:M kernel's blocking of least estimate ({timer.name}): {tiling.label}",
+                           "stage-32": f"the 32-column stage of least estimate beside the chosen {best.label}",
+                           "whole-chunk": f"{tiling.label}: the 32-column stage copying whole chunks"}[variant]
                     out.append(Planned(_id(NM_SPMM_MODEL, rows, k, n, method, *([variant] if variant else [])),
                                        NM_SPMM_MODEL, NM_SPMM_MODEL, f"{rows}x{k}", rows, k, n, pattern.sparsity, n,
                                        design_named("nm").label, tiling.block_rows, tiling.threads,
                                        _id(NM_SPMM_MODEL, rows, k, method), why, variant=variant, prune=method,
                                        nm=(tiling.block_rows, tiling.block_columns, tiling.thread_rows,
-                                           tiling.thread_columns, tiling.depth)))
+                                           tiling.thread_columns, tiling.depth, int(tiling.gather))))
     return out
 
 

@@ -31,9 +31,11 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 
 The N:M kernel (design `nm`, lospmm.kernel.nm) has its own model, `nm_timing`: its code is one
 small loop, so what binds is the busiest SM's work — its blocks' instructions at the issue rate,
-their FFMAs at the FP32 rate, their shared-memory wavefronts (one per SM-cycle) and a memory latency
-per chunk its resident blocks do not hide — or the bytes: B read by every row block from L2, B, the
-compressed A and C once from DRAM.
+their FFMAs at the FP32 rate, their shared-memory wavefronts (one per SM-cycle), all at the share of
+that rate the loop reaches with the warps resident (`nm_issue_efficiency`, `nm_warps_to_fill`:
+fitted to the H200's measured launches), and a memory latency per chunk its resident blocks do not
+hide — or the bytes: B's staged rows read by every row block from L2, B, the compressed A and C once
+from DRAM.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ class EstimateParams:
     until looped kernels are measured). A half design's (read from its SASS, sm_90, NVRTC 13):
     unpack_instr_per_load=2 (an fp32-accumulating kernel turns each B pair into two floats: two
     HADD2.F32, or a shift and a LOP3 for bf16), pack_instr=1 (its F2FP per row at the store),
-    promote_instr=4 (a packed sum moved into fp32: two HADD2.F32 and two FADD)."""
+    promote_instr=4 (a packed sum moved into fp32: two HADD2.F32 and two FADD). The N:M kernel's
+    loop (fitted to the H200's nm-spmm step, 24 launches, 2026-11-26: `python -m benchmarks.calibrate
+    --nm`): nm_issue_efficiency=0.51 (the share of the issue bound its loop reaches: a shared-memory
+    load's latency per slot and a barrier per chunk) and nm_warps_to_fill=1.77 (resident warps per
+    scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -75,6 +81,8 @@ class EstimateParams:
     unpack_instr_per_load: int = 2
     pack_instr: int = 1
     promote_instr: int = 4
+    nm_issue_efficiency: float = 0.51
+    nm_warps_to_fill: float = 1.77
 
 
 @dataclass(frozen=True)
@@ -292,7 +300,10 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     smem = per_sm * block_wavefronts
     latency = -(-per_sm // atb) * chunks * device.mem_latency_cycles / 2  # half a latency per chunk unhidden
     clock_hz = device.clock_ghz * 1e9
-    compute_s = max(issue, ffma, smem) / clock_hz
+    # the loop reaches a share of that rate, and only with enough warps per scheduler resident
+    per_scheduler = min(atb, per_sm) * warps / params.issue_per_sm_cycle
+    rate = params.nm_issue_efficiency * min(1.0, per_scheduler / params.nm_warps_to_fill)
+    compute_s = max(issue, ffma, smem) / clock_hz / rate
     latency_s = latency / clock_hz
     sizes = t.operand_sizes(work.m, work.k)
     compressed = 4 * sizes["values"] + sizes["index"] + sizes.get("rows", 0)
@@ -393,6 +404,34 @@ def calibrated_estimate(works: list[KernelWork], measured_us, device: Device,
         if best is None or fit.cost < best.cost:
             best = fit
     return _with(device, params, best.x)
+
+
+# the N:M loop's two parameters (EstimateParams) and the range a fit keeps them in
+NM_BOUNDS: dict[str, tuple[float, float]] = {"nm_issue_efficiency": (0.2, 1.0), "nm_warps_to_fill": (0.5, 8.0)}
+
+
+def calibrated_nm(works: list["NMWork"], measured_us, device: Device,
+                  params: EstimateParams = EstimateParams()) -> EstimateParams:
+    """`params` with the N:M loop's parameters (NM_BOUNDS) that minimise the squared log error of
+    nm_timing against `measured_us` (scipy's least_squares over log-parameters, from three starts)."""
+    from scipy.optimize import least_squares
+
+    measured = np.asarray(measured_us, np.float64)
+    keep = np.isfinite(measured) & (measured > 0)
+    works = [w for w, k in zip(works, keep) if k]
+    target = np.log(measured[keep])
+    lo, hi = (np.log([b[i] for b in NM_BOUNDS.values()]) for i in (0, 1))
+
+    def with_x(x) -> EstimateParams:
+        return replace(params, **dict(zip(NM_BOUNDS, map(float, np.exp(x)))))
+
+    def residuals(x):
+        p = with_x(x)
+        return np.log([nm_timing(w, device, p).time_us for w in works]) - target
+
+    fits = [least_squares(residuals, np.clip(np.log(start), lo, hi), bounds=(lo, hi), diff_step=1e-3)
+            for start in ((0.6, 1.5), (0.8, 3.0), (0.3, 1.0))]
+    return with_x(min(fits, key=lambda f: f.cost).x)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ sparse product. Stored zeros of A are dropped first: they are no nonzeros of the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -93,6 +93,7 @@ class NMTiling:
     thread_rows: int = 8
     thread_columns: int = 8
     depth: int = 32
+    gather: bool = True  # False: every stage copies the whole chunk (the kernel before 2026-11-26; an A/B's control)
 
     def __post_init__(self):
         if not (1 <= self.n < self.m <= 255):
@@ -117,8 +118,9 @@ class NMTiling:
     def label(self) -> str:
         v = f":{self.vector}" if self.vector > 1 else ""
         deep = f",k{self.chunk}" if self.depth != 32 else ""
+        whole = ",whole" if not self.gather and replace(self, gather=True).gathers else ""
         return (f"{self.n}:{self.m}{v},{self.block_rows}x{self.block_columns},"
-                f"{self.thread_rows}x{self.thread_columns}{deep}")
+                f"{self.thread_rows}x{self.thread_columns}{deep}{whole}")
 
     @property
     def chunk(self) -> int:
@@ -141,7 +143,7 @@ class NMTiling:
         in it (the slots of each vector of `vector` rows the block touches) where that is fewer."""
         v, rows = self.vector, self.block_rows
         touching = rows // v if rows % v == 0 else 1 if v % rows == 0 else rows // v + 2
-        return min(self.chunk, touching * self.kept)
+        return min(self.chunk, touching * self.kept) if self.gather else self.chunk
 
     @property
     def gathers(self) -> bool:
@@ -190,12 +192,14 @@ class NMTiling:
         return {"label": self.label, "n": self.n, "m": self.m, "vector": self.vector, "block_rows": self.block_rows,
                 "block_columns": self.block_columns, "thread_rows": self.thread_rows,
                 "thread_columns": self.thread_columns, "chunk": self.chunk, "kept": self.kept,
-                "index_rows": self.index_rows, "slab": self.slab, "staged": self.staged, "depth": self.depth}
+                "index_rows": self.index_rows, "slab": self.slab, "staged": self.staged, "depth": self.depth,
+                "gather": self.gather}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "NMTiling":
         return cls(*(int(facts[f]) for f in ("n", "m", "vector", "block_rows", "block_columns", "thread_rows",
-                                             "thread_columns")), int(facts.get("depth", 32)))
+                                             "thread_columns")), int(facts.get("depth", 32)),
+                   bool(facts.get("gather", True)))
 
 
 # the blockings the search tries, widest first (NM-SpMM's 64 × 128 first); nm_tilings keeps those that fit

@@ -193,7 +193,7 @@ def test_the_reports_group_rows_measured_before_they_carried_their_plan_columns(
     nm = sets.nm_spmm_plan()[0]
     (filled,) = device.with_plan_columns([{"id": nm.id, "set": "nm-spmm"}])
     assert filled["prune"] == nm.prune and nm.prune.startswith("nm:")
-    kept = {"id": nm.id, "set": "nm-spmm", "order": "x", "prune": "nm:4:32:32", "epilogue": ""}
+    kept = {"id": nm.id, "set": "nm-spmm", "order": "x", "prune": "nm:4:32:32", "epilogue": ""}  # has them all
     assert device.with_plan_columns([kept]) == [kept]  # a row that has them keeps its own
 
 

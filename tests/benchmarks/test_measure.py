@@ -89,19 +89,24 @@ def test_progress_lines_hold_each_launch_and_its_checks(built, tmp_path):
 def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
     """The nm-spmm set's kernels carry no A: the measurement makes it again from its seed, fills the
     kernel's module data from it and checks the kernel (host backend here, as on the device)."""
+    from lospmm.stages.prune import nm_pattern
+
     plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((64, 128),), tokens=(40,))
     built = bundle.build("nm", [sets.planned_job(p) for p in plan], tmp_path, cache=tmp_path / "cache", sass=False,
                          with_source=True, say=lambda *_: None)
     assert not list((built / "a").iterdir())  # nothing carried
     tables = measure.run_bundle(built, tmp_path / "out", "nm", options=HOST, say=lambda *_: None)
     rows = pq.read_table(tables["kernel-speed"]).to_pylist()
-    # the chosen blocking (a deeper stage, its stages gathering B's rows) and the 32-column one beside it
-    assert sorted(r["variant"] for r in rows) == ["", "stage-32"]
+    # the chosen blocking (a deeper stage, gathering B's rows), the 32-column one, and that one copying
+    # whole chunks: each checked with the A made again
+    assert sorted(r["variant"] for r in rows) == sorted(p.variant for p in plan) == ["", "stage-32", "whole-chunk"]
     for row in rows:
         assert row["status"] == "checked", row["message"]
         assert row["prune"] == "nm:8:32:32" and row["order"] == "algorithm1"  # the plan's columns the reports group by
+        assert sets.nm_tiling_from(nm_pattern(row["prune"]), row["nm"]) == sets.nm_tiling_of(
+            next(p for p in plan if p.id == row["id"]))  # the row names the blocking it measured
     checks = pq.read_table(tables["checks"]).to_pylist()
-    assert sorted(c["n"] for c in checks) == [1, 1, 33, 33, 40, 40] and all(c["status"] == "ok" for c in checks)
+    assert sorted(c["n"] for c in checks) == [1, 1, 1, 33, 33, 33, 40, 40, 40] and all(c["status"] == "ok" for c in checks)
 
 
 def test_a_kernel_that_loses_the_cuda_context_is_its_rows_failure_and_the_rest_waits_for_a_fresh_process(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from benchmarks import sets
@@ -120,9 +122,15 @@ def test_the_nm_spmm_set_plans_the_nm_kernel_on_llama_shapes_with_a_seeded_a():
     from lospmm.stages.prune import nm_pattern_of
 
     plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((256, 512),), tokens=(64,))
-    p, shallow = plan  # the estimate's choice, a deeper stage, and the best 32-column stage beside it
-    assert sets.nm_tiling_of(p).depth > 32 and sets.nm_tiling_of(shallow).depth == 32 and shallow.variant == "stage-32"
-    assert shallow.matrix == p.matrix  # the same A
+    p, *beside = plan  # the estimate's choice, then the best 32-column stage where the choice is deeper, and
+    # that one copying whole chunks where it gathers (the device's A/B of the gathered stages)
+    chosen = sets.nm_tiling_of(p)
+    shallow = sets.nm_tiling_of(beside[0]) if beside[0].variant == "stage-32" else chosen
+    assert [b.variant for b in beside] == [*(["stage-32"] if chosen.depth > 32 else []),
+                                           *(["whole-chunk"] if shallow.gathers else [])]
+    assert all(b.matrix == p.matrix for b in beside)  # the same A
+    if shallow.gathers:
+        assert sets.nm_tiling_of(beside[-1]) == replace(shallow, gather=False)
     assert (p.model, p.m, p.k, p.n, p.sparsity, p.design) == ("nm-spmm", 256, 512, 64, 0.75, "nm,based,tile-x,walks=1,v=1")
     a = sets.matrix_of(p)
     found = nm_pattern_of(a)
