@@ -497,8 +497,10 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
         stop_at = time.monotonic() + BUILD_SHARE * max(0.0, deadline.left())
         for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at):  # the bundle, or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
-            measured = {measured_key(d["row"]) for d in progress(out, spec.name)}
+            done_rows = progress(out, spec.name)
+            measured = {measured_key(d["row"]) for d in done_rows}
             complete &= measured >= {measured_key(r) for r in bundles.bundle_rows(folder)}
+            complete &= not none_compiled(done_rows, say)
             complete &= bool(bundles.bundle_facts(folder))  # a build cut off at its time: kernels still to build
             say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
         if spec.set == "ab":
@@ -512,6 +514,17 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
     else:
         say(f"step {step.name}: not finished in the budget; run it again to go on from here")
     return out
+
+
+def none_compiled(done: list[dict], say=print) -> bool:
+    """Whether a bundle's launches were measured without a single compiled kernel: a build that could
+    not compile (on the GPU machine, a stand-in Prefect once made every kernel of the conv set an
+    error), not a finding; the step is then not done, so that `next` and `window` run it again."""
+    rows = [d["row"] for d in done]
+    if rows and all(r.get("status") == "not compiled" for r in rows):
+        say(f"none of the {len(rows)} kernels compiled: the build failed, the step is not done")
+        return True
+    return False
 
 
 def analysis_decision(out: Path, name: str) -> dict:

@@ -233,3 +233,13 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     again, _ = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels,
                                    again=("done-here",))
     assert any("done-here" in c.steps for c in again)  # its kernels changed: measured again
+
+
+def test_a_step_whose_kernels_all_failed_to_compile_is_not_done():
+    # a stand-in Prefect on the GPU machine made every kernel of the conv set an error, and the step
+    # wrote done.json: next would never have run it again
+    said = []
+    failed = [{"row": {"id": f"k{i}", "status": "not compiled"}} for i in range(3)]
+    assert device.none_compiled(failed, said.append) and "none of the 3 kernels compiled" in said[0]
+    assert not device.none_compiled(failed + [{"row": {"id": "k3", "status": "ok"}}], said.append)
+    assert not device.none_compiled([], said.append)
