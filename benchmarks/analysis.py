@@ -201,15 +201,16 @@ def nm_summary(rows: list[dict]) -> list[dict]:
 def nm_spmm_summary(rows: list[dict]) -> list[dict]:
     """NM-SpMM's comparison (set nm-spmm): per LLaMA-like shape, tokens and pattern, our N:M kernel
     against SGEMM with NM-SpMM's A100 ratio as the target (work-bound shapes), and cuSPARSELt's 2:4
-    over ours; where a 32-column stage was measured beside a deeper chosen one (variant stage-32),
-    its time over the chosen one's."""
+    over ours; where a 32-column stage was measured beside a deeper chosen one (variant stage-32), and
+    that stage copying whole chunks beside a gathering one (variant whole-chunk), their times over the
+    chosen one's."""
     def us(r) -> float:
         t = (r or {}).get("ours_us")
         return float(t) if (r or {}).get("status") == "ok" and isinstance(t, (int, float)) else float("nan")
 
     own = [r for r in rows if r.get("set") == "nm-spmm" and not r.get("variant")]
-    shallow = {(r["layer"], r["n"], r.get("prune")): r for r in rows
-               if r.get("set") == "nm-spmm" and r.get("variant") == "stage-32"}
+    beside = {(r["variant"], r["layer"], r["n"], r.get("prune")): r for r in rows
+              if r.get("set") == "nm-spmm" and r.get("variant") in ("stage-32", "whole-chunk")}
     out = []
     for r in sorted(own, key=lambda r: (r["layer"], r["n"], r["sparsity"])):
         n_of_m = int(str(r["prune"]).split(":")[1])
@@ -218,12 +219,13 @@ def nm_spmm_summary(rows: list[dict]) -> list[dict]:
         work_bound = math.isfinite(sgemm) and sgemm >= WORK_BOUND_US
         speedup = sgemm / ours
         target = NM_TARGETS.get(n_of_m, float("nan")) if work_bound else float("nan")
-        beside = shallow.get((r["layer"], r["n"], r.get("prune")))
+        shallow, whole = (beside.get((v, r["layer"], r["n"], r.get("prune"))) for v in ("stage-32", "whole-chunk"))
         out.append({"shape": r["layer"], "tokens": r["n"], "pattern": str(r["prune"])[3:], "ours_us": ours,
                     "sgemm_us": sgemm, "vs SGEMM": speedup, "target": target,
                     "meets": bool(math.isfinite(target) and speedup >= target),
                     "cuSPARSELt fp16 / ours": float(r.get("cusparselt_fp16_us") or float("nan")) / ours,
-                    "stage-32 / chosen": us(beside) / ours if beside else float("nan"),
+                    "stage-32 / chosen": us(shallow) / ours if shallow else float("nan"),
+                    "whole-chunk / chosen": us(whole) / ours if whole else float("nan"),
                     "status": r.get("status"), "message": r.get("message", "")})
     return out
 

@@ -204,6 +204,11 @@ def test_the_nm_spmm_summary_sets_our_nm_kernel_against_sgemm_and_the_target():
     big = out[1]
     assert big["vs SGEMM"] == 4.0 and big["target"] == 3.6 and big["meets"] and big["cuSPARSELt fp16 / ours"] == 0.5
     assert math.isnan(out[0]["ours_us"]) and not out[0]["meets"]  # a failed kernel meets nothing
+    assert math.isnan(big["stage-32 / chosen"]) and math.isnan(big["whole-chunk / chosen"])
+    # the chosen kernel's controls on the same shape: a 32-column stage, and it copying whole chunks
+    rows += [rows[0] | {"variant": "stage-32", "ours_us": 150.0}, rows[0] | {"variant": "whole-chunk", "ours_us": 200.0}]
+    out = analysis.nm_spmm_summary(rows)
+    assert len(out) == 2 and out[1]["stage-32 / chosen"] == 1.5 and out[1]["whole-chunk / chosen"] == 2.0
 
 
 def test_design_choice_sets_the_estimates_design_against_the_best_measured_one():
