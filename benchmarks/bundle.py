@@ -14,7 +14,7 @@
 Built resumably (a package whose manifest holds and whose row.json is there is not built again),
 through the compile cache, on `threads` compile threads. Carried as xz archives of at most ~28 MiB
 (cubins of straight-line code shrink 5-13×), each a bundle of its own, listed with their SHA-256
-in `<name>.parts.json` so that the device program checks what it unpacks.
+in `<name>.parts.json` so that the device program checks what it unpacks (benchmarks.pack).
 """
 
 from __future__ import annotations
@@ -23,24 +23,20 @@ import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-import lzma
 import os
-import shutil
-import tarfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.analysis import rows_table
-from lospmm.files import atomic_write, file_sha256, manifest_problem
+from lospmm.files import atomic_write, manifest_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where prepared bundles live: outside the work tree, so that a later checkout on this machine finds them
 # benchmarks.sets' NM-SpMM shapes: a bundle keeps no A for them (too large to carry); it is made again
 NM_SPMM_MODEL = "nm-spmm"
 HOME = Path(os.environ.get("LOSPMM_BUNDLES") or Path.home() / ".cache" / "lospmm" / "bundles")
-MAX_PART_MIB = 28.0
 
 
 def inputs_hash(set_name: str, options: dict) -> str:
@@ -252,91 +248,3 @@ def sass_facts(cubin: bytes, source) -> dict:
 
 
 # --- carrying ---------------------------------------------------------------------------------------------
-
-
-def packed(directory: Path, archive: Path) -> Path:
-    """`directory` as an xz tarball (its folder name at the top), written atomically."""
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_suffix(archive.suffix + ".tmp")
-    with lzma.open(tmp, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
-        tar.add(directory, arcname=directory.name)
-    tmp.replace(archive)
-    return archive
-
-
-def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio: float = 5.0) -> list[Path]:
-    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins,
-    5-13; the big BERT kernels the least): one archive if it fits, else parts `<name>-<i>of<n>`, each
-    a bundle of its own (its rows' packages and matrices), split between kernels in the bundle's
-    order. Writes `<name>.parts.json` beside them: each archive's size and SHA-256."""
-    import pyarrow.parquet as pq
-
-    bundle = Path(bundle)
-    rows = bundle_rows(bundle)
-    by_package: dict[str, list[dict]] = {}
-    for r in rows:
-        by_package.setdefault(r["package"], []).append(r)
-    size = {p: sum(f.stat().st_size for f in (bundle / "kernels" / p).iterdir()) for p in by_package}
-    budget = max_mib * 2**20 * ratio
-    if sum(size.values()) <= budget:
-        archives = [packed(bundle, Path(into) / f"{bundle.name}.tar.xz")]
-    else:
-        groups, current, total = [], [], 0
-        for p in by_package:
-            if current and total + size[p] > budget:
-                groups.append(current)
-                current, total = [], 0
-            current.append(p)
-            total += size[p]
-        groups.append(current)
-        archives = []
-        staging = Path(into) / ".staging"
-        for i, group in enumerate(groups, 1):
-            part = staging / f"{bundle.name}-{i}of{len(groups)}"
-            shutil.rmtree(part, ignore_errors=True)
-            (part / "a").mkdir(parents=True)
-            (part / "kernels").mkdir()
-            mine = [r for p in group for r in by_package[p]]
-            for p in group:
-                shutil.copytree(bundle / "kernels" / p, part / "kernels" / p)
-            for matrix in {r["matrix"] for r in mine}:
-                if (bundle / "a" / f"{matrix}.parquet").exists():
-                    shutil.copyfile(bundle / "a" / f"{matrix}.parquet", part / "a" / f"{matrix}.parquet")
-            pq.write_table(rows_table(mine), part / "launches.parquet")
-            facts = bundle_facts(bundle) | {"part": f"{i} of {len(groups)}", "launches": len(mine), "kernels": len(group)}
-            (part / "bundle.json").write_text(json.dumps(facts, indent=1))
-            archives.append(packed(part, Path(into) / f"{part.name}.tar.xz"))
-            shutil.rmtree(part)
-        shutil.rmtree(staging, ignore_errors=True)
-    listing = {"bundle": bundle.name, "inputs": bundle_facts(bundle).get("inputs", ""),
-               "parts": [{"file": a.name, "bytes": a.stat().st_size, "sha256": file_sha256(a)} for a in archives]}
-    (Path(into) / f"{bundle.name}.parts.json").write_text(json.dumps(listing, indent=1))
-    return archives
-
-
-def verified_parts(listing: Path) -> list[Path]:
-    """The archives a `<name>.parts.json` lists, each checked against its SHA-256; ValueError naming
-    the first one missing or altered."""
-    facts = json.loads(Path(listing).read_text())
-    out = []
-    for part in facts["parts"]:
-        archive = Path(listing).parent / part["file"]
-        if not archive.is_file():
-            raise ValueError(f"{archive}: missing (listed in {listing.name})")
-        if file_sha256(archive) != part["sha256"]:
-            raise ValueError(f"{archive}: its SHA-256 is not the one {listing.name} lists (damaged or replaced)")
-        out.append(archive)
-    return out
-
-
-def opened(bundle: Path, into: Path = Path("/tmp/lospmm-bundles")) -> Path:
-    """A bundle folder, or the folder a .tar.xz bundle unpacks to under `into`."""
-    bundle = Path(bundle)
-    if bundle.is_dir():
-        return bundle
-    with tarfile.open(bundle, "r:xz") as tar:
-        tar.extractall(into, filter="data")
-        top = {Path(name).parts[0] for name in tar.getnames()}
-    if len(top) != 1:
-        raise ValueError(f"{bundle}: not one bundle folder inside ({sorted(top)})")
-    return Path(into) / top.pop()

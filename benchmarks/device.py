@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks import bundle as bundles
+from benchmarks import pack as packing
 from benchmarks.measure import ContextLost, Deadline, RunOptions, measured_key, progress, run_bundle
 from benchmarks.sets import AB_LAYERS
 
@@ -275,14 +276,14 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     wheel_bytes = sum(f.stat().st_size for f in wheels.glob("*.whl")) if wheels.is_dir() else 0
     calls: list[DeviceCall] = []
     left_out: list[str] = []
-    current: dict = {"steps": [], "carry": [], "bytes": checkout, "seconds": 0.0}
+    current: dict = {"steps": [], "carry": {}, "seconds": 0.0}  # carry: {path: bytes}
     spent = START_S  # the first call starts a machine
 
     def close() -> None:
         if current["steps"]:
-            calls.append(DeviceCall(tuple(current["steps"]), tuple(current["carry"]), current["bytes"],
-                                    current["seconds"], kind))
-        current.update(steps=[], carry=[], bytes=checkout, seconds=0.0)
+            calls.append(DeviceCall(tuple(current["steps"]), tuple(current["carry"]),
+                                    checkout + sum(current["carry"].values()), current["seconds"], kind))
+        current.update(steps=[], carry={}, seconds=0.0)
 
     planned: set[str] = set()
     for step in STEPS:
@@ -295,52 +296,59 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             left_out.append(f"{step.name}: reads {', '.join(unread)} measured on this GPU, not done nor in this window")
             continue
         opened = [*step.bundles, *(b for r in step.reads for b in step_named(r).bundles)]
-        paths, size = [], 0
         missing = [b.name for b in opened if not bundle_state(b, home, carry).get("carried")]
         if missing:
             left_out.append(f"{step.name}: prepare {', '.join(missing)} first (python -m benchmarks.device prepare "
                             f"{step.name})")
             continue
-        for b in opened:
-            listing = Path(carry) / f"{b.name}.parts.json"
-            parts = json.loads(listing.read_text())["parts"]
-            paths += [f"{Path(carry).name}/{listing.name}", *(f"{Path(carry).name}/{q['file']}" for q in parts)]
-            size += listing.stat().st_size + sum(int(q["bytes"]) for q in parts)
-        if "wheels" in step.needs:
-            if not wheel_bytes:
-                left_out.append(f"{step.name}: needs the wheels (python -m benchmarks.device wheels)")
-                continue
-            paths.append(WHEELS_DIR)
-            size += wheel_bytes
-        if checkout + size > CARRY_LIMIT:
-            left_out.append(f"{step.name}: {(checkout + size) / 2**20:.1f} MiB with the checkout, over what one call "
-                            f"carries ({CARRY_LIMIT / 2**20:.0f} MiB)")
+        if "wheels" in step.needs and not wheel_bytes:
+            left_out.append(f"{step.name}: needs the wheels (python -m benchmarks.device wheels)")
             continue
+        # what the step carries, a unit per part of a bundle (its listing and archive) and the wheels:
+        # {path: bytes}, a listing shared by the units of its bundle
+        carried = [unit for b in opened for unit in _bundle_carry(b, carry)] + (
+            [{WHEELS_DIR: wheel_bytes}] if "wheels" in step.needs else [])
+        if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
+            left_out.append(f"{step.name}: a part of {max(sum(u.values()) for u in carried) / 2**20:.1f} MiB with the "
+                            f"{checkout / 2**20:.1f} MiB checkout is over what one call carries "
+                            f"({CARRY_LIMIT / 2**20:.0f} MiB)")
+            continue
+        # what one call carries of the step: all of it, or its bundles' parts a group per call, the step
+        # run once in each (it measures what is carried and is done once every part's launches are)
+        groups: list[dict[str, int]] = [{}]
+        for unit in carried:
+            if checkout + sum((groups[-1] | unit).values()) > CARRY_LIMIT:
+                groups.append({})
+            groups[-1] |= unit
         # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
         seconds = min((observed_seconds(step, results) or step.device_seconds) + 15, STEP_LIMIT_S)
-        fits = (current["bytes"] + size <= CARRY_LIMIT and current["seconds"] + seconds <= STEP_LIMIT_S
-                and not (WHEELS_DIR in current["carry"] and WHEELS_DIR in paths))
-        if not fits:
-            close()
-        if spent + seconds > budget_s:
+        share = max(15.0, seconds / len(groups))
+        if spent + share * len(groups) > budget_s:
             left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
             continue
-        new = [q for q in paths if q not in current["carry"]]
-        current["steps"].append(step.name)
-        current["carry"] += new
-        current["bytes"] += size if len(new) == len(paths) else sum(_carried_bytes(q, carry, wheels) for q in new)
-        current["seconds"] += seconds
-        spent += seconds
+        for group in groups:
+            fits = (checkout + sum((current["carry"] | group).values()) <= CARRY_LIMIT
+                    and current["seconds"] + share <= STEP_LIMIT_S
+                    and not (WHEELS_DIR in current["carry"] and WHEELS_DIR in group))
+            if not fits:
+                close()
+            current["steps"].append(step.name)
+            current["carry"] |= group
+            current["seconds"] += share
+            spent += share
         planned.add(step.name)
     close()
     return calls, left_out
 
 
-def _carried_bytes(path: str, carry: Path, wheels: Path) -> int:
-    """The bytes of one carried path of a call (an archive or listing under .gpu, or the wheels)."""
-    if path == WHEELS_DIR:
-        return sum(f.stat().st_size for f in Path(wheels).glob("*.whl"))
-    return (Path(carry) / Path(path).name).stat().st_size
+def _bundle_carry(spec: BundleSpec, carry: Path) -> list[dict[str, int]]:
+    """A carried bundle's parts, each as {path: bytes} of what a call carries for it (the listing and
+    the part's archive, relative to the checkout): a bundle too large for one call goes a part per
+    call (each part is a bundle of its own; its listing names each part's launches)."""
+    listing = Path(carry) / f"{spec.name}.parts.json"
+    name, size = f"{Path(carry).name}/{listing.name}", listing.stat().st_size
+    return [{name: size, f"{Path(carry).name}/{q['file']}": int(q["bytes"])}
+            for q in json.loads(listing.read_text())["parts"]]
 
 
 def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=print) -> list[DeviceCall]:
@@ -351,7 +359,7 @@ def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=pr
             f"with the checkout)")
         say(f"  carry: {json.dumps(list(call.carry))}")
         say(f"  command: {call.command}")
-        say(f"  then here: tar xzf <files_at>/results.tgz (the next call carries them; commit them first)")
+        say("  then here: tar xzf <files_at>/results.tgz (the next call carries them; commit them first)")
     for line in left_out:
         say(f"left out: {line}")
     if not calls:
@@ -383,7 +391,7 @@ def prepare(step: Step, jobs: int = 2, home: Path = bundles.HOME, carry: Path = 
             if not (listing.is_file() and json.loads(listing.read_text()).get("inputs") == spec.inputs):
                 for old in Path(carry).glob(f"{spec.name}*.tar.xz"):
                     old.unlink()
-                archives = bundles.packed_parts(Path(home) / spec.name, Path(carry))
+                archives = packing.packed_parts(Path(home) / spec.name, Path(carry))
                 say(f"{spec.name}: {len(archives)} archive(s), "
                     f"{sum(a.stat().st_size for a in archives) / 2**20:.1f} MiB in {carry}")
             listings.append(listing)
@@ -426,6 +434,18 @@ def env_facts() -> dict:
 BUILD_SHARE = 0.6
 
 
+def _listed_keys(spec: BundleSpec, listing: Path) -> set:
+    """The launches of every part of a carried bundle, as far as the listing says (its `launches`:
+    each part's measured keys); without them nothing can be known complete from parts not here."""
+    facts = json.loads(listing.read_text())
+    return {tuple(k) for q in facts["parts"] for k in q.get("launches", [])} or {("?", None)}
+
+
+def bundle_here(spec: BundleSpec, carry: Path = CARRY, home: Path = bundles.HOME) -> bool:
+    """Whether a step's bundle is on this machine: carried (its listing), or built and today's in `home`."""
+    return (Path(carry) / f"{spec.name}.parts.json").is_file() or bundle_state(spec, home, carry)["state"] == "ready"
+
+
 def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print,
                   stop_at: float | None = None) -> list[Path]:
     """The folders of a step's bundle on the GPU machine: its carried archives, checked by their
@@ -442,7 +462,13 @@ def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs
                 raise SystemExit(f"{spec.name}: stale; prepare it again (python -m benchmarks.device prepare ...) "
                                  f"or pass --build")
         else:
-            return [bundles.opened(a, unpack) for a in bundles.verified_parts(listing)]
+            parts = packing.verified_parts(listing, carried=True)
+            if not parts:
+                raise SystemExit(f"{spec.name}: {listing.name} is here but none of its archives")
+            if len(parts) < len(facts["parts"]):
+                say(f"{spec.name}: {len(parts)} of its {len(facts['parts'])} parts carried in this call; the step goes "
+                    f"on when the others are")
+            return [packing.opened(a, unpack) for a in parts]
     home_state = bundle_state(spec, bundles.HOME, carry)
     if home_state["state"] == "ready" and not home_state.get("carried"):
         return [Path(home_state["path"])]
@@ -491,7 +517,13 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
     complete = True
     if step.runner is not None:
         complete = step.runner(step, out, deadline, say)
+    # a step whose bundles do not fit one call together runs over several, each carrying some of them
+    here = [spec for spec in step.bundles if build or bundle_here(spec, carry)]
     for spec in step.bundles:
+        if here and spec not in here:
+            say(f"{spec.name}: not carried in this call; the step goes on when it is")
+            complete = False
+            continue
         options = RunOptions(baselines=spec.baselines)
         # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
         stop_at = time.monotonic() + BUILD_SHARE * max(0.0, deadline.left())
@@ -502,6 +534,10 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
             complete &= measured >= {measured_key(r) for r in bundles.bundle_rows(folder)}
             complete &= not none_compiled(done_rows, say)
             complete &= bool(bundles.bundle_facts(folder))  # a build cut off at its time: kernels still to build
+        listing = Path(carry) / f"{spec.name}.parts.json"
+        if listing.is_file():  # every part carried, in this call or an earlier one
+            complete &= all((Path(carry) / q["file"]).is_file() for q in json.loads(listing.read_text())["parts"]) \
+                or {measured_key(d["row"]) for d in progress(out, spec.name)} >= _listed_keys(spec, listing)
             say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
         if spec.set == "ab":
             decision = analysis_decision(out, spec.name)

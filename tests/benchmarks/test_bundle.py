@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import bundle, sets
+from benchmarks import bundle, pack, sets
 from lospmm.kernel.package import KernelDirError
 
 
@@ -48,10 +48,10 @@ def test_a_cut_off_build_goes_on_where_it_stopped_and_a_damaged_package_is_built
 
 def test_carried_parts_are_bundles_of_their_own_and_a_damaged_archive_is_refused(tmp_path):
     folder = bundle.build("b", _jobs(), tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
-    parts = bundle.packed_parts(folder, tmp_path / "carry", max_mib=0.005, ratio=1.0)  # split: a kernel a part
+    parts = pack.packed_parts(folder, tmp_path / "carry", max_mib=0.005, ratio=1.0)  # split: a kernel a part
     assert len(parts) == 4 and parts[0].name == "b-1of4.tar.xz"
     listing = tmp_path / "carry" / "b.parts.json"
-    opened = [bundle.opened(a, tmp_path / "there") for a in bundle.verified_parts(listing)]
+    opened = [pack.opened(a, tmp_path / "there") for a in pack.verified_parts(listing)]
     rows = [r for folder in opened for r in bundle.bundle_rows(folder)]
     assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in bundle.bundle_rows(folder))
     for part in opened:
@@ -61,10 +61,10 @@ def test_carried_parts_are_bundles_of_their_own_and_a_damaged_archive_is_refused
     data[-10] ^= 1
     parts[1].write_bytes(bytes(data))
     with pytest.raises(ValueError, match="b-2of4.tar.xz: its SHA-256 is not the one b.parts.json lists"):
-        bundle.verified_parts(listing)
+        pack.verified_parts(listing)
     parts[2].unlink()  # and, past the damaged one, one that never arrived
     with pytest.raises(ValueError, match="b-3of4.tar.xz: missing"):
-        bundle.verified_parts(_without(listing, parts[1].name))
+        pack.verified_parts(_without(listing, parts[1].name))
 
 
 def _without(listing, name):

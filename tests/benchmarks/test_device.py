@@ -243,3 +243,35 @@ def test_a_step_whose_kernels_all_failed_to_compile_is_not_done():
     assert device.none_compiled(failed, said.append) and "none of the 3 kernels compiled" in said[0]
     assert not device.none_compiled(failed + [{"row": {"id": "k3", "status": "ok"}}], said.append)
     assert not device.none_compiled([], said.append)
+
+
+def test_a_bundle_too_large_for_one_call_goes_a_part_per_call_and_its_listing_names_each_parts_launches(
+        tmp_path, monkeypatch):
+    # the A/B bundle (56.7 MiB in 3 parts) and the grown checkout (7.2 MiB) no longer fit one call with
+    # the micro bundle: the step is run in two calls, each measuring what it carries
+    mib = 2**20
+    spec = device.BundleSpec("big", "micro", {"n": 7})
+    monkeypatch.setattr(device, "STEPS", (device.Step("big", "", "", (spec,), device_seconds=200),))
+    carry = tmp_path / ".gpu"
+    carry.mkdir()
+    parts = [{"file": f"big-{i}of2.tar.xz", "bytes": 35 * mib, "launches": [[f"k{i}", "name"]]} for i in (1, 2)]
+    (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    calls, left_out = device.window_calls("h100", 900, 5 * mib, tmp_path / "results", tmp_path / "home", carry,
+                                          tmp_path / ".whl")
+    assert [c.steps for c in calls] == [("big",), ("big",)] and not left_out
+    assert calls[0].carry == (".gpu/big.parts.json", ".gpu/big-1of2.tar.xz")
+    assert calls[1].carry == (".gpu/big.parts.json", ".gpu/big-2of2.tar.xz")
+    assert all(c.carry_bytes <= device.CARRY_LIMIT for c in calls)
+    assert device._listed_keys(spec, carry / "big.parts.json") == {("k1", "name"), ("k2", "name")}
+
+
+def test_a_packed_listing_names_each_parts_launches(tmp_path):
+    from benchmarks import bundle, pack, sets
+
+    jobs = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"]
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    pack.packed_parts(folder, tmp_path / "carry", max_mib=0.005, ratio=1.0)  # a kernel a part
+    listing = json.loads((tmp_path / "carry" / "b.parts.json").read_text())
+    rows = bundle.bundle_rows(folder)
+    assert sorted(tuple(k) for q in listing["parts"] for k in q["launches"]) == sorted((r["id"], r["kernel"]) for r in rows)
+    assert all(len(q["launches"]) == 1 for q in listing["parts"])

@@ -1,0 +1,115 @@
+"""How a bundle travels to a GPU machine: packed into .tar.xz archives of at most ~28 MiB (parts that
+are bundles of their own), listed with their sizes, SHA-256 and launches in `<name>.parts.json`,
+checked on arrival and unpacked. Apart from benchmarks.bundle on purpose: a bundle's `inputs` hash
+covers the code that plans, renders and compiles it, not how it is packed, so a change here leaves
+prepared bundles current."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+import tarfile
+from pathlib import Path
+
+from benchmarks.analysis import rows_table
+from benchmarks.bundle import bundle_facts, bundle_rows
+from benchmarks.measure import measured_key
+from lospmm.files import file_sha256
+
+MAX_PART_MIB = 28.0
+
+
+def packed(directory: Path, archive: Path) -> Path:
+    """`directory` as an xz tarball (its folder name at the top), written atomically."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_suffix(archive.suffix + ".tmp")
+    with lzma.open(tmp, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        tar.add(directory, arcname=directory.name)
+    tmp.replace(archive)
+    return archive
+
+
+def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio: float = 5.0) -> list[Path]:
+    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins,
+    5-13; the big BERT kernels the least): one archive if it fits, else parts `<name>-<i>of<n>`, each
+    a bundle of its own (its rows' packages and matrices), split between kernels in the bundle's
+    order. Writes `<name>.parts.json` beside them: each archive's size and SHA-256."""
+    import pyarrow.parquet as pq
+
+    bundle = Path(bundle)
+    rows = bundle_rows(bundle)
+    by_package: dict[str, list[dict]] = {}
+    for r in rows:
+        by_package.setdefault(r["package"], []).append(r)
+    size = {p: sum(f.stat().st_size for f in (bundle / "kernels" / p).iterdir()) for p in by_package}
+    budget = max_mib * 2**20 * ratio
+    if sum(size.values()) <= budget:
+        archives = [packed(bundle, Path(into) / f"{bundle.name}.tar.xz")]
+    else:
+        groups, current, total = [], [], 0
+        for p in by_package:
+            if current and total + size[p] > budget:
+                groups.append(current)
+                current, total = [], 0
+            current.append(p)
+            total += size[p]
+        groups.append(current)
+        archives = []
+        staging = Path(into) / ".staging"
+        for i, group in enumerate(groups, 1):
+            part = staging / f"{bundle.name}-{i}of{len(groups)}"
+            shutil.rmtree(part, ignore_errors=True)
+            (part / "a").mkdir(parents=True)
+            (part / "kernels").mkdir()
+            mine = [r for p in group for r in by_package[p]]
+            for p in group:
+                shutil.copytree(bundle / "kernels" / p, part / "kernels" / p)
+            for matrix in {r["matrix"] for r in mine}:
+                if (bundle / "a" / f"{matrix}.parquet").exists():
+                    shutil.copyfile(bundle / "a" / f"{matrix}.parquet", part / "a" / f"{matrix}.parquet")
+            pq.write_table(rows_table(mine), part / "launches.parquet")
+            facts = bundle_facts(bundle) | {"part": f"{i} of {len(groups)}", "launches": len(mine), "kernels": len(group)}
+            (part / "bundle.json").write_text(json.dumps(facts, indent=1))
+            archives.append(packed(part, Path(into) / f"{part.name}.tar.xz"))
+            shutil.rmtree(part)
+        shutil.rmtree(staging, ignore_errors=True)
+    # each part's launches (id and kernel), so that a step carried part by part over several calls
+    # knows when it has measured them all
+    launches = ([rows] if len(archives) == 1 else [[r for p in group for r in by_package[p]] for group in groups])
+    listing = {"bundle": bundle.name, "inputs": bundle_facts(bundle).get("inputs", ""),
+               "parts": [{"file": a.name, "bytes": a.stat().st_size, "sha256": file_sha256(a),
+                          "launches": [list(measured_key(r)) for r in mine]} for a, mine in zip(archives, launches)]}
+    (Path(into) / f"{bundle.name}.parts.json").write_text(json.dumps(listing, indent=1))
+    return archives
+
+
+def verified_parts(listing: Path, carried: bool = False) -> list[Path]:
+    """The archives a `<name>.parts.json` lists, each checked against its SHA-256; ValueError naming
+    the first one missing or altered. `carried`: the ones there (a device call may carry some parts of
+    a bundle too large for one call; each part is a bundle of its own), a missing one skipped."""
+    facts = json.loads(Path(listing).read_text())
+    out = []
+    for part in facts["parts"]:
+        archive = Path(listing).parent / part["file"]
+        if not archive.is_file() and carried:
+            continue
+        if not archive.is_file():
+            raise ValueError(f"{archive}: missing (listed in {listing.name})")
+        if file_sha256(archive) != part["sha256"]:
+            raise ValueError(f"{archive}: its SHA-256 is not the one {listing.name} lists (damaged or replaced)")
+        out.append(archive)
+    return out
+
+
+def opened(bundle: Path, into: Path = Path("/tmp/lospmm-bundles")) -> Path:
+    """A bundle folder, or the folder a .tar.xz bundle unpacks to under `into`."""
+    bundle = Path(bundle)
+    if bundle.is_dir():
+        return bundle
+    with tarfile.open(bundle, "r:xz") as tar:
+        tar.extractall(into, filter="data")
+        top = {Path(name).parts[0] for name in tar.getnames()}
+    if len(top) != 1:
+        raise ValueError(f"{bundle}: not one bundle folder inside ({sorted(top)})")
+    return Path(into) / top.pop()
