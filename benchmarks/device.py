@@ -434,11 +434,29 @@ def env_facts() -> dict:
 BUILD_SHARE = 0.6
 
 
+def carried_complete(spec: BundleSpec, out: Path, carry: Path = CARRY) -> bool:
+    """Whether every launch of a carried bundle, all its parts, is in the step's progress under `out`:
+    by its listing where this call carries it (kept beside the results as `<name>.expected.json`, for a
+    later call that carries none of it), else by what an earlier call kept; False when neither says."""
+    expected = Path(out) / f"{spec.name}.expected.json"
+    listing = Path(carry) / f"{spec.name}.parts.json"
+    if listing.is_file():
+        expected.write_text(json.dumps(sorted(_listed_keys(spec, listing), key=str)))
+    if not expected.is_file():
+        return False
+    measured = {measured_key(d["row"]) for d in progress(out, spec.name)}
+    return measured >= {tuple(k) for k in json.loads(expected.read_text())}
+
+
 def _listed_keys(spec: BundleSpec, listing: Path) -> set:
-    """The launches of every part of a carried bundle, as far as the listing says (its `launches`:
-    each part's measured keys); without them nothing can be known complete from parts not here."""
+    """The launches (id, kernel) of every part of a carried bundle, as its listing names them; a
+    listing packed before listings named them has a placeholder no launch matches, so a step carried
+    part by part is never taken for done on its word (all parts carried at once still are: their rows)."""
     facts = json.loads(listing.read_text())
-    return {tuple(k) for q in facts["parts"] for k in q.get("launches", [])} or {("?", None)}
+    keys = {tuple(k) for q in facts["parts"] for k in q.get("launches", [])}
+    if keys or all((listing.parent / q["file"]).is_file() for q in facts["parts"]):
+        return keys
+    return {("a part packed before listings named its launches", None)}
 
 
 def bundle_here(spec: BundleSpec, carry: Path = CARRY, home: Path = bundles.HOME) -> bool:
@@ -520,9 +538,11 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
     # a step whose bundles do not fit one call together runs over several, each carrying some of them
     here = [spec for spec in step.bundles if build or bundle_here(spec, carry)]
     for spec in step.bundles:
+        listing = Path(carry) / f"{spec.name}.parts.json"
         if here and spec not in here:
-            say(f"{spec.name}: not carried in this call; the step goes on when it is")
-            complete = False
+            if not carried_complete(spec, out, carry):
+                say(f"{spec.name}: not carried in this call; the step goes on when it is")
+                complete = False
             continue
         options = RunOptions(baselines=spec.baselines)
         # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
@@ -534,11 +554,9 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
             complete &= measured >= {measured_key(r) for r in bundles.bundle_rows(folder)}
             complete &= not none_compiled(done_rows, say)
             complete &= bool(bundles.bundle_facts(folder))  # a build cut off at its time: kernels still to build
-        listing = Path(carry) / f"{spec.name}.parts.json"
-        if listing.is_file():  # every part carried, in this call or an earlier one
-            complete &= all((Path(carry) / q["file"]).is_file() for q in json.loads(listing.read_text())["parts"]) \
-                or {measured_key(d["row"]) for d in progress(out, spec.name)} >= _listed_keys(spec, listing)
             say(f"{folder.name}: tables {', '.join(str(p.name) for p in tables.values())}")
+        if listing.is_file():  # the parts not carried in this call: measured in an earlier one
+            complete &= carried_complete(spec, out, carry)
         if spec.set == "ab":
             decision = analysis_decision(out, spec.name)
             say(f"decision: {json.dumps(decision)}")

@@ -275,3 +275,23 @@ def test_a_packed_listing_names_each_parts_launches(tmp_path):
     rows = bundle.bundle_rows(folder)
     assert sorted(tuple(k) for q in listing["parts"] for k in q["launches"]) == sorted((r["id"], r["kernel"]) for r in rows)
     assert all(len(q["launches"]) == 1 for q in listing["parts"])
+
+
+def test_a_bundle_carried_part_by_part_is_complete_once_every_parts_launches_are_measured(tmp_path):
+    spec = device.BundleSpec("big", "micro", {"n": 7})
+    out, carry, later = tmp_path / "h100" / "designs", tmp_path / ".gpu", tmp_path / "next-call"
+    out.mkdir(parents=True)
+    carry.mkdir()
+    later.mkdir()
+    parts = [{"file": f"big-{i}of2.tar.xz", "bytes": 1, "launches": [[f"k{i}", f"kernel{i}"]]} for i in (1, 2)]
+    (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    (carry / "big-1of2.tar.xz").write_bytes(b"")  # this call carries the first part only
+    progress = out / "big.progress.jsonl"
+    progress.write_text(json.dumps({"row": {"id": "k1", "kernel": "kernel1"}, "checks": []}) + "\n")
+    assert not device.carried_complete(spec, out, carry)  # k2 is in the other part
+    progress.write_text(progress.read_text() + json.dumps({"row": {"id": "k2", "kernel": "old"}, "checks": []}) + "\n")
+    assert not device.carried_complete(spec, out, carry)  # k2 measured, but another kernel of it
+    progress.write_text(progress.read_text() + json.dumps({"row": {"id": "k2", "kernel": "kernel2"}, "checks": []}) + "\n")
+    assert device.carried_complete(spec, out, carry)
+    assert device.carried_complete(spec, out, later)  # a later call carrying none of it reads what this one kept
+    assert not device.carried_complete(spec, tmp_path / "elsewhere", later)  # nothing says what it holds
