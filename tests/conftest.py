@@ -8,6 +8,10 @@ import tempfile
 
 import pytest
 
+# The CLI's console is 160 columns wide when piped unless COLUMNS says otherwise; pytest-xdist's
+# workers inherit a COLUMNS of 80, which wrapped the tables the CLI tests read
+os.environ.pop("COLUMNS", None)
+
 try:  # torch before Prefect's stack: imported after it, torch 2.11 failed to import on the GPU machine
     import torch  # noqa: F401  (its debug_mode custom op's schema failed to parse)
 except ImportError:
