@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import os
@@ -105,17 +106,23 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     from lospmm.stages.compile import kernel_options
 
     dest = Path(into) / name
+    # the code this build runs, hashed before it starts: sources edited while it builds (hours, for a
+    # large set) must not lend their hash to kernels rendered by the code loaded before; and a build
+    # cut off under other code (its packages rendered by that code) starts over
+    inputs = inputs_hash(set_name or name, options or {}) if set_name else ""
+    building = dest / "building.json"
+    if dest.is_dir() and building.is_file() and json.loads(building.read_text()).get("inputs") != inputs:
+        say(f"{name}: a build cut off under other code: starting over")
+        shutil.rmtree(dest)
     (dest / "kernels").mkdir(parents=True, exist_ok=True)
     (dest / "a").mkdir(exist_ok=True)
     for stale in ("launches.parquet", "bundle.json"):
         (dest / stale).unlink(missing_ok=True)
+    building.write_text(json.dumps({"inputs": inputs}))
     cache = Path(cache or HOME / "compile-cache")
     units = unit_threads(threads)
     timer = estimate_timer(device_named({"sm_90": "h100", "sm_80": "a100", "sm_70": "v100", "sm_75": "2080ti"}.get(
         arch, "h100")))
-    # the code this build runs, hashed before it starts: sources edited while it builds (hours, for a
-    # large set) must not lend their hash to kernels rendered by the code loaded before
-    inputs = inputs_hash(set_name or name, options or {}) if set_name else ""
     jobs = list(jobs)
     ids = [j.planned.id for j in jobs]
     if len(set(ids)) != len(ids):

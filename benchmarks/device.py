@@ -75,7 +75,8 @@ class Step:
     device_seconds: float = STEP_LIMIT_S
     needs: tuple[str, ...] = ()
     device: str = "h100"
-    reads: tuple[str, ...] = ()  # steps whose results on the same GPU it reads, and whose bundles it opens
+    reads: tuple[str, ...] = ()  # steps whose results on the same GPU it reads
+    opens: tuple[str, ...] = ()  # bundles of those steps it opens (by name)
 
 
 # --- the program, most valuable first ----------------------------------------------------------------------
@@ -102,7 +103,7 @@ STEPS: tuple[Step, ...] = (
          (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
          device_seconds=480),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
-         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",)),
+         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",), opens=("ab",)),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -239,17 +240,22 @@ class DeviceCall:
     @property
     def command(self) -> str:
         """The call's command: each step with the budget left, the results packed into $OUT after each
-        (a call cut off at its limit brings back only what $OUT holds)."""
+        (a call cut off at its limit brings back only what $OUT holds; all of them, since the call may
+        run on another kind of GPU than planned, whose results go to its own folder)."""
         runs = "; ".join(f"python -m benchmarks.device run {name} --budget-s $(left); pack" for name in self.steps)
         return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ echo $((B - $(date +%s) + s)); }}; "
-                f"pack() {{ tar czf $OUT/results.tgz benchmarks/results/{self.kind}; }}; {runs}")
+                f"pack() {{ tar czf $OUT/results.tgz benchmarks/results; }}; {runs}")
 
 
 def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
-    """How long the step took where it ran (the longest span of its log.txt's times on any device), or None."""
+    """How long the step took where it ran (the span of its log.txt's last run, the lines after its
+    last "step <name> on" line, on any device: the longest), or None."""
     spans = []
     for log in Path(results).glob(f"*/{step.name}/log.txt"):
-        stamps = [line[:8] for line in log.read_text(encoding="utf-8").splitlines() if line[:2].isdigit()]
+        lines = log.read_text(encoding="utf-8").splitlines()
+        starts = [i for i, line in enumerate(lines) if f" step {step.name} on " in line]
+        lines = lines[starts[-1]:] if starts else lines
+        stamps = [line[:8] for line in lines if line[:2].isdigit()]
         if len(stamps) >= 2:
             first, last = (int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in (stamps[0], stamps[-1]))
             spans.append((last - first) % 86400)
@@ -295,7 +301,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         if unread:
             left_out.append(f"{step.name}: reads {', '.join(unread)} measured on this GPU, not done nor in this window")
             continue
-        opened = [*step.bundles, *(b for r in step.reads for b in step_named(r).bundles)]
+        opened = [*step.bundles, *(b for r in step.reads for b in step_named(r).bundles if b.name in step.opens)]
         missing = [b.name for b in opened if not bundle_state(b, home, carry).get("carried")]
         if missing:
             left_out.append(f"{step.name}: prepare {', '.join(missing)} first (python -m benchmarks.device prepare "
@@ -306,8 +312,9 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             continue
         # what the step carries, a unit per part of a bundle (its listing and archive) and the wheels:
         # {path: bytes}, a listing shared by the units of its bundle
-        carried = [unit for b in opened for unit in _bundle_carry(b, carry)] + (
-            [{WHEELS_DIR: wheel_bytes}] if "wheels" in step.needs else [])
+        wheel_unit = {WHEELS_DIR: wheel_bytes} if "wheels" in step.needs else {}
+        carried = [wheel_unit | unit for b in opened for unit in _bundle_carry(b, carry)] or (
+            [wheel_unit] if wheel_unit else [])
         if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
             left_out.append(f"{step.name}: a part of {max(sum(u.values()) for u in carried) / 2**20:.1f} MiB with the "
                             f"{checkout / 2**20:.1f} MiB checkout is over what one call carries "
@@ -328,8 +335,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             continue
         for group in groups:
             fits = (checkout + sum((current["carry"] | group).values()) <= CARRY_LIMIT
-                    and current["seconds"] + share <= STEP_LIMIT_S
-                    and not (WHEELS_DIR in current["carry"] and WHEELS_DIR in group))
+                    and current["seconds"] + share <= STEP_LIMIT_S)
             if not fits:
                 close()
             current["steps"].append(step.name)
@@ -650,21 +656,21 @@ def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
     say(f"profiling {len(picked)} kernels: {', '.join(picked)}")
     # the bundle may travel in parts: each part's picked kernels profiled into a folder of its own, then
     # their counters in one table
-    tables = []
-    for i, folder in enumerate(opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say)):
+    # (named after the part: a call that carries some parts keeps what earlier calls profiled)
+    for folder in opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say):
         here = sorted({str(r["id"]) for r in bundles.bundle_rows(folder)} & set(picked))
         if not here:
             continue
-        part = out / f"part-{i + 1}"
+        part = out / f"part-{folder.name}"
         kernel_counters.main(["profile", str(folder), str(part), "--ids", *here, "--timeout-s",
                               str(max(60, deadline.left() / (len(picked) + 1)))])
-        if (part / "counters.parquet").is_file():
-            tables.append(pq.read_table(part / "counters.parquet"))
+    tables = [pq.read_table(f) for f in sorted(out.glob("part-*/counters.parquet"))]
     if tables:
         import pyarrow as pa
 
         pq.write_table(pa.concat_tables(tables), out / "counters.parquet")
-    return (out / "counters.parquet").is_file()
+    profiled = {str(r["id"]) for t in tables for r in t.to_pylist()}
+    return (out / "counters.parquet").is_file() and profiled >= set(picked)
 
 
 def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:

@@ -126,11 +126,13 @@ def run_bundle(bundle: Path, out: Path, name: str, deadline: Deadline | None = N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     done = progress(out, name)
-    finished = {measured_key(d["row"]) for d in done}
+    # a launch whose kernel did not compile then, and does in this bundle, is measured now
+    finished = {measured_key(d["row"]): d["row"].get("status") for d in done}
     baselines = {_shape_key(d["row"]): {k: v for k, v in d["row"].items() if _is_baseline(k)} for d in done
                  if d["row"].get("set") != "micro"}
     rows = bundle_rows(bundle)
-    todo = [r for r in rows if measured_key(r) not in finished]
+    todo = [r for r in rows if measured_key(r) not in finished
+            or (finished[measured_key(r)] == "not compiled" and r.get("status") == "ok")]
     say(f"{name}: {len(rows)} launches, {len(rows) - len(todo)} measured before, {len(todo)} to go")
     path = out / f"{name}.progress.jsonl"
     if path.exists() and path.stat().st_size:

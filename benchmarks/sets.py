@@ -208,7 +208,7 @@ def nm_tiling_of(p: Planned):
     return nm_tiling_from(pattern, p.nm)
 
 
-def nm_tiling_from(pattern, blocking) -> "NMTiling":
+def nm_tiling_from(pattern, blocking):
     """The NMTiling of an N:M pattern and a planned blocking: block rows and columns, thread rows and
     columns, and where given the stage depth and whether stages gather (1/0: a Parquet list holds ints)."""
     from lospmm.kernel.nm import NMTiling
@@ -438,9 +438,12 @@ def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM
                 shallow = min((s for s in options if s.nm.depth == 32), key=lambda s: s.estimate_us).nm
                 # and where that one gathers B's rows, the same blocking copying whole chunks (the kernel the
                 # H200 measured first): what the gathered stages gain, on the same GPU
-                whole = replace(shallow, gather=False)
+                try:
+                    whole = replace(shallow, gather=False) if shallow.gathers else None
+                except ValueError:  # a whole chunk over the shared memory a block may declare: no control
+                    whole = None
                 variants = ((best, ""), *(((shallow, "stage-32"),) if shallow != best else ()),
-                            *(((whole, "whole-chunk"),) if shallow.gathers else ()))
+                            *(((whole, "whole-chunk"),) if whole is not None else ()))
                 for tiling, variant in variants:
                     why = {"": f"the N:M kernel's blocking of least estimate ({timer.name}): {tiling.label}",
                            "stage-32": f"the 32-column stage of least estimate beside the chosen {best.label}",

@@ -199,7 +199,8 @@ class NMTiling:
     def of_facts(cls, facts: dict) -> "NMTiling":
         return cls(*(int(facts[f]) for f in ("n", "m", "vector", "block_rows", "block_columns", "thread_rows",
                                              "thread_columns")), int(facts.get("depth", 32)),
-                   bool(facts.get("gather", True)))
+                   # a kernel.json written before stages gathered (no `staged`) is a whole-chunk kernel
+                   bool(facts.get("gather", "staged" in facts)))
 
 
 # the blockings the search tries, widest first (NM-SpMM's 64 × 128 first); nm_tilings keeps those that fit

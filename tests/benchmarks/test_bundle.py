@@ -113,3 +113,18 @@ def test_a_bundle_records_the_code_it_was_built_from_not_the_code_at_its_end(tmp
     folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", set_name="micro", sass=False,
                           say=lambda *_: None)
     assert bundle.bundle_facts(folder)["inputs"] == "before"
+
+
+def test_a_build_cut_off_under_other_code_starts_over(tmp_path, monkeypatch):
+    # its packages were rendered by the code of then: resumed under today's hash they would be passed off
+    # as today's kernels
+    jobs, said = _jobs()[:1], []
+    monkeypatch.setattr(bundle, "inputs_hash", lambda *a: "then")
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", set_name="micro", sass=False,
+                          say=lambda *_: None, stop_at=0.0)  # cut off before its first kernel
+    (folder / "kernels" / "stale-package").mkdir()
+    monkeypatch.setattr(bundle, "inputs_hash", lambda *a: "now")
+    folder = bundle.build("b", jobs, tmp_path, cache=tmp_path / "cache", set_name="micro", sass=False,
+                          say=said.append)
+    assert any("starting over" in line for line in said) and not (folder / "kernels" / "stale-package").exists()
+    assert bundle.bundle_facts(folder)["inputs"] == "now"

@@ -207,7 +207,7 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
              device.Step("done-here", "", "", (specs["b3"],), device_seconds=100),
              device.Step("unprepared", "", "", (specs["b4"],), device_seconds=100),
              device.Step("wheeled", "", "", runner=lambda *a: True, device_seconds=100, needs=("wheels",)),
-             device.Step("reader", "", "", runner=lambda *a: True, device_seconds=100, reads=("s1",)),
+             device.Step("reader", "", "", runner=lambda *a: True, device_seconds=100, reads=("s1",), opens=("b1",)),
              device.Step("orphan", "", "", runner=lambda *a: True, device_seconds=100, reads=("unprepared",)),
              device.Step("long", "", "", runner=lambda *a: True, device_seconds=540))
     monkeypatch.setattr(device, "STEPS", steps)
@@ -226,7 +226,7 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     assert all(c.carry_bytes <= device.CARRY_LIMIT for c in calls)
     assert calls[0].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz") and calls[2].carry == (".whl",)
     assert calls[3].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz")  # the reader opens what it reads
-    assert "run s1 --budget-s" in calls[0].command and "benchmarks/results/h200" in calls[0].command
+    assert "run s1 --budget-s" in calls[0].command and "tar czf $OUT/results.tgz benchmarks/results;" in calls[0].command
     said = "\n".join(left_out)
     assert "unprepared: prepare b4 first" in said and "orphan: reads unprepared" in said
     assert "long: about 540 s, past the window's 900 s" in said and "done-here" not in said

@@ -176,3 +176,16 @@ def test_a_launch_whose_kernel_changed_is_measured_again_and_its_new_row_replace
     rows = pq.read_table(tables["kernel-speed"]).to_pylist()
     assert len(rows) == len(lines) and [r["id"] for r in rows].count(first) == 1
     assert next(r for r in rows if r["id"] == first)["kernel"] != "an_older_kernel"
+
+
+def test_a_launch_that_did_not_compile_then_and_does_now_is_measured(built, tmp_path):
+    # the same kernel name (its text did not change) but a build that failed before: measuring nothing
+    # new would leave the step not done for ever
+    measure.run_bundle(built, tmp_path, "m", options=HOST, say=lambda *_: None)
+    path = tmp_path / "m.progress.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[0]["row"]["status"] = "not compiled"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    said = []
+    measure.run_bundle(built, tmp_path, "m", options=HOST, say=said.append)
+    assert any("1 to go" in line for line in said)

@@ -297,3 +297,13 @@ def test_the_nm_loops_parameters_are_recovered_from_launches_they_priced():
     # few warps resident cost rate: one block of 4 warps an SM is priced slower per multiply-add than three
     small, large = (nm_timing(NMWork(NMTiling(16, 32, 32), 4096, 4096, n, 152), h100) for n in (256, 4096))
     assert small.compute_us * 16 > large.compute_us * 1.5
+
+
+def test_a_kernel_json_written_before_stages_gathered_reads_back_as_a_whole_chunk_kernel():
+    """A package emitted before the gathered stages holds no `staged` fact and no rows global: read
+    back, its tiling must copy whole chunks, not ask for a list its binary does not have (a review
+    found it read as gathering)."""
+    old = {k: v for k, v in NMTiling(4, 32, 32).facts().items() if k not in ("staged", "depth", "gather")}
+    back = NMTiling.of_facts(old)
+    assert not back.gather and not back.gathers and back.staged == back.chunk
+    assert NMTiling.of_facts(NMTiling(4, 32, 32).facts()).gathers  # today's facts: as written
