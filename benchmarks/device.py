@@ -235,7 +235,6 @@ class DeviceCall:
     carry: tuple[str, ...]
     carry_bytes: int
     seconds: float
-    kind: str = "h100"
 
     @property
     def command(self) -> str:
@@ -288,7 +287,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     def close() -> None:
         if current["steps"]:
             calls.append(DeviceCall(tuple(current["steps"]), tuple(current["carry"]),
-                                    checkout + sum(current["carry"].values()), current["seconds"], kind))
+                                    checkout + sum(current["carry"].values()), current["seconds"]))
         current.update(steps=[], carry={}, seconds=0.0)
 
     planned: set[str] = set()
@@ -447,14 +446,14 @@ def carried_complete(spec: BundleSpec, out: Path, carry: Path = CARRY) -> bool:
     expected = Path(out) / f"{spec.name}.expected.json"
     listing = Path(carry) / f"{spec.name}.parts.json"
     if listing.is_file():
-        expected.write_text(json.dumps(sorted(_listed_keys(spec, listing), key=str)))
+        expected.write_text(json.dumps(sorted(_listed_keys(listing), key=str)))
     if not expected.is_file():
         return False
     measured = {measured_key(d["row"]) for d in progress(out, spec.name)}
     return measured >= {tuple(k) for k in json.loads(expected.read_text())}
 
 
-def _listed_keys(spec: BundleSpec, listing: Path) -> set:
+def _listed_keys(listing: Path) -> set:
     """The launches (id, kernel) of every part of a carried bundle, as its listing names them; a
     listing packed before listings named them has a placeholder no launch matches, so a step carried
     part by part is never taken for done on its word (all parts carried at once still are: their rows)."""

@@ -95,8 +95,7 @@ def latest(done: list[dict]) -> list[dict]:
     """Each launch's last measurement, in the order of their first (a kernel changed and measured
     again replaces its earlier row in the tables; the progress file keeps both)."""
     last = {}
-    for d in done:
-        last.setdefault(d["row"]["id"], None)
+    for d in done:  # a dict keeps a key where it was first set, whatever it is set to later
         last[d["row"]["id"]] = d
     return list(last.values())
 
