@@ -201,8 +201,8 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     # the first windows worked out by hand which bundles could travel together (ab and the wheels could
     # not): `window` plans the calls from what is prepared
     mib = 2**20
-    specs = {n: device.BundleSpec(n, "micro", {"n": i}) for i, n in enumerate(("b1", "b2", "b3", "b4"), 1)}
-    steps = (device.Step("s1", "", "", (specs["b1"],), device_seconds=100),
+    specs = {n: device.BundleSpec(n, "micro", {"n": i}) for i, n in enumerate(("b1", "b2", "b3", "b4", "b5"), 1)}
+    steps = (device.Step("s1", "", "", (specs["b1"], specs["b5"]), device_seconds=100),
              device.Step("s2", "", "", (specs["b2"],), device_seconds=100),
              device.Step("done-here", "", "", (specs["b3"],), device_seconds=100),
              device.Step("unprepared", "", "", (specs["b4"],), device_seconds=100),
@@ -213,7 +213,7 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     monkeypatch.setattr(device, "STEPS", steps)
     carry, results, wheels = tmp_path / ".gpu", tmp_path / "results", tmp_path / ".whl"
     carry.mkdir()
-    for name, size in (("b1", 30), ("b2", 30), ("b3", 1)):
+    for name, size in (("b1", 30), ("b2", 30), ("b3", 1), ("b5", 1)):
         (carry / f"{name}.tar.xz").write_bytes(b"")
         (carry / f"{name}.parts.json").write_text(json.dumps(
             {"inputs": specs[name].inputs, "parts": [{"file": f"{name}.tar.xz", "bytes": size * mib}]}))
@@ -224,8 +224,9 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     calls, left_out = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels)
     assert [c.steps for c in calls] == [("s1",), ("s2",), ("wheeled",), ("reader",)]
     assert all(c.carry_bytes <= device.CARRY_LIMIT for c in calls)
-    assert calls[0].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz") and calls[2].carry == (".whl",)
-    assert calls[3].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz")  # the reader opens what it reads
+    assert calls[0].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz", ".gpu/b5.parts.json", ".gpu/b5.tar.xz")
+    assert calls[2].carry == (".whl",)
+    assert calls[3].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz")  # the reader opens what it reads, only
     assert "run s1 --budget-s" in calls[0].command and "tar czf $OUT/results.tgz benchmarks/results;" in calls[0].command
     said = "\n".join(left_out)
     assert "unprepared: prepare b4 first" in said and "orphan: reads unprepared" in said
