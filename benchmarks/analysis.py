@@ -236,6 +236,31 @@ CHOICE_LAYERS = 0.80  # on at least 80% of the layers
 CHOICE_GAIN = 1.2  # and the chosen designs' geomean 1.2× faster than the best single design
 
 
+def conv_summary(rows: list[dict]) -> list[dict]:
+    """The conv step (issues 13, 22): per case, our implicit-im2col kernel against the GEMM kernel of
+    the same A and tile on B already expanded (im2col's own time not counted: what the implicit
+    addressing costs) and against cuDNN's dense convolution in fp32."""
+    by: dict = {}
+    for r in rows:
+        if r.get("set") == "conv":
+            by.setdefault(r["layer"], {})["gemm" if r.get("variant") == "im2col-gemm" else "conv"] = r
+
+    def us(r, key="ours_us") -> float:
+        t = (r or {}).get(key)
+        return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else float("nan")
+
+    out = []
+    for layer, kinds in sorted(by.items()):
+        conv, gemm = kinds.get("conv"), kinds.get("gemm")
+        some = conv or gemm
+        cudnn = us(conv, "cudnn_us")
+        out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"], "sparsity": some["sparsity"],
+                    "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": us(conv) / us(gemm),
+                    "cudnn_us": cudnn, "cuDNN / implicit": cudnn / us(conv),
+                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm))})
+    return out
+
+
 def design_choice(rows: list[dict], rows_set: str = "ab") -> tuple[list[dict], dict]:
     """Issue 35's verdict on the design per layer: per layer of `rows_set` (each design of
     kernel.choices.DESIGN_CANDIDATES measured on one tile), the design the estimate prices lowest

@@ -240,9 +240,13 @@ class DeviceCall:
     def command(self) -> str:
         """The call's command: each step with the budget left, the results packed into $OUT after each
         (a call cut off at its limit brings back only what $OUT holds; all of them, since the call may
-        run on another kind of GPU than planned, whose results go to its own folder)."""
-        runs = "; ".join(f"python -m benchmarks.device run {name} --budget-s $(left); pack" for name in self.steps)
-        return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ echo $((B - $(date +%s) + s)); }}; "
+        run on another kind of GPU than planned, whose results go to its own folder). Each step also
+        runs under `timeout` at the call's end, so that a step past its own budget (on 2026-11-26 a
+        build did) still leaves the pack of the steps before it and of what it wrote."""
+        runs = "; ".join(f"timeout -k 5 $(left) python -m benchmarks.device run {name} --budget-s $(($(left) - 15)); "
+                         f"pack" for name in self.steps)
+        # left: at least 1 (`timeout 0` would mean no limit)
+        return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
                 f"pack() {{ tar czf $OUT/results.tgz benchmarks/results; }}; {runs}")
 
 
@@ -434,9 +438,12 @@ def env_facts() -> dict:
     return facts
 
 
-# Of a step's time left, the share a bundle build on the GPU machine may take before the kernels it
-# built are measured (a 150-kernel N:M set took more than one command's 10 minutes on 16 cores).
+# Of a step's time left, the share after which a bundle build on the GPU machine starts no more
+# kernels, and the share at which it stops those still compiling (a 150-kernel N:M set took more than
+# one command's 10 minutes on 16 cores; sixteen half kernels started in time compiled for 400-500 s
+# each): what it built by then is measured in the rest.
 BUILD_SHARE = 0.6
+BUILD_HARD_SHARE = 0.8
 
 
 def carried_complete(spec: BundleSpec, out: Path, carry: Path = CARRY) -> bool:
@@ -470,11 +477,11 @@ def bundle_here(spec: BundleSpec, carry: Path = CARRY, home: Path = bundles.HOME
 
 
 def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print,
-                  stop_at: float | None = None) -> list[Path]:
+                  stop_at: float | None = None, hard_at: float | None = None) -> list[Path]:
     """The folders of a step's bundle on the GPU machine: its carried archives, checked by their
     SHA-256 and unpacked; else, with `build`, built here on `jobs` cores, no kernel started after
-    `stop_at` (time.monotonic(); what was built by then is an unfinished bundle to measure); else
-    SystemExit naming what to prepare."""
+    `stop_at` and those still compiling stopped at `hard_at` (time.monotonic(); what was built by
+    then is an unfinished bundle to measure); else SystemExit naming what to prepare."""
     listing = Path(carry) / f"{spec.name}.parts.json"
     if listing.is_file():
         facts = json.loads(listing.read_text())
@@ -501,8 +508,12 @@ def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs
     from benchmarks.sets import set_jobs
 
     say(f"{spec.name}: building here on {jobs} cores")
-    return [bundles.build(spec.name, set_jobs(spec.set, **spec.options), bundles.HOME, jobs, set_name=spec.set,
-                          options=spec.options, say=say, stop_at=stop_at)]
+    planned = set_jobs(spec.set, **spec.options)
+    if hard_at is None:
+        return [bundles.build(spec.name, planned, bundles.HOME, jobs, set_name=spec.set, options=spec.options,
+                              say=say, stop_at=stop_at)]
+    return [bundles.build_within(spec.name, planned, bundles.HOME, jobs, hard_at, say=say, set_name=spec.set,
+                                 options=spec.options, stop_at=stop_at)]
 
 
 class Log:
@@ -551,8 +562,9 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
             continue
         options = RunOptions(baselines=spec.baselines)
         # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
-        stop_at = time.monotonic() + BUILD_SHARE * max(0.0, deadline.left())
-        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at):  # the bundle, or each part
+        left = max(0.0, deadline.left())
+        stop_at, hard_at = time.monotonic() + BUILD_SHARE * left, time.monotonic() + BUILD_HARD_SHARE * left
+        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at, hard_at):  # or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
             done_rows = progress(out, spec.name)
             measured = {measured_key(d["row"]) for d in done_rows}
@@ -734,6 +746,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             if any(r.get("set") == "nm-spmm" for r in speed):
                 analysis.print_table("NM-SpMM's shapes: our N:M kernel against SGEMM (target: NM-SpMM's A100 ratios)",
                                      analysis.nm_spmm_summary(speed))
+            if any(r.get("set") == "conv" for r in speed):
+                analysis.print_table("implicit-im2col convolutions: ours against the GEMM kernel of the same A on B "
+                                     "already expanded (im2col not counted) and cuDNN fp32", analysis.conv_summary(speed))
             half = analysis.half_rows(speed)
             if half:
                 analysis.print_table("half precision against cuBLAS in the same dtype and our fp32 kernel on the same tile",

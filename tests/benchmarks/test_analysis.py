@@ -232,3 +232,16 @@ def test_design_choice_sets_the_estimates_design_against_the_best_measured_one()
     rows.append(row("b", "v2", 4.0, 9.0))  # on b a third design is fastest, but v2 has no row on a or c
     _, verdict = analysis.design_choice(rows)
     assert verdict["best per layer over best single (the ceiling)"] == pytest.approx(2 ** (1 / 3))
+
+
+def test_the_conv_summary_pairs_each_case_with_its_gemm_kernel_and_cudnn():
+    from benchmarks.analysis import conv_summary
+
+    common = dict(set="conv", layer="1: 3x3", m=64, k=576, n=12544, sparsity=0.9)
+    rows = [common | dict(variant="", ours_us=20.0, spread=0.01, cudnn_us=50.0),
+            common | dict(variant="im2col-gemm", ours_us=25.0, spread=0.02, cudnn_us=None),
+            dict(common, layer="2: other", variant="", ours_us=float("inf"), spread=0.0, cudnn_us=10.0)]
+    first, second = conv_summary(rows)
+    assert first["case"] == "1: 3x3" and first["implicit / gemm"] == 0.8 and first["cuDNN / implicit"] == 2.5
+    assert first["spread (max)"] == 0.02
+    assert math.isnan(second["implicit_us"]) and math.isnan(second["gemm_us"])  # a failed launch is no figure

@@ -296,3 +296,27 @@ def test_a_bundle_carried_part_by_part_is_complete_once_every_parts_launches_are
     assert device.carried_complete(spec, out, carry)
     assert device.carried_complete(spec, out, later)  # a later call carrying none of it reads what this one kept
     assert not device.carried_complete(spec, tmp_path / "elsewhere", later)  # nothing says what it holds
+
+
+def test_a_window_call_whose_step_overruns_its_budget_still_packs_and_ends_at_the_calls_time(tmp_path):
+    # on 2026-11-26 a build ran past its step's budget, the call hit its limit before `pack`, and 570 s
+    # brought nothing back: each step now runs under `timeout` at the call's end
+    import os
+    import subprocess
+    import time
+
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    fake = bin_dir / "python"  # the first step overruns; the second writes its result
+    fake.write_text('#!/bin/sh\ncase "$*" in *"run slow"*) sleep 60;; *) echo measured > benchmarks/results/fast;; esac\n')
+    fake.chmod(0o755)
+    call = device.DeviceCall(("slow", "fast"), (), 0, 0.0)
+    command = call.command.replace(f"B={int(device.STEP_LIMIT_S)};", "B=4;", 1)
+    assert command != call.command
+    started = time.monotonic()
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=False, timeout=50,
+                   env=os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)})
+    assert time.monotonic() - started < 20
+    assert (out / "results.tgz").is_file()
