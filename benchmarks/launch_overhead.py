@@ -3,7 +3,13 @@ SpConv on torch CUDA tensors, the bare LoadedKernel.launch, and torch's own dens
 shapes, each in a loop of small launches whose GPU time is far below the host's. Prints µs per call
 (median of 5 loops).
 
+`--dispatch` (no GPU): what the registered operators add over the kernel call they make, on this
+host: `torch.ops.lospmm.spmm` on a stand-in kernel that returns a ready tensor, against calling the
+stand-in directly, and against an operator defined with torch.library.custom_op (what lospmm.torch
+used before 2026-11-26) on the same stand-in.
+
     python -m benchmarks.launch_overhead [--calls 2000] [--out FILE.parquet]
+    python -m benchmarks.launch_overhead --dispatch [--calls 20000]
 """
 
 from __future__ import annotations
@@ -35,11 +41,62 @@ def per_call_us(fn, calls: int) -> float:
     return statistics.median(loops)
 
 
+def dispatch_rows(calls: int) -> list[tuple[str, float]]:
+    """µs per call on this host (median of 5 loops): the stand-in kernel called directly, through
+    torch.ops.lospmm.spmm, and through a custom_op wrapping the same call."""
+    import torch
+
+    import lospmm.torch as lt
+
+    class StandIn:  # a loaded kernel's call, without a device: its output is ready
+        spec = type("Spec", (), {"layer": "stand-in"})()
+
+        def __init__(self):
+            self.out = torch.empty(64, 64)
+
+        def __call__(self, b):
+            return self.out
+
+    name = "stand-in|dispatch"
+    lt._KERNELS[name] = kernel = StandIn()
+
+    @torch.library.custom_op("lospmm_bench::spmm", mutates_args=(), schema="(Tensor b, str kernel_name) -> Tensor")
+    def custom(b: torch.Tensor, kernel_name: str) -> torch.Tensor:
+        return lt._KERNELS[kernel_name](b).clone()  # custom_op refuses an output it has seen before
+
+    b = torch.randn(64, 64)
+    clone = b.clone
+    rows = [("the stand-in kernel, called directly", lambda: kernel(b)),
+            ("torch.ops.lospmm.spmm (torch.library.Library)", lambda: torch.ops.lospmm.spmm(b, name)),
+            ("lt.spmm (the overload the modules call)", lambda: lt.spmm(b, name)),
+            ("a clone of the 64×64 output (custom_op's row pays it)", lambda: clone()),
+            ("the same call as a torch.library.custom_op", lambda: custom(b, name))]
+    out = []
+    with torch.no_grad():
+        for label, fn in rows:
+            for _ in range(500):
+                fn()
+            loops = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                loops.append((time.perf_counter() - t0) / calls * 1e6)
+            out.append((label, statistics.median(loops)))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--out", default=None, help="also write the table here (launch-overhead.parquet: call, us_per_call)")
+    p.add_argument("--dispatch", action="store_true", help="no GPU: the registered operators' own cost on this host")
     args = p.parse_args()
+    if args.dispatch:
+        print(f"the registered operators' own cost on this host ({args.calls} calls a loop, median of 5)")
+        for label, us in dispatch_rows(args.calls):
+            print(f"{label:55s} {us:7.2f} µs per call", flush=True)
+        return
 
     import torch
 

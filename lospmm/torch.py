@@ -549,26 +549,47 @@ def _spec(name: str) -> KernelSpec:
     return _KERNELS[name].spec if name in _KERNELS else kernel_package(name.split("|", 1)[1]).spec
 
 
-@torch.library.custom_op("lospmm::spmm", mutates_args=())
-def spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
-    """C = A·B by the GEMM kernel `kernel` (kernel_name): B is K×N float32, C is M×N."""
-    return _loaded(kernel)(b)
+# Defined with torch.library.Library, not custom_op: custom_op's Python wrapper (its autograd kernel,
+# the aliasing check) cost 8 µs a call on a 2-core host and 43 µs on the H200's, where the whole
+# eager call of the loader's SpMM is 24 µs (benchmarks.launch_overhead, 2026-11-26). The kernels have
+# no backward: the implementations refuse a grad-requiring input by name (_inference_only), as custom_op's
+# autograd kernel did at backward (without either, backward would pass by the op with a warning).
+_LIBRARY = torch.library.Library("lospmm", "DEF")
+_LIBRARY.define("spmm(Tensor b, str kernel) -> Tensor")
+_LIBRARY.define("conv(Tensor x, str kernel) -> Tensor")
 
 
-@spmm.register_fake
+def _spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
+    """C = A·B by the GEMM kernel `kernel` (kernel_name): B is K×N in its dtype, C is M×N."""
+    loaded = _loaded(kernel)
+    _inference_only(b, loaded)
+    return loaded(b)
+
+
+def _conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
+    """Y = conv(X) by the implicit-im2col kernel `kernel` (kernel_name): X and Y NCHW."""
+    loaded = _loaded(kernel)
+    _inference_only(x, loaded)
+    return loaded(x)
+
+
+for _key in ("CPU", "CUDA"):  # the host backend's kernels take CPU tensors
+    _LIBRARY.impl("spmm", _spmm, _key)
+    _LIBRARY.impl("conv", _conv, _key)
+
+
+@torch.library.register_fake("lospmm::spmm")
 def _(b: torch.Tensor, kernel: str) -> torch.Tensor:
     return b.new_empty(_spec(kernel).output_shape(b.shape[1]))
 
 
-@torch.library.custom_op("lospmm::conv", mutates_args=())
-def conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Y = conv(X) by the implicit-im2col kernel `kernel` (kernel_name): X and Y NCHW float32."""
-    return _loaded(kernel)(x)
-
-
-@conv.register_fake
+@torch.library.register_fake("lospmm::conv")
 def _(x: torch.Tensor, kernel: str) -> torch.Tensor:
     return x.new_empty(_spec(kernel).output_shape(x.shape[0]))
+
+
+spmm = torch.ops.lospmm.spmm.default  # what the modules call: the overload itself, no lookup a call
+conv = torch.ops.lospmm.conv.default
 
 
 def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":

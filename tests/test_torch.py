@@ -309,6 +309,12 @@ def test_the_sparsified_model_is_for_inference(searched):
         fast(x.clone().requires_grad_())
     with torch.no_grad():
         assert fast(x.clone().requires_grad_()).shape == (2, 10)
+    # the operators themselves, called directly: refused by name, not passed by at backward
+    b = torch.randn(32, 5, requires_grad=True)
+    with pytest.raises(RuntimeError, match="fc.weight: an emitted kernel has no backward"):
+        torch.ops.lospmm.spmm(b, fast.fc.name)
+    with pytest.raises(RuntimeError, match="stem.weight: an emitted kernel has no backward"):
+        torch.ops.lospmm.conv(x.clone().requires_grad_(), fast.stem.name)
 
 
 def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tmp_path):
