@@ -196,33 +196,6 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     return dest
 
 
-def build_within(name: str, jobs, into: Path, threads: int, hard_at: float, say=print, **options) -> Path:
-    """build() in a child process, killed at `hard_at` (time.monotonic()) with the kernels it is still
-    compiling; then the unfinished bundle of what it finished (each package's row.json is written last,
-    atomically). NVRTC and ptxas run in the build's threads, which nothing can stop: `stop_at` alone
-    only starts no more kernels, and on 2026-11-26 sixteen half kernels started before it compiled
-    for 400-500 s each, past the command's limit, and the call brought nothing back. The child is
-    forked (it inherits the planned jobs: planning the half set is a minute of search); it compiles
-    and never touches the GPU, which the parent may have opened."""
-    import multiprocessing
-
-    options = {k: v for k, v in options.items() if k != "say"}
-    child = multiprocessing.get_context("fork").Process(
-        target=build, args=(name, jobs, into, threads), kwargs=options | {"say": say}, daemon=True)
-    child.start()
-    child.join(max(0.0, hard_at - time.monotonic()))
-    if child.is_alive():
-        say(f"{name}: the build's time is up: stopping the kernels still compiling")
-        child.kill()
-        child.join()
-    elif child.exitcode == 0 and bundle_facts(Path(into) / name):
-        return Path(into) / name
-    else:
-        say(f"{name}: the build stopped with exit code {child.exitcode}; measuring what it finished")
-    # no kernel started (its time is up): the packages the child finished, as an unfinished bundle
-    return build(name, jobs, into, threads, **(options | {"stop_at": 0.0}), say=say)
-
-
 def _built_rows(pkg: Path) -> list[dict] | None:
     """The launch rows of a package built before (its row.json, and, for a compiled one, a whole
     package), else None."""

@@ -320,3 +320,31 @@ def test_a_window_call_whose_step_overruns_its_budget_still_packs_and_ends_at_th
                    env=os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)})
     assert time.monotonic() - started < 20
     assert (out / "results.tgz").is_file()
+
+
+def test_a_build_on_the_gpu_machine_is_stopped_at_its_hard_time_with_what_it_finished_kept(tmp_path):
+    # a kernel started before the soft stop once compiled for 400-500 s, past the command's limit:
+    # the build runs in a child that is killed at its hard time, and what it finished is measured
+    import dataclasses
+    import time
+
+    from benchmarks import sets
+
+    jobs, said = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"][:2], []
+
+    def never_renders():
+        time.sleep(600)
+
+    stuck = dataclasses.replace(jobs[1], planned=dataclasses.replace(jobs[1].planned, id="stuck"),
+                                source=never_renders)
+    bundle.build("b", jobs[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    started = time.monotonic()
+    folder = device.built_within("b", [jobs[0], stuck], tmp_path, 2, hard_at=started + 3, cache=tmp_path / "cache",
+                                 sass=False, say=said.append, stop_at=started + 60)
+    assert time.monotonic() - started < 30
+    assert [r["id"] for r in bundle.bundle_rows(folder)] == [jobs[0].planned.id]
+    assert bundle.bundle_facts(folder) == {}  # unfinished: the next build goes on
+    assert any("stopping the kernels still compiling" in line for line in said)
+    folder = device.built_within("b", jobs, tmp_path, 2, hard_at=time.monotonic() + 120, cache=tmp_path / "cache",
+                                 sass=False, say=lambda *_: None)
+    assert bundle.bundle_facts(folder)["kernels"] == 2  # a build that finishes in time is the whole bundle
