@@ -31,13 +31,13 @@ def packed(directory: Path, archive: Path) -> Path:
 
 
 def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio: float = 5.0) -> list[Path]:
-    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins,
-    5-13; the big BERT kernels the least): one archive if it fits, else parts `<name>-<i>of<n>`, each
-    a bundle of its own (its rows' packages and matrices), split between kernels in the bundle's
-    order. Writes `<name>.parts.json` beside them: each archive's size and SHA-256."""
-    import pyarrow.parquet as pq
-
-    bundle = Path(bundle)
+    """The bundle as .tar.xz archives of at most about `max_mib` each (`ratio`: xz's on these cubins
+    as first guessed, 5-13; the N:M set's large kernels went as low as 2): one archive if it fits,
+    else parts `<name>-<i>of<n>`, each a bundle of its own (its rows' packages and matrices), split
+    between kernels in the bundle's order; a part that came out over OVERSIZE × `max_mib` is split in
+    two and packed again (a 70 MiB part of the N:M set fitted no device call). Writes
+    `<name>.parts.json` beside them: each archive's size, SHA-256 and launches."""
+    bundle, into = Path(bundle), Path(into)
     rows = bundle_rows(bundle)
     by_package: dict[str, list[dict]] = {}
     for r in rows:
@@ -45,43 +45,71 @@ def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio:
     size = {p: sum(f.stat().st_size for f in (bundle / "kernels" / p).iterdir()) for p in by_package}
     budget = max_mib * 2**20 * ratio
     if sum(size.values()) <= budget:
-        archives = [packed(bundle, Path(into) / f"{bundle.name}.tar.xz")]
-    else:
-        groups, current, total = [], [], 0
-        for p in by_package:
-            if current and total + size[p] > budget:
-                groups.append(current)
-                current, total = [], 0
-            current.append(p)
-            total += size[p]
-        groups.append(current)
-        archives = []
-        staging = Path(into) / ".staging"
-        for i, group in enumerate(groups, 1):
-            part = staging / f"{bundle.name}-{i}of{len(groups)}"
-            shutil.rmtree(part, ignore_errors=True)
-            (part / "a").mkdir(parents=True)
-            (part / "kernels").mkdir()
-            mine = [r for p in group for r in by_package[p]]
-            for p in group:
-                shutil.copytree(bundle / "kernels" / p, part / "kernels" / p)
-            for matrix in {r["matrix"] for r in mine}:
-                if (bundle / "a" / f"{matrix}.parquet").exists():
-                    shutil.copyfile(bundle / "a" / f"{matrix}.parquet", part / "a" / f"{matrix}.parquet")
-            pq.write_table(rows_table(mine), part / "launches.parquet")
-            facts = bundle_facts(bundle) | {"part": f"{i} of {len(groups)}", "launches": len(mine), "kernels": len(group)}
-            (part / "bundle.json").write_text(json.dumps(facts, indent=1))
-            archives.append(packed(part, Path(into) / f"{part.name}.tar.xz"))
-            shutil.rmtree(part)
-        shutil.rmtree(staging, ignore_errors=True)
-    # each part's launches (id and kernel), so that a step carried part by part over several calls
-    # knows when it has measured them all
-    launches = ([rows] if len(archives) == 1 else [[r for p in group for r in by_package[p]] for group in groups])
+        whole = packed(bundle, into / f"{bundle.name}.tar.xz")
+        if whole.stat().st_size <= OVERSIZE * max_mib * 2**20 or len(by_package) < 2:
+            return _listed(bundle, into, [(whole, rows)])
+        whole.unlink()
+        budget = sum(size.values()) / 2
+    groups, current, total = [], [], 0
+    for p in by_package:
+        if current and total + size[p] > budget:
+            groups.append(current)
+            current, total = [], 0
+        current.append(p)
+        total += size[p]
+    groups.append(current)
+    staging = into / ".staging"
+    done: list[tuple[Path, list[dict]]] = []
+    while groups:
+        group = groups.pop(0)
+        mine = [r for p in group for r in by_package[p]]
+        archive = _packed_part(bundle, staging, f"{bundle.name}-part{len(done) + 1}", group, mine)
+        if archive.stat().st_size > OVERSIZE * max_mib * 2**20 and len(group) > 1:
+            archive.unlink()  # xz did worse on these kernels than guessed: in two, each packed again
+            groups[:0] = [group[:len(group) // 2], group[len(group) // 2:]]
+            continue
+        done.append((archive, mine))
+    named = []
+    for i, (archive, mine) in enumerate(done, 1):
+        named.append((archive.replace(into / f"{bundle.name}-{i}of{len(done)}.tar.xz"), mine))
+    shutil.rmtree(staging, ignore_errors=True)
+    return _listed(bundle, into, named)
+
+
+# a part may come out this much over max_mib before it is split (the guess of xz's ratio is rough)
+OVERSIZE = 1.25
+
+
+def _packed_part(bundle: Path, staging: Path, name: str, group: list[str], mine: list[dict]) -> Path:
+    """One part of `bundle`, a bundle of its own (`group`'s packages, their matrices and `mine`, their
+    rows), packed into `staging` as `<name>.tar.xz`."""
+    import pyarrow.parquet as pq
+
+    part = staging / name
+    shutil.rmtree(part, ignore_errors=True)
+    (part / "a").mkdir(parents=True)
+    (part / "kernels").mkdir()
+    for p in group:
+        shutil.copytree(bundle / "kernels" / p, part / "kernels" / p)
+    for matrix in {r["matrix"] for r in mine}:
+        if (bundle / "a" / f"{matrix}.parquet").exists():
+            shutil.copyfile(bundle / "a" / f"{matrix}.parquet", part / "a" / f"{matrix}.parquet")
+    pq.write_table(rows_table(mine), part / "launches.parquet")
+    facts = bundle_facts(bundle) | {"part": name, "launches": len(mine), "kernels": len(group)}
+    (part / "bundle.json").write_text(json.dumps(facts, indent=1))
+    archive = packed(part, staging / f"{name}.tar.xz")
+    shutil.rmtree(part)
+    return archive
+
+
+def _listed(bundle: Path, into: Path, archives: list[tuple[Path, list[dict]]]) -> list[Path]:
+    """Writes `<name>.parts.json`: each archive's size, SHA-256 and launches (id and kernel), so that a
+    step carried part by part over several calls knows when it has measured them all."""
     listing = {"bundle": bundle.name, "inputs": bundle_facts(bundle).get("inputs", ""),
                "parts": [{"file": a.name, "bytes": a.stat().st_size, "sha256": file_sha256(a),
-                          "launches": [list(measured_key(r)) for r in mine]} for a, mine in zip(archives, launches)]}
-    (Path(into) / f"{bundle.name}.parts.json").write_text(json.dumps(listing, indent=1))
-    return archives
+                          "launches": [list(measured_key(r)) for r in mine]} for a, mine in archives]}
+    (into / f"{bundle.name}.parts.json").write_text(json.dumps(listing, indent=1))
+    return [a for a, _ in archives]
 
 
 def verified_parts(listing: Path, carried: bool = False) -> list[Path]:

@@ -67,6 +67,19 @@ def test_carried_parts_are_bundles_of_their_own_and_a_damaged_archive_is_refused
         pack.verified_parts(_without(listing, parts[1].name))
 
 
+def test_a_part_that_packs_larger_than_guessed_is_split_until_it_fits(tmp_path):
+    # xz did worse on the N:M set's big kernels than the guessed ratio: one part came out at 70 MiB,
+    # more than a device call carries
+    folder = bundle.build("b", _jobs(), tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    parts = pack.packed_parts(folder, tmp_path / "carry", max_mib=0.005, ratio=1000.0)  # a guess far too good
+    listing = json.loads((tmp_path / "carry" / "b.parts.json").read_text())
+    assert [p.name for p in parts] == [f"b-{i}of4.tar.xz" for i in range(1, 5)] == [q["file"] for q in listing["parts"]]
+    assert all(len({tuple(k)[0] for k in q["launches"]}) == 1 for q in listing["parts"])  # a kernel a part
+    assert sorted(k[0] for q in listing["parts"] for k in q["launches"]) == sorted(
+        r["id"] for r in bundle.bundle_rows(folder))
+    assert not (tmp_path / "carry" / ".staging").exists() and not list((tmp_path / "carry").glob("b-part*"))
+
+
 def _without(listing, name):
     """The listing with one entry removed (so the next problem shows)."""
     facts = json.loads(listing.read_text())
