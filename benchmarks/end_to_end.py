@@ -32,6 +32,8 @@ import statistics
 import time
 from pathlib import Path
 
+from lospmm.files import atomic_write
+
 BASELINES = ("fp32", "tf32", "compile-tf32", "fp16")
 MODES = ("eager", "graph", "compile")
 COLUMNS = ("model", "batch", "sparsity", "dtype", "baseline", "mode", "dense_ms", "ours_ms", "spread_dense", "spread_ours",
@@ -237,16 +239,29 @@ def main(argv=None) -> list[dict]:
     import pyarrow.parquet as pq
     import torch
 
-    rows = [r for name in args.models for r in model_rows(name, args)]
     out = args.out
     if out is None and torch.cuda.is_available():
         label = "gpu-" + torch.cuda.get_device_name().split()[1].lower()
         out = Path(__file__).resolve().parent / "results" / label / (
             "end-to-end.parquet" if args.dtype == "fp32" else f"end-to-end-{args.dtype}.parquet")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows), out)
-        print(f"wrote {len(rows)} rows to {out}")
+    # written after each model, and a model the file already holds at this sparsity, dtype and batches
+    # is not run again: a device call cut off at its limit keeps the models it finished, and the next
+    # call goes on from them (a whole model's search and compile is minutes on the GPU machine)
+    kept = pq.read_table(out).to_pylist() if out and Path(out).is_file() else []
+    rows = []
+    for name in args.models:
+        mine = [r for r in kept if (r["model"], r["sparsity"], r["dtype"]) == (name, args.sparsity, args.dtype)]
+        if mine and {r["batch"] for r in mine} >= set(args.batches):
+            print(f"{name}: measured before ({len(mine)} rows in {out}); not run again", flush=True)
+            rows += [r for r in mine if r["batch"] in args.batches]
+            continue
+        rows += model_rows(name, args)
+        if out:
+            rest = [r for r in kept if not any((r["model"], r["sparsity"], r["dtype"], r["batch"]) ==
+                                               (m["model"], m["sparsity"], m["dtype"], m["batch"]) for m in rows)]
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(Path(out), lambda tmp: pq.write_table(pa.Table.from_pylist(rest + rows), tmp))
+            print(f"wrote {len(rest) + len(rows)} rows to {out}", flush=True)
     return rows
 
 
