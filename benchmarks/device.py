@@ -235,6 +235,7 @@ class DeviceCall:
     carry: tuple[str, ...]
     carry_bytes: int
     seconds: float
+    builds: tuple[str, ...] = ()  # steps that build their missing bundles on the GPU machine (--build)
 
     @property
     def command(self) -> str:
@@ -243,8 +244,8 @@ class DeviceCall:
         run on another kind of GPU than planned, whose results go to its own folder). Each step also
         runs under `timeout` at the call's end, so that a step past its own budget (on 2026-11-26 a
         build did) still leaves the pack of the steps before it and of what it wrote."""
-        runs = "; ".join(f"timeout -k 5 $(left) python -m benchmarks.device run {name} --budget-s $(($(left) - 15)); "
-                         f"pack" for name in self.steps)
+        runs = "; ".join(f"timeout -k 5 $(left) python -m benchmarks.device run {name} --budget-s $(($(left) - 15))"
+                         f"{' --build --jobs 16' if name in self.builds else ''}; pack" for name in self.steps)
         # left: at least 1 (`timeout 0` would mean no limit)
         return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
                 f"pack() {{ tar czf $OUT/results.tgz benchmarks/results; }}; {runs}")
@@ -252,12 +253,16 @@ class DeviceCall:
 
 def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
     """How long the step took where it ran (the span of its log.txt's last run, the lines after its
-    last "step <name> on" line, on any device: the longest), or None."""
+    last "step <name> on" line, on any device: the longest), or None. A run stopped at its budget
+    says nothing of what the step needs (the H200's serving was cut off at 140 s of its 540): None
+    when any last run did not finish."""
     spans = []
     for log in Path(results).glob(f"*/{step.name}/log.txt"):
         lines = log.read_text(encoding="utf-8").splitlines()
         starts = [i for i, line in enumerate(lines) if f" step {step.name} on " in line]
         lines = lines[starts[-1]:] if starts else lines
+        if any(f"step {step.name}: not finished" in line for line in lines):
+            return None
         stamps = [line[:8] for line in lines if line[:2].isdigit()]
         if len(stamps) >= 2:
             first, last = (int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in (stamps[0], stamps[-1]))
@@ -273,26 +278,30 @@ def checkout_bytes(root: Path = ROOT) -> int:
 
 
 def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESULTS, home: Path = bundles.HOME,
-                 carry: Path = CARRY, wheels: Path | None = None,
-                 again: tuple[str, ...] = ()) -> tuple[list[DeviceCall], list[str]]:
+                 carry: Path = CARRY, wheels: Path | None = None, again: tuple[str, ...] = (),
+                 build_there: bool = False) -> tuple[list[DeviceCall], list[str]]:
     """The calls that spend a window of `budget_s` device seconds on a GPU of `kind` (its results
     folder: h100, h200): the steps done neither on their own device nor on this kind, in the program's
     order, as many to a call as its carry (CARRY_LIMIT with the checkout) and STEP_LIMIT_S allow, each
     fresh machine's start counted. Returns the calls and why each other step is left out (a bundle to
     prepare or carry, the window's time). `again`: steps to run even where done (their kernels changed
-    since: a step run again measures them again, measure.measured_key)."""
+    since: a step run again measures them again, measure.measured_key). `build_there`: a step whose
+    bundles are not prepared here builds them on the GPU machine's cores (its wheels carried; the
+    build stops at a share of the step's budget and what it built is measured: run_step), rather than
+    being left out; its time is its whole budget."""
     wheels = Path(wheels or Path(carry).parent / WHEELS_DIR)
     wheel_bytes = sum(f.stat().st_size for f in wheels.glob("*.whl")) if wheels.is_dir() else 0
     calls: list[DeviceCall] = []
     left_out: list[str] = []
-    current: dict = {"steps": [], "carry": {}, "seconds": 0.0}  # carry: {path: bytes}
+    current: dict = {"steps": [], "carry": {}, "seconds": 0.0, "builds": []}  # carry: {path: bytes}
     spent = START_S  # the first call starts a machine
 
     def close() -> None:
         if current["steps"]:
             calls.append(DeviceCall(tuple(current["steps"]), tuple(current["carry"]),
-                                    checkout + sum(current["carry"].values()), current["seconds"]))
-        current.update(steps=[], carry={}, seconds=0.0)
+                                    checkout + sum(current["carry"].values()), current["seconds"],
+                                    tuple(current["builds"])))
+        current.update(steps=[], carry={}, seconds=0.0, builds=[])
 
     planned: set[str] = set()
     for step in STEPS:
@@ -306,18 +315,21 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             continue
         opened = [*step.bundles, *(b for r in step.reads for b in step_named(r).bundles if b.name in step.opens)]
         missing = [b.name for b in opened if not bundle_state(b, home, carry).get("carried")]
-        if missing:
+        # a reader's opened bundles are its read step's, built there: only a step's own are built here
+        builds = build_there and bool(missing) and all(b in step.bundles for b in opened if b.name in missing)
+        if missing and not builds:
             left_out.append(f"{step.name}: prepare {', '.join(missing)} first (python -m benchmarks.device prepare "
-                            f"{step.name})")
+                            f"{step.name}{'' if build_there else '; or window --build-there'})")
             continue
-        if "wheels" in step.needs and not wheel_bytes:
+        if ("wheels" in step.needs or builds) and not wheel_bytes:
             left_out.append(f"{step.name}: needs the wheels (python -m benchmarks.device wheels)")
             continue
         # what the step carries, a unit per part of a bundle (its listing and archive) and the wheels:
-        # {path: bytes}, a listing shared by the units of its bundle
-        wheel_unit = {WHEELS_DIR: wheel_bytes} if "wheels" in step.needs else {}
-        carried = [wheel_unit | unit for b in opened for unit in _bundle_carry(b, carry)] or (
-            [wheel_unit] if wheel_unit else [])
+        # {path: bytes}, a listing shared by the units of its bundle; a step building its bundles
+        # carries the wheels and no part of the bundles it builds
+        wheel_unit = {WHEELS_DIR: wheel_bytes} if "wheels" in step.needs or builds else {}
+        carried = [wheel_unit | unit for b in opened if b.name not in missing
+                   for unit in _bundle_carry(b, carry)] or ([wheel_unit] if wheel_unit else [])
         if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
             left_out.append(f"{step.name}: a part of {max(sum(u.values()) for u in carried) / 2**20:.1f} MiB with the "
                             f"{checkout / 2**20:.1f} MiB checkout is over what one call carries "
@@ -331,7 +343,8 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
                 groups.append({})
             groups[-1] |= unit
         # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
-        seconds = min((observed_seconds(step, results) or step.device_seconds) + 15, STEP_LIMIT_S)
+        seconds = min((step.device_seconds if builds else observed_seconds(step, results) or step.device_seconds)
+                      + 15, STEP_LIMIT_S)
         share = max(15.0, seconds / len(groups))
         if spent + share * len(groups) > budget_s:
             left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
@@ -342,6 +355,8 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             if not fits:
                 close()
             current["steps"].append(step.name)
+            if builds:
+                current["builds"].append(step.name)
             current["carry"] |= group
             current["seconds"] += share
             spent += share
@@ -360,9 +375,10 @@ def _bundle_carry(spec: BundleSpec, carry: Path) -> list[dict[str, int]]:
             for q in json.loads(listing.read_text())["parts"]]
 
 
-def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=print) -> list[DeviceCall]:
+def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=print,
+                 build_there: bool = False) -> list[DeviceCall]:
     """The window's calls, each with what to carry and its command; what is left out and why."""
-    calls, left_out = window_calls(kind, budget_s, checkout_bytes(), again=again)
+    calls, left_out = window_calls(kind, budget_s, checkout_bytes(), again=again, build_there=build_there)
     for i, call in enumerate(calls, 1):
         say(f"call {i}: {', '.join(call.steps)} (about {call.seconds:.0f} s; carries {call.carry_bytes / 2**20:.1f} MiB "
             f"with the checkout)")
@@ -932,6 +948,8 @@ def main(argv=None) -> None:
     p = sub.add_parser("window", help="here: the device calls a window should make, what each carries and runs")
     p.add_argument("--kind", default="h100", help="the GPU's results folder (h100, h200)")
     p.add_argument("--budget-s", type=float, default=900.0, help="the window's device seconds")
+    p.add_argument("--build-there", action="store_true",
+                   help="a step whose bundles are not prepared here builds them on the GPU machine (wheels carried)")
     p.add_argument("--again", nargs="*", default=[], choices=STEP_NAMES,
                    help="steps to measure again where done (their kernels changed since)")
     p = sub.add_parser("report", help="a step's tables from its results (every step's by default)")
@@ -952,7 +970,7 @@ def main(argv=None) -> None:
         except ContextLost as e:
             restarted(argv if argv is not None else sys.argv[1:], args.budget_s - (time.monotonic() - started), e)
     elif args.command == "window":
-        print_window(args.kind, args.budget_s, tuple(args.again))
+        print_window(args.kind, args.budget_s, tuple(args.again), build_there=args.build_there)
     elif args.command == "report":
         report(step_named(args.step) if args.step else None)
     else:

@@ -234,6 +234,15 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     again, _ = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels,
                                    again=("done-here",))
     assert any("done-here" in c.steps for c in again)  # its kernels changed: measured again
+    # a window with nothing prepared for a step can still build it on the GPU machine's cores
+    built, left_out = device.window_calls("h200", 3000, 5 * mib, results, tmp_path / "home", carry, wheels,
+                                          build_there=True)
+    (call,) = [c for c in built if "unprepared" in c.steps]
+    assert call.builds == ("unprepared",) and ".whl" in call.carry and not any("b4" in c for c in call.carry)
+    assert "run unprepared --budget-s $(($(left) - 15)) --build --jobs 16; pack" in call.command
+    assert "run s1 --budget-s $(($(left) - 15)); pack" in built[0].command  # carried: measured, not built
+    assert not any("unprepared" in line for line in left_out)
+    assert any("orphan" in c.steps for c in built)  # what it reads is in the window now
 
 
 def test_a_step_whose_kernels_all_failed_to_compile_is_not_done():
@@ -348,3 +357,16 @@ def test_a_build_on_the_gpu_machine_is_stopped_at_its_hard_time_with_what_it_fin
     folder = device.built_within("b", jobs, tmp_path, 2, hard_at=time.monotonic() + 120, cache=tmp_path / "cache",
                                  sass=False, say=lambda *_: None)
     assert bundle.bundle_facts(folder)["kernels"] == 2  # a build that finishes in time is the whole bundle
+
+
+def test_a_steps_observed_time_is_its_last_finished_run_and_none_after_a_run_cut_off(tmp_path):
+    # the H200's serving was cut off at 140 s of its 540 and `window` then planned it as a 155 s step
+    step = device.Step("s", "", "", device_seconds=540)
+    log = tmp_path / "h200" / "s" / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text("10:00:00 step s on NVIDIA H200: x\n10:09:00 step s: done\n"  # an older, longer run
+                   "11:00:00 step s on NVIDIA H200: x\n11:00:20 a line\n11:00:30 step s: done\n")
+    assert device.observed_seconds(step, tmp_path) == 30.0
+    with log.open("a") as f:
+        f.write("12:00:00 step s on NVIDIA H200: x\n12:02:20 step s: not finished in the budget; run it again\n")
+    assert device.observed_seconds(step, tmp_path) is None
