@@ -16,6 +16,7 @@ over `--repeats` CUDA-event timings, `spread` their (max − min) / median over 
 
     python -m benchmarks.end_to_end [--models resnet50 mobilenet_v2 bert] [--batches 1 8 32]
                                     [--sparsity 0.9] [--search-batch 8] [--artifacts DIR] [--out FILE.parquet]
+                                    [--timer auto|cuda|estimate]
 
 On the GPU it writes benchmarks/results/<device>/end-to-end.parquet (columns: model, batch,
 sparsity, dtype, baseline, mode, dense_ms, ours_ms, spread_dense, spread_ours, max_rel_diff,
@@ -168,7 +169,7 @@ def model_rows(name: str, args) -> list[dict]:
         example_of = (lambda make: lambda b: _moved(make(b), "cpu", kind))(example_of)
     t0 = time.perf_counter()
     run_id = lt.search(model, example_of(args.search_batch), sparsity=args.sparsity, artifacts=args.artifacts,
-                       name=name.replace("_", "-"), jobs=args.jobs, **({"timer": "cuda"} if gpu else {}))
+                       name=name.replace("_", "-"), jobs=args.jobs, timer=args.timer)
     print(f"{name}: searched (run {run_id}) in {time.perf_counter() - t0:.0f} s", flush=True)
     ref = lt.pruned(model, run_id, artifacts=args.artifacts).eval()
     exact = copy.deepcopy(ref).float()  # the output difference is against the pruned model in float32
@@ -229,6 +230,10 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=0)
     p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--timer", default="auto", choices=("auto", "cuda", "estimate"),
+                   help="the search's timer (auto: cuda on a GPU). estimate: no proxy compiled or timed, only the "
+                        "kernels served are built, the flow's choice without a GPU (the device program's serving "
+                        "step: BERT's search on the cuda timer is more than one 10-minute command)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"),
                    help="fp16/bf16: the model in that dtype, searched and served by half kernels, against the same "
                         "pruned model dense in that dtype (issue 23); written as end-to-end-<dtype>.parquet")

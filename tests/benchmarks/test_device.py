@@ -370,3 +370,26 @@ def test_a_steps_observed_time_is_its_last_finished_run_and_none_after_a_run_cut
     with log.open("a") as f:
         f.write("12:00:00 step s on NVIDIA H200: x\n12:02:20 step s: not finished in the budget; run it again\n")
     assert device.observed_seconds(step, tmp_path) is None
+
+
+def test_the_serving_step_searches_its_models_on_the_estimate_and_keeps_what_a_cut_off_model_finished(
+        tmp_path, monkeypatch):
+    # BERT's search on the cuda timer compiles and times ten proxies a layer: more than one command
+    import subprocess
+
+    from benchmarks.measure import Deadline
+
+    ran = []
+
+    def fake_run(command, **kwargs):
+        ran.append(command[2:])
+        if "fp16" in command:
+            raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(device.subprocess, "run", fake_run)
+    said = []
+    assert device._serving(None, tmp_path, Deadline.after(100), said.append) is False  # fp16 cut off: not done
+    assert ran[0][0] == "benchmarks.launch_overhead"
+    assert all(args[0] != "benchmarks.end_to_end" or args[1:3] == ["--timer", "estimate"] for args in ran)
+    assert len(ran) == 3 and any("stopped at the time budget" in line for line in said)
