@@ -514,7 +514,7 @@ def built_within(name: str, jobs, into: Path, threads: int, hard_at: float, say=
         child.join()
     elif child.exitcode == 0 and bundles.bundle_facts(Path(into) / name):
         return Path(into) / name
-    else:
+    elif child.exitcode != 0:  # (exit 0 without bundle.json: it stopped at stop_at, and said so)
         say(f"{name}: the build stopped with exit code {child.exitcode}; measuring what it finished")
     # no kernel started (its time is up): the packages the child finished, as an unfinished bundle
     return bundles.build(name, jobs, into, threads, **(options | {"stop_at": 0.0}), say=say)

@@ -38,7 +38,7 @@ from lospmm.files import atomic_write
 BASELINES = ("fp32", "tf32", "compile-tf32", "fp16")
 MODES = ("eager", "graph", "compile")
 COLUMNS = ("model", "batch", "sparsity", "dtype", "baseline", "mode", "dense_ms", "ours_ms", "spread_dense", "spread_ours",
-           "max_rel_diff", "top1_agreement", "speedup", "device")
+           "max_rel_diff", "top1_agreement", "speedup", "device", "timer")
 
 
 # --- the models and their inputs -------------------------------------------------------------------
@@ -212,7 +212,8 @@ def model_rows(name: str, args) -> list[dict]:
                              "baseline": baseline,
                              "mode": mode, "dense_ms": dense_ms, "ours_ms": ours_ms, "spread_dense": dense_spread,
                              "spread_ours": ours_spread, "max_rel_diff": diff, "top1_agreement": agree,
-                             "speedup": dense_ms / ours_ms if ours_ms > 0 else float("nan"), "device": device})
+                             "speedup": dense_ms / ours_ms if ours_ms > 0 else float("nan"), "device": device,
+                             "timer": args.timer})
                 print(f"  batch {batch:>3} {baseline:>12} {mode:>7}: dense {dense_ms:9.3f} ms, ours {ours_ms:9.3f} ms "
                       f"({rows[-1]['speedup']:.2f}×), diff {diff:.1e}, top-1 {agree:.2f}", flush=True)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -252,20 +253,26 @@ def main(argv=None) -> list[dict]:
     # written after each model, and a model the file already holds at this sparsity, dtype and batches
     # is not run again: a device call cut off at its limit keeps the models it finished, and the next
     # call goes on from them (a whole model's search and compile is minutes on the GPU machine)
-    kept = pq.read_table(out).to_pylist() if out and Path(out).is_file() else []
+    # every row in COLUMNS (a file written before a column existed reads it as null)
+    kept = [{c: r.get(c) for c in COLUMNS} for r in pq.read_table(out).to_pylist()] if out and Path(out).is_file() else []
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (host emulation)"
+
+    def key(r: dict) -> tuple:  # what a row measured: another GPU's or another timer's rows are not these
+        return r["model"], r["sparsity"], r["dtype"], r["device"], r["timer"]
+
     rows = []
     for name in args.models:
-        mine = [r for r in kept if (r["model"], r["sparsity"], r["dtype"]) == (name, args.sparsity, args.dtype)]
+        mine = [r for r in kept if key(r) == (name, args.sparsity, args.dtype, device, args.timer)]
         if mine and {r["batch"] for r in mine} >= set(args.batches):
             print(f"{name}: measured before ({len(mine)} rows in {out}); not run again", flush=True)
             rows += [r for r in mine if r["batch"] in args.batches]
             continue
         rows += model_rows(name, args)
         if out:
-            rest = [r for r in kept if not any((r["model"], r["sparsity"], r["dtype"], r["batch"]) ==
-                                               (m["model"], m["sparsity"], m["dtype"], m["batch"]) for m in rows)]
+            rest = [r for r in kept if not any((*key(r), r["batch"]) == (*key(m), m["batch"]) for m in rows)]
             Path(out).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(Path(out), lambda tmp: pq.write_table(pa.Table.from_pylist(rest + rows), tmp))
+            atomic_write(Path(out), lambda tmp: pq.write_table(pa.Table.from_pylist(
+                [{c: r.get(c) for c in COLUMNS} for r in rest + rows]), tmp))
             print(f"wrote {len(rest) + len(rows)} rows to {out}", flush=True)
     return rows
 

@@ -35,8 +35,10 @@ def packed_parts(bundle: Path, into: Path, max_mib: float = MAX_PART_MIB, ratio:
     as first guessed, 5-13; the N:M set's large kernels went as low as 2): one archive if it fits,
     else parts `<name>-<i>of<n>`, each a bundle of its own (its rows' packages and matrices), split
     between kernels in the bundle's order; a part that came out over OVERSIZE × `max_mib` is split in
-    two and packed again (a 70 MiB part of the N:M set fitted no device call). Writes
-    `<name>.parts.json` beside them: each archive's size, SHA-256 and launches."""
+    two and packed again (a 70 MiB part of the N:M set fitted no device call; a single kernel that
+    large stays one part, which `window` names as too large to carry). Each part's folder inside its
+    archive is `<name>-part<k>` (named before the count is known). Writes `<name>.parts.json` beside
+    them: each archive's size, SHA-256 and launches."""
     bundle, into = Path(bundle), Path(into)
     rows = bundle_rows(bundle)
     by_package: dict[str, list[dict]] = {}

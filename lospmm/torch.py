@@ -554,9 +554,7 @@ def _spec(name: str) -> KernelSpec:
 # eager call of the loader's SpMM is 24 µs (benchmarks.launch_overhead, 2026-11-26). The kernels have
 # no backward: the implementations refuse a grad-requiring input by name (_inference_only), as custom_op's
 # autograd kernel did at backward (without either, backward would pass by the op with a warning).
-_LIBRARY = torch.library.Library("lospmm", "DEF")
-_LIBRARY.define("spmm(Tensor b, str kernel) -> Tensor")
-_LIBRARY.define("conv(Tensor x, str kernel) -> Tensor")
+_DEFINED = hasattr(torch.ops.lospmm, "spmm")  # this module loaded again (importlib.reload): defined once
 
 
 def _spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -573,19 +571,23 @@ def _conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
     return loaded(x)
 
 
-for _key in ("CPU", "CUDA"):  # the host backend's kernels take CPU tensors
-    _LIBRARY.impl("spmm", _spmm, _key)
-    _LIBRARY.impl("conv", _conv, _key)
-
-
-@torch.library.register_fake("lospmm::spmm")
-def _(b: torch.Tensor, kernel: str) -> torch.Tensor:
+def _spmm_fake(b: torch.Tensor, kernel: str) -> torch.Tensor:
     return b.new_empty(_spec(kernel).output_shape(b.shape[1]))
 
 
-@torch.library.register_fake("lospmm::conv")
-def _(x: torch.Tensor, kernel: str) -> torch.Tensor:
+def _conv_fake(x: torch.Tensor, kernel: str) -> torch.Tensor:
     return x.new_empty(_spec(kernel).output_shape(x.shape[0]))
+
+
+if not _DEFINED:  # (the first definitions read this module's globals, which a reload rebinds in place)
+    _LIBRARY = torch.library.Library("lospmm", "DEF")
+    _LIBRARY.define("spmm(Tensor b, str kernel) -> Tensor")
+    _LIBRARY.define("conv(Tensor x, str kernel) -> Tensor")
+    for _key in ("CPU", "CUDA"):  # the host backend's kernels take CPU tensors
+        _LIBRARY.impl("spmm", _spmm, _key)
+        _LIBRARY.impl("conv", _conv, _key)
+    torch.library.register_fake("lospmm::spmm")(_spmm_fake)
+    torch.library.register_fake("lospmm::conv")(_conv_fake)
 
 
 spmm = torch.ops.lospmm.spmm.default  # what the modules call: the overload itself, no lookup a call

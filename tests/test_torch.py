@@ -685,3 +685,12 @@ def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
         want = want @ a.toarray().T
     with torch.no_grad():
         torch.testing.assert_close(model(x), torch.from_numpy(want.astype(np.float32)), rtol=1e-4, atol=1e-4)
+
+
+def test_the_module_loads_again_with_its_operators_defined_once():
+    # a torch.library namespace is defined once a process: a reload (autoreload, a notebook) must not
+    # define it again
+    import importlib
+
+    module = importlib.reload(lt)
+    assert module.spmm is torch.ops.lospmm.spmm.default and module.conv is torch.ops.lospmm.conv.default

@@ -312,23 +312,28 @@ def test_a_window_call_whose_step_overruns_its_budget_still_packs_and_ends_at_th
     # brought nothing back: each step now runs under `timeout` at the call's end
     import os
     import subprocess
+    import tarfile
     import time
 
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
     out.mkdir()
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-    fake = bin_dir / "python"  # the first step overruns; the second writes its result
-    fake.write_text('#!/bin/sh\ncase "$*" in *"run slow"*) sleep 60;; *) echo measured > benchmarks/results/fast;; esac\n')
+    # both steps overrun: the first past the call's end; the second, started with no time left (where
+    # `timeout 0` would mean no limit), writes its result and overruns too
+    fake = bin_dir / "python"
+    fake.write_text('#!/bin/sh\ncase "$*" in *"run slow"*) sleep 60;; *) echo measured > benchmarks/results/late; '
+                    'sleep 60;; esac\n')
     fake.chmod(0o755)
-    call = device.DeviceCall(("slow", "fast"), (), 0, 0.0)
+    call = device.DeviceCall(("slow", "late"), (), 0, 0.0)
     command = call.command.replace(f"B={int(device.STEP_LIMIT_S)};", "B=4;", 1)
     assert command != call.command
     started = time.monotonic()
     subprocess.run(["bash", "-c", command], cwd=tmp_path, check=False, timeout=50,
                    env=os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)})
     assert time.monotonic() - started < 20
-    assert (out / "results.tgz").is_file()
+    with tarfile.open(out / "results.tgz") as tar:  # packed after the second step too
+        assert "benchmarks/results/late" in tar.getnames()
 
 
 def test_a_build_on_the_gpu_machine_is_stopped_at_its_hard_time_with_what_it_finished_kept(tmp_path):
@@ -346,17 +351,35 @@ def test_a_build_on_the_gpu_machine_is_stopped_at_its_hard_time_with_what_it_fin
 
     stuck = dataclasses.replace(jobs[1], planned=dataclasses.replace(jobs[1].planned, id="stuck"),
                                 source=never_renders)
-    bundle.build("b", jobs[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
-    started = time.monotonic()
-    folder = device.built_within("b", [jobs[0], stuck], tmp_path, 2, hard_at=started + 3, cache=tmp_path / "cache",
+    started = time.monotonic()  # the child builds the first kernel (seconds) beside the one that never ends
+    folder = device.built_within("b", [jobs[0], stuck], tmp_path, 2, hard_at=started + 20, cache=tmp_path / "cache",
                                  sass=False, say=said.append, stop_at=started + 60)
-    assert time.monotonic() - started < 30
-    assert [r["id"] for r in bundle.bundle_rows(folder)] == [jobs[0].planned.id]
+    assert time.monotonic() - started < 45
+    assert [r["id"] for r in bundle.bundle_rows(folder)] == [jobs[0].planned.id]  # the child's work, kept
+    assert bundle.package_of(folder, bundle.bundle_rows(folder)[0]).cubin()[:4] == b"\x7fELF"
     assert bundle.bundle_facts(folder) == {}  # unfinished: the next build goes on
     assert any("stopping the kernels still compiling" in line for line in said)
     folder = device.built_within("b", jobs, tmp_path, 2, hard_at=time.monotonic() + 120, cache=tmp_path / "cache",
                                  sass=False, say=lambda *_: None)
     assert bundle.bundle_facts(folder)["kernels"] == 2  # a build that finishes in time is the whole bundle
+
+
+def test_a_build_child_that_dies_leaves_what_it_finished_measured_and_says_so(tmp_path):
+    import dataclasses
+    import time
+
+    from benchmarks import sets
+
+    jobs, said = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"][:2], []
+
+    def dies():
+        raise SystemExit("the child's end")  # not a kernel's failure (those are rows): the build itself stops
+
+    dead = dataclasses.replace(jobs[1], planned=dataclasses.replace(jobs[1].planned, id="dead"), source=dies)
+    folder = device.built_within("b", [jobs[0], dead], tmp_path, 1, hard_at=time.monotonic() + 120,
+                                 cache=tmp_path / "cache", sass=False, say=said.append)
+    assert any("stopped with exit code 1" in line for line in said)
+    assert [r["id"] for r in bundle.bundle_rows(folder)] == [jobs[0].planned.id] and bundle.bundle_facts(folder) == {}
 
 
 def test_a_steps_observed_time_is_its_last_finished_run_and_none_after_a_run_cut_off(tmp_path):

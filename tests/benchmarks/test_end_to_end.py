@@ -32,7 +32,8 @@ def test_a_model_measured_before_is_not_run_again_and_the_file_keeps_every_model
     def model_rows(name, args):
         ran.append(name)
         return [{c: None for c in e2e.COLUMNS} | {"model": name, "batch": b, "sparsity": args.sparsity,
-                                                  "dtype": args.dtype, "speedup": 1.0} for b in args.batches]
+                                                  "dtype": args.dtype, "speedup": 1.0, "device": "cpu (host emulation)",
+                                                  "timer": args.timer} for b in args.batches]
 
     monkeypatch.setattr(e2e, "model_rows", model_rows)
     out = str(tmp_path / "e2e.parquet")
@@ -42,9 +43,12 @@ def test_a_model_measured_before_is_not_run_again_and_the_file_keeps_every_model
     e2e.main(["--models", "tiny-cnn", "--batches", "2", "4", "--out", out])  # a batch it lacks: run again
     e2e.main(["--models", "tiny-cnn", "--batches", "2", "--sparsity", "0.7", "--out", out])
     assert ran == ["tiny-cnn", "tiny-bert", "tiny-cnn", "tiny-cnn"]
+    e2e.main(["--models", "tiny-cnn", "--batches", "2", "--timer", "estimate", "--out", out])  # another timer's rows
+    assert ran[-1] == "tiny-cnn" and len(ran) == 5
     kept = pq.read_table(out).to_pylist()
-    assert sorted((r["model"], r["batch"], r["sparsity"]) for r in kept) == [
-        ("tiny-bert", 2, 0.9), ("tiny-cnn", 2, 0.7), ("tiny-cnn", 2, 0.9), ("tiny-cnn", 4, 0.9)]
+    assert sorted((r["model"], r["batch"], r["sparsity"], r["timer"]) for r in kept) == [
+        ("tiny-bert", 2, 0.9, "auto"), ("tiny-cnn", 2, 0.7, "auto"), ("tiny-cnn", 2, 0.9, "auto"),
+        ("tiny-cnn", 2, 0.9, "estimate"), ("tiny-cnn", 4, 0.9, "auto")]
 
 
 def test_a_half_model_end_to_end_is_served_by_half_kernels_against_itself_dense_in_half(tmp_path, prefect_server):
