@@ -236,6 +236,33 @@ CHOICE_LAYERS = 0.80  # on at least 80% of the layers
 CHOICE_GAIN = 1.2  # and the chosen designs' geomean 1.2× faster than the best single design
 
 
+def latency_summary(rows: list[dict]) -> list[dict]:
+    """The latency A/B: per layer, each variant's time over the reference (the first of
+    sets.LATENCY_VARIANTS: prefetch 1, the predicted registers, -O1) with its registers and spill
+    bytes; then per variant the geomean over the layers, the worst layer and the largest spread."""
+    by: dict = {}
+    for r in rows:
+        if r.get("set") == "latency" and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
+            by.setdefault((r["model"], r["layer"]), {})[r["variant"]] = r
+    reference = "prefetch-1,regs+0,O1"
+    out, ratios = [], {}
+    for (model, layer), variants in sorted(by.items()):
+        base = variants.get(reference)
+        if base is None:
+            continue
+        for label, r in sorted(variants.items()):
+            ratio = float(r["ours_us"]) / float(base["ours_us"])
+            ratios.setdefault(label, []).append((ratio, max(float(r.get("spread") or 0), float(base.get("spread") or 0))))
+            out.append({"model": model, "layer": layer, "variant": label, "us": float(r["ours_us"]),
+                        "over reference": ratio, "registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
+                        "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
+    for label, values in sorted(ratios.items()):
+        out.append({"model": "all", "layer": f"{len(values)} layers", "variant": label,
+                    "over reference": geomean([v for v, _ in values]), "worst": max(v for v, _ in values),
+                    "largest spread": max(s for _, s in values)})
+    return out
+
+
 def conv_summary(rows: list[dict]) -> list[dict]:
     """The conv step (issues 13, 22): per case, our implicit-im2col kernel against the GEMM kernel of
     the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel

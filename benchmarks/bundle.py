@@ -145,7 +145,8 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
             if job.matrix is not None and p.model != NM_SPMM_MODEL and not (dest / "a" / f"{p.matrix}.parquet").exists():
                 a = job.matrix()
                 atomic_write(dest / "a" / f"{p.matrix}.parquet", lambda tmp: write_matrix(tmp, a))
-            result, hit = cached_kernel(cache, source, kernel_options(arch, p.m1, p.ptxas_level, source.design), units)
+            result, hit = cached_kernel(cache, source, kernel_options(arch, p.m1, p.ptxas_level, source.design,
+                                                                      p.extra_registers), units)
             row |= {"kernel": source.name, "form": source.spec.form, "dtype": source.spec.dtype,
                     "count": source.spec.count(p.n), "launch": json.dumps(source.layout.facts()),
                     "status": str(result["status"]), "message": "" if result["status"] == "ok" else result["log"][-500:],

@@ -104,6 +104,11 @@ STEPS: tuple[Step, ...] = (
          device_seconds=480),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
          runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",), opens=("ab",)),
+    # diagnosis before more tables (issue 30 item 3: no design reaches 0.35 per nonzero): the counters
+    # found B's loads waiting (long_scoreboard) with one load in flight a thread
+    Step("latency", "the latency A/B on the A/B layers at 0.9 in the chosen design: B loaded 4, 8, 16 columns "
+                    "ahead with as many more registers, and ptxas -O3 with 16 more, against the flow's kernel",
+         "30.3", (BundleSpec("latency", "latency", {}, ("sgemm",)),), device_seconds=300),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -793,6 +798,10 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             if any(r.get("set") == "nm-spmm" for r in speed):
                 analysis.print_table("NM-SpMM's shapes: our N:M kernel against SGEMM (target: NM-SpMM's A100 ratios)",
                                      analysis.nm_spmm_summary(speed))
+            if any(r.get("set") == "latency" for r in speed):
+                analysis.print_table("latency A/B: each variant's time over the flow's kernel (prefetch 1, the "
+                                     "predicted registers, -O1) on the same layer and tile; < 1 is faster",
+                                     analysis.latency_summary(speed))
             if any(r.get("set") == "conv" for r in speed):
                 analysis.print_table("implicit-im2col convolutions: ours against the GEMM kernel of the same A on B "
                                      "already expanded (im2col not counted) and cuDNN fp32", analysis.conv_summary(speed))

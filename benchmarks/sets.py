@@ -11,7 +11,8 @@ it through the package's one entry point (lospmm.kernel.render). Nothing here ne
 - `sample`: issue 24's launch list: a sample of layers' proxies and top-K full kernels (and every
   kept candidate from one cubin per M1 reading N1 at launch), with the A/B variants of ptxas and
   prefetch on the largest layer of each model;
-- `conv`: implicit-im2col convolution cases beside the GEMM kernel of the same A and tile.
+- `conv`: implicit-im2col convolution cases beside the GEMM kernel of the same A and tile;
+- `latency`: each A/B layer's kernel with deeper prefetch and more registers, and at ptxas -O3.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class Planned:
     order: str = "algorithm1"  # the row order of its tiles: a stages.reorder strategy, or "kept" (the flow's choice)
     prune: str = ""  # how its A is pruned: "" the zoo's seeded random, or a prune method (nm:N:M[:V])
     nm: tuple = ()  # the nm design's blocking: block rows, block columns, thread rows, thread columns, depth, gather
+    extra_registers: int = 0  # registers allowed above the §3.2 prediction (--maxrregcount)
 
     def row(self) -> dict:
         """The launch row's description columns."""
@@ -281,6 +283,29 @@ def reorder_plan(layers=AB_LAYERS, sparsity: float = 0.9, orders=("identity", "a
     return [replace(p, id=_id("reorder", p.model, p.layer, order), set="reorder", order=order,
                     chosen_by=f"{p.chosen_by}; rows in the {order} order")
             for p in ab_plan(designs=("baseline",), layers=layers, sparsity=sparsity) for order in orders]
+
+
+# the latency A/B's variants: (prefetch depth, registers above the prediction, ptxas level); the
+# first is the kernel the flow emits
+LATENCY_VARIANTS = ((1, 0, 1), (4, 4, 1), (8, 8, 1), (16, 16, 1), (1, 16, 3))
+
+
+def latency_plan(layers=AB_LAYERS, sparsity: float = 0.9, design: str = "chained",
+                 variants=LATENCY_VARIANTS) -> list[Planned]:
+    """The latency A/B (issue 30 item 3, diagnosis): on the H200 the A/B's worst kernels spent 87-94%
+    of their stalls waiting on B's loads (long_scoreboard) with 3-28% issue activity, and the flow's
+    kernels keep about one load in flight a thread: prefetch 1 at ptxas -O1, which keeps the emitted
+    schedule, under a register cap at the prediction. Each A/B layer's kernel in `design` on its A/B
+    tile with B loaded P columns ahead (and P registers more room), and at -O3 with 16 more registers
+    (ptxas hoists loads itself), everything else the same."""
+    out = []
+    for p in ab_plan(designs=(design,), layers=layers, sparsity=sparsity):
+        for prefetch, extra, level in variants:
+            label = f"prefetch-{prefetch},regs+{extra},O{level}"
+            out.append(replace(p, id=_id("latency", p.model, p.layer, label), set="latency", variant=label,
+                               prefetch=prefetch, extra_registers=extra, ptxas_level=level,
+                               chosen_by=f"{p.chosen_by}; {label}"))
+    return out
 
 
 def micro_plan(n: int = 65536) -> list[Planned]:
@@ -644,11 +669,11 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
 
 def set_jobs(name: str, **options) -> list[Job]:
     """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
-    reorder, nm, sample; `options` are its plan's parameters."""
+    reorder, nm, nm-spmm, latency, sample; `options` are its plan's parameters."""
     if name == "sample":
         return sample_jobs(SampleParams(**options))
     plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
-             "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan}
+             "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan, "latency": latency_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

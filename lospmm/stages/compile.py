@@ -56,11 +56,13 @@ class CompileOptions:
         return opts + list(self.extra)
 
 
-def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesign = BASELINE) -> CompileOptions:
+def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesign = BASELINE,
+                   extra_registers: int = 0) -> CompileOptions:
     """Options for the units of a full kernel or proxy of tile height M1 in `design`: the §3.2
-    register prediction caps every tile function, and so the linked kernel."""
-    return CompileOptions(arch=arch, maxrregcount=predicted_registers(m1, design=design), ptxas_level=ptxas_level,
-                          relocatable=True)
+    register prediction caps every tile function, and so the linked kernel; `extra_registers` above
+    it (at most 255 in all: the device program's latency A/B gives a deeper prefetch room)."""
+    return CompileOptions(arch=arch, maxrregcount=min(255, predicted_registers(m1, design=design) + extra_registers),
+                          ptxas_level=ptxas_level, relocatable=True)
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,27 @@ def test_the_nm_spmm_set_plans_the_nm_kernel_on_llama_shapes_with_a_seeded_a():
 
     again = matrix_of_row("/nonexistent", p.row())
     assert (again != a).nnz == 0
+
+
+def test_the_latency_set_differs_only_in_prefetch_registers_and_ptxas_level_and_builds_under_its_cap(tmp_path):
+    from benchmarks import bundle
+    from lospmm.stages.compile import kernel_options
+
+    plan = sets.latency_plan(layers=(("bert-base", "pooler.dense"),))
+    assert [(p.prefetch, p.extra_registers, p.ptxas_level) for p in plan] == list(sets.LATENCY_VARIANTS)
+    assert len({p.id for p in plan}) == len(plan) and plan[0].variant == "prefetch-1,regs+0,O1"
+    same = {(p.model, p.layer, p.m1, p.n1, p.design, p.matrix, p.n) for p in plan}
+    assert len(same) == 1 and plan[0].design == design_named("chained").label
+    assert kernel_options("sm_90", 2, extra_registers=16).maxrregcount == kernel_options("sm_90", 2).maxrregcount + 16
+    assert kernel_options("sm_90", 200, extra_registers=200).maxrregcount == 255
+    # built: the deeper prefetch is in the kernel's text, and each compiled under its own cap
+    reference, deep = plan[0], plan[3]
+    folder = bundle.build("lat", [sets.planned_job(p) for p in (reference, deep)], tmp_path, cache=tmp_path / "cache",
+                          sass=False, say=lambda *_: None)
+    rows = {r["id"]: r for r in bundle.bundle_rows(folder)}
+    assert [rows[p.id]["status"] for p in (reference, deep)] == ["ok", "ok"]
+    assert rows[deep.id]["kernel"] != rows[reference.id]["kernel"]  # another text: B loaded 16 columns ahead
+    assert rows[deep.id]["extra_registers"] == 16 and rows[deep.id]["spill_bytes"] == 0
+    cap = kernel_options("sm_90", reference.m1, design=design_named(reference.design)).maxrregcount
+    # the deeper prefetch holds more B values: more registers (24 and 46 at this writing), each under its cap
+    assert rows[reference.id]["registers"] <= cap < rows[deep.id]["registers"] <= cap + 16
