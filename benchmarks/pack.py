@@ -114,6 +114,16 @@ def _listed(bundle: Path, into: Path, archives: list[tuple[Path, list[dict]]]) -
     return [a for a, _ in archives]
 
 
+def archives_of(name: str, carry: Path) -> list[Path]:
+    """The archives packed of the bundle `name` in `carry`: `<name>.tar.xz` and `<name>-<i>of<n>.tar.xz`,
+    not another bundle's whose name begins with it (`nm` and `nm-spmm`, `sample-0.9` and
+    `sample-0.9-h200`: a glob of `<name>*` once deleted nm-spmm's archive when nm was packed)."""
+    import re
+
+    pattern = re.compile(rf"{re.escape(name)}(-\d+of\d+)?\.tar\.xz")
+    return sorted(f for f in Path(carry).glob("*.tar.xz") if pattern.fullmatch(f.name))
+
+
 def verified_parts(listing: Path, carried: bool = False) -> list[Path]:
     """The archives a `<name>.parts.json` lists, each checked against its SHA-256; ValueError naming
     the first one missing or altered. `carried`: the ones there (a device call may carry some parts of

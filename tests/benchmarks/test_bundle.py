@@ -142,3 +142,13 @@ def test_a_build_cut_off_under_other_code_starts_over(tmp_path, monkeypatch):
     assert any("starting over" in line for line in said) and not (folder / "kernels" / "stale-package").exists()
     assert bundle.bundle_facts(folder)["inputs"] == "now"
 
+
+
+def test_a_bundles_archives_are_its_own_not_those_of_a_bundle_whose_name_begins_with_its(tmp_path):
+    # packing nm once deleted nm-spmm's archive (a glob of nm*.tar.xz)
+    for name in ("nm.tar.xz", "nm-1of2.tar.xz", "nm-2of2.tar.xz", "nm-spmm.tar.xz", "nm-spmm-1of2.tar.xz",
+                 "sample-0.9.tar.xz", "sample-0.9-h200.tar.xz"):
+        (tmp_path / name).write_bytes(b"")
+    assert [a.name for a in pack.archives_of("nm", tmp_path)] == ["nm-1of2.tar.xz", "nm-2of2.tar.xz", "nm.tar.xz"]
+    assert [a.name for a in pack.archives_of("sample-0.9", tmp_path)] == ["sample-0.9.tar.xz"]
+    assert [a.name for a in pack.archives_of("nm-spmm", tmp_path)] == ["nm-spmm-1of2.tar.xz", "nm-spmm.tar.xz"]

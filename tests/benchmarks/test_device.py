@@ -416,3 +416,26 @@ def test_the_serving_step_searches_its_models_on_the_estimate_and_keeps_what_a_c
     assert ran[0][0] == "benchmarks.launch_overhead"
     assert all(args[0] != "benchmarks.end_to_end" or args[1:3] == ["--timer", "estimate"] for args in ran)
     assert len(ran) == 3 and any("stopped at the time budget" in line for line in said)
+
+
+def test_a_step_never_run_is_expected_to_take_its_launches_at_the_measured_rate(tmp_path):
+    # the planner took each headline step for its whole budget, and two ran 186 launches in 63 s
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec = device.BundleSpec("b", "micro", {"n": 3})
+    step = device.Step("s", "", "", (spec,), device_seconds=540)
+    carry, results = tmp_path / ".gpu", tmp_path / "results"
+    carry.mkdir()
+    (results / "h200" / "other").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"seconds": 1.0 if i < 26 else 9.0} for i in range(30)]),
+                   results / "h200" / "other" / "kernel-speed-x.parquet")
+    assert device.expected_seconds(step, carry, results) == 540  # no listing: its budget
+    parts = [{"file": "b.tar.xz", "launches": [[f"k{i}", "n"] for i in range(30)]}]
+    (carry / "b.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    assert device.expected_seconds(step, carry, results) == 60 + 30 * 9.0  # the 90th percentile: 9 s a launch
+    parts[0]["launches"] = [[f"k{i}", "n"] for i in range(3000)]
+    (carry / "b.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    assert device.expected_seconds(step, carry, results) == 540  # never more than its budget
+    runner = device.Step("r", "", "", runner=lambda *a: True, device_seconds=300)
+    assert device.expected_seconds(runner, carry, results) == 300
