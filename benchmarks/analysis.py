@@ -236,6 +236,54 @@ CHOICE_LAYERS = 0.80  # on at least 80% of the layers
 CHOICE_GAIN = 1.2  # and the chosen designs' geomean 1.2× faster than the best single design
 
 
+def reuse_summary(rows: list[dict], device) -> list[dict]:
+    """Work-bound full kernels (SGEMM ≥ WORK_BOUND_US) by how many multiply-adds each B load feeds
+    (Σ tile_fmas / Σ tile_loads): their useful FLOP/s as a share of `device`'s FP32 peak, beside the
+    share B's 4-byte loads allow through L2 at `device.l2_gbps` (every load from L2: a block's B
+    columns, K × N1 floats, do not fit L1) and through L1 at 128 B per SM-cycle."""
+    peak = device.sms * device.fp32_lanes_per_sm * 2 * device.clock_ghz * 1e9
+    buckets = ((0.0, 1.1), (1.1, 1.5), (1.5, 2.5), (2.5, float("inf")))
+    by: dict = {b: [] for b in buckets}
+    for r in rows:
+        ok = r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
+        if not ok or float(r.get("sgemm_us") or 0) < WORK_BOUND_US or not math.isfinite(float(r["ours_us"])):
+            continue
+        loads, fmas = float(np.sum(r["tile_loads"])), float(np.sum(r["tile_fmas"]))
+        if loads > 0:
+            share = 2.0 * r["nnz"] * r["n"] / (float(r["ours_us"]) * 1e-6) / peak
+            by[next(b for b in buckets if b[0] <= fmas / loads < b[1])].append((share, fmas / loads))
+    out = []
+    for (low, high), values in by.items():
+        if not values:
+            continue
+        shares, per_load = sorted(v for v, _ in values), sorted(f for _, f in values)[len(values) // 2]
+        # a load's 4 bytes feed `per_load` FMAs (2 FLOPs each)
+        l2 = device.l2_gbps * 1e9 / 4 * per_load * 2 / peak
+        l1 = device.sms * 128 * device.clock_ghz * 1e9 / 4 * per_load * 2 / peak
+        out.append({"fmas per B load": f"{low:g}-{high:g}", "kernels": len(values), "median fmas per load": per_load,
+                    "% FP32 peak (median)": 100 * shares[len(shares) // 2], "% FP32 peak (max)": 100 * shares[-1],
+                    "L2 allows (%)": 100 * min(1.0, l2), "L1 allows (%)": 100 * min(1.0, l1)})
+    return out
+
+
+def binding_terms(rows: list[dict], device, params=None) -> list[dict]:
+    """Work-bound full kernels by the estimate's largest term on `device` (compute, memory: L2 and
+    DRAM traffic, latency, instruction fetch), with the measured time over the estimate's (median)."""
+    from lospmm.kernel.estimate import EstimateParams, estimated_timing
+
+    params = params or EstimateParams()
+    by: dict = {}
+    for r in rows:
+        ok = r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
+        if not ok or float(r.get("sgemm_us") or 0) < WORK_BOUND_US or not math.isfinite(float(r["ours_us"])):
+            continue
+        t = estimated_timing(launch_work(r), device, params)
+        terms = {"compute": t.compute_us, "memory": t.memory_us, "latency": t.latency_us, "fetch": t.fetch_us}
+        by.setdefault(max(terms, key=terms.get), []).append(float(r["ours_us"]) / t.time_us)
+    return [{"bound by (estimate)": term, "kernels": len(v), "measured / estimate (median)": sorted(v)[len(v) // 2]}
+            for term, v in sorted(by.items(), key=lambda kv: -len(kv[1]))]
+
+
 def latency_summary(rows: list[dict]) -> list[dict]:
     """The latency A/B: per layer, each variant's time over the reference (the first of
     sets.LATENCY_VARIANTS: prefetch 1, the predicted registers, -O1) with its registers and spill

@@ -840,6 +840,13 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             gemm = [r for r in speed if r.get("set") in ("headline", "ab") and r.get("role") == "full"]
             if gemm:
                 analysis.print_table("against cuBLAS (the fastest design per layer and N)", analysis.headline_summary(gemm))
+                from lospmm.devices import device_named
+
+                gpu = device_named(folder.parent.name if folder.parent.name in ("h100", "h200") else "h100")
+                analysis.print_table(f"work-bound kernels by multiply-adds per B load: % of {gpu.name}'s FP32 peak, and "
+                                     f"what B's loads allow through L2 and L1", analysis.reuse_summary(gemm, gpu))
+                analysis.print_table(f"work-bound kernels by the estimate's largest term ({gpu.name})",
+                                     analysis.binding_terms(gemm, gpu))
             launches = [r for r in speed if r.get("set") == "sample"]
             if launches:
                 analysis.print_table("Table 4, measured", analysis.table4_rows(launches))

@@ -263,3 +263,36 @@ def test_the_latency_summary_sets_each_variant_over_the_flows_kernel_per_layer_a
     (overall,) = [r for r in summary if r["model"] == "all" and r["variant"] == "prefetch-8,regs+8,O1"]
     assert math.isclose(overall["over reference"], math.sqrt(0.8 * 1.25)) and overall["worst"] == 1.25
     assert overall["largest spread"] == 0.03 and overall["layer"] == "2 layers"
+
+
+def test_the_reuse_summary_sets_each_kernels_share_of_peak_beside_what_b_loads_through_l2_allow():
+    from benchmarks.analysis import reuse_summary
+    from lospmm.devices import device_named
+
+    h200 = device_named("h200")
+    peak = h200.sms * h200.fp32_lanes_per_sm * 2 * h200.clock_ghz * 1e9
+    row = dict(status="ok", role="full", sgemm_us=50.0, nnz=1000, n=1000, tile_loads=[100, 100], tile_fmas=[100, 120])
+    at_one_percent = 2 * 1000 * 1000 / (0.01 * peak) * 1e6
+    rows = [row | {"ours_us": at_one_percent}, row | {"ours_us": 1.0, "sgemm_us": 5.0},  # not work-bound
+            row | {"ours_us": at_one_percent / 2, "tile_fmas": [500, 500]}]
+    low, high = reuse_summary(rows, h200)
+    assert (low["fmas per B load"], low["kernels"]) == ("1.1-1.5", 1) and math.isclose(low["% FP32 peak (median)"], 1.0)
+    assert math.isclose(low["L2 allows (%)"], 100 * h200.l2_gbps * 1e9 / 4 * 1.1 * 2 / peak)
+    assert high["fmas per B load"] == "2.5-inf" and math.isclose(high["% FP32 peak (max)"], 2.0)
+
+
+def test_the_estimate_finds_the_h200_headline_kernels_bound_by_their_memory_traffic():
+    # the diagnosis the README states, from the committed results: most work-bound kernels are bound
+    # by L2/DRAM traffic in the estimate, and measured near it
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from benchmarks.analysis import binding_terms
+    from lospmm.devices import device_named
+
+    rows = [r for f in sorted(Path("benchmarks/results/h200").glob("headline-*/kernel-speed-*.parquet"))
+            for r in pq.read_table(f).to_pylist()]
+    terms = {t["bound by (estimate)"]: t for t in binding_terms(rows, device_named("h200"))}
+    assert terms["memory"]["kernels"] > sum(t["kernels"] for t in terms.values()) / 2
+    assert 0.8 < terms["memory"]["measured / estimate (median)"] < 1.3
