@@ -1,0 +1,69 @@
+"""What staging B in shared memory for a group of tiles would save in B's traffic through L2 (host
+only; an estimate of bytes, not a time). On the H200's headline tables 76 of 93 work-bound kernels
+are bound by the estimate's memory term: every tile reads each of its non-empty columns of B over
+its N1 columns, and K × N1 floats a block do not fit L1. A design where a warp walks `group`
+consecutive tiles (in the flow's row order) over the same 32 columns, and first copies the union of
+their non-empty columns of B into shared memory, in chunks of `chunk` rows of K, reads
+Σ nnc / |∪ columns| times fewer bytes of B through L2 (each column of the union once a chunk).
+This prints that ratio per A/B layer, on its A/B tile at 0.9, and the shared memory a warp's chunk
+needs at most (its union's columns × 32 floats).
+
+    python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def traffic_ratio(a: sp.csr_matrix, tiles, group: int, chunk: int) -> tuple[float, int]:
+    """(Σ over tiles of their non-empty columns) / (Σ over groups of `group` consecutive tiles and
+    chunks of `chunk` columns of the union's columns), and the largest union of one (group, chunk)."""
+    a = sp.csr_matrix(a)
+    per_tile = [np.unique(a[tiles.tile(t)].indices) for t in range(tiles.num_tiles)]
+    alone = sum(len(c) for c in per_tile)
+    staged, largest = 0, 0
+    for start in range(0, len(per_tile), group):
+        union = np.unique(np.concatenate(per_tile[start:start + group]))
+        counts = np.bincount(union // chunk)
+        staged += int(counts.sum())
+        largest = max(largest, int(counts.max(initial=0)))
+    return alone / max(staged, 1), largest
+
+
+def reuse_rows(groups=(2, 4, 8, 16), chunk: int = 256) -> list[dict]:
+    """Per A/B layer (its A/B tile, Algorithm 1's order): the L2 traffic ratio of each group size."""
+    from benchmarks.sets import ab_plan, matrix_of, ordered
+
+    out = []
+    for p in ab_plan(designs=("chained",)):
+        a = matrix_of(p)
+        tiles = ordered(a, p)
+        row = {"model": p.model, "layer": p.layer, "tile": f"{p.m1}×{p.n1}", "K": p.k,
+               "nnc per tile (mean)": float(np.mean(tiles.tile_nnc))}
+        for g in groups:
+            ratio, largest = traffic_ratio(a, tiles, g, chunk)
+            row[f"×{g} tiles: L2 bytes saved"] = ratio
+            row[f"×{g}: smem/warp KiB"] = largest * 32 * 4 / 1024
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> list[dict]:
+    from benchmarks.analysis import print_table
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--chunk", type=int, default=256, help="rows of K a warp stages at a time")
+    args = p.parse_args(argv)
+    rows = reuse_rows(tuple(args.groups), args.chunk)
+    print_table(f"B's L2 traffic of today's kernel over a warp's staged union (chunks of {args.chunk} rows of K): "
+                f"an estimate of bytes, not of time", rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
