@@ -277,26 +277,32 @@ def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
 
 def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS) -> float:
     """An estimate of a step never run: its carried bundles' launches (their listings) times the
-    90th percentile of the seconds a launch took in every step measured (baselines and check
-    included), and a minute for unpacking and loading; its budget where it has a runner of its own
-    or no listing says its launches, or where that is more. On 2026-11-26 the planner took each
-    headline step for its whole 540 s, and two measured 186 launches in 63 s."""
+    90th percentile of the seconds a launch of the same set took wherever it was measured (baselines
+    and check included; every set's when fewer than 20 were), and a minute for unpacking and loading;
+    its budget where it has a runner of its own, where a listing is missing, stale or does not count
+    its launches, or where that is more. On 2026-11-26 the planner took each headline step for its
+    whole 540 s, and two measured 186 launches in 63 s."""
     import pyarrow.parquet as pq
 
     launches = 0
     for spec in step.bundles:
         listing = Path(carry) / f"{spec.name}.parts.json"
-        if not listing.is_file():
-            return step.device_seconds
-        counted = [len(q.get("launches", [])) for q in json.loads(listing.read_text())["parts"]]
-        if not all(counted):
+        facts = json.loads(listing.read_text()) if listing.is_file() else {}
+        counted = [len(q.get("launches", [])) for q in facts.get("parts", [])]
+        if facts.get("inputs") != spec.inputs or not counted or not all(counted):
             return step.device_seconds
         launches += sum(counted)
     if step.runner is not None or not launches:
         return step.device_seconds
-    took = [r["seconds"] for f in Path(results).glob("*/*/kernel-speed-*.parquet")
-            for r in pq.read_table(f, columns=["seconds"]).to_pylist() if r.get("seconds") is not None]
-    per_launch = float(sorted(took)[int(0.9 * (len(took) - 1))]) if len(took) >= 20 else 2.0
+    took: dict[str, list[float]] = {}
+    for f in Path(results).glob("*/*/kernel-speed-*.parquet"):
+        for r in pq.read_table(f).to_pylist():
+            if r.get("seconds") is not None:
+                took.setdefault(str(r.get("set")), []).append(float(r["seconds"]))
+    sets_ = {spec.set for spec in step.bundles}
+    same = [t for name in sets_ for t in took.get(name, [])]
+    pool = same if len(same) >= 20 else [t for ts in took.values() for t in ts]
+    per_launch = sorted(pool)[int(0.9 * (len(pool) - 1))] if len(pool) >= 20 else 2.0
     return min(step.device_seconds, 60.0 + launches * per_launch)
 
 

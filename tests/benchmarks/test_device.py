@@ -428,12 +428,17 @@ def test_a_step_never_run_is_expected_to_take_its_launches_at_the_measured_rate(
     carry, results = tmp_path / ".gpu", tmp_path / "results"
     carry.mkdir()
     (results / "h200" / "other").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([{"seconds": 1.0 if i < 26 else 9.0} for i in range(30)]),
+    pq.write_table(pa.Table.from_pylist([{"set": "other", "seconds": 1.0 if i < 26 else 9.0} for i in range(30)]),
                    results / "h200" / "other" / "kernel-speed-x.parquet")
     assert device.expected_seconds(step, carry, results) == 540  # no listing: its budget
     parts = [{"file": "b.tar.xz", "launches": [[f"k{i}", "n"] for i in range(30)]}]
+    (carry / "b.parts.json").write_text(json.dumps({"inputs": "another code's", "parts": parts}))
+    assert device.expected_seconds(step, carry, results) == 540  # a stale listing: its budget
     (carry / "b.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
     assert device.expected_seconds(step, carry, results) == 60 + 30 * 9.0  # the 90th percentile: 9 s a launch
+    pq.write_table(pa.Table.from_pylist([{"set": "micro", "seconds": 0.5} for _ in range(20)]),
+                   results / "h200" / "other" / "kernel-speed-micro.parquet")
+    assert device.expected_seconds(step, carry, results) == 60 + 30 * 0.5  # its own set's launches, measured
     parts[0]["launches"] = [[f"k{i}", "n"] for i in range(3000)]
     (carry / "b.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
     assert device.expected_seconds(step, carry, results) == 540  # never more than its budget
