@@ -297,8 +297,9 @@ def binding_terms(rows: list[dict], device, params=None) -> list[dict]:
 
 def latency_summary(rows: list[dict]) -> list[dict]:
     """The latency A/B: per layer, each variant's time over the reference (the first of
-    sets.LATENCY_VARIANTS: prefetch 1, the predicted registers, -O1) with its registers and spill
-    bytes; then per variant the geomean over the layers, the worst layer and the largest spread."""
+    sets.LATENCY_VARIANTS: prefetch 1, the predicted registers, -O1) beside what the estimate
+    predicted of it when the bundle was built (the launch rows' estimate_us), with its registers and
+    spill bytes; then per variant the geomean over the layers, the worst layer and the largest spread."""
     by: dict = {}
     for r in rows:
         if r.get("set") == "latency" and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
@@ -312,8 +313,10 @@ def latency_summary(rows: list[dict]) -> list[dict]:
         for label, r in sorted(variants.items()):
             ratio = float(r["ours_us"]) / float(base["ours_us"])
             ratios.setdefault(label, []).append((ratio, max(float(r.get("spread") or 0), float(base.get("spread") or 0))))
+            estimated = float(r.get("estimate_us") or "nan") / float(base.get("estimate_us") or "nan")
             out.append({"model": model, "layer": layer, "variant": label, "us": float(r["ours_us"]),
-                        "over reference": ratio, "registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
+                        "over reference": ratio, "estimate: over reference": estimated,
+                        "registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
                         "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
     for label, values in sorted(ratios.items()):
         out.append({"model": "all", "layer": f"{len(values)} layers", "variant": label,

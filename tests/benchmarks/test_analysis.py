@@ -252,7 +252,7 @@ def test_the_latency_summary_sets_each_variant_over_the_flows_kernel_per_layer_a
 
     def row(layer, variant, us, spread=0.01):
         return dict(set="latency", status="ok", model="m", layer=layer, variant=variant, ours_us=us, spread=spread,
-                    registers=24, spill_bytes=0, sgemm_us=20.0)
+                    registers=24, spill_bytes=0, sgemm_us=20.0, estimate_us=us / 2 if "prefetch-8" in variant else 10.0)
 
     rows = [row("a", "prefetch-1,regs+0,O1", 10.0), row("a", "prefetch-8,regs+8,O1", 8.0, 0.03),
             row("b", "prefetch-1,regs+0,O1", 20.0), row("b", "prefetch-8,regs+8,O1", 25.0),
@@ -260,6 +260,7 @@ def test_the_latency_summary_sets_each_variant_over_the_flows_kernel_per_layer_a
     summary = latency_summary(rows)
     per_layer = {(r["layer"], r["variant"]): r for r in summary if r["model"] == "m"}
     assert per_layer[("a", "prefetch-8,regs+8,O1")]["over reference"] == 0.8 and ("c", "prefetch-8,regs+8,O1") not in per_layer
+    assert per_layer[("a", "prefetch-8,regs+8,O1")]["estimate: over reference"] == 0.4  # 4 µs over 10 µs, predicted
     (overall,) = [r for r in summary if r["model"] == "all" and r["variant"] == "prefetch-8,regs+8,O1"]
     assert math.isclose(overall["over reference"], math.sqrt(0.8 * 1.25)) and overall["worst"] == 1.25
     assert overall["largest spread"] == 0.03 and overall["layer"] == "2 layers"
