@@ -444,3 +444,13 @@ def test_a_step_never_run_is_expected_to_take_its_launches_at_the_measured_rate(
     assert device.expected_seconds(step, carry, results) == 540  # never more than its budget
     runner = device.Step("r", "", "", runner=lambda *a: True, device_seconds=300)
     assert device.expected_seconds(runner, carry, results) == 300
+
+
+def test_every_committed_steps_report_prints_its_tables(capsys):
+    # a report that crashed on committed rows (KeyError 'order' once) hid the measured figures
+    device.report()
+    printed = capsys.readouterr().out
+    for title in ("== designs on h200", "== headline-mobilenetv2 on h200", "== conv on h200",
+                  "A/B: each design's time", "against cuBLAS", "by the estimate's largest term",
+                  "implicit-im2col convolutions", "row orders, same tile and design", "NM-SpMM's shapes"):
+        assert title in printed, title
