@@ -295,16 +295,25 @@ def binding_terms(rows: list[dict], device, params=None) -> list[dict]:
             for term, v in sorted(by.items(), key=lambda kv: -len(kv[1]))]
 
 
+LATENCY_REFERENCE = "prefetch-1,regs+0,O1"  # sets.LATENCY_VARIANTS[0]'s label (a test ties the two)
+
+
 def latency_summary(rows: list[dict]) -> list[dict]:
     """The latency A/B: per layer, each variant's time over the reference (the first of
     sets.LATENCY_VARIANTS: prefetch 1, the predicted registers, -O1) beside what the estimate
     predicted of it when the bundle was built (the launch rows' estimate_us), with its registers and
     spill bytes; then per variant the geomean over the layers, the worst layer and the largest spread."""
+    return variant_summary(rows, "latency", LATENCY_REFERENCE)
+
+
+def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: bool = True) -> list[dict]:
+    """An A/B of variants on the same layers (rows of `set_name`, keyed by `variant`): per layer each
+    variant's time over the `reference` variant's (with the estimate's ratio, `estimate`), registers
+    and spills; then per variant the geomean over the layers, the worst layer and the largest spread."""
     by: dict = {}
     for r in rows:
-        if r.get("set") == "latency" and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
+        if r.get("set") == set_name and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
             by.setdefault((r["model"], r["layer"]), {})[r["variant"]] = r
-    reference = "prefetch-1,regs+0,O1"
     out, ratios = [], {}
     for (model, layer), variants in sorted(by.items()):
         base = variants.get(reference)
@@ -313,11 +322,11 @@ def latency_summary(rows: list[dict]) -> list[dict]:
         for label, r in sorted(variants.items()):
             ratio = float(r["ours_us"]) / float(base["ours_us"])
             ratios.setdefault(label, []).append((ratio, max(float(r.get("spread") or 0), float(base.get("spread") or 0))))
-            estimated = float(r.get("estimate_us") or "nan") / float(base.get("estimate_us") or "nan")
-            out.append({"model": model, "layer": layer, "variant": label, "us": float(r["ours_us"]),
-                        "over reference": ratio, "estimate: over reference": estimated,
-                        "registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
-                        "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
+            row = {"model": model, "layer": layer, "variant": label, "us": float(r["ours_us"]), "over reference": ratio}
+            if estimate:
+                row["estimate: over reference"] = float(r.get("estimate_us") or "nan") / float(base.get("estimate_us") or "nan")
+            out.append(row | {"registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
+                              "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
     for label, values in sorted(ratios.items()):
         out.append({"model": "all", "layer": f"{len(values)} layers", "variant": label,
                     "over reference": geomean([v for v, _ in values]), "worst": max(v for v, _ in values),

@@ -109,6 +109,10 @@ STEPS: tuple[Step, ...] = (
     Step("latency", "the latency A/B on the A/B layers at 0.9 in the chosen design: B loaded 4, 8, 16 columns "
                     "ahead with as many more registers, and ptxas -O3 with 16 more, against the flow's kernel",
          "30.3", (BundleSpec("latency", "latency", {}, ("sgemm",)),), device_seconds=300),
+    # the diagnosis's other half: B's traffic through L2 binds most work-bound kernels
+    Step("staged", "the staged design on the A/B layers at 0.9: B through shared memory 4 and 8 tiles a block "
+                   "share, against the chained kernel on the same tiles", "30.3, 35",
+         (BundleSpec("staged", "staged", {}, ("sgemm",)),), device_seconds=240),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -833,6 +837,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("latency A/B: each variant's time over the flow's kernel (prefetch 1, the "
                                      "predicted registers, -O1) on the same layer and tile; < 1 is faster",
                                      analysis.latency_summary(speed))
+            if any(r.get("set") == "staged" for r in speed):
+                analysis.print_table("staged A/B: the staged design's time over the chained kernel on the same tiles "
+                                     "(< 1 is faster)", analysis.variant_summary(speed, "staged", "chained", False))
             if any(r.get("set") == "conv" for r in speed):
                 analysis.print_table("implicit-im2col convolutions: ours against the GEMM kernel of the same A on B "
                                      "already expanded (im2col not counted) and cuDNN fp32", analysis.conv_summary(speed))

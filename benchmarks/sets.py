@@ -12,7 +12,8 @@ it through the package's one entry point (lospmm.kernel.render). Nothing here ne
   kept candidate from one cubin per M1 reading N1 at launch), with the A/B variants of ptxas and
   prefetch on the largest layer of each model;
 - `conv`: implicit-im2col convolution cases beside the GEMM kernel of the same A and tile;
-- `latency`: each A/B layer's kernel with deeper prefetch and more registers, and at ptxas -O3.
+- `latency`: each A/B layer's kernel with deeper prefetch and more registers, and at ptxas -O3;
+- `staged`: each A/B layer's kernel beside the staged design (B through shared memory) on its tiles.
 """
 
 from __future__ import annotations
@@ -305,6 +306,27 @@ def latency_plan(layers=AB_LAYERS, sparsity: float = 0.9, design: str = "chained
             out.append(replace(p, id=_id("latency", p.model, p.layer, label), set="latency", variant=label,
                                prefetch=prefetch, extra_registers=extra, ptxas_level=level,
                                chosen_by=f"{p.chosen_by}; {label}"))
+    return out
+
+
+STAGED_TILES = (4, 8)
+
+
+def staged_plan(layers=AB_LAYERS, sparsity: float = 0.9, tiles=STAGED_TILES) -> list[Planned]:
+    """The staged A/B (issue 30 item 3, what the diagnosis points to): each A/B layer's `chained`
+    kernel on its A/B tile, and the staged design (B through shared memory a block's tiles share,
+    render.staged) with 4 and 8 tiles a block on the same tiles (M1 and row order; a staged block's
+    warps share 32 columns, so N1 is 32). The estimate does not price the staged design yet: its
+    launch rows' estimate is the baked kernel's."""
+    out = []
+    for p in ab_plan(designs=("chained",), layers=layers, sparsity=sparsity):
+        out.append(replace(p, id=_id("staged", p.model, p.layer, "chained"), set="staged", variant="chained",
+                           chosen_by=f"{p.chosen_by}; the reference"))
+        for g in tiles:
+            design = design_named(f"staged,tiles={g}").label
+            out.append(replace(p, id=_id("staged", p.model, p.layer, f"tiles-{g}"), set="staged", design=design,
+                               n1=32, variant=f"staged,tiles={g}",
+                               chosen_by=f"{p.chosen_by}; its M1 and rows, {g} tiles a block of 32 columns"))
     return out
 
 
@@ -669,11 +691,12 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
 
 def set_jobs(name: str, **options) -> list[Job]:
     """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
-    reorder, nm, nm-spmm, latency, sample; `options` are its plan's parameters."""
+    reorder, nm, nm-spmm, latency, staged, sample; `options` are its plan's parameters."""
     if name == "sample":
         return sample_jobs(SampleParams(**options))
     plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
-             "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan, "latency": latency_plan}
+             "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan, "latency": latency_plan,
+             "staged": staged_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

@@ -259,6 +259,10 @@ def run_design(text: str) -> KernelDesign:
         raise ConfigError(f"--design {text}: the N:M kernel is no design to search in; a run serves each N:M layer "
                           f"by it where the estimate prices it lower (unless --no-nm-kernel), and `lospmm kernel "
                           f"--design nm` writes it for one layer")
+    if design.loads == "staged":
+        raise ConfigError(f"--design {text}: the staged design has no proxy and no estimate of its own yet, so no "
+                          f"search can run in it; the device program's `staged` step measures it "
+                          f"(python -m benchmarks.device run staged)")
     return design
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from lospmm.kernel.numbers import DTYPES, HALF_DTYPES, NumberFormat
 
 ORDERS = ("tile-x", "column-x")
-LOADS = ("based", "chained")
+LOADS = ("based", "chained", "staged")
+STAGED_TILES = (2, 4, 8, 16)
 A_VALUES = ("baked", "streamed", "nm")
 VECTOR_WIDTHS = (1, 2, 4)
 
@@ -37,8 +38,12 @@ class KernelDesign:
     columns_per_thread: 1, 2 or 4 output columns per thread, read and written as float/float2/float4,
         so one B load feeds that many multiply-adds of one literal. N must be a multiple of it
         (`LaunchLayout.launch_columns`: the launchers pad B and C), B and C aligned to its width.
-    loads: "based" (each B address from the thread's column: IMAD.WIDE and a 64-bit add) or
-        "chained" (from the previous load's address: one IMAD.WIDE).
+    loads: "based" (each B address from the thread's column: IMAD.WIDE and a 64-bit add),
+        "chained" (from the previous load's address: one IMAD.WIDE), or "staged" (a block of
+        `tiles_per_block` warps shares 32 columns, each warp its own tile; per chunk of K the block
+        copies the union of its tiles' columns of B into shared memory once, and each warp reads its
+        tile's from there: B's traffic through L2 is the union's, not the sum of the tiles').
+    tiles_per_block: a staged design's warps a block, each one tile (1 for the others).
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
         cubin: code O(1) in the kernel's size, compile time too), or "nm" (an N:M-sparse A compressed
@@ -60,6 +65,7 @@ class KernelDesign:
     dtype: str = "fp32"
     accumulate: str = ""
     promote_every: int = 0
+    tiles_per_block: int = 1
 
     def __post_init__(self):
         choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
@@ -71,6 +77,15 @@ class KernelDesign:
             raise ValueError(f"design columns_per_thread must be one of {VECTOR_WIDTHS}, got {self.columns_per_thread}")
         if self.column_walks < 1:
             raise ValueError(f"design column_walks must be >= 1, got {self.column_walks}")
+        if (self.loads == "staged") != (self.tiles_per_block != 1):
+            raise ValueError(f"design tiles_per_block is a staged design's ({', '.join(map(str, STAGED_TILES))}), and "
+                             f"only its; got loads={self.loads}, tiles_per_block={self.tiles_per_block}")
+        if self.loads == "staged" and (self.tiles_per_block not in STAGED_TILES or self.half
+                                       or (self.order, self.column_walks, self.columns_per_thread, self.a_values)
+                                       != ("tile-x", 1, 1, "baked")):
+            raise ValueError(f"a staged design is fp32, baked, tile-x, one walk, v=1, with tiles={'|'.join(map(str, STAGED_TILES))} "
+                             f"so far; got tiles={self.tiles_per_block}, {self.order}, walks={self.column_walks}, "
+                             f"v={self.columns_per_thread}, {self.a_values}, {self.dtype}")
         if self.a_values == "nm":
             if (self.order, self.column_walks, self.columns_per_thread, self.loads) != ("tile-x", 1, 1, "based"):
                 raise ValueError(f"the nm design has its own blocking (no grid order, walks, vector width or chained "
@@ -136,6 +151,7 @@ class KernelDesign:
         there is a loop is in the text (a kernel looped for 4 walks runs any number). An fp32
         design's key is what it was before half designs existed."""
         key = (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
+        key += (self.tiles_per_block,) if self.loads == "staged" else ()
         return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
 
     @property
@@ -149,17 +165,24 @@ class KernelDesign:
     def code_label(self) -> str:
         """The part of the label the code shows (a source's header): the walks' count is a launch fact."""
         return (f"{self._number_label}{self.a_values},{self.loads},{self.order},"
-                f"{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}")
+                f"{'looped' if self.looped else 'one walk'},v={self.columns_per_thread}{self._tiles_label}")
+
+    @property
+    def _tiles_label(self) -> str:
+        return f",tiles={self.tiles_per_block}" if self.loads == "staged" else ""
 
     @property
     def label(self) -> str:
         """The design as `design_named` reads it back, e.g. "baked,chained,column-x,walks=4,v=4" or
         "fp16,acc=f32,baked,chained,tile-x,walks=1,v=2"."""
         return (f"{self._number_label}{self.a_values},{self.loads},{self.order},walks={self.column_walks},"
-                f"v={self.columns_per_thread}")
+                f"v={self.columns_per_thread}{self._tiles_label}")
 
     def facts(self) -> dict:
-        return {"label": self.label, **vars(self)}
+        """Its fields and label; tiles_per_block only for a staged design (the facts of every other
+        design, and so what is keyed on them, as before staged designs existed)."""
+        return {"label": self.label, **{k: v for k, v in vars(self).items()
+                                        if k != "tiles_per_block" or self.loads == "staged"}}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "KernelDesign":
@@ -194,18 +217,22 @@ def design_named(text: str) -> KernelDesign:
             field_name, value = "loads", token
         elif token in ORDERS:
             field_name, value = "order", token
+        elif token.startswith("tiles=") and token[6:].isdigit():
+            field_name, value = "tiles_per_block", int(token[6:])
         elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
             key, number = token.split("=", 1)
             field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
         else:
-            raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained, "
-                             f"tile-x|column-x, walks=W, v=1|2|4, fp16|bf16, acc=packed|f32, promote=K)")
+            raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained|staged, "
+                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, fp16|bf16, acc=packed|f32, promote=K)")
         if field_name in values and values[field_name] != value:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
                              f"({values[field_name]} and {value}): choose one")
         values[field_name] = value
     if values.get("dtype", "fp32") != "fp32" and values.get("a_values") != "nm":
         values.setdefault("columns_per_thread", 2)
+    if values.get("loads") == "staged":
+        values.setdefault("tiles_per_block", 8)
     return KernelDesign(**values)
 
 

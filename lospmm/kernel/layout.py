@@ -22,6 +22,7 @@ class LaunchLayout:
     columns_per_thread: int = 1
     column_walks: int = 1
     order: str = "tile-x"
+    tiles_per_block: int = 1  # a staged design's: its warps share one warp's columns, each its own tile
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -40,7 +41,11 @@ class LaunchLayout:
         return -(-n // v) * v
 
     def column_blocks(self, n: int, threads: int | None = None) -> int:
-        return -(-self.launch_columns(n) // (self.block(threads) * self.columns_per_thread))
+        return -(-self.launch_columns(n) // self.columns_per_block(threads))
+
+    def columns_per_block(self, threads: int | None = None) -> int:
+        """Columns of C a block computes: its threads' (a staged block's warps share theirs)."""
+        return self.block(threads) * self.columns_per_thread // self.tiles_per_block
 
     def grid(self, n: int, threads: int | None = None) -> tuple[int, int, int]:
         """The launch grid for n columns (a proxy takes the N1 under test as `threads`)."""
@@ -53,11 +58,11 @@ class LaunchLayout:
         return grid
 
     def facts(self) -> dict:
-        return dict(vars(self))
+        return {k: v for k, v in vars(self).items() if k != "tiles_per_block" or v != 1}
 
     def grid_formula(self, columns: str) -> dict:
         """kernel.json's `grid`, for readers in C++: each axis as a number or a formula of `columns`."""
-        per_block = f"{self.threads * self.columns_per_thread}"
+        per_block = f"{self.threads * self.columns_per_thread // self.tiles_per_block}"
         walkers = (f"ceil({columns} / {per_block})" if self.column_walks == 1
                    else f"ceil(ceil({columns} / {per_block}) / {self.column_walks})")
         x, y = (self.row_blocks, walkers) if self.order == "tile-x" else (walkers, self.row_blocks)

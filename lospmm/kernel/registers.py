@@ -14,7 +14,8 @@ class RegisterModel:
     """Defaults: prefetch_regs=2, overhead_regs=14, extra_regs_per_row=0.5, min_regs=32,
     vector_regs_per_column=8, loop_regs=12 (the smallest caps without a spill over M1 = 1..16 of a
     96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12, which spilled 24 B with a
-    loop at 8). ConstrainParams carries the same fields, these defaults, as run options."""
+    loop at 8), staged_regs=8 (the staged kernel on that layer at M1 = 12, 8 tiles a block: 2.7 KB
+    spilled at the baked kernel's cap, none 8 above it). ConstrainParams carries the same fields, these defaults, as run options."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -22,6 +23,7 @@ class RegisterModel:
     min_regs: int = 32
     vector_regs_per_column: int = 8
     loop_regs: int = 12
+    staged_regs: int = 8
 
 
 def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE) -> int:
@@ -46,4 +48,6 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     else:
         regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs
     regs += params.loop_regs if design.looped else 0
+    # a staged kernel keeps its copy loop's and the shared chunk's addresses beside the sums
+    regs += getattr(params, "staged_regs", RegisterModel.staged_regs) if design.loads == "staged" else 0
     return max(params.min_regs, regs)

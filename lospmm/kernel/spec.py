@@ -156,8 +156,8 @@ class KernelSpec:
     @property
     def cooperative(self) -> bool:
         """Whether a block's threads share memory and meet at barriers (the host emulation then runs
-        them as a cooperative block)."""
-        return self.nm is not None
+        them as a cooperative block): the N:M and staged kernels."""
+        return self.nm is not None or self.design.loads == "staged"
 
     @property
     def params(self) -> tuple[str, ...]:

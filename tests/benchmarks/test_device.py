@@ -12,7 +12,7 @@ from benchmarks import bundle, device
 
 def test_the_program_runs_the_issues_steps_most_valuable_first():
     names = device.STEP_NAMES
-    order = ["gate", "designs", "counters", "latency", "headline-shufflenetv2", "half", "serving", "table4-0.9", "h200-calibration"]
+    order = ["gate", "designs", "counters", "latency", "staged", "headline-shufflenetv2", "half", "serving", "table4-0.9", "h200-calibration"]
     assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
     assert all(s.device_seconds <= device.STEP_LIMIT_S for s in device.STEPS)  # each fits one device command
     assert len(set(names)) == len(names) and device.step_named("half").bundles[0].set == "half"

@@ -164,3 +164,21 @@ def test_the_latency_set_differs_only_in_prefetch_registers_and_ptxas_level_and_
     cap = kernel_options("sm_90", reference.m1, design=design_named(reference.design)).maxrregcount
     # the deeper prefetch holds more B values: more registers (24 and 46 at this writing), each under its cap
     assert rows[reference.id]["registers"] <= cap < rows[deep.id]["registers"] <= cap + 16
+
+
+def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_chained_kernel(tmp_path):
+    from benchmarks import analysis, bundle
+
+    plan = sets.staged_plan(layers=(("bert-base", "pooler.dense"),))
+    assert [p.variant for p in plan] == ["chained", "staged,tiles=4", "staged,tiles=8"]
+    assert len({(p.m1, p.matrix, p.order) for p in plan}) == 1 and [p.n1 for p in plan][1:] == [32, 32]
+    assert plan[2].design == design_named("staged,tiles=8").label
+    folder = bundle.build("st", [sets.planned_job(p) for p in plan[::2]], tmp_path, cache=tmp_path / "cache",
+                          sass=False, say=lambda *_: None)
+    rows = bundle.bundle_rows(folder)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[1]["spill_bytes"] == 0
+    assert rows[1]["kernel"].startswith("lospmm_staged_") and rows[1]["n1"] == 32
+    measured = [r | {"ours_us": us, "spread": 0.0} for r, us in zip(rows, (10.0, 5.0))]
+    (per_layer, _), overall = analysis.variant_summary(measured, "staged", "chained", False)[:2], \
+        analysis.variant_summary(measured, "staged", "chained", False)[-1]
+    assert overall["variant"] == "staged,tiles=8" and overall["over reference"] == 0.5

@@ -353,3 +353,9 @@ def test_design_auto_searches_every_candidate_design_with_the_design_aware_ranke
     forced = resolved(RunConfig(zoo=("bert-base",), design="chained,v=4", artifacts=str(tmp_path / "a3")))
     assert forced.designs_for(forced.sources[0]) == (design_named("chained,v=4"),)
     assert forced.ranker_for(forced.sources[0]).path is None
+
+
+def test_a_run_in_the_staged_design_is_refused_in_one_line_naming_the_device_step():
+    # the staged design has no proxy and no estimate yet: a search in it could only fail later
+    with pytest.raises(ConfigError, match="--design staged,tiles=4: the staged design has no proxy.*run staged"):
+        resolved(RunConfig(zoo=("shufflenetv2",), design="staged,tiles=4"))

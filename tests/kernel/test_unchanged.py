@@ -100,7 +100,7 @@ def test_every_kernel_the_renderers_emit_is_byte_identical_to_the_generators_bef
         k = _rendered(case)
         record = {"units": [hashlib.sha256(u.encode()).hexdigest()[:16] for u in k.units], "name": k.name,
                   "kind": "full" if k.spec.form == "gemm" else k.spec.form, "params": list(k.params),
-                  "layout": vars(k.layout), "num_tiles": k.num_tiles, "m1": k.m1, "design": k.design.label}
+                  "layout": k.layout.facts(), "num_tiles": k.num_tiles, "m1": k.m1, "design": k.design.label}
         got = [k.sha256[:32], hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]]
         if got != RECORDED["corpus"][str(i)]:
             differ.append((i, case))

@@ -1,6 +1,7 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
-each dispatching to the renderer of its form — baked GEMM (render.baked), streamed GEMM
-(render.streamed), N:M GEMM (render.nm), implicit-im2col convolution (render.conv) — with the number format as the
+each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
+(render.staged), streamed GEMM (render.streamed), N:M GEMM (render.nm), implicit-im2col convolution
+(render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
@@ -15,6 +16,7 @@ from lospmm.kernel.render.baked import baked_kernel, baked_proxy
 from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
 from lospmm.kernel.render.conv import conv_kernel
 from lospmm.kernel.render.nm import nm_kernel
+from lospmm.kernel.render.staged import staged_kernel
 from lospmm.kernel.render.streamed import streamed_kernel, streamed_proxy
 from lospmm.kernel.spec import KernelSource
 
@@ -41,6 +43,8 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
             raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "
                              f"convolution)")
         return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
+    if design.loads == "staged":
+        return staged_kernel(matrix, tiles, n1, params, epilogue)
     if design.a_values == "streamed":
         if params.n1_at_launch:
             raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
@@ -56,4 +60,7 @@ def proxy_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams
     for a design the search has no proxy of (the N:M kernel, which needs no tiles)."""
     if params.design.a_values == "streamed":
         return streamed_proxy(m, k, clusters, params)
+    if params.design.loads == "staged":
+        raise ValueError(f"design {params.design.label}: the staged design has no proxy yet (the device program "
+                         f"measures its full kernels; the search cannot price it)")
     return baked_proxy(m, k, clusters, params)

@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, entry_unit, first_column, kernel_name,
-                                         straight_line, tile_columns, tile_costs, tile_signature, units, walked,
-                                         zero_blocks)
+                                         sorted_matrix, straight_line, tile_columns, tile_costs, tile_signature, units,
+                                         walked, zero_blocks)
 from lospmm.kernel.render.numbers import number_code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -39,10 +39,7 @@ def baked_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = 
     checked_tile(n1)
     if params.n1_at_launch and design.half:
         raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
-    a = code.matrix(matrix)
-    a.sort_indices()
-    if epilogue.bias and len(epilogue.bias) != a.shape[0]:
-        raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output rows")
+    a = sorted_matrix(code.matrix(matrix), epilogue)
     m, k = a.shape
     v, ctype = design.columns_per_thread, code.ctype
     at_launch = params.n1_at_launch

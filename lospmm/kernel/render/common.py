@@ -49,6 +49,15 @@ def float_literal(values: np.ndarray) -> list[str]:
             for v in np.asarray(values, dtype=np.float32)]
 
 
+def sorted_matrix(matrix: sp.csr_matrix, epilogue) -> sp.csr_matrix:
+    """`matrix` as CSR with sorted columns, its epilogue's bias checked against its rows."""
+    a = sp.csr_matrix(matrix)
+    a.sort_indices()
+    if epilogue.bias and len(epilogue.bias) != a.shape[0]:
+        raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output rows")
+    return a
+
+
 def checked_tile(n1: int) -> None:
     if n1 < 1 or n1 > 1024:
         raise ValueError(f"N1 must be in 1..1024, got {n1}")

@@ -1,0 +1,93 @@
+"""The staged GEMM kernel (design loads="staged"): B through shared memory a block's tiles share. Its
+CUDA text, run on the host as cooperative blocks under AddressSanitizer, equals scipy's A·B through
+its epilogue (hypothesis over shapes, sparsity, tiles a block and N); a missing barrier is caught;
+its design, layout and kernel.json hold together; what it cannot be is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lospmm.kernel.check import checked
+from lospmm.kernel.design import design_named
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.host import HostKernel
+from lospmm.kernel.render import CodegenParams, kernel_source, proxy_source
+from lospmm.kernel.render.staged import STAGED_ROWS
+from lospmm.kernel.spec import KernelSource, KernelSpec
+from lospmm.stages.prune import random_pruned
+from lospmm.stages.reorder import reordered_tiles
+
+
+def staged_source(a, m1: int, tiles_per_block: int, epilogue=Epilogue()) -> KernelSource:
+    design = design_named(f"staged,tiles={tiles_per_block}")
+    return kernel_source(a, reordered_tiles(a, m1), 32, CodegenParams(design=design), epilogue)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(3, 40), k=st.sampled_from([7, 64, STAGED_ROWS + 45]), sparsity=st.sampled_from([0.5, 0.9]),
+       m1=st.sampled_from([1, 2, 4]), per_block=st.sampled_from([2, 4, 8]), n=st.sampled_from([1, 33, 64]),
+       seed=st.integers(0, 1000))
+def test_the_staged_kernel_computes_a_times_b_on_the_host(m, k, sparsity, m1, per_block, n, seed):
+    rng = np.random.default_rng(seed)
+    a = random_pruned(m, k, sparsity, rng)
+    bias = tuple(float(v) for v in rng.standard_normal(m))
+    kernel = staged_source(a, m1, per_block, Epilogue(bias, "relu"))
+    result = checked(HostKernel(kernel, True), a, n, seed)
+    assert result.ok, result
+
+
+def test_a_block_stages_its_tiles_union_once_a_chunk_and_covers_one_warps_columns():
+    a = random_pruned(64, STAGED_ROWS * 2 + 10, 0.9, np.random.default_rng(1))
+    kernel = staged_source(a, 2, 8)
+    spec = kernel.spec
+    tiles = reordered_tiles(a, 2)
+    groups = -(-tiles.num_tiles // 8)
+    assert spec.n1 == 256 and spec.layout.row_blocks == groups + (-(-len(tiles.empty_rows) // 2))
+    assert spec.grid(1000) == (spec.layout.row_blocks, 32, 1)  # 32 columns a block, whatever its warps
+    assert spec.cooperative and "__syncthreads" in "".join(kernel.units)
+    text = "".join(kernel.units)
+    assert text.count("for (int j = warp;") == sum(  # one copy loop per (group, chunk with columns)
+        len({c // STAGED_ROWS for t in range(g * 8, min(g * 8 + 8, tiles.num_tiles))
+             for c in a[tiles.tile(t)].indices}) for g in range(groups))
+    again = KernelSpec.from_json(spec.to_json())
+    assert again.design == spec.design and again.layout == spec.layout and again.grid(77) == spec.grid(77)
+
+
+def test_a_missing_barrier_is_caught_on_the_host():
+    a = random_pruned(32, 96, 0.7, np.random.default_rng(2))
+    kernel = staged_source(a, 2, 4)
+    unit = next(i for i, u in enumerate(kernel.units) if "for (int j = warp;" in u)
+    units = list(kernel.units)
+    units[unit] = units[unit].replace("  __syncthreads();\n  switch (warp)", "  switch (warp)", 1)
+    broken = KernelSource(kernel.spec, tuple(units))
+    assert checked(HostKernel(kernel, False), a, 40).ok
+    assert not checked(HostKernel(broken, False), a, 40).ok
+
+
+def test_the_staged_design_reads_back_from_its_label_and_refuses_what_it_is_not():
+    d = design_named("staged")
+    assert (d.loads, d.tiles_per_block) == ("staged", 8) and design_named(d.label) == d
+    assert d.label == "baked,staged,tile-x,walks=1,v=1,tiles=8"
+    assert "tiles_per_block" not in design_named("chained").facts()  # other designs' facts as before
+    for bad in ("staged,tiles=3", "staged,v=2", "staged,walks=4", "staged,column-x", "chained,tiles=4",
+                "staged,streamed", "fp16,staged"):
+        with pytest.raises(ValueError):
+            design_named(bad)
+    a = random_pruned(16, 32, 0.5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="N1 must be 32"):
+        kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=d))
+    with pytest.raises(ValueError, match="no proxy yet"):
+        proxy_source(16, 32, None, CodegenParams(design=d))
+
+
+def test_the_staged_kernel_package_round_trips_through_kernel_json():
+    a = sp.csr_matrix(np.eye(8, 40, dtype=np.float32))
+    spec = staged_source(a, 2, 2).spec
+    facts = json.loads(spec.to_json())
+    assert facts["launch"]["tiles_per_block"] == 2 and facts["block"]["x"] == 64
+    assert facts["grid"]["y"] == "ceil(N / 32)"
