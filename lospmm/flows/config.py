@@ -240,6 +240,10 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
     odd = [d.label for d in designs if d.half or not d.tiled]
     if odd:
         raise ConfigError(f"--designs: {', '.join(odd)}: a design-aware ranker ranks fp32 tiled designs")
+    staged = [d.label for d in designs if d.loads == "staged"]
+    if staged:
+        raise ConfigError(f"--designs: {', '.join(staged)}: the staged design has no proxy yet, so no ranker can "
+                          f"be trained on it")
     return designs
 
 

@@ -48,6 +48,7 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     else:
         regs = m1 * v + int(params.extra_regs_per_row * m1 * v) + params.vector_regs_per_column * v + params.overhead_regs
     regs += params.loop_regs if design.looped else 0
-    # a staged kernel keeps its copy loop's and the shared chunk's addresses beside the sums
-    regs += getattr(params, "staged_regs", RegisterModel.staged_regs) if design.loads == "staged" else 0
-    return max(params.min_regs, regs)
+    # a staged kernel keeps its copy loop's and the shared chunk's addresses beside the sums, above the
+    # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
+    staged = getattr(params, "staged_regs", RegisterModel.staged_regs) if design.loads == "staged" else 0
+    return max(params.min_regs, regs) + staged

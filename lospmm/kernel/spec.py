@@ -84,6 +84,9 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: design {self.design.label}: the streamed kernel fuses no epilogue yet")
         if self.form == "proxy" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: a proxy fuses no epilogue")
+        if self.layout.tiles_per_block != self.design.tiles_per_block:
+            raise KernelSpecError(f"{where}: its layout's {self.layout.tiles_per_block} tiles a block are not its "
+                                  f"design's {self.design.tiles_per_block}")
         if self.layout.columns_per_thread != self.design.columns_per_thread:
             raise KernelSpecError(f"{where}: its layout's {self.layout.columns_per_thread} columns per thread are not "
                                   f"its design's {self.design.columns_per_thread}")
@@ -264,6 +267,10 @@ class KernelSpec:
             return (f"B is K×N and C is M×N, row-major {self.dtype} (16-bit); N is a runtime argument, even (pad B and "
                     f"C with a column), B and C 4-byte aligned")
         v = self.layout.columns_per_thread
+        if self.layout.tiles_per_block > 1:
+            return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument; a block's "
+                    f"{self.layout.tiles_per_block} warps (n1 threads) share 32 columns: launch ceil(N / 32) "
+                    f"blocks along y (kernel.json's `grid`)")
         return ("B is K×N and C is M×N, row-major float32; N is a runtime argument"
                 + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else ""))
 

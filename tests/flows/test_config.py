@@ -359,3 +359,10 @@ def test_a_run_in_the_staged_design_is_refused_in_one_line_naming_the_device_ste
     # the staged design has no proxy and no estimate yet: a search in it could only fail later
     with pytest.raises(ConfigError, match="--design staged,tiles=4: the staged design has no proxy.*run staged"):
         resolved(RunConfig(zoo=("shufflenetv2",), design="staged,tiles=4"))
+
+
+def test_a_ranker_over_the_staged_design_is_refused_in_one_line():
+    from lospmm.flows.config import trained_designs
+
+    with pytest.raises(ConfigError, match="staged design has no proxy yet"):
+        trained_designs("chained;staged,tiles=4")

@@ -1,6 +1,7 @@
 //! The staged kernel's read of B from shared memory (render/staged.py): one ld.shared at a literal
-//! offset from the lane's address in the staged chunk, as inline PTX, so that the compiler keeps the
-//! reads where the code has them (plain reads of shared memory were hoisted ahead of their use, and
+//! offset from the lane's address in the staged chunk, as volatile inline PTX touching memory, so that
+//! the compiler keeps each read where the code has it — between its chunk's two barriers, never merged
+//! with the previous chunk's read of the same offset (plain reads were hoisted ahead of their use, and
 //! under the register cap a BERT tile of 12 rows spilled 4-6 KB); the host emulation reads the array.
 #ifndef LOSPMM_STAGED_PREAMBLE
 #define LOSPMM_STAGED_PREAMBLE
@@ -10,6 +11,6 @@
 #else
 #define lospmm_shared_address(p) ((unsigned)__cvta_generic_to_shared(p))
 #define LOSPMM_LDS(v, lane_address, lane_base, offset) \
-  asm("ld.shared.f32 %0, [%1+" #offset "];" : "=f"(v) : "r"(lane_address))
+  asm volatile("ld.shared.f32 %0, [%1+" #offset "];" : "=f"(v) : "r"(lane_address) : "memory")
 #endif
 #endif

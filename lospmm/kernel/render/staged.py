@@ -102,7 +102,7 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         tables.append(f"__device__ const int {table}[{len(union)}] = {{{', '.join(str(4 * c) for c in union)}}};\n")
         # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the warps
         out.append(f"  // rows {chunk0}..{chunk0 + STAGED_ROWS - 1} of K: {len(union)} columns of B staged\n"
-                   f"  for (int j = warp; j < {len(union)}; j += {len(group)}) "
+                   f"  for (int j = warp; j < {len(union)}; j += {code.design.tiles_per_block}) "
                    f"Bs[j * {WARP} + lane] = live ? lospmm_ld(Bn, {table}[j], N) : 0.0f;\n"
                    "  __syncthreads();\n  switch (warp) {\n")
         for w, columns in enumerate(inside):
