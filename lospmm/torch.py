@@ -557,15 +557,9 @@ def _spec(name: str) -> KernelSpec:
 _DEFINED = hasattr(torch.ops.lospmm, "spmm")  # this module loaded again (importlib.reload): defined once
 
 
-def _spmm(b: torch.Tensor, kernel: str) -> torch.Tensor:
-    """C = A·B by the GEMM kernel `kernel` (kernel_name): B is K×N in its dtype, C is M×N."""
-    loaded = _loaded(kernel)
-    _inference_only(b, loaded)
-    return loaded(b)
-
-
-def _conv(x: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Y = conv(X) by the implicit-im2col kernel `kernel` (kernel_name): X and Y NCHW."""
+def _launched(x: torch.Tensor, kernel: str) -> torch.Tensor:
+    """Both operators' implementation: the kernel `kernel` (kernel_name) on its input, C = A·B for a
+    GEMM kernel (B K×N in its dtype, C M×N), Y = conv(X) for an implicit-im2col one (NCHW)."""
     loaded = _loaded(kernel)
     _inference_only(x, loaded)
     return loaded(x)
@@ -584,8 +578,8 @@ if not _DEFINED:  # (the first definitions read this module's globals, which a r
     _LIBRARY.define("spmm(Tensor b, str kernel) -> Tensor")
     _LIBRARY.define("conv(Tensor x, str kernel) -> Tensor")
     for _key in ("CPU", "CUDA"):  # the host backend's kernels take CPU tensors
-        _LIBRARY.impl("spmm", _spmm, _key)
-        _LIBRARY.impl("conv", _conv, _key)
+        _LIBRARY.impl("spmm", _launched, _key)
+        _LIBRARY.impl("conv", _launched, _key)
     torch.library.register_fake("lospmm::spmm")(_spmm_fake)
     torch.library.register_fake("lospmm::conv")(_conv_fake)
 
@@ -608,8 +602,7 @@ class SparseLinear(nn.Module):
         self.name = kernel_name(kernel)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
-    def forward(self, x):
-        _inference_only(x, self.kernel)
+    def forward(self, x):  # (a grad-requiring x is refused by the operator it calls)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.kernel.spec.layer}: input has {x.shape[-1]} features, the kernel "
                              f"takes {self.in_features}")
@@ -635,8 +628,7 @@ class SparseConv2d(nn.Module):
         self.out_channels = conv.out_channels
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
-    def forward(self, x):
-        _inference_only(x, self.kernel)
+    def forward(self, x):  # (a grad-requiring x is refused by the operator it calls)
         g = self.geometry
         if isinstance(self.kernel, SpConv):
             y = conv(x.contiguous(), self.name)
