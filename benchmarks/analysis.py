@@ -82,6 +82,19 @@ def efficiency(r: dict) -> float:
     return r["nnz"] * r["sgemm_us"] / (r["m"] * r["k"] * r["ours_us"])
 
 
+def measured_us(row: dict | None, key: str = "ours_us") -> float:
+    """A row's time in µs under `key`, NaN where the row or a finite time is missing (a launch that
+    failed is no figure)."""
+    t = (row or {}).get(key)
+    return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else float("nan")
+
+
+def work_bound_kernel(r: dict) -> bool:
+    """A measured full kernel (with its tiles' work) of a layer where SGEMM takes WORK_BOUND_US or more."""
+    return (r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
+            and float(r.get("sgemm_us") or 0) >= WORK_BOUND_US and math.isfinite(float(r["ours_us"])))
+
+
 def headline_summary(rows: list[dict], peak_tflops: float = 66.9) -> list[dict]:
     """Per sparsity over the work-bound rows (SGEMM ≥ 15 µs; the fastest design of each layer and N):
     median per-nonzero efficiency, geomean speedup over SGEMM, TF32 and FP16, slower-than-SGEMM count,
@@ -171,10 +184,7 @@ def nm_summary(rows: list[dict]) -> list[dict]:
             kind = "nm-kernel" if str(r.get("design", "")).startswith("nm") else "baked"
             by.setdefault((r["model"], r["layer"], r["sparsity"]), {})[(r.get("prune") or "random", kind)] = r
 
-    def us(r) -> float:
-        t = (r or {}).get("ours_us")
-        return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else float("nan")
-
+    us = measured_us
     out = []
     for (model, layer, sparsity), kinds in sorted(by.items()):
         rand = us(kinds.get(("random", "baked")))
@@ -244,10 +254,7 @@ def reuse_summary(rows: list[dict], device) -> list[dict]:
     peak = device.sms * device.fp32_lanes_per_sm * 2 * device.clock_ghz * 1e9
     buckets = ((0.0, 1.1), (1.1, 1.5), (1.5, 2.5), (2.5, float("inf")))
     by: dict = {b: [] for b in buckets}
-    for r in rows:
-        ok = r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
-        if not ok or float(r.get("sgemm_us") or 0) < WORK_BOUND_US or not math.isfinite(float(r["ours_us"])):
-            continue
+    for r in filter(work_bound_kernel, rows):
         loads, fmas = float(np.sum(r["tile_loads"])), float(np.sum(r["tile_fmas"]))
         if loads > 0:
             share = 2.0 * r["nnz"] * r["n"] / (float(r["ours_us"]) * 1e-6) / peak
@@ -278,10 +285,7 @@ def binding_terms(rows: list[dict], device, params=None) -> list[dict]:
     params = params or EstimateParams()
     no_l2_limit = replace(device, l2_gbps=float("inf"))
     by: dict = {}
-    for r in rows:
-        ok = r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
-        if not ok or float(r.get("sgemm_us") or 0) < WORK_BOUND_US or not math.isfinite(float(r["ours_us"])):
-            continue
+    for r in filter(work_bound_kernel, rows):
         work = launch_work(r)
         t = estimated_timing(work, device, params)
         dram_only = estimated_timing(work, no_l2_limit, params).memory_us
@@ -344,18 +348,15 @@ def conv_summary(rows: list[dict]) -> list[dict]:
         if r.get("set") == "conv":
             by.setdefault(r["layer"], {})["gemm" if r.get("variant") == "im2col-gemm" else "conv"] = r
 
-    def us(r, key="ours_us") -> float:
-        t = (r or {}).get(key)
-        return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else float("nan")
+    def ratio(x: float, y: float) -> float:
+        return x / y if y > 0 else float("nan")
 
+    us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
         conv, gemm = kinds.get("conv"), kinds.get("gemm")
         some = conv or gemm
         cudnn = us(conv, "cudnn_us")
-        def ratio(x: float, y: float) -> float:
-            return x / y if y > 0 else float("nan")
-
         out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"], "sparsity": some["sparsity"],
                     "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": ratio(us(conv), us(gemm)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
