@@ -25,18 +25,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def per_call_us(fn, calls: int) -> float:
-    import torch
+def per_call_us(fn, calls: int, warmup: int = 50, sync=None) -> float:
+    """µs per call of `fn`, the median of 5 loops of `calls`, each ended by `sync` (default: the
+    GPU's, so that the launches queued count)."""
+    if sync is None:
+        import torch
 
-    for _ in range(50):
+        sync = torch.cuda.synchronize
+    for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     loops = []
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
         loops.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(loops)
 
@@ -71,19 +75,8 @@ def dispatch_rows(calls: int) -> list[tuple[str, float]]:
             ("lt.spmm (the overload the modules call)", lambda: lt.spmm(b, name)),
             ("a clone of the 64×64 output (custom_op's row pays it)", lambda: clone()),
             ("the same call as a torch.library.custom_op", lambda: custom(b, name))]
-    out = []
-    with torch.no_grad():
-        for label, fn in rows:
-            for _ in range(500):
-                fn()
-            loops = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                loops.append((time.perf_counter() - t0) / calls * 1e6)
-            out.append((label, statistics.median(loops)))
-    return out
+    with torch.no_grad():  # on the host: nothing to wait for at the end of a loop
+        return [(label, per_call_us(fn, calls, warmup=500, sync=lambda: None)) for label, fn in rows]
 
 
 def main() -> None:
