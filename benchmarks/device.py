@@ -279,15 +279,31 @@ def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
     return float(max(spans)) if spans else None
 
 
-def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS) -> float:
+def launch_seconds(results: Path = RESULTS) -> dict[str, list[float]]:
+    """The seconds each measured launch took (its baselines and check included), by its set, from
+    every step's kernel-speed tables under `results` (their `set` and `seconds` columns only)."""
+    import pyarrow.parquet as pq
+
+    took: dict[str, list[float]] = {}
+    for f in Path(results).glob("*/*/kernel-speed-*.parquet"):
+        names = pq.read_schema(f).names
+        if "seconds" not in names:
+            continue
+        for r in pq.read_table(f, columns=[c for c in ("set", "seconds") if c in names]).to_pylist():
+            if r.get("seconds") is not None:
+                took.setdefault(str(r.get("set")), []).append(float(r["seconds"]))
+    return took
+
+
+def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS,
+                     took: dict[str, list[float]] | None = None) -> float:
     """An estimate of a step never run: its carried bundles' launches (their listings) times the
     90th percentile of the seconds a launch of the same set took wherever it was measured (baselines
     and check included; every set's when fewer than 20 were), and a minute for unpacking and loading;
     its budget where it has a runner of its own, where a listing is missing, stale or does not count
     its launches, or where that is more. On 2026-11-26 the planner took each headline step for its
-    whole 540 s, and two measured 186 launches in 63 s."""
-    import pyarrow.parquet as pq
-
+    whole 540 s, and two measured 186 launches in 63 s. `took`: launch_seconds(results), read once
+    by a caller asking for many steps."""
     launches = 0
     for spec in step.bundles:
         listing = Path(carry) / f"{spec.name}.parts.json"
@@ -298,11 +314,7 @@ def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS) -
         launches += sum(counted)
     if step.runner is not None or not launches:
         return step.device_seconds
-    took: dict[str, list[float]] = {}
-    for f in Path(results).glob("*/*/kernel-speed-*.parquet"):
-        for r in pq.read_table(f).to_pylist():
-            if r.get("seconds") is not None:
-                took.setdefault(str(r.get("set")), []).append(float(r["seconds"]))
+    took = launch_seconds(results) if took is None else took
     sets_ = {spec.set for spec in step.bundles}
     same = [t for name in sets_ for t in took.get(name, [])]
     pool = same if len(same) >= 20 else [t for ts in took.values() for t in ts]
@@ -344,6 +356,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         current.update(steps=[], carry={}, seconds=0.0, builds=[])
 
     planned: set[str] = set()
+    took = launch_seconds(results)  # what a launch took, for the steps never run (expected_seconds)
     for step in STEPS:
         state = step_state(step, results)
         if step.name not in again and any(state.get(d, {}).get("state") == "done" for d in (step.device, kind)):
@@ -384,7 +397,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             groups[-1] |= unit
         # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
         seconds = min((step.device_seconds if builds else observed_seconds(step, results)
-                       or expected_seconds(step, carry, results)) + 15, STEP_LIMIT_S)
+                       or expected_seconds(step, carry, results, took)) + 15, STEP_LIMIT_S)
         share = max(15.0, seconds / len(groups))
         if spent + share * len(groups) > budget_s:
             left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
