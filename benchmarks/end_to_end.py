@@ -253,8 +253,10 @@ def main(argv=None) -> list[dict]:
     # written after each model, and a model the file already holds at this sparsity, dtype and batches
     # is not run again: a device call cut off at its limit keeps the models it finished, and the next
     # call goes on from them (a whole model's search and compile is minutes on the GPU machine)
-    # every row in COLUMNS (a file written before a column existed reads it as null)
-    kept = [{c: r.get(c) for c in COLUMNS} for r in pq.read_table(out).to_pylist()] if out and Path(out).is_file() else []
+    def in_columns(r: dict) -> dict:  # a row in COLUMNS (a file written before a column existed reads it as null)
+        return {c: r.get(c) for c in COLUMNS}
+
+    kept = [in_columns(r) for r in pq.read_table(out).to_pylist()] if out and Path(out).is_file() else []
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (host emulation)"
 
     def key(r: dict) -> tuple:  # what a row measured: another GPU's or another timer's rows are not these
@@ -272,7 +274,7 @@ def main(argv=None) -> list[dict]:
             rest = [r for r in kept if not any((*key(r), r["batch"]) == (*key(m), m["batch"]) for m in rows)]
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(Path(out), lambda tmp: pq.write_table(pa.Table.from_pylist(
-                [{c: r.get(c) for c in COLUMNS} for r in rest + rows]), tmp))
+                [in_columns(r) for r in rest + rows]), tmp))
             print(f"wrote {len(rest) + len(rows)} rows to {out}", flush=True)
     return rows
 

@@ -1,12 +1,12 @@
-"""What staging B in shared memory for a group of tiles would save in B's traffic through L2 (host
-only; an estimate of bytes, not a time). On the H200's headline tables 76 of 93 work-bound kernels
-are bound by the estimate's memory term: every tile reads each of its non-empty columns of B over
-its N1 columns, and K × N1 floats a block do not fit L1. A design where a warp walks `group`
-consecutive tiles (in the flow's row order) over the same 32 columns, and first copies the union of
-their non-empty columns of B into shared memory, in chunks of `chunk` rows of K, reads
-Σ nnc / |∪ columns| times fewer bytes of B through L2 (each column of the union once a chunk).
-This prints that ratio per A/B layer, on its A/B tile at 0.9, and the shared memory a warp's chunk
-needs at most (its union's columns × 32 floats).
+"""What staging B in shared memory for a group of tiles saves in B's traffic through L2 (host only;
+an estimate of bytes, not a time). On the H200's headline tables 44 of 93 work-bound kernels are
+bound by L2 traffic in the estimate: every tile reads each of its non-empty columns of B over its N1
+columns, and K × N1 floats a block do not fit L1. The staged design (lospmm.kernel.render.staged),
+whose block of `group` warps walks as many consecutive tiles (in the flow's row order) over the same
+32 columns and first copies the union of their non-empty columns of B into shared memory, in chunks
+of `chunk` rows of K, reads Σ nnc / |∪ columns| times fewer bytes of B through L2 (each column of
+the union once; the chunk does not change it). This prints that ratio per A/B layer, on its A/B
+tile at 0.9, and the shared memory one chunk's union needs at most (its columns × 32 floats).
 
     python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256]
 """
@@ -47,7 +47,7 @@ def reuse_rows(groups=(2, 4, 8, 16), chunk: int = 256) -> list[dict]:
         for g in groups:
             ratio, largest = traffic_ratio(a, tiles, g, chunk)
             row[f"×{g} tiles: L2 bytes saved"] = ratio
-            row[f"×{g}: smem/warp KiB"] = largest * 32 * 4 / 1024
+            row[f"×{g}: smem/warp KiB"] = largest * 32 * 4 / 1024  # one chunk's union, 32 columns
         out.append(row)
     return out
 
@@ -57,10 +57,10 @@ def main(argv=None) -> list[dict]:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16])
-    p.add_argument("--chunk", type=int, default=256, help="rows of K a warp stages at a time")
+    p.add_argument("--chunk", type=int, default=256, help="rows of K a block stages at a time")
     args = p.parse_args(argv)
     rows = reuse_rows(tuple(args.groups), args.chunk)
-    print_table(f"B's L2 traffic of today's kernel over a warp's staged union (chunks of {args.chunk} rows of K): "
+    print_table(f"B's L2 traffic of today's kernel over a block's staged union (chunks of {args.chunk} rows of K): "
                 f"an estimate of bytes, not of time", rows)
     return rows
 
