@@ -535,9 +535,12 @@ def launch_work(row: dict, arrays: dict | None = None):
 
     arrays = row if arrays is None else arrays
     design = design_named(row["design"]) if row.get("design") else design_named("baseline")
+    chunks = row.get("staged_chunks") or 0
+    staged = np.asarray(arrays["staged_counts"], np.int64).reshape(-1, chunks) if chunks else None
     return KernelWork(row["m"], row["k"], row["n"], row["m1"], row["n1"], np.asarray(arrays["tile_loads"], np.int64),
                       np.asarray(arrays["tile_fmas"], np.int64), row["registers"], row["spill_bytes"],
-                      row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design)
+                      row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design,
+                      staged)
 
 
 def table4_rows(measured: list[dict]) -> list[dict]:

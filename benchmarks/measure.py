@@ -33,7 +33,8 @@ CHECK_COUNTS = (1, 31, 32, 4096)  # N every GEMM kernel is checked at besides it
 ROW_COLUMNS = ("id", "kernel", "set", "role", "variant", "model", "layer", "m", "k", "n", "nnz", "sparsity", "batch", "design",
                "dtype", "form", "m1", "n1", "rank", "count", "prefetch", "smem_bytes", "registers", "spill_bytes",
                "instructions", "instructions_per_fma", "tile_code_bytes_mean", "chosen_by", "estimate_us",
-               "estimate_timer", "tile_loads", "tile_fmas", "zero_blocks", *PLAN_COLUMNS)
+               "estimate_timer", "tile_loads", "tile_fmas", "zero_blocks", "staged_chunks", "staged_counts",
+               *PLAN_COLUMNS)
 
 
 @dataclass(frozen=True)

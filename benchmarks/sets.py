@@ -157,13 +157,17 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
     return in_format(pruned(shape, p.sparsity, p.prune), design_named(p.design).number)[0]
 
 
-def tile_work(tiles) -> dict:
-    """The estimate's work of a full kernel on `tiles`: per-tile loads and multiply-adds, zeroing blocks."""
+def tile_work(tiles, matrix: sp.csr_matrix | None = None, design: str = "") -> dict:
+    """The estimate's work of a full kernel on `tiles`: per-tile loads and multiply-adds, zeroing blocks,
+    and a staged design's copies per block and chunk of K (of `matrix`: flattened, with its chunks)."""
     from lospmm.kernel.estimate import full_kernel_work
 
-    work = full_kernel_work(tiles, 1, 1, 1, 1, 0)
+    kind = design_named(design) if design else design_named("baseline")
+    work = full_kernel_work(tiles, 1, 1, 1, 1, 0, design=kind, matrix=matrix)
+    staged = {} if work.staged_counts is None else {"staged_chunks": int(work.staged_counts.shape[1]),
+                                                     "staged_counts": [int(x) for x in work.staged_counts.ravel()]}
     return {"tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
-            "zero_blocks": int(work.zero_blocks)}
+            "zero_blocks": int(work.zero_blocks), **staged}
 
 
 def ordered(a: sp.csr_matrix, p: Planned):
@@ -196,7 +200,7 @@ def planned_job(p: Planned, matrix: Callable[[], sp.csr_matrix] | None = None) -
             if "bias" in p.epilogue else ()
         params = CodegenParams(prefetch=p.prefetch, design=design_named(p.design), n1_at_launch=p.n1_at_launch)
         return kernel_source(a, tiles, p.n1, params, Epilogue(bias, "relu" if "relu" in p.epilogue else ""),
-                             geometry), tile_work(tiles)
+                             geometry), tile_work(tiles, a, p.design)
 
     if p.nm:
         return nm_job(p, matrix)
@@ -316,8 +320,9 @@ def staged_plan(layers=AB_LAYERS, sparsity: float = 0.9, tiles=STAGED_TILES) -> 
     """The staged A/B (issue 30 item 3, what the diagnosis points to): each A/B layer's `chained`
     kernel on its A/B tile, and the staged design (B through shared memory a block's tiles share,
     render.staged) with 4 and 8 tiles a block on the same tiles (M1 and row order; a staged block's
-    warps share 32 columns, so N1 is 32). The estimate does not price the staged design yet: its
-    launch rows' estimate is the baked kernel's."""
+    warps share 32 columns, so N1 is 32). Its launch rows carry the estimate's staged model
+    (kernel.estimate.staged_timing) on each block's copies, so the step's table sets the measured
+    ratio beside the predicted one."""
     out = []
     for p in ab_plan(designs=("chained",), layers=layers, sparsity=sparsity):
         out.append(replace(p, id=_id("staged", p.model, p.layer, "chained"), set="staged", variant="chained",
@@ -386,6 +391,7 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, met
     flow's choice, search.choice). None for an empty layer."""
     from lospmm.kernel.timing import LaunchUnderTest
     from lospmm.search import SearchParams, choice, layer_search
+    from lospmm.stages.pad import proxy_dynamic_shared
 
     a = pruned(shape, sparsity, method)
     if a is None or a.nnz == 0:
@@ -395,8 +401,9 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, met
     search = layer_search(a, shape.n, sparsity, device, booster, SearchParams(design=design))
     timings = {(c.m1, c.n1, c.design): timer.time(LaunchUnderTest(
         search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
-        smem_bytes=search.launches[(c.m1, c.n1, c.design)].smem_bytes, clusters=search.clusters[(c.m1, c.design)],
-        design=design)) for c in search.chosen}
+        smem_bytes=proxy_dynamic_shared(search.launches[(c.m1, c.n1, c.design)].smem_bytes,
+                                        search.clusters[(c.m1, c.design)]),
+        clusters=search.clusters[(c.m1, c.design)], design=design)) for c in search.chosen}
     picked = choice(timings, timer.measures, {(c.m1, c.n1, c.design): c.pred_regs for c in search.chosen})
     return None if picked is None else picked[:2]
 

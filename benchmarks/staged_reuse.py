@@ -8,7 +8,11 @@ of `chunk` rows of K, reads Σ nnc / |∪ columns| times fewer bytes of B throug
 the union once; the chunk does not change it). This prints that ratio per A/B layer, on its A/B
 tile at 0.9, and the shared memory one chunk's union needs at most (its columns × 32 floats).
 
-    python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256]
+    python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256] [--estimate]
+
+With --estimate it also prints the estimate's TIME of the staged kernel over the chained one on each
+layer's tiles (kernel.estimate.staged_timing), on the H100's calibration and the H200's datasheet
+model, and the term that binds it: the prediction the device program's `staged` step tests.
 """
 
 from __future__ import annotations
@@ -52,16 +56,65 @@ def reuse_rows(groups=(2, 4, 8, 16), chunk: int = 256) -> list[dict]:
     return out
 
 
+def estimate_rows(groups=(4, 8), gpus=("h100", "h200")) -> list[dict]:
+    """Per A/B layer (its A/B tile, Algorithm 1's order, at its N): the estimate's time of the staged
+    kernel with G tiles a block over the `chained` kernel's (each at the registers predicted), and the
+    term that binds it, on each GPU's estimate (the H100's calibration, the H200's datasheet model:
+    kernel.estimate.estimate_timer). ESTIMATES: the device program's `staged` step measures them."""
+    from benchmarks.sets import ab_plan, matrix_of, ordered
+    from lospmm.devices import device_named
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.kernel.registers import predicted_registers
+    from lospmm.kernel.timing import LaunchUnderTest
+
+    def timed(timer, a, tiles, p, design, n1):
+        return timer.time(LaunchUnderTest(tiles, p.m, p.k, p.n, n1, predicted_registers(tiles.m1, design=design),
+                                          design=design, matrix=a))
+
+    out = []
+    timers = {gpu: estimate_timer(device_named(gpu)) for gpu in gpus}
+    for p in ab_plan(designs=("chained",)):
+        a = matrix_of(p)
+        tiles = ordered(a, p)
+        row = {"model": p.model, "layer": p.layer, "tile": f"{p.m1}×{p.n1}", "N": p.n}
+        for gpu, timer in timers.items():
+            chained = timed(timer, a, tiles, p, design_named("chained"), p.n1)
+            row[f"{gpu}: chained µs"] = chained.time_us
+            bound = ""
+            for g in groups:
+                staged = timed(timer, a, tiles, p, design_named(f"staged,tiles={g}"), 32)
+                row[f"{gpu}: ×{g} / chained"] = staged.time_us / chained.time_us
+                bound = binding_term(staged)
+            row[f"{gpu}: ×{groups[-1]} bound by"] = bound
+        out.append(row)
+    return out
+
+
+def binding_term(timing) -> str:
+    """The estimate's largest term of a launch: issue, memory, latency or instruction supply."""
+    terms = {"issue": timing.compute_us, "memory": timing.memory_us, "latency": timing.latency_us,
+             "instruction supply": timing.fetch_us}
+    return max(terms, key=lambda k: terms[k])
+
+
 def main(argv=None) -> list[dict]:
     from benchmarks.analysis import print_table
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--chunk", type=int, default=256, help="rows of K a block stages at a time")
+    p.add_argument("--estimate", action="store_true",
+                   help="also the estimate's time of the staged kernel over the chained one, per GPU (an estimate)")
     args = p.parse_args(argv)
     rows = reuse_rows(tuple(args.groups), args.chunk)
     print_table(f"B's L2 traffic of today's kernel over a block's staged union (chunks of {args.chunk} rows of K): "
                 f"an estimate of bytes, not of time", rows)
+    if args.estimate:
+        timed = estimate_rows(tuple(args.groups))
+        print_table("The estimate's time of the staged kernel over the chained kernel on the same tiles "
+                    "(registers predicted; H100: its calibration, H200: the datasheet model): ESTIMATES", timed)
+        rows = rows + timed
     return rows
 
 

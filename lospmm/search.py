@@ -21,7 +21,7 @@ from lospmm.stages.compile import compiled_kernel, kernel_options
 from lospmm.stages.constrain import Candidate, ConstrainParams, layer_candidates, predicted_registers, searched_designs
 from lospmm.devices import Device
 from lospmm.stages.emit import fastest_proxy
-from lospmm.stages.pad import ProxyLaunch, proxy_launch
+from lospmm.stages.pad import ProxyLaunch, proxy_dynamic_shared, proxy_launch
 from lospmm.stages.rank import FEATURES, RankedCandidate, RankParams, chosen_candidates, feature_row
 from lospmm.stages.reorder import ReorderParams, Tiles, layer_orders, tile_stats
 from lospmm.status import Status
@@ -122,10 +122,11 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     ranked = [RankedCandidate(c, float(s), int(r), bool(ch)) for c, s, r, ch in zip(kept, scores, ranks, chosen)]
     picked = [r.candidate for r in ranked if r.chosen]
     lap("rank")
-    clusters = {(m1, label): chosen_proxy_clusters(matrix, tiles[m1], group, sparsity, device, params.cluster)[0]
+    by_label = {d.label: d for d in designs}
+    clusters = {(m1, label): chosen_proxy_clusters(matrix, tiles[m1], group, sparsity, device, params.cluster,
+                                                   by_label[label])[0]
                 for (m1, label), group in chosen_by_proxy(picked).items()}
     lap("cluster")
-    by_label = {d.label: d for d in designs}
     launches = {(c.m1, c.n1, c.design): proxy_launch(c.num_a_tiles, n, c.m1, c.n1, c.pred_regs, device,
                                                      by_label[c.design]) for c in picked}
     lap("pad")
@@ -164,13 +165,14 @@ def full_kernel_time(timer: Timer, matrix: sp.csr_matrix, tiles: Tiles, m: int, 
     binaries (inf if it does not compile), else the timer's estimate at the §3.2 register
     prediction (what the search assumes). train-ranker and the proxy-fidelity benchmark time
     candidates with it."""
-    launch = LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=design), design=design)
+    launch = LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=design), design=design,
+                             matrix=matrix)
     if timer.runs_binary:
         kernel = kernel_source(matrix, tiles, n1, CodegenParams(design=design))
         out = compiled_kernel(kernel, kernel_options(timer.device.arch, tiles.m1, design=design))
         if out.status != Status.OK:
             return float("inf")
-        launch = LaunchUnderTest(tiles, m, k, n, n1, out.registers, out.thread_spill_bytes, spec=kernel.spec,
+        launch = LaunchUnderTest(tiles, m, k, n, n1, out.registers, out.thread_spill_bytes, spec=kernel.spec, matrix=matrix,
                                  cubin=out.cubin)
     return timer.time(launch).time_us
 
@@ -190,8 +192,9 @@ def proxy_timings(search: LayerSearch, m: int, k: int, n: int, timer: Timer,
             continue
         for (cm1, n1, clabel), launch in search.launches.items():
             if (cm1, clabel) == (m1, label):
+                clusters = search.clusters[(m1, label)]
                 out[(m1, n1, label)] = timer.time(LaunchUnderTest(
-                    None, m, k, n, n1, compiled.registers, compiled.thread_spill_bytes, launch.smem_bytes,
-                    clusters=search.clusters[(m1, label)], spec=kernel.spec,
+                    None, m, k, n, n1, compiled.registers, compiled.thread_spill_bytes,
+                    proxy_dynamic_shared(launch.smem_bytes, clusters), clusters=clusters, spec=kernel.spec,
                     cubin=compiled.cubin if timer.runs_binary else None))
     return out

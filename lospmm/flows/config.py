@@ -242,8 +242,9 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
         raise ConfigError(f"--designs: {', '.join(odd)}: a design-aware ranker ranks fp32 tiled designs")
     staged = [d.label for d in designs if d.loads == "staged"]
     if staged:
-        raise ConfigError(f"--designs: {', '.join(staged)}: the staged design has no proxy yet, so no ranker can "
-                          f"be trained on it")
+        raise ConfigError(f"--designs: {', '.join(staged)}: a design-aware ranker's features (stages.rank."
+                          f"DESIGN_FEATURES) do not tell a staged design's tiles from the baseline's yet; search it "
+                          f"alone (--design {staged[0]}) with the shipped ranker")
     return designs
 
 
@@ -263,10 +264,6 @@ def run_design(text: str) -> KernelDesign:
         raise ConfigError(f"--design {text}: the N:M kernel is no design to search in; a run serves each N:M layer "
                           f"by it where the estimate prices it lower (unless --no-nm-kernel), and `lospmm kernel "
                           f"--design nm` writes it for one layer")
-    if design.loads == "staged":
-        raise ConfigError(f"--design {text}: the staged design has no proxy and no estimate of its own yet, so no "
-                          f"search can run in it; the device program's `staged` step measures it "
-                          f"(python -m benchmarks.device run staged)")
     return design
 
 

@@ -254,7 +254,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 a = in_format(matrix, design.number)[0]
                 data = spec.module_data(a) if spec.module_symbols else None
                 full = LaunchUnderTest(tiles[m1], best["m"], best["k"], best["n"], n1, comp["registers"],
-                                       comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data)
+                                       comp["thread_spill_bytes"], spec=spec, cubin=cubin, module_data=data,
+                                       matrix=a)
                 # the device check where the timer runs the kernel, else the host check's verdict: in the
                 # kernel's number format's metric, against its tolerance (every path the kernel picks at launch)
                 result = timer.checked(spec, cubin, a, check_count(spec, params.device_check_n))

@@ -70,7 +70,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
             continue
         if any(o.design == d for o in options):
             continue
-        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d))
+        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d,
+                                               matrix=matrix))
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1))
     return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])

@@ -142,6 +142,20 @@ class KernelDesign:
         return conv_design(self) if self.a_values == "baked" and not self.half else None
 
     @property
+    def fixed_n1(self) -> int:
+        """The N1 (threads per tile) its kernels must have, 0 for any multiple of the warp: a staged
+        block's warps each walk one tile over the same warp's 32 columns."""
+        return 32 if self.loads == "staged" else 0
+
+    def block_threads(self, n1: int) -> int:
+        """Threads a block of its kernel has at N1: N1 for each of its tiles."""
+        return n1 * self.tiles_per_block
+
+    def blocks_along_a(self, num_tiles: int) -> int:
+        """Blocks along A that walk `num_tiles` tiles: one a tile, or a staged block's tiles_per_block."""
+        return -(-num_tiles // self.tiles_per_block)
+
+    @property
     def looped(self) -> bool:
         return self.column_walks > 1
 

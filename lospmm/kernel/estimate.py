@@ -29,6 +29,12 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 - Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
 
+The staged kernel (design loads="staged": blocks of G warps, each its own tile over one warp's 32
+columns, B copied per chunk of K into shared memory once for the block's tiles) has its own terms,
+`staged_timing`: the copies and barriers as instructions, B's reads from shared memory as one
+instruction and wavefront each, each block's union of columns (kernel.staging) through L2, and a
+block's chunks one after another, each waiting for its copies.
+
 The N:M kernel (design `nm`, lospmm.kernel.nm) has its own model, `nm_timing`: its code is one
 small loop, so what binds is the busiest SM's work — its blocks' instructions at the issue rate,
 their FFMAs at the FP32 rate, their shared-memory wavefronts (one per SM-cycle), all at the share of
@@ -46,6 +52,7 @@ import numpy as np
 
 from lospmm.devices import Device, resident_blocks
 from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.staging import staged_counts, staged_shared_bytes
 from lospmm.kernel.timing import LaunchUnderTest, Timing
 from lospmm.status import Status
 
@@ -65,7 +72,13 @@ class EstimateParams:
     loop (fitted to the H200's nm-spmm step, 24 launches, 2026-11-26: `python -m benchmarks.calibrate
     --nm`): nm_issue_efficiency=0.51 (the share of the issue bound its loop reaches: a shared-memory
     load's latency per slot and a barrier per chunk) and nm_warps_to_fill=1.77 (resident warps per
-    scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it)."""
+    scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it). The staged
+    kernel's (read from its SASS, sm_90, NVRTC 13, 8 tiles a block; not yet fitted to a measured
+    launch): staged_copy_instr=10 (a column's copy: its offset from the table, B's address, the
+    load, the st.shared, the loop's share: 38-41 instructions per 4 copies, ptxas unrolling the copy
+    loop by staged_copy_unroll=4), staged_chunk_instr=24 (a chunk's loop set-up and remainder, two
+    barriers and the warp's switch); smem_latency_cycles=30 (an ld.shared's latency on sm_80/sm_90,
+    the published microbenchmarks' figure: a prior)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -83,6 +96,10 @@ class EstimateParams:
     promote_instr: int = 4
     nm_issue_efficiency: float = 0.51
     nm_warps_to_fill: float = 1.77
+    staged_copy_instr: int = 10
+    staged_chunk_instr: int = 24
+    staged_copy_unroll: int = 4
+    smem_latency_cycles: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,9 @@ class KernelWork:
     zero_blocks: int = 0  # full kernel: blocks that zero empty rows
     prefetch: int = 1
     design: KernelDesign = BASELINE
+    # a staged design's columns of B each block of its tiles copies per chunk of K (blocks × chunks:
+    # kernel.staging.staged_counts); None for the others
+    staged_counts: np.ndarray | None = None
 
     @property
     def row_blocks(self) -> int:
@@ -111,19 +131,29 @@ class KernelWork:
 
 
 def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spill_bytes: int = 0,
-                     prefetch: int = 1, design: KernelDesign = BASELINE) -> KernelWork:
-    """The full Alg. 2 kernel of `tiles` (a reorder.Tiles)."""
+                     prefetch: int = 1, design: KernelDesign = BASELINE, matrix=None) -> KernelWork:
+    """The full Alg. 2 kernel of `tiles` (a reorder.Tiles); a staged design's needs the A (`matrix`)
+    its blocks' copies are the unions of (ValueError without it)."""
     zero = -(-len(tiles.empty_rows) // max(tiles.m1, 1)) if len(tiles.empty_rows) else 0
+    staged = None
+    if design.loads == "staged":
+        if matrix is None:
+            raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
+                             f"of their tiles' columns)")
+        staged = staged_counts(matrix, tiles, design.tiles_per_block)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
-                      registers, spill_bytes, 0, zero, prefetch, design)
+                      registers, spill_bytes, 0, zero, prefetch, design, staged)
 
 
 def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
                prefetch: int = 1, design: KernelDesign = BASELINE) -> KernelWork:
-    """The M1 proxy (a cluster.ProxyClusters) launched for candidate (M1, N1)."""
+    """The M1 proxy (a cluster.ProxyClusters) launched for candidate (M1, N1); a staged proxy copies
+    what the full kernel's blocks copy (ProxyClusters.staged_counts)."""
     loads = np.asarray(clusters.nnc_p, np.int64)[clusters.cluster_of]
     fmas = loads * np.asarray(clusters.cpl, np.int64)[clusters.cluster_of]
-    return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch, design)
+    staged = np.asarray(clusters.staged_counts) if design.loads == "staged" else None
+    return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch, design,
+                      staged)
 
 
 def fma_instructions_per_nonzero(design: KernelDesign) -> float:
@@ -182,10 +212,12 @@ def code_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
 
 def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
     """The analytic estimate of one launch (see the module docstring); Status.ERROR if it cannot run."""
-    if work.n < 1 or work.n1 < 1 or work.n1 > device.max_threads_per_block:
+    if work.n < 1 or work.n1 < 1 or work.design.block_threads(work.n1) > device.max_threads_per_block:
         return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n} with N1={work.n1}")
     if work.registers > device.max_regs_per_thread:
         return Timing("estimate", float("inf"), Status.ERROR, f"{work.registers} registers > {device.max_regs_per_thread}")
+    if work.design.loads == "staged":
+        return staged_timing(work, device, params)
     atb = resident_blocks(work.registers, work.n1, work.smem_bytes, device)
     if atb < 1:
         return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
@@ -238,6 +270,68 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     body = max(compute_s, memory_s, latency_s, longest_s, fetch_s)
     return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
                   latency_s * 1e6, atb, 0, fetch_s * 1e6)
+
+
+def staged_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
+    """The estimate of one launch of a staged kernel or proxy (design loads="staged": blocks of G warps
+    over one warp's 32 columns, warp w of block g walking tile g·G + w). Per block and chunk of K
+    its warps copy the union's columns of B (work.staged_counts) into shared memory, G at a time,
+    and meet at two barriers; each warp then walks its tile as today's kernel does with each B load
+    an ld.shared at a literal offset (one instruction, no address). The terms, as estimated_timing's:
+    - issue: every warp's instructions (its walk, its share of the copies, the chunks' set-up) over
+      the SMs' issue rate; the FFMAs over the FP32 rate; shared-memory wavefronts (one a warp's load
+      or store of 32 floats) at one per SM-cycle;
+    - memory: B's union columns once per block (each over its 32 columns) and C through L2; B and
+      C once from DRAM;
+    - latency: a block's chunks run one after another, each waiting for its copies (a load's latency
+      per staged_copy_unroll copies a warp: ptxas unrolls the loop so far) and then its slowest warp's
+      walk of the chunk (an ld.shared's latency per load, halved by the one load ahead ptxas keeps);
+      resident blocks overlap, and no launch is shorter than its longest block;
+    - instruction supply: each warp fetches its tile's code once per block (as today's kernel)."""
+    d, ws = work.design, device.warp_size
+    counts = np.asarray(work.staged_counts if work.staged_counts is not None else np.zeros((0, 0)), np.float64)
+    per_block = d.tiles_per_block
+    tiles = len(work.tile_loads)
+    if counts.shape[0] != d.blocks_along_a(tiles):
+        return Timing("estimate", float("inf"), Status.ERROR,
+                      f"design {d.label}: the copies of {d.blocks_along_a(tiles)} blocks are needed, got {counts.shape[0]}")
+    threads = d.block_threads(work.n1)
+    shared = staged_shared_bytes(counts.astype(np.int64)) + work.smem_bytes
+    atb = resident_blocks(work.registers, threads, shared, device)
+    if atb < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
+    column_blocks = -(-work.n // work.n1)
+    loads, fmas = work.tile_loads.astype(np.float64), work.tile_fmas.astype(np.float64)
+    walk = (fmas + loads + params.store_instr * work.m1 + params.block_overhead_instr + params.call_instr
+            + work.spill_bytes / 4.0)
+    copies = np.ceil(counts / per_block)  # each warp's share of a chunk's copies
+    chunk_instr = copies * params.staged_copy_instr + (counts > 0) * params.staged_chunk_instr
+    zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
+    # every warp of a block copies and meets at the barriers, the last block's idle warps too
+    total_warp_instr = column_blocks * (walk.sum() + per_block * chunk_instr.sum() + work.zero_blocks * zero_instr)
+    sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
+    sm_cycles_ffma = column_blocks * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
+    sm_cycles_smem = column_blocks * (loads.sum() + counts.sum()) / device.sms
+    clock_hz = device.clock_ghz * 1e9
+    compute_s = max(sm_cycles_issue, sm_cycles_ffma, sm_cycles_smem) / clock_hz
+
+    element = float(d.element_bytes)
+    dram = element * (work.k * work.n + work.m * work.n)
+    l2 = element * work.n * (counts.sum() + work.m1 * (tiles + work.zero_blocks)) + work.n * work.spill_bytes * tiles
+    memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
+
+    copy_wait = np.ceil(copies / params.staged_copy_unroll) * device.mem_latency_cycles  # blocks × chunks
+    walk_path = loads * params.smem_latency_cycles / (1 + work.prefetch) + walk  # per tile
+    slowest = np.zeros(counts.shape[0])
+    np.maximum.at(slowest, np.arange(tiles) // per_block, walk_path)
+    block_path = copy_wait.sum(axis=1) + slowest
+    latency_s = column_blocks * block_path.sum() / (device.sms * atb) / clock_hz
+    longest_s = block_path.max(initial=0) / clock_hz
+    fetched = params.sass_bytes_per_instr * column_blocks * (walk.sum() + work.zero_blocks * zero_instr)
+    fetch_s = fetched / (device.sms * params.fetch_bytes_per_sm_cycle * clock_hz)
+    body = max(compute_s, memory_s, latency_s, longest_s, fetch_s)
+    return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
+                  max(latency_s, longest_s) * 1e6, atb, 0, fetch_s * 1e6)
 
 
 @dataclass(frozen=True)
@@ -337,8 +431,11 @@ class EstimateTimer:
             work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
                               launch.smem_bytes, launch.spill_bytes, design=launch.design)
         else:
-            work = full_kernel_work(launch.tiles, launch.m, launch.k, launch.n, launch.n1, launch.registers,
-                                    launch.spill_bytes, design=launch.design)
+            try:
+                work = full_kernel_work(launch.tiles, launch.m, launch.k, launch.n, launch.n1, launch.registers,
+                                        launch.spill_bytes, design=launch.design, matrix=launch.matrix)
+            except ValueError as e:
+                return Timing(self.name, float("inf"), Status.ERROR, str(e))
         return estimated_timing(work, self.device, self.params)
 
     def dense(self, m: int, k: int, n: int, dtype: str = "fp32") -> Timing:

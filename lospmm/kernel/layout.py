@@ -29,7 +29,9 @@ class LaunchLayout:
             raise ValueError(f"launch order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
     def block(self, threads: int | None = None) -> int:
-        block = threads or self.threads
+        """Threads a block launches with: its own, or where N1 is given at launch (`threads`: a proxy's
+        N1 under test) that many for each of its tiles (a staged block's warps each walk one)."""
+        block = threads * self.tiles_per_block if threads else self.threads
         if block < 1:
             raise ValueError("a proxy's launch needs its N1 (threads per block)")
         return block
@@ -78,5 +80,8 @@ class LaunchLayout:
 
 
 def proxy_layout(num_tiles: int, design: KernelDesign = BASELINE) -> LaunchLayout:
-    """How a proxy of `num_tiles` blocks along A is launched in `design` (its N1 given at launch)."""
-    return LaunchLayout(num_tiles, 0, design.columns_per_thread, design.column_walks, design.order)
+    """How a proxy of `num_tiles` tiles is launched in `design` (its N1 given at launch): a block a
+    tile, or in a staged design one a `tiles_per_block` of them."""
+    per_block = design.tiles_per_block
+    return LaunchLayout(-(-num_tiles // per_block), 0, design.columns_per_thread, design.column_walks, design.order,
+                        per_block)

@@ -50,5 +50,5 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     regs += params.loop_regs if design.looped else 0
     # a staged kernel keeps its copy loop's and the shared chunk's addresses beside the sums, above the
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
-    staged = getattr(params, "staged_regs", RegisterModel.staged_regs) if design.loads == "staged" else 0
+    staged = params.staged_regs if design.loads == "staged" else 0
     return max(params.min_regs, regs) + staged

@@ -52,6 +52,7 @@ class LaunchUnderTest:
     cubin: bytes | None = None
     design: KernelDesign = BASELINE
     module_data: Mapping | None = field(default=None, compare=False, hash=False)  # spec.module_data(A), if any
+    matrix: object | None = field(default=None, compare=False, hash=False)  # the layer's A (a staged estimate's unions)
 
     def __post_init__(self):
         if self.spec is not None:

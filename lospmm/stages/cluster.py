@@ -4,12 +4,14 @@ Tiles are clustered on (memory accesses, multiply-adds) = (nnc, nnz) with agglom
 clustering into min(num_tiles, 3 · max NUM_ATB) clusters, NUM_ATB taken over the candidates the
 proxy stands for. Each cluster becomes one proxy block function: NNC_p = min(NNC, 300 / (1 −
 sparsity)) iterations of one B load and CPL multiply-adds, CPL = round(centroid nnz / centroid
-nnc), loading an evenly spaced subset of its medoid tile's columns.
+nnc), loading an evenly spaced subset of its medoid tile's columns. A staged design's proxy also
+copies, per block and chunk of K, as many columns of B as the full kernel's block does there: those
+counts come from the real tiles (kernel.staging.staged_counts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -17,6 +19,8 @@ from scipy.cluster.hierarchy import fcluster, linkage
 
 from lospmm.devices import Device
 from lospmm.devices import active_blocks_per_sm
+from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.staging import staged_counts, staged_shared_bytes
 from lospmm.stages.reorder import Tiles
 
 
@@ -40,28 +44,40 @@ class ProxyClusters:
     nnc_p: np.ndarray  # int32 proxy iterations per cluster
     cpl: np.ndarray  # int32 multiply-adds per iteration per cluster
     columns: tuple[np.ndarray, ...]  # int32 B rows loaded by each cluster's proxy, NNC_p of them
+    # a staged design's: columns of B each block of its tiles copies per chunk of K (blocks × chunks);
+    # empty for every other design
+    staged_counts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
 
     @property
     def num_clusters(self) -> int:
         return len(self.medoid)
 
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory its proxy declares itself (a staged proxy's largest union; 0 for the others)."""
+        return staged_shared_bytes(self.staged_counts)
+
 
 def proxy_active_blocks(candidates, device: Device) -> int:
     """Max NUM_ATB (Eq. 5) over the (M1, N1) candidates one M1 proxy stands for: the proxy needs
     enough block functions to fill the busiest of them. `candidates`: objects or dicts with
-    block_num, pred_regs and n1."""
+    block_num, pred_regs and threads (a block's: N1, or a staged block's N1 per tile)."""
     get = (lambda c, f: c[f]) if candidates and isinstance(candidates[0], dict) else getattr
-    return max(active_blocks_per_sm(get(c, "block_num"), get(c, "pred_regs"), get(c, "n1"), device)
+    return max(active_blocks_per_sm(get(c, "block_num"), get(c, "pred_regs"), get(c, "threads"), device)
                for c in candidates)
 
 
 def chosen_proxy_clusters(matrix: sp.csr_matrix, tiles: Tiles, chosen, sparsity: float, device: Device,
-                          params: ClusterParams = ClusterParams()) -> tuple[ProxyClusters, int]:
-    """The proxy of one M1 for its `chosen` candidates (objects or rows): its clusters, sized for
-    the busiest candidate's active blocks (returned with them). The flow's cluster stage and
-    search.layer_search both call this."""
+                          params: ClusterParams = ClusterParams(), design: KernelDesign = BASELINE
+                          ) -> tuple[ProxyClusters, int]:
+    """The proxy of one M1 in `design` for its `chosen` candidates (objects or rows): its clusters,
+    sized for the busiest candidate's active blocks (returned with them), and for a staged design
+    each block's copies. The flow's cluster stage and search.layer_search both call this."""
     atb = proxy_active_blocks(chosen, device)
-    return proxy_clusters(matrix, tiles, sparsity, atb, params), atb
+    clusters = proxy_clusters(matrix, tiles, sparsity, atb, params)
+    if design.loads == "staged":
+        clusters = replace(clusters, staged_counts=staged_counts(matrix, tiles, design.tiles_per_block))
+    return clusters, atb
 
 
 def cluster_count(num_tiles: int, max_active_blocks: int, params: ClusterParams = ClusterParams()) -> int:

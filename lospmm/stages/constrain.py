@@ -59,7 +59,7 @@ class ConstrainParams:
     min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none),
     vector_regs_per_column=8, loop_regs=12 (the designs' registers: the smallest caps without a
     spill over M1 = 1..16 of a 96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12,
-    which spilled 24 B with a loop at 8)."""
+    which spilled 24 B with a loop at 8), staged_regs=8 (kernel.registers.RegisterModel)."""
 
     th_row: float = 0.25
     th_col: float = 0.25
@@ -71,6 +71,7 @@ class ConstrainParams:
     fallback_keep: int = 10
     vector_regs_per_column: int = RegisterModel.vector_regs_per_column
     loop_regs: int = RegisterModel.loop_regs
+    staged_regs: int = RegisterModel.staged_regs
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def constrained_candidates(
 ) -> list[Candidate]:
     """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`, for a
     kernel of `design`: a block of N1 threads covers N1·V columns (V columns per thread) and walks
-    `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks. With
+    `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks; a staged
+    block is N1 = 32 threads for each of its tiles_per_block tiles (KernelDesign.fixed_n1). With
     `fallback`, the least-bad are kept when none passes (with_fallback)."""
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
@@ -123,10 +125,11 @@ def constrained_candidates(
     for m1 in sorted(tiles_by_m1):
         stats = tiles_by_m1[m1]
         regs = predicted_registers(m1, params, design)
-        for n1 in n1_choices(device):
+        for n1 in [design.fixed_n1] if design.fixed_n1 else n1_choices(device):
             num_b = -(-n // (n1 * width))
-            blocks = stats.num_tiles * -(-num_b // design.column_walks)
-            block_regs = block_registers(regs, n1, device)
+            blocks = design.blocks_along_a(stats.num_tiles) * -(-num_b // design.column_walks)
+            threads = design.block_threads(n1)
+            block_regs = block_registers(regs, threads, device)
             waste = (num_b * n1 * width - n) / (num_b * n1 * width)
             if stats.num_tiles == 0:
                 reason = "empty"
@@ -139,7 +142,7 @@ def constrained_candidates(
                 reason = "load_balance"
             else:
                 reason = None
-            out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, n1, regs, block_regs,
+            out.append(Candidate(m1, n1, stats.num_tiles, num_b, blocks, threads, regs, block_regs,
                                  stats.cov_nnz, waste, stats.nnc_sum, stats.max_nnz, stats.max_nnc, reason,
                                  design=design.label))
     if fallback and params.fallback_keep > 0 and not any(c.kept for c in out):

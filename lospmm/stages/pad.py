@@ -3,7 +3,9 @@ shared memory that gives the proxy the full kernel's occupancy (§5.2, Eq. 5–6
 
 The proxy uses fewer registers than the full kernel, so alone it would fit more blocks per SM.
 Eq. 5 gives the full kernel's active blocks per SM; Eq. 6 sizes each proxy block's shared memory
-so that exactly that many fit: smem_per_sm / NUM_ATB − the runtime's per-block reservation.
+so that exactly that many fit: smem_per_sm / NUM_ATB − the runtime's per-block reservation. A staged
+proxy declares the full kernel's shared memory itself, so it is launched with only the rest
+(proxy_dynamic_shared).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ class ProxyLaunch:
 
     m1: int
     n1: int
-    grid_x: int  # A_tiles
+    grid_x: int  # A_tiles (a staged design's: its blocks of tiles_per_block tiles)
     grid_y: int  # ceil(N / N1)
-    block: int  # N1 threads
+    block: int  # N1 threads (a staged design's: N1 for each of its tiles)
     num_atb: int  # active blocks per SM of the full kernel (Eq. 5)
     smem_bytes: int  # dynamic shared memory per proxy block (Eq. 6)
 
@@ -38,7 +40,16 @@ def proxy_launch(num_tiles: int, n: int, m1: int, n1: int, regs_per_thread: int,
         raise ValueError(f"need tiles, N and N1 >= 1, got {num_tiles}, {n}, {n1}")
     layout = proxy_layout(num_tiles, design)
     grid_y = -(-layout.column_blocks(n, n1) // layout.column_walks)  # blocks along N, whichever axis holds them
-    atb = active_blocks_per_sm(num_tiles * grid_y, regs_per_thread, n1, device)
+    block = layout.block(n1)  # a staged block is N1 threads for each of its tiles
+    atb = active_blocks_per_sm(layout.row_blocks * grid_y, regs_per_thread, block, device)
     smem = device.smem_per_sm // atb - device.reserved_smem_per_block
     smem = max(0, min(smem, device.max_smem_per_block))
-    return ProxyLaunch(m1, n1, num_tiles, grid_y, n1, atb, smem)
+    return ProxyLaunch(m1, n1, layout.row_blocks, grid_y, block, atb, smem)
+
+
+def proxy_dynamic_shared(smem_bytes: int, clusters) -> int:
+    """The dynamic shared memory a proxy launches with for Eq. 6's `smem_bytes` a block: what its own
+    (ProxyClusters.shared_bytes: a staged proxy's union, as the full kernel's) leaves to add. Where
+    the full kernel's shared memory bounds its occupancy, this is 0 and the proxy's own bounds it
+    the same way."""
+    return max(0, smem_bytes - clusters.shared_bytes)

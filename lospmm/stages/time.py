@@ -8,6 +8,7 @@ from lospmm.kernel.layout import proxy_layout
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest
 from lospmm.kernel.design import KernelDesign
+from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.status import Status
 
 
@@ -24,12 +25,12 @@ def untimed_reason(launch: dict, compiled: dict | None, has_clusters: bool) -> s
 def proxy_under_test(launch: dict, compiled: dict, clusters, design: KernelDesign,
                      cubin: bytes | None = None) -> LaunchUnderTest:
     """The launch of a candidate's proxy (its 07_launch row `launch`, its M1's 08_compiled row
-    `compiled` and clusters): at the candidate's N1 with its Eq. 6 shared memory, registers and
+    `compiled` and clusters): at the candidate's N1 with its Eq. 6 shared memory (less what the proxy declares), registers and
     spills as compiled (the most one thread executes), and the compiled proxy's spec for a timer
     that runs it (with its `cubin`)."""
     m, k = launch["m"], launch["k"]
     spec = KernelSpec(compiled["kernel"], "proxy", m, k, clusters.m1, proxy_layout(len(clusters.cluster_of), design),
                       len(clusters.cluster_of), design)
     return LaunchUnderTest(None, m, k, launch["n"], launch["n1"], compiled["registers"],
-                           int(compiled["thread_spill_bytes"]), launch["smem_bytes"], clusters=clusters, spec=spec,
-                           cubin=cubin)
+                           int(compiled["thread_spill_bytes"]), proxy_dynamic_shared(launch["smem_bytes"], clusters),
+                           clusters=clusters, spec=spec, cubin=cubin)

@@ -355,14 +355,18 @@ def test_design_auto_searches_every_candidate_design_with_the_design_aware_ranke
     assert forced.ranker_for(forced.sources[0]).path is None
 
 
-def test_a_run_in_the_staged_design_is_refused_in_one_line_naming_the_device_step():
-    # the staged design has no proxy and no estimate yet: a search in it could only fail later
-    with pytest.raises(ConfigError, match="--design staged,tiles=4: the staged design has no proxy.*run staged"):
-        resolved(RunConfig(zoo=("shufflenetv2",), design="staged,tiles=4"))
+def test_a_run_in_the_staged_design_searches_it_alone_with_the_shipped_ranker(tmp_path):
+    # the staged design has its own proxy and estimate: a run searches in it
+    from lospmm.kernel.design import design_named
+
+    plan = resolved(RunConfig(zoo=("shufflenetv2",), design="staged,tiles=4", artifacts=str(tmp_path)))
+    assert plan.designs_for(plan.sources[0]) == (design_named("staged,tiles=4"),)
+    assert plan.ranker_for(plan.sources[0]).path is None
 
 
 def test_a_ranker_over_the_staged_design_is_refused_in_one_line():
     from lospmm.flows.config import trained_designs
 
-    with pytest.raises(ConfigError, match="staged design has no proxy yet"):
+    # its tiles look like the baseline's to a design-aware ranker's features
+    with pytest.raises(ConfigError, match="do not tell a staged design's tiles from the baseline's"):
         trained_designs("chained;staged,tiles=4")

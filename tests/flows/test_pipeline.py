@@ -224,21 +224,58 @@ def _emitted(tmp_path, weights_file, **options):
     return root, {e["stage"]: root / e["path"] for e in record["entries"]}
 
 
-def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
-    # the streamed design has its own proxy (the same loop over the clusters' columns), so a run searches
-    # in it (a layer with a bias the streamed kernel cannot fuse: tests/kernel/test_choices.py)
+def _served_by(root, paths, proxy_prefix: str, design_label: str) -> list[dict]:
+    """The emitted rows of a run in one design, after checking that its proxies were that design's (each
+    host-checked under ASan, none spilling) and that each GEMM layer is served, host-checked, by a kernel
+    whose kernel.json names the design."""
     import json
 
-    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="streamed,chained")
     compiled = pq.read_table(paths["compile"]).to_pylist()
-    assert compiled and all(r["kernel"].startswith("lospmm_stream_proxy_") and r["verified"] == "asan-ok"
+    assert compiled and all(r["kernel"].startswith(proxy_prefix) and r["verified"] == "asan-ok"
                             and r["spill_stores"] == 0 for r in compiled)
     emitted = pq.read_table(paths["emit"]).to_pylist()
     assert {r["layer"] for r in emitted} == {"enc.0.q.weight", "enc.0.ffn.weight"}
     for r in emitted:
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
-        facts = json.loads((root / r["kernel_dir"] / "kernel.json").read_text())
-        assert facts["design"]["label"] == "streamed,chained,tile-x,walks=1,v=1" and "×" in r["design"]
+        assert json.loads((root / r["kernel_dir"] / "kernel.json").read_text())["design"]["label"] == design_label
+    return emitted
+
+
+def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
+    # the streamed design has its own proxy (the same loop over the clusters' columns), so a run searches
+    # in it (a layer with a bias the streamed kernel cannot fuse: tests/kernel/test_choices.py)
+    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="streamed,chained")
+    emitted = _served_by(root, paths, "lospmm_stream_proxy_", "streamed,chained,tile-x,walks=1,v=1")
+    assert all("×" in r["design"] for r in emitted)
+
+
+def test_a_staged_run_is_searched_by_staged_proxies(tmp_path, weights_file):
+    # the staged design's proxy copies what the full kernel's blocks copy (06_clusters' staged_counts, from
+    # the real tiles) and runs each cluster's walk from shared memory: a run searches in it at N1 = 32, its
+    # blocks of 4 tiles launched as 128 threads, and serves each layer by the staged kernel it chose
+    from lospmm.flows.catalog.clusters import clusters_from_row
+    from lospmm.flows.catalog.pruned import csr_from_row
+    from lospmm.flows.catalog.reordered import tiles_from_row
+    from lospmm.kernel.staging import staged_counts
+
+    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="staged,tiles=4")
+    candidates = [r for r in pq.read_table(paths["constrain"]).to_pylist() if r["status"] == "ok"]
+    assert candidates and {(r["n1"], r["threads"]) for r in candidates} == {(32, 128)}
+    tiles_of = {(c["layer"], c["m1"]): c["num_a_tiles"] for c in candidates}
+    launches = [r for r in pq.read_table(paths["pad"]).to_pylist() if r["status"] == "ok"]
+    assert launches and all(r["block"] == 128 and r["grid_x"] == -(-tiles_of[(r["layer"], r["m1"])] // 4)
+                            for r in launches)
+    table, pruned, reordered = (pq.read_table(paths[s]) for s in ("cluster", "prune", "reorder"))
+    matrices = {pruned.column("layer")[i].as_py(): csr_from_row(pruned, i) for i in range(pruned.num_rows)
+                if pruned.column("status")[i].as_py() == "ok"}
+    tiles = {(reordered.column("layer")[i].as_py(), reordered.column("m1")[i].as_py()): tiles_from_row(reordered, i)
+             for i in range(reordered.num_rows) if reordered.column("status")[i].as_py() == "ok"}
+    assert table.num_rows
+    for i, row in enumerate(table.to_pylist()):
+        expected = staged_counts(matrices[row["layer"]], tiles[(row["layer"], row["m1"])], 4)
+        assert np.array_equal(clusters_from_row(table, i).staged_counts, expected) and expected.sum() > 0
+    emitted = _served_by(root, paths, "lospmm_staged_proxy_", "baked,staged,tile-x,walks=1,v=1,tiles=4")
+    assert all(r["n1"] == 32 for r in emitted)
 
 
 def test_design_auto_searches_the_designs_through_every_stage(tmp_path, weights_file):

@@ -19,7 +19,7 @@ PRUNED, SHAPES, CLUSTERS = SCHEMAS["prune"], SCHEMAS["extract"], SCHEMAS["cluste
 
 # Written out, not derived: a list column added or dropped must show up here.
 _LISTS = {"layers", "indptr", "indices", "data", "empty_rows", "rows", "tile_ptr", "tile_nnz", "tile_nnc",
-          "cluster_of", "medoid", "centroid_nnc", "centroid_nnz", "nnc_p", "cpl", "columns",
+          "cluster_of", "medoid", "centroid_nnc", "centroid_nnz", "nnc_p", "cpl", "columns", "staged_counts",
           *(f"order_{c}" for c in ("strategy", "nnc_sum", "max_nnc", "cov_nnz", "estimate_us", "seconds", "chosen",
                                    "note"))}
 

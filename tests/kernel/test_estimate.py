@@ -173,3 +173,51 @@ def test_a_noisy_measurement_is_measured_again_and_flagged_never_averaged_in():
     t = settled(lambda: next(noisy), bound=0.10, attempts=2)
     assert (t.us, t.attempts, t.flagged) == (20.0, 2, True)
     assert settled(lambda: (5.0, float("nan")), attempts=1).flagged  # no spread is no evidence of quiet
+
+
+def _staged_pair(a, m1: int, per_block: int, n: int = 4096):
+    """(chained at N1 = 32, staged) estimates of the same tiles, with the same registers."""
+    from lospmm.kernel.design import design_named
+
+    tiles = reordered_tiles(a, m1)
+    out = []
+    for label in ("chained", f"staged,tiles={per_block}"):
+        work = full_kernel_work(tiles, *a.shape, n, 32, 48, design=design_named(label), matrix=a)
+        out.append(estimated_timing(work, H100))
+    return out
+
+
+def test_a_staged_block_reads_its_tiles_shared_columns_of_b_once():
+    # every row has the same columns: a block of 8 tiles copies each once, where 8 tiles read it 8 times
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    shared = sp.csr_matrix(np.tile((rng.random(1024) < 0.1) * rng.standard_normal(1024), (512, 1)).astype(np.float32))
+    chained, staged = _staged_pair(shared, 4, 8)
+    assert chained.status == staged.status == "ok"
+    assert staged.memory_us < chained.memory_us / 3  # to the DRAM floor (B and C once)
+    # disjoint columns: nothing is shared, so B's traffic is the same and the staged block only adds copies
+    disjoint = sp.csr_matrix(sp.block_diag([np.ones((4, 8), np.float32)] * 128))
+    chained, staged = _staged_pair(disjoint, 4, 8)
+    assert staged.memory_us >= chained.memory_us * 0.99 and staged.compute_us > chained.compute_us
+
+
+def test_a_staged_estimate_needs_the_layers_a_and_prices_a_proxy_by_the_full_kernels_copies():
+    from dataclasses import replace
+
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.staging import staged_counts
+
+    a = random_pruned(256, 512, 0.9, np.random.default_rng(1))
+    tiles, design = reordered_tiles(a, 8), design_named("staged,tiles=8")
+    timer = EstimateTimer(H100)
+    without = timer.time(LaunchUnderTest(tiles, 256, 512, 1024, 32, 48, design=design))
+    assert without.status == "error" and "needs the layer's A" in without.message
+    full = timer.time(LaunchUnderTest(tiles, 256, 512, 1024, 32, 48, design=design, matrix=a))
+    assert full.status == "ok" and np.isfinite(full.time_us)
+    # a proxy whose clusters are the tiles themselves copies and walks what the full kernel does
+    clusters = replace(proxy_clusters(a, tiles, 0.9, 10 ** 6), staged_counts=staged_counts(a, tiles, 8))
+    proxy = timer.time(LaunchUnderTest(None, 256, 512, 1024, 32, 48, clusters=clusters, design=design))
+    assert proxy.memory_us == pytest.approx(full.memory_us, rel=0.05)
+    # a staged block is 8 warps with the full kernel's shared memory: fewer of them fit than 1-warp blocks
+    assert proxy.active_blocks <= H100.max_threads_per_sm // 256

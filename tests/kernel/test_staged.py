@@ -17,8 +17,10 @@ from lospmm.kernel.design import design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.render import CodegenParams, kernel_source, proxy_source
-from lospmm.kernel.render.staged import STAGED_ROWS
 from lospmm.kernel.spec import KernelSource, KernelSpec
+from lospmm.kernel.staging import STAGED_ROWS, staged_counts
+from lospmm.stages.cluster import chosen_proxy_clusters, proxy_clusters
+from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
 
@@ -81,8 +83,67 @@ def test_the_staged_design_reads_back_from_its_label_and_refuses_what_it_is_not(
     a = random_pruned(16, 32, 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="N1 must be 32"):
         kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=d))
-    with pytest.raises(ValueError, match="no proxy yet"):
-        proxy_source(16, 32, None, CodegenParams(design=d))
+    clusters = proxy_clusters(a, reordered_tiles(a, 2), 0.5, 2)  # no copies: not a staged design's clusters
+    with pytest.raises(ValueError, match="needs the copies of each of its"):
+        proxy_source(16, 32, clusters, CodegenParams(design=d))
+
+
+def _staged_clusters(a, m1: int, per_block: int, active_blocks: int = 2):
+    from lospmm.devices import device_named
+    from lospmm.stages.constrain import constrained_candidates
+    from lospmm.stages.reorder import tile_stats
+
+    tiles = reordered_tiles(a, m1)
+    design = design_named(f"staged,tiles={per_block}")
+    chosen = [c for c in constrained_candidates(64, {m1: tile_stats(tiles)}, device_named("h100"), design=design)]
+    return tiles, design, chosen_proxy_clusters(a, tiles, chosen, 0.9, device_named("h100"), design=design)[0]
+
+
+def test_staged_counts_are_the_unions_the_kernel_copies():
+    # the estimate and the proxy read staged_counts; the kernel bakes the unions as copy tables: the same sizes
+    import re
+
+    a = random_pruned(70, STAGED_ROWS * 2 + 30, 0.85, np.random.default_rng(4))
+    tiles = reordered_tiles(a, 3)
+    counts = staged_counts(a, tiles, 4)
+    assert counts.shape == (-(-tiles.num_tiles // 4), 3)
+    for g in range(counts.shape[0]):
+        rows = np.concatenate([tiles.tile(t) for t in range(4 * g, min(4 * g + 4, tiles.num_tiles))])
+        union = np.unique(a[rows].indices)
+        assert counts[g].tolist() == [int(np.sum(union // STAGED_ROWS == c)) for c in range(3)]
+    text = "".join(staged_source(a, 3, 4).units)
+    tables = {(int(g), int(c)): int(n) for g, c, n in re.findall(r"lospmm_staged_(\d+)_(\d+)\[(\d+)\]", text)}
+    # a table per (block, chunk with columns), named by the block's first tile
+    assert tables == {(4 * g, c): int(counts[g, c]) for g in range(counts.shape[0]) for c in range(3) if counts[g, c]}
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(4, 48), k=st.sampled_from([40, STAGED_ROWS + 45]), m1=st.sampled_from([1, 2, 4]),
+       per_block=st.sampled_from([2, 4, 8]), n=st.sampled_from([1, 33, 64]), seed=st.integers(0, 1000))
+def test_the_staged_proxy_runs_its_blocks_copies_and_walks_within_bounds(m, k, m1, per_block, n, seed):
+    # a proxy's output is meaningless; its memory accesses and barriers are checked under ASan, with the
+    # last block's warps past the tiles copying and meeting at the barriers too
+    from lospmm.kernel.host import proxy_check
+
+    a = random_pruned(m, k, 0.8, np.random.default_rng(seed))
+    tiles, design, clusters = _staged_clusters(a, m1, per_block)
+    kernel = proxy_source(m, k, clusters, CodegenParams(design=design))
+    spec = kernel.spec
+    assert spec.cooperative and spec.layout.block(32) == 32 * per_block
+    assert spec.grid(n, 32) == (-(-tiles.num_tiles // per_block), -(-n // 32), 1)
+    assert proxy_check(kernel, clusters.cluster_of, n, 32) == "asan-ok"
+
+
+def test_a_staged_proxy_copies_what_its_clusters_say_and_declares_the_full_kernels_shared_memory():
+    a = random_pruned(64, STAGED_ROWS + 100, 0.9, np.random.default_rng(5))
+    tiles, design, clusters = _staged_clusters(a, 2, 8)
+    text = "".join(proxy_source(64, a.shape[1], clusters, CodegenParams(design=design)).units)
+    assert f"Bs[{int(clusters.staged_counts.max()) * 32}]" in text and clusters.shared_bytes == \
+        int(clusters.staged_counts.max()) * 128
+    assert ", ".join(map(str, clusters.staged_counts.ravel())) in text  # the block's copies, chunk by chunk
+    # Eq. 6's padding less what the proxy declares, never below zero
+    assert proxy_dynamic_shared(clusters.shared_bytes + 1000, clusters) == 1000
+    assert proxy_dynamic_shared(10, clusters) == 0
 
 
 def test_the_staged_kernel_package_round_trips_through_kernel_json():

@@ -184,3 +184,19 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
     streamed, half = design_named("streamed,chained"), design_named("fp16,chained")
     assert searched_designs((streamed,), "conv") == (streamed,) and searched_designs((half,), "conv") == (half,)
+
+
+def test_a_staged_design_is_tiled_at_n1_32_in_blocks_of_its_tiles():
+    # a staged block's warps each walk one tile over the same warp's 32 columns: N1 is 32, a block is
+    # 32 threads a tile, and blocks along A are the tiles over tiles_per_block (the proxy's launch too)
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.pad import proxy_launch
+
+    h100 = H100
+    stats = {4: TileStats(100, 50, 40.0, 4000, 30, 0.1)}
+    staged = design_named("staged,tiles=8")
+    cands = constrained_candidates(4096, stats, h100, design=staged)
+    assert [(c.n1, c.threads, c.num_b_tiles, c.block_num) for c in cands] == [(32, 256, 128, 13 * 128)]
+    assert cands[0].block_regs == 8 * (cands[0].pred_regs * 32)
+    launch = proxy_launch(100, 4096, 4, 32, cands[0].pred_regs, h100, staged)
+    assert (launch.grid_x, launch.grid_y, launch.block) == (13, 128, 256)

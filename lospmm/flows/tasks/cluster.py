@@ -12,6 +12,7 @@ from lospmm.flows.catalog.pruned import matrices
 from lospmm.flows.catalog.reordered import tiles_by_layer
 from lospmm.stages.cluster import ClusterParams, chosen_proxy_clusters
 from lospmm.devices import Device
+from lospmm.kernel.design import design_named
 from lospmm.status import Status
 
 
@@ -27,7 +28,8 @@ def cluster(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, de
             base = {**layer_fields(group[0], "sparsity"), "m1": m1, "design": design}
             t0 = time.perf_counter()
             try:
-                cl, atb = chosen_proxy_clusters(a[layer], tiles[layer][m1], group, sparsity, device, params)
+                cl, atb = chosen_proxy_clusters(a[layer], tiles[layer][m1], group, sparsity, device, params,
+                                                design_named(design))
                 rows.append({**base, **clusters_row(cl), "status": Status.OK, "message": "",
                              "num_tiles": tiles[layer][m1].num_tiles, "max_active_blocks": atb,
                              "seconds": time.perf_counter() - t0})

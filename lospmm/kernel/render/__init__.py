@@ -16,7 +16,7 @@ from lospmm.kernel.render.baked import baked_kernel, baked_proxy
 from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
 from lospmm.kernel.render.conv import conv_kernel
 from lospmm.kernel.render.nm import nm_kernel
-from lospmm.kernel.render.staged import staged_kernel
+from lospmm.kernel.render.staged import staged_kernel, staged_proxy
 from lospmm.kernel.render.streamed import streamed_kernel, streamed_proxy
 from lospmm.kernel.spec import KernelSource
 
@@ -56,11 +56,11 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
 
 def proxy_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
     """The M1 proxy (§5.1) of `clusters` (cluster.ProxyClusters) in `params.design`: the baked
-    proxy's straight-line code per cluster, or the streamed loop over the clusters' data; ValueError
-    for a design the search has no proxy of (the N:M kernel, which needs no tiles)."""
+    proxy's straight-line code per cluster, the staged proxy's (the same, reading B from the chunks
+    its blocks copy), or the streamed loop over the clusters' data; ValueError for a design the
+    search has no proxy of (the N:M kernel, which needs no tiles)."""
     if params.design.a_values == "streamed":
         return streamed_proxy(m, k, clusters, params)
     if params.design.loads == "staged":
-        raise ValueError(f"design {params.design.label}: the staged design has no proxy yet (the device program "
-                         f"measures its full kernels; the search cannot price it)")
+        return staged_proxy(m, k, clusters, params)
     return baked_proxy(m, k, clusters, params)

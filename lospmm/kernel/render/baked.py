@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, entry_unit, first_column, kernel_name,
-                                         sorted_matrix, straight_line, tile_columns, tile_costs, tile_signature, units,
-                                         walked, zero_blocks)
+                                         proxy_nonzeros, sorted_matrix, straight_line, tile_columns, tile_costs,
+                                         tile_signature, units, walked, zero_functions)
 from lospmm.kernel.render.numbers import number_code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -62,9 +62,7 @@ def baked_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = 
         stores = [code.store(f, int(r), epilogue) for r, f in zip(rows, finish)]
         functions.append("".join([f"LOSPMM_TILE void tile_{t}{signature} {{\n", *walked(design, body + stores, ctype),
                                   "  LOSPMM_TILE_END\n}\n"]))
-    zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
-    zero_functions = [(f"({ctype}* __restrict__ Cn, const int N)", "".join(code.zero_store(int(r), epilogue) for r in rows))
-                      for rows in zeros]
+    zeros = zero_functions(code, tiles, epilogue)
     tile_axis, column_axis = axes(design)
     per_block = (("blockDim.x" if v == 1 else f"(blockDim.x * {v})") if at_launch else n1 * v)
     head = [f"LOSPMM_KERNEL void {name}(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, const int N) {{\n",
@@ -76,7 +74,7 @@ def baked_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = 
         head.append(f"  const {ctype}* Bn = B + n;\n  {ctype}* Cn = C + n;\n")
         tile_args, zero_call = "Bn, Cn, N", "zero_{z}(Cn, N)"
     preamble = code.preamble()
-    entry = entry_unit(preamble, header, tiles.num_tiles, signature, zero_functions, "".join(head), tile_args,
+    entry = entry_unit(preamble, header, tiles.num_tiles, signature, zeros, "".join(head), tile_args,
                        zero_call, tile_axis)
     layout = LaunchLayout(tiles.num_tiles + len(zeros), 0 if at_launch else n1, v, design.column_walks, design.order)
     spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
@@ -107,10 +105,7 @@ def baked_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams(
     tile_axis, column_axis = axes(design)
     functions = []
     for c in range(clusters.num_clusters):
-        cols, cpl = [int(x) for x in clusters.columns[c]], int(clusters.cpl[c])
-        # distinct constants keep the multiply-adds from being folded together
-        nonzeros = [[((j * cpl + q) % m1, code.proxy_value(1 + ((j * cpl + q) % 97) / 128)) for q in range(cpl)]
-                    for j in range(len(cols))]
+        cols, nonzeros = proxy_nonzeros(code, clusters, c)
         body, finish = straight_line(code, cols, nonzeros, m1, params.prefetch, code.load)
         stores = [f"  {{ const int r0 = blockIdx.{tile_axis} * {m1};\n",
                   *(code.store(f, i, None, f"r0 + {i}", f"r0 + {i} < {m}") for i, f in enumerate(finish)), "  }\n"]

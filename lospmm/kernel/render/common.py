@@ -104,6 +104,21 @@ def zero_blocks(empty_rows: np.ndarray, per_block: int) -> list[np.ndarray]:
     return [empty_rows[i:i + per_block] for i in range(0, len(empty_rows), per_block)]
 
 
+def zero_functions(code, tiles: Tiles, epilogue) -> list[tuple[str, str]]:
+    """The zeroing blocks' functions (signature, body) of a kernel on `tiles`: each stores M1 of the
+    rows with no nonzero (their epilogue's output of a zero) in the number format `code`."""
+    return [(f"({code.ctype}* __restrict__ Cn, const int N)", "".join(code.zero_store(int(r), epilogue) for r in rows))
+            for rows in zero_blocks(tiles.empty_rows, max(tiles.m1, 1))]
+
+
+def proxy_nonzeros(code, clusters, c: int) -> tuple[list[int], list[list[tuple[int, object]]]]:
+    """Cluster c's proxy work: the B rows it loads, and per load its CPL multiply-adds (row within the
+    M1 rows, value token in `code`), of distinct constants so that none fold together."""
+    cols, cpl, m1 = [int(x) for x in clusters.columns[c]], int(clusters.cpl[c]), clusters.m1
+    return cols, [[((j * cpl + q) % m1, code.proxy_value(1 + ((j * cpl + q) % 97) / 128)) for q in range(cpl)]
+                  for j in range(len(cols))]
+
+
 def entry_unit(preamble: str, header: str, num_tiles: int, tile_signature: str,
                zero_functions: list[tuple[str, str]], kernel_head: str, tile_args: str, zero_call: str,
                tile_axis: str = "x") -> str:

@@ -4,7 +4,8 @@ A block is `tiles_per_block` (G) warps over one warp's 32 columns of C (n = bloc
 warp w of block g walks tile g·G + w. Per chunk of STAGED_ROWS rows of K, the block copies the union
 of its tiles' non-empty columns of B there into shared memory (each column once, 128 coalesced bytes
 a copy, the columns shared out among the warps by a loop over a table: straight-line copies doubled
-the code and ptxas's time), meets at a barrier, and each warp does its tile's
+the code and ptxas's time; stored with st.shared at the lane's shared address: through the generic
+pointer a tile function is passed, ptxas stored with ST.E), meets at a barrier, and each warp does its tile's
 multiply-adds of the chunk reading B from shared memory; a second barrier, and the next chunk. B's
 traffic through L2 is each union's instead of each tile's columns (benchmarks/staged_reuse.py
 estimates the ratio: 1.4-7.6× on the A/B layers at 8 tiles), at the price of the copy's
@@ -16,19 +17,17 @@ first warp.
 
 from __future__ import annotations
 
+import numpy as np
 import scipy.sparse as sp
 
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.includes import included
-from lospmm.kernel.layout import LaunchLayout
-from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, sorted_matrix, tile_columns,
-                                         units, zero_blocks)
+from lospmm.kernel.layout import LaunchLayout, proxy_layout
+from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, proxy_nonzeros, sorted_matrix,
+                                         tile_columns, units, zero_functions)
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
-
-# rows of K a block stages at a time: its union there is at most 256 columns × 32 floats (32 KiB)
-STAGED_ROWS = 256
-WARP = 32
+from lospmm.kernel.staging import STAGED_ROWS, WARP, block_tiles, chunk_count, staged_shared_bytes
 
 
 def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = CodegenParams(),
@@ -49,7 +48,7 @@ def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
     name = kernel_name("lospmm_staged", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), per_block, STAGED_ROWS, params.shard_nnz,
                        *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
-    groups = [list(range(g, min(g + per_block, tiles.num_tiles))) for g in range(0, tiles.num_tiles, per_block)]
+    groups = block_tiles(tiles.num_tiles, per_block)
     bodies = [_group(a, code, tiles, ts, epilogue) for ts in groups]
     largest = max([staged for _, _, staged, _ in bodies] + [1])
     header = (f"// lospmm staged kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} tiles={tiles.num_tiles} "
@@ -58,15 +57,13 @@ def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
     signature = "(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs)"
     functions = [f"{tables}LOSPMM_TILE void tile_{g}{signature} {{\n{text}  LOSPMM_TILE_END\n}}\n"
                  for g, (tables, text, _, _) in enumerate(bodies)]
-    zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
-    zero_functions = [("(float* __restrict__ Cn, const int N)", "".join(code.zero_store(int(r), epilogue) for r in rows))
-                      for rows in zeros]
+    zeros = zero_functions(code, tiles, epilogue)
     head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"
             f"  __shared__ __align__(16) float Bs[{largest * WARP}];\n")
     zero_call = (f"if (threadIdx.x < {WARP} && blockIdx.y * {WARP} + threadIdx.x < N) "
                  f"zero_{{z}}(C + blockIdx.y * {WARP} + threadIdx.x, N)")
     preamble = code.preamble() + included("staged.cuh")
-    entry = entry_unit(preamble, header, len(groups), signature, zero_functions, head, "B, C, N, Bs", zero_call, "x")
+    entry = entry_unit(preamble, header, len(groups), signature, zeros, head, "B, C, N, Bs", zero_call, "x")
     layout = LaunchLayout(len(groups) + len(zeros), WARP * per_block, 1, 1, "tile-x", per_block)
     spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, [cost for _, _, _, cost in bodies], params.shard_nnz,
@@ -87,7 +84,7 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
     out = [f"  const int warp = threadIdx.x / {WARP}, lane = threadIdx.x % {WARP};\n",
            f"  const int n = blockIdx.y * {WARP} + lane;\n  const bool live = n < N;\n",
            "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
-           "  const float* Bl = Bs + lane;  // the lane's column of the staged chunk\n",
+           "  float* Bl = Bs + lane;  // the lane's column of the staged chunk\n",
            "  const unsigned mine = lospmm_shared_address(Bl);\n",
            "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
     staged_most, tables = 0, []
@@ -103,7 +100,7 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the warps
         out.append(f"  // rows {chunk0}..{chunk0 + STAGED_ROWS - 1} of K: {len(union)} columns of B staged\n"
                    f"  for (int j = warp; j < {len(union)}; j += {code.design.tiles_per_block}) "
-                   f"Bs[j * {WARP} + lane] = live ? lospmm_ld(Bn, {table}[j], N) : 0.0f;\n"
+                   f"LOSPMM_STS(mine, Bl, j * {4 * WARP}, live ? lospmm_ld(Bn, {table}[j], N) : 0.0f);\n"
                    "  __syncthreads();\n  switch (warp) {\n")
         for w, columns in enumerate(inside):
             if columns:
@@ -117,3 +114,90 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
                    + "      break;\n")
     out.append("    default: break;\n  }\n")
     return "".join(tables), "".join(out), staged_most, int(sum(len(nz) for _, columns in per_tile for _, nz in columns))
+
+
+def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
+    """The M1 proxy (§5.1) in a staged design: blocks of G warps over one warp's 32 columns, warp w of
+    block g running the proxy function of tile g·G + w's cluster (`cluster_of`, a launch argument as
+    for every proxy) or, past the last tile, only the copies and barriers. Per chunk of K the block
+    copies as many columns of B as the full kernel's block g copies there (`clusters.staged_counts`,
+    from the real tiles: the copies and B's L2 traffic are the full kernel's) and meets at its
+    barriers; each cluster's NNC_p loads of CPL multiply-adds read B from shared memory at literal
+    offsets in the chunk of their column, as the full kernel's do. Its shared memory is the full
+    kernel's (the largest union), declared statically; Eq. 6's padding is added on top of it at
+    launch only where it needs more (stages.pad.proxy_shared_bytes). Its output is meaningless, its
+    memory accesses and barriers are the full kernel's in kind."""
+    design = params.design
+    if design.loads != "staged":
+        raise ValueError(f"design {design.label}: the staged proxy is the staged designs'")
+    counts = np.asarray(clusters.staged_counts, np.int32)
+    tiles, per_block, chunks = len(clusters.cluster_of), design.tiles_per_block, chunk_count(k)
+    if counts.shape != (-(-tiles // per_block), chunks):
+        raise ValueError(f"the staged proxy needs the copies of each of its {-(-tiles // per_block)} blocks in each of "
+                         f"{chunks} chunks of K (ProxyClusters.staged_counts), got shape {counts.shape}")
+    code = Fp32Code(design)
+    m1 = clusters.m1
+    slots = max(1, int(counts.max(initial=0)))  # the full kernel's largest union: its shared memory
+    name = kernel_name("lospmm_staged_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
+                       b"".join(c.tobytes() for c in clusters.columns), counts.tobytes(), per_block, STAGED_ROWS,
+                       params.shard_nnz)
+    header = (f"// lospmm staged proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} tiles={tiles} "
+              f"tiles a block={per_block} rows of K staged={STAGED_ROWS} shared={staged_shared_bytes(counts)} B "
+              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}")
+    signature = ("(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs, "
+                 "const int* __restrict__ counts)")
+    functions, costs = [], []
+    for c in range(clusters.num_clusters):
+        cols, nonzeros = proxy_nonzeros(code, clusters, c)
+        by_chunk = [[j for j, col in enumerate(cols) if col // STAGED_ROWS == chunk] for chunk in range(chunks)]
+        functions.append(f"LOSPMM_TILE void proxy_{c}{signature} {{\n"
+                         + _proxy_walk(code, m, m1, by_chunk, nonzeros, slots, per_block) + "  LOSPMM_TILE_END\n}\n")
+        costs.append(sum(map(len, nonzeros)))
+    idle = (f"LOSPMM_TILE void proxy_idle{signature} {{\n"
+            + _proxy_walk(code, m, 0, [[] for _ in range(chunks)], [], slots, per_block) + "  LOSPMM_TILE_END\n}\n")
+    table = f"{name}_counts"
+    cases = "".join(f"    case {c}: proxy_{c}(B, C, N, Bs, counts); break;\n" for c in range(clusters.num_clusters))
+    preamble = code.preamble() + included("staged.cuh")
+    entry = (preamble + header + " (entry unit)\n"
+             + "".join(f"LOSPMM_TILE void proxy_{c}{signature};\n" for c in range(clusters.num_clusters))
+             + f"LOSPMM_TILE void proxy_idle{signature};\n"
+             + f"__device__ const int {table}[{counts.size}] = {{{', '.join(map(str, counts.ravel().tolist()))}}};\n"
+             + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
+             f"const int* __restrict__ cluster_of) {{\n"
+             f"  __shared__ __align__(16) float Bs[{slots * WARP}];\n"
+             f"  const int tile = blockIdx.x * {per_block} + threadIdx.x / {WARP};\n"
+             f"  const int* counts = {table} + blockIdx.x * {chunks};  // the block's copies, chunk by chunk\n"
+             f"  switch (tile < {tiles} ? cluster_of[tile] : -1) {{\n{cases}"
+             f"    default: proxy_idle(B, C, N, Bs, counts); break;\n  }}\n}}\n")
+    spec = KernelSpec(name, "proxy", m, k, m1, proxy_layout(tiles, design), tiles, design)
+    return KernelSource(spec, tuple(units("proxy", functions + [idle], costs + [0], params.shard_nnz, preamble)
+                                    + [entry]))
+
+
+def _proxy_walk(code: Fp32Code, m: int, m1: int, by_chunk: list[list[int]], nonzeros: list, slots: int,
+                per_block: int) -> str:
+    """One warp's walk in a staged proxy: per chunk, the block's copies (as many as `counts` says,
+    from rows of the chunk) between its barriers, where the chunk copies any, and this warp's loads
+    of the chunk (`by_chunk`: its columns' positions) from shared memory with their multiply-adds;
+    then its M1 rows' stores (none for an idle warp: m1 = 0)."""
+    out = [f"  const int warp = threadIdx.x / {WARP}, lane = threadIdx.x % {WARP};\n",
+           f"  const int n = blockIdx.y * {WARP} + lane;\n  const bool live = n < N;\n",
+           "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
+           "  float* Bl = Bs + lane;\n  const unsigned mine = lospmm_shared_address(Bl);\n"]
+    if m1:
+        out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
+    for chunk, positions in enumerate(by_chunk):
+        out.append(f"  {{ const int copies = counts[{chunk}];  // rows {chunk * STAGED_ROWS}.. of K\n"
+                   f"    if (copies) {{\n"
+                   f"      for (int j = warp; j < copies; j += {per_block}) "
+                   f"LOSPMM_STS(mine, Bl, j * {4 * WARP}, live ? lospmm_ld(Bn, {4 * chunk * STAGED_ROWS} + 4 * j, N) : 0.0f);\n"
+                   "      __syncthreads();\n    }\n")
+        for slot, j in enumerate(positions):  # the block's union holds the warp's columns: a slot of it each
+            out.append(f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * (slot % slots) * WARP}); "
+                       + " ".join(code.multiply_adds(j, nonzeros[j], None)) + " }\n")
+        out.append("    if (copies) __syncthreads();\n  }\n")
+    if m1:
+        out.append(f"  {{ const int r0 = (blockIdx.x * {per_block} + warp) * {m1};\n"
+                   + "".join("  " + code.store(i, i, None, f"r0 + {i}", f"live && r0 + {i} < {m}") for i in range(m1))
+                   + "  }\n")
+    return "".join(out)

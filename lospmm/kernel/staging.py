@@ -1,0 +1,44 @@
+"""What a staged block copies (design loads="staged", lospmm.kernel.render.staged): block g's warps
+walk tiles g·G .. g·G + G − 1 (G = tiles_per_block, in the tiles' order), and per chunk of
+STAGED_ROWS rows of K the block copies the union of those tiles' non-empty columns of B into shared
+memory once. The renderer bakes each union into a copy table; the estimate and the staged proxy
+read how many columns each (block, chunk) copies (`staged_counts`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+# rows of K a block stages at a time: its union there is at most 256 columns × 32 floats (32 KiB)
+STAGED_ROWS = 256
+WARP = 32  # a staged block's warps share one warp's columns of C
+
+
+def block_tiles(num_tiles: int, per_block: int) -> list[list[int]]:
+    """The tiles each staged block walks, warp by warp: `per_block` consecutive ones (fewer in the last)."""
+    return [list(range(g, min(g + per_block, num_tiles))) for g in range(0, num_tiles, per_block)]
+
+
+def chunk_count(k: int, rows: int = STAGED_ROWS) -> int:
+    """Chunks of `rows` rows that K spans."""
+    return -(-k // rows)
+
+
+def staged_counts(matrix: sp.csr_matrix, tiles, per_block: int, chunk_rows: int = STAGED_ROWS) -> np.ndarray:
+    """Columns of B each staged block copies in each chunk of K: an int32 array (blocks × chunks),
+    the size of the union of its tiles' non-empty columns there (0: the chunk is skipped, no
+    barrier)."""
+    a = sp.csr_matrix(matrix)
+    chunks = chunk_count(a.shape[1], chunk_rows)
+    groups = block_tiles(tiles.num_tiles, per_block)
+    out = np.zeros((len(groups), chunks), np.int32)
+    for g, group in enumerate(groups):
+        rows = np.concatenate([tiles.tile(t) for t in group]) if group else np.zeros(0, np.int64)
+        union = np.unique(a[rows].indices)
+        out[g] = np.bincount(union // chunk_rows, minlength=chunks)[:chunks]
+    return out
+
+
+def staged_shared_bytes(counts: np.ndarray, element_bytes: int = 4) -> int:
+    """A staged block's shared memory: its largest chunk's union, one warp's columns each."""
+    return int(counts.max(initial=0)) * WARP * element_bytes
