@@ -310,10 +310,20 @@ def latency_summary(rows: list[dict]) -> list[dict]:
     return variant_summary(rows, "latency", LATENCY_REFERENCE)
 
 
-def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: bool = True) -> list[dict]:
+def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: bool = True,
+                    models: dict | None = None) -> list[dict]:
     """An A/B of variants on the same layers (rows of `set_name`, keyed by `variant`): per layer each
-    variant's time over the `reference` variant's (with the estimate's ratio, `estimate`), registers
-    and spills; then per variant the geomean over the layers, the worst layer and the largest spread."""
+    variant's time over the `reference` variant's (with the estimate's ratio the bundle recorded,
+    `estimate`, and each of `models`' — {column name: an EstimateTimer} — recomputed from the launch's
+    work at its compiled registers), registers and spills; then per variant the geomean over the
+    layers, the worst layer and the largest spread."""
+    def modelled(r: dict, timer) -> float:
+        if r.get("tile_loads") is None:
+            return float("nan")
+        return float(estimated_timing(launch_work(r), timer.device, timer.params).time_us)
+
+    from lospmm.kernel.estimate import estimated_timing
+
     by: dict = {}
     for r in rows:
         if r.get("set") == set_name and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
@@ -329,6 +339,8 @@ def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: b
             row = {"model": model, "layer": layer, "variant": label, "us": float(r["ours_us"]), "over reference": ratio}
             if estimate:
                 row["estimate: over reference"] = float(r.get("estimate_us") or "nan") / float(base.get("estimate_us") or "nan")
+            for name, timer in (models or {}).items():
+                row[f"{name}: over reference"] = modelled(r, timer) / modelled(base, timer)
             out.append(row | {"registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
                               "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
     for label, values in sorted(ratios.items()):

@@ -850,8 +850,17 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                                      "predicted registers, -O1) on the same layer and tile; < 1 is faster",
                                      analysis.latency_summary(speed))
             if any(r.get("set") == "staged" for r in speed):
+                from lospmm.devices import device_named
+                from lospmm.kernel.estimate import estimate_timer
+
+                # which model of instruction supply holds: the calibrations' (1.5-1.8 bytes a cycle an SM)
+                # predict the staged kernels slower, the datasheet's (32) faster (benchmarks/results/staged_estimate.txt)
+                gpu = device_named(folder.parent.name if folder.parent.name in ("h100", "h200") else "h100")
+                models = {"calibrated": estimate_timer(gpu), "datasheet": estimate_timer(gpu, calibrated=False)}
                 analysis.print_table("staged A/B: the staged design's time over the chained kernel on the same tiles "
-                                     "(< 1 is faster)", analysis.variant_summary(speed, "staged", "chained", False))
+                                     "(< 1 is faster), beside what the estimate predicted (the bundle's: the H100's "
+                                     "calibration) and what it gives on this GPU calibrated and from the datasheet",
+                                     analysis.variant_summary(speed, "staged", "chained", True, models))
             if any(r.get("set") == "conv" for r in speed):
                 analysis.print_table("implicit-im2col convolutions: ours against the GEMM kernel of the same A on B "
                                      "already expanded (im2col not counted) and cuDNN fp32", analysis.conv_summary(speed))

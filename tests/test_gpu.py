@@ -64,6 +64,36 @@ def test_the_staged_kernel_matches_scipy_on_the_device(tmp_path, design):
     np.testing.assert_allclose(load_kernel(package.dir)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_staged_proxy_launches_with_its_own_shared_memory_and_eq6s_rest_past_48_kb():
+    # the staged proxy declares its union (up to 32 KiB); with Eq. 6's rest at 3-4 active blocks a block
+    # totals more than 48 KB, which a launch may only take after the opt-in (cuda.shared_opt_in)
+    from lospmm.devices import device_named
+    from lospmm.kernel.cuda import CudaTimer
+    from lospmm.kernel.render import CodegenParams, proxy_source
+    from lospmm.kernel.timing import LaunchUnderTest
+    from lospmm.stages.cluster import chosen_proxy_clusters
+    from lospmm.stages.constrain import constrained_candidates
+    from lospmm.stages.pad import proxy_dynamic_shared, proxy_launch
+    from lospmm.stages.reorder import reordered_tiles, tile_stats
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.prune import random_pruned
+
+    h100 = device_named("h100")
+    a = random_pruned(768, 3072, 0.9, np.random.default_rng(0))
+    design, tiles = design_named("staged,tiles=8"), reordered_tiles(a, 8)
+    chosen = constrained_candidates(784, {8: tile_stats(tiles)}, h100, design=design)
+    clusters = chosen_proxy_clusters(a, tiles, chosen, 0.9, h100, design=design)[0]
+    kernel = proxy_source(768, 3072, clusters, CodegenParams(design=design))
+    out = compiled_kernel(kernel, kernel_options("sm_90", 8, design=design))
+    launch = proxy_launch(tiles.num_tiles, 784, 8, 32, chosen[0].pred_regs, h100, design)
+    dynamic = proxy_dynamic_shared(launch.smem_bytes, clusters)
+    assert clusters.shared_bytes + dynamic > 48 * 1024  # the case the opt-in is for
+    t = CudaTimer(h100, "gpu").time(LaunchUnderTest(None, 768, 3072, 784, 32, out.registers, 0, dynamic,
+                                                    clusters=clusters, spec=kernel.spec, cubin=out.cubin))
+    assert t.status == "ok" and np.isfinite(t.time_us), t
+
+
 @pytest.mark.parametrize("design", ["chained", "chained,column-x", "chained,walks=3", "chained,v=2", "chained,v=4",
                                     "based,v=4,walks=2,column-x", "streamed", "streamed,chained,v=4,walks=2"])
 def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):

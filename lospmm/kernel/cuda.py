@@ -167,6 +167,16 @@ class DeviceBuffer:
             self.ptr = 0
 
 
+DEFAULT_SHARED_BYTES = 48 * 1024  # a block's shared memory, static and dynamic together, without the opt-in
+
+
+def shared_opt_in(static_bytes: int, dynamic_bytes: int, already_set: int) -> bool:
+    """Whether a launch with `dynamic_bytes` of dynamic shared memory, on a function declaring
+    `static_bytes` itself, must first raise the function's dynamic limit (to `dynamic_bytes`; one set
+    to `already_set` or more serves it): the two together above 48 KB need the opt-in."""
+    return static_bytes + dynamic_bytes > DEFAULT_SHARED_BYTES and dynamic_bytes > already_set
+
+
 class LoadedKernel:
     """A cubin's (or NUL-terminated PTX's) kernel function, ready to launch with (device pointers |
     ints) arguments."""
@@ -180,6 +190,10 @@ class LoadedKernel:
         self.function = _ck(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
         self.name = name
         self._smem_set = 0
+        # the shared memory it declares itself (a staged kernel's or proxy's chunk of B): with what a launch
+        # adds, over 48 KB needs the opt-in (shared_opt_in)
+        self._static_smem = int(_ck(driver.cuFuncGetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.function), "cuFuncGetAttribute"))
         self._slots = threading.local()  # per thread: argument values and the pointer array to them
 
     def fill_global(self, symbol: str, array: np.ndarray) -> None:
@@ -199,7 +213,7 @@ class LoadedKernel:
         from cuda.bindings import driver
 
         _context()  # this thread may not be the one that loaded the module
-        if smem_bytes > 48 * 1024 and smem_bytes > self._smem_set:
+        if shared_opt_in(self._static_smem, smem_bytes, self._smem_set):
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _ck(driver.cuFuncSetAttribute(self.function, attr, int(smem_bytes)), "cuFuncSetAttribute")
             self._smem_set = smem_bytes

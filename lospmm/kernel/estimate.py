@@ -284,9 +284,12 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
     - memory: B's union columns once per block (each over its 32 columns) and C through L2; B and
       C once from DRAM;
     - latency: a block's chunks run one after another, each waiting for its copies (a load's latency
-      per staged_copy_unroll copies a warp: ptxas unrolls the loop so far) and then its slowest warp's
-      walk of the chunk (an ld.shared's latency per load, halved by the one load ahead ptxas keeps);
-      resident blocks overlap, and no launch is shorter than its longest block;
+      per staged_copy_unroll copies a warp: ptxas unrolls the loop so far, and the copies' own
+      instructions); the warps' walks (an ld.shared's latency per load, halved by the one load ahead
+      ptxas keeps) are counted as the slowest warp's whole walk, not each chunk's slowest warp's share
+      (the work has no per-chunk split of a tile's loads): a bound from below where different warps
+      are slowest in different chunks; resident blocks overlap, and no launch is shorter than its
+      longest block;
     - instruction supply: each warp fetches its tile's code once per block (as today's kernel)."""
     d, ws = work.design, device.warp_size
     counts = np.asarray(work.staged_counts if work.staged_counts is not None else np.zeros((0, 0)), np.float64)
@@ -316,11 +319,12 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
     compute_s = max(sm_cycles_issue, sm_cycles_ffma, sm_cycles_smem) / clock_hz
 
     element = float(d.element_bytes)
-    dram = element * (work.k * work.n + work.m * work.n)
-    l2 = element * work.n * (counts.sum() + work.m1 * (tiles + work.zero_blocks)) + work.n * work.spill_bytes * tiles
+    spills = work.n * work.spill_bytes * tiles  # every thread's spills, a thread a column of each tile
+    dram = element * (work.k * work.n + work.m * work.n) + spills
+    l2 = element * work.n * (counts.sum() + work.m1 * (tiles + work.zero_blocks)) + spills
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
-    copy_wait = np.ceil(copies / params.staged_copy_unroll) * device.mem_latency_cycles  # blocks × chunks
+    copy_wait = np.ceil(copies / params.staged_copy_unroll) * device.mem_latency_cycles + chunk_instr  # blocks × chunks
     walk_path = loads * params.smem_latency_cycles / (1 + work.prefetch) + walk  # per tile
     slowest = np.zeros(counts.shape[0])
     np.maximum.at(slowest, np.arange(tiles) // per_block, walk_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -178,7 +179,15 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     rows = bundle.bundle_rows(folder)
     assert [r["status"] for r in rows] == ["ok", "ok"] and rows[1]["spill_bytes"] == 0
     assert rows[1]["kernel"].startswith("lospmm_staged_") and rows[1]["n1"] == 32
+    # its launch row carries its blocks' copies, so the estimate's staged model priced it when it was built
+    assert rows[1]["staged_chunks"] == 3 and len(rows[1]["staged_counts"]) == 3 * -(-len(rows[1]["tile_loads"]) // 8)
+    assert math.isfinite(rows[1]["estimate_us"]) and rows[1]["estimate_us"] != rows[0]["estimate_us"]
     measured = [r | {"ours_us": us, "spread": 0.0} for r, us in zip(rows, (10.0, 5.0))]
-    (per_layer, _), overall = analysis.variant_summary(measured, "staged", "chained", False)[:2], \
-        analysis.variant_summary(measured, "staged", "chained", False)[-1]
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer
+
+    models = {"datasheet": estimate_timer(device_named("h200"), calibrated=False)}
+    summary = analysis.variant_summary(measured, "staged", "chained", True, models)
+    staged, overall = summary[1], summary[-1]
     assert overall["variant"] == "staged,tiles=8" and overall["over reference"] == 0.5
+    assert staged["estimate: over reference"] > 0 and staged["datasheet: over reference"] > 0

@@ -213,11 +213,15 @@ def test_a_staged_estimate_needs_the_layers_a_and_prices_a_proxy_by_the_full_ker
     timer = EstimateTimer(H100)
     without = timer.time(LaunchUnderTest(tiles, 256, 512, 1024, 32, 48, design=design))
     assert without.status == "error" and "needs the layer's A" in without.message
-    full = timer.time(LaunchUnderTest(tiles, 256, 512, 1024, 32, 48, design=design, matrix=a))
+    full = timer.time(LaunchUnderTest(tiles, 256, 512, 1024, 32, 32, design=design, matrix=a))
     assert full.status == "ok" and np.isfinite(full.time_us)
     # a proxy whose clusters are the tiles themselves copies and walks what the full kernel does
     clusters = replace(proxy_clusters(a, tiles, 0.9, 10 ** 6), staged_counts=staged_counts(a, tiles, 8))
-    proxy = timer.time(LaunchUnderTest(None, 256, 512, 1024, 32, 48, clusters=clusters, design=design))
+    proxy = timer.time(LaunchUnderTest(None, 256, 512, 1024, 32, 32, clusters=clusters, design=design))
     assert proxy.memory_us == pytest.approx(full.memory_us, rel=0.05)
-    # a staged block is 8 warps with the full kernel's shared memory: fewer of them fit than 1-warp blocks
-    assert proxy.active_blocks <= H100.max_threads_per_sm // 256
+    # a block of 8 warps at 32 registers: 8 fit an SM by registers and threads, fewer by the union it stages
+    from lospmm.devices import resident_blocks
+
+    assert clusters.shared_bytes > 24 * 1024
+    assert full.active_blocks == proxy.active_blocks == resident_blocks(32, 256, clusters.shared_bytes, H100) \
+        < resident_blocks(32, 256, 0, H100) == 8

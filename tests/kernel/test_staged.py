@@ -166,3 +166,13 @@ def test_a_staged_kernels_register_cap_is_above_the_floor_and_its_layout_agrees_
     spec = staged_source(sp.csr_matrix(np.eye(8, 40, dtype=np.float32)), 2, 2).spec
     with pytest.raises(KernelSpecError, match="2 tiles a block are not its design's 8"):
         replace(spec, design=staged)
+
+
+def test_a_launch_over_48_kb_of_shared_memory_in_all_opts_in_first():
+    # a staged proxy declares up to 32 KiB and launches with Eq. 6's rest: together past 48 KB the
+    # function's dynamic limit must be raised first (without it the launch fails on the device)
+    from lospmm.kernel.cuda import shared_opt_in
+
+    assert shared_opt_in(32768, 44032, 0)  # M1 = 8, 8 tiles a block, 3 active blocks on an H100
+    assert not shared_opt_in(0, 44032, 0) and shared_opt_in(0, 60000, 0)
+    assert not shared_opt_in(32768, 44032, 44032)  # already raised to it

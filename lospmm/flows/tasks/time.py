@@ -34,7 +34,7 @@ def time(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, timer
                                       ctx.path({"path": p["cubin_path"]}).read_bytes() if timer.runs_binary else None)
             t = timer.time(launch)
             return {**base, **timing_row(t), "message": f"{where}: {t.message}" if t.message else "",
-                    "registers": p["registers"], "spill_bytes": launch.spill_bytes, "smem_bytes": c["smem_bytes"],
+                    "registers": p["registers"], "spill_bytes": launch.spill_bytes, "smem_bytes": launch.smem_bytes,
                     "rank": c.get("rank"), "seconds": clock.perf_counter() - t0}
 
         # one at a time: concurrent launches would disturb each other's measurements

@@ -125,7 +125,7 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
     barriers; each cluster's NNC_p loads of CPL multiply-adds read B from shared memory at literal
     offsets in the chunk of their column, as the full kernel's do. Its shared memory is the full
     kernel's (the largest union), declared statically; Eq. 6's padding is added on top of it at
-    launch only where it needs more (stages.pad.proxy_shared_bytes). Its output is meaningless, its
+    launch only where it needs more (stages.pad.proxy_dynamic_shared). Its output is meaningless, its
     memory accesses and barriers are the full kernel's in kind."""
     design = params.design
     if design.loads != "staged":
