@@ -313,25 +313,29 @@ def latency_plan(layers=AB_LAYERS, sparsity: float = 0.9, design: str = "chained
     return out
 
 
-STAGED_TILES = (4, 8)
+# (tiles a block, warps a tile): one warp a tile, and four (a tile's code fetched once for 128 columns:
+# what the calibrated estimate's instruction supply asks for)
+STAGED_VARIANTS = ((4, 1), (8, 1), (4, 4))
 
 
-def staged_plan(layers=AB_LAYERS, sparsity: float = 0.9, tiles=STAGED_TILES) -> list[Planned]:
+def staged_plan(layers=AB_LAYERS, sparsity: float = 0.9, variants=STAGED_VARIANTS) -> list[Planned]:
     """The staged A/B (issue 30 item 3, what the diagnosis points to): each A/B layer's `chained`
     kernel on its A/B tile, and the staged design (B through shared memory a block's tiles share,
-    render.staged) with 4 and 8 tiles a block on the same tiles (M1 and row order; a staged block's
-    warps share 32 columns, so N1 is 32). Its launch rows carry the estimate's staged model
-    (kernel.estimate.staged_timing) on each block's copies, so the step's table sets the measured
-    ratio beside the predicted one."""
+    render.staged) with 4 and 8 tiles a block of one warp each (N1 = 32) and 4 tiles of 4 warps
+    (N1 = 128), on the same tiles (M1 and row order). Its launch rows carry the estimate's staged
+    model (kernel.estimate.staged_timing) on each block's copies, so the step's table sets the
+    measured ratio beside the predicted one."""
     out = []
     for p in ab_plan(designs=("chained",), layers=layers, sparsity=sparsity):
         out.append(replace(p, id=_id("staged", p.model, p.layer, "chained"), set="staged", variant="chained",
                            chosen_by=f"{p.chosen_by}; the reference"))
-        for g in tiles:
-            design = design_named(f"staged,tiles={g}").label
-            out.append(replace(p, id=_id("staged", p.model, p.layer, f"tiles-{g}"), set="staged", design=design,
-                               n1=32, variant=f"staged,tiles={g}",
-                               chosen_by=f"{p.chosen_by}; its M1 and rows, {g} tiles a block of 32 columns"))
+        for g, w in variants:
+            design = design_named(f"staged,tiles={g},warps={w}")
+            label = f"staged,tiles={g}" + (f",warps={w}" if w != 1 else "")
+            out.append(replace(p, id=_id("staged", p.model, p.layer, f"tiles-{g}" + (f"-warps-{w}" if w != 1 else "")),
+                               set="staged", design=design.label, n1=design.fixed_n1, variant=label,
+                               chosen_by=f"{p.chosen_by}; its M1 and rows, {g} tiles a block of {design.fixed_n1} "
+                                         f"columns"))
     return out
 
 

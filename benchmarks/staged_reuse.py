@@ -8,7 +8,7 @@ of `chunk` rows of K, reads Σ nnc / |∪ columns| times fewer bytes of B throug
 the union once; the chunk does not change it). This prints that ratio per A/B layer, on its A/B
 tile at 0.9, and the shared memory one chunk's union needs at most (its columns × 32 floats).
 
-    python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256] [--estimate]
+    python -m benchmarks.staged_reuse [--groups 2 4 8 16] [--chunk 256] [--estimate [--warps 1 4]]
 
 With --estimate it also prints the estimate's TIME of the staged kernel over the chained one on each
 layer's tiles (kernel.estimate.staged_timing), on the H100's calibration and the H200's datasheet
@@ -56,11 +56,12 @@ def reuse_rows(groups=(2, 4, 8, 16), chunk: int = 256) -> list[dict]:
     return out
 
 
-def estimate_rows(groups=(4, 8), gpus=("h100", "h200")) -> list[dict]:
+def estimate_rows(groups=(4, 8), gpus=("h100", "h200"), warps=(1,)) -> list[dict]:
     """Per A/B layer (its A/B tile, Algorithm 1's order, at its N): the estimate's time of the staged
-    kernel with G tiles a block over the `chained` kernel's (each at the registers predicted), and the
-    term that binds it, on each GPU's estimate (the H100's calibration, the H200's datasheet model:
-    kernel.estimate.estimate_timer). ESTIMATES: the device program's `staged` step measures them."""
+    kernel with G tiles a block (and each of `warps` warps a tile: N1 = 32·W) over the `chained`
+    kernel's (each at the registers predicted), and the term that binds the 8-tile one, on each GPU's
+    estimate (the H100's calibration, the H200's datasheet model: kernel.estimate.estimate_timer).
+    ESTIMATES: the device program's `staged` step measures them."""
     from benchmarks.sets import ab_plan, matrix_of, ordered
     from lospmm.devices import device_named
     from lospmm.kernel.design import design_named
@@ -82,11 +83,13 @@ def estimate_rows(groups=(4, 8), gpus=("h100", "h200")) -> list[dict]:
             chained = timed(timer, a, tiles, p, design_named("chained"), p.n1)
             row[f"{gpu}: chained µs"] = chained.time_us
             shown = 8 if 8 in groups else groups[-1]  # the term that binds the default's (8 tiles a block)
-            for g in groups:
-                staged = timed(timer, a, tiles, p, design_named(f"staged,tiles={g}"), 32)
-                row[f"{gpu}: ×{g} / chained"] = staged.time_us / chained.time_us
-                if g == shown:
-                    row[f"{gpu}: ×{g} bound by"] = binding_term(staged)
+            for w in warps:
+                for g in (g for g in groups if 32 * w * g <= 1024):
+                    design = design_named(f"staged,tiles={g},warps={w}")
+                    staged = timed(timer, a, tiles, p, design, design.fixed_n1)
+                    row[f"{gpu}: ×{g}{'' if w == 1 else f' w{w}'} / chained"] = staged.time_us / chained.time_us
+                    if (g, w) == (shown, 1):
+                        row[f"{gpu}: ×{g} bound by"] = binding_term(staged)
         out.append(row)
     return out
 
@@ -106,12 +109,13 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--chunk", type=int, default=256, help="rows of K a block stages at a time")
     p.add_argument("--estimate", action="store_true",
                    help="also the estimate's time of the staged kernel over the chained one, per GPU (an estimate)")
+    p.add_argument("--warps", type=int, nargs="+", default=[1], help="with --estimate: warps a staged tile spans")
     args = p.parse_args(argv)
     rows = reuse_rows(tuple(args.groups), args.chunk)
     print_table(f"B's L2 traffic of today's kernel over a block's staged union (chunks of {args.chunk} rows of K): "
                 f"an estimate of bytes, not of time", rows)
     if args.estimate:
-        timed = estimate_rows(tuple(args.groups))
+        timed = estimate_rows(tuple(args.groups), warps=tuple(args.warps))
         print_table("The estimate's time of the staged kernel over the chained kernel on the same tiles "
                     "(registers predicted; H100: its calibration, H200: the datasheet model): ESTIMATES", timed)
         rows = rows + timed

@@ -50,14 +50,16 @@ def test_emitted_kernel_matches_scipy_on_the_device(tmp_path):
     _device_checked(package, a, (1, 63, 64, 200))
 
 
-@pytest.mark.parametrize("design", ["staged,tiles=4", "staged,tiles=16"])
+@pytest.mark.parametrize("design", ["staged,tiles=4", "staged,tiles=16", "staged,tiles=4,warps=4"])
 def test_the_staged_kernel_matches_scipy_on_the_device(tmp_path, design):
-    """The staged design's shared-memory reads are inline PTX (ld.shared at a literal offset): K over
-    two chunks of 256 rows, N of 1, 31, 32, 4096 and an odd N, C poisoned with NaN; and through the
-    loader on torch."""
+    """The staged design's shared-memory copies and reads are inline PTX (st.shared, ld.shared at a
+    literal offset): K over two or more chunks, N of 1, 31, 32, 4096 and an odd N, C poisoned with NaN;
+    and through the loader on torch."""
+    from lospmm.kernel.design import design_named
     from lospmm.loader import load_kernel
 
-    a, package = _package(tmp_path, m=130, k=600, sparsity=0.85, m1=4, n1=32, design=design)
+    a, package = _package(tmp_path, m=130, k=600, sparsity=0.85, m1=4, n1=design_named(design).fixed_n1,
+                          design=design)
     _device_checked(package, a, (1, 31, 32, 4096, 333))
     torch = pytest.importorskip("torch")
     b = torch.randn(600, 77, device="cuda")

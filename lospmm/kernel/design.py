@@ -21,6 +21,8 @@ from lospmm.kernel.numbers import DTYPES, HALF_DTYPES, NumberFormat
 ORDERS = ("tile-x", "column-x")
 LOADS = ("based", "chained", "staged")
 STAGED_TILES = (2, 4, 8, 16)
+STAGED_WARPS = (1, 2, 4)
+STAGED_FLOATS = 8192  # a staged block's chunk of B at most (32 KiB of floats): 256 rows of K at 32 columns
 A_VALUES = ("baked", "streamed", "nm")
 VECTOR_WIDTHS = (1, 2, 4)
 
@@ -40,10 +42,14 @@ class KernelDesign:
         (`LaunchLayout.launch_columns`: the launchers pad B and C), B and C aligned to its width.
     loads: "based" (each B address from the thread's column: IMAD.WIDE and a 64-bit add),
         "chained" (from the previous load's address: one IMAD.WIDE), or "staged" (a block of
-        `tiles_per_block` warps shares 32 columns, each warp its own tile; per chunk of K the block
-        copies the union of its tiles' columns of B into shared memory once, and each warp reads its
-        tile's from there: B's traffic through L2 is the union's, not the sum of the tiles').
-    tiles_per_block: a staged design's warps a block, each one tile (1 for the others).
+        `tiles_per_block` tiles shares N1 = 32·tile_warps columns, each tile walked by its own
+        tile_warps warps; per chunk of K the block copies the union of its tiles' columns of B into
+        shared memory once, and each tile's warps read its from there: B's traffic through L2 is
+        the union's, not the sum of the tiles').
+    tiles_per_block: a staged design's tiles a block (1 for the others).
+    tile_warps: a staged design's warps a tile spans (1, 2 or 4): its N1 is 32 of them, so the tile's
+        code, fetched once a block, serves 32·tile_warps columns; its chunks of K are as many times
+        shorter (STAGED_FLOATS over N1 rows), so a chunk's union still fits 32 KiB.
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
         cubin: code O(1) in the kernel's size, compile time too), or "nm" (an N:M-sparse A compressed
@@ -66,6 +72,7 @@ class KernelDesign:
     accumulate: str = ""
     promote_every: int = 0
     tiles_per_block: int = 1
+    tile_warps: int = 1
 
     def __post_init__(self):
         choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
@@ -80,6 +87,11 @@ class KernelDesign:
         if (self.loads == "staged") != (self.tiles_per_block != 1):
             raise ValueError(f"design tiles_per_block is a staged design's ({', '.join(map(str, STAGED_TILES))}), and "
                              f"only its; got loads={self.loads}, tiles_per_block={self.tiles_per_block}")
+        if self.tile_warps != 1 and (self.loads != "staged" or self.tile_warps not in STAGED_WARPS
+                                     or 32 * self.tile_warps * self.tiles_per_block > 1024):
+            raise ValueError(f"design tile_warps is a staged design's ({', '.join(map(str, STAGED_WARPS))}, at most "
+                             f"1024 threads a block), and only its; got loads={self.loads}, tiles={self.tiles_per_block}, "
+                             f"warps={self.tile_warps}")
         if self.loads == "staged" and (self.tiles_per_block not in STAGED_TILES or self.half
                                        or (self.order, self.column_walks, self.columns_per_thread, self.a_values)
                                        != ("tile-x", 1, 1, "baked")):
@@ -144,8 +156,13 @@ class KernelDesign:
     @property
     def fixed_n1(self) -> int:
         """The N1 (threads per tile) its kernels must have, 0 for any multiple of the warp: a staged
-        block's warps each walk one tile over the same warp's 32 columns."""
-        return 32 if self.loads == "staged" else 0
+        block's tiles each span tile_warps warps over the same 32·tile_warps columns."""
+        return 32 * self.tile_warps if self.loads == "staged" else 0
+
+    @property
+    def staged_rows(self) -> int:
+        """Rows of K a staged block copies at a time: its chunk of B is at most STAGED_FLOATS floats."""
+        return STAGED_FLOATS // self.fixed_n1 if self.loads == "staged" else 0
 
     def block_threads(self, n1: int) -> int:
         """Threads a block of its kernel has at N1: N1 for each of its tiles."""
@@ -166,6 +183,7 @@ class KernelDesign:
         design's key is what it was before half designs existed."""
         key = (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
         key += (self.tiles_per_block,) if self.loads == "staged" else ()
+        key += (self.tile_warps,) if self.tile_warps != 1 else ()
         return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
 
     @property
@@ -183,7 +201,8 @@ class KernelDesign:
 
     @property
     def _tiles_label(self) -> str:
-        return f",tiles={self.tiles_per_block}" if self.loads == "staged" else ""
+        return ((f",tiles={self.tiles_per_block}" if self.loads == "staged" else "")
+                + (f",warps={self.tile_warps}" if self.tile_warps != 1 else ""))
 
     @property
     def label(self) -> str:
@@ -196,7 +215,8 @@ class KernelDesign:
         """Its fields and label; tiles_per_block only for a staged design (the facts of every other
         design, and so what is keyed on them, as before staged designs existed)."""
         return {"label": self.label, **{k: v for k, v in vars(self).items()
-                                        if k != "tiles_per_block" or self.loads == "staged"}}
+                                        if (k != "tiles_per_block" or self.loads == "staged")
+                                        and (k != "tile_warps" or v != 1)}}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "KernelDesign":
@@ -211,7 +231,8 @@ BASELINE = KernelDesign()
 
 def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
-    `baked|streamed`, `based|chained`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, and a half
+    `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged
+    design's `tiles=G` (8 unless told) and `warps=1|2|4`, and a half
     design's `fp16|bf16`, `acc=packed|f32`, `promote=K` (a half design is v=2 unless told);
     "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
     with two values (`tile-x,column-x`)."""
@@ -233,12 +254,14 @@ def design_named(text: str) -> KernelDesign:
             field_name, value = "order", token
         elif token.startswith("tiles=") and token[6:].isdigit():
             field_name, value = "tiles_per_block", int(token[6:])
+        elif token.startswith("warps=") and token[6:].isdigit():
+            field_name, value = "tile_warps", int(token[6:])
         elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
             key, number = token.split("=", 1)
             field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
         else:
             raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained|staged, "
-                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, fp16|bf16, acc=packed|f32, promote=K)")
+                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, fp16|bf16, acc=packed|f32, promote=K)")
         if field_name in values and values[field_name] != value:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
                              f"({values[field_name]} and {value}): choose one")

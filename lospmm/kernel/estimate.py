@@ -52,7 +52,7 @@ import numpy as np
 
 from lospmm.devices import Device, resident_blocks
 from lospmm.kernel.design import BASELINE, KernelDesign
-from lospmm.kernel.staging import staged_counts, staged_shared_bytes
+from lospmm.kernel.staging import design_counts, staged_shared_bytes
 from lospmm.kernel.timing import LaunchUnderTest, Timing
 from lospmm.status import Status
 
@@ -140,7 +140,7 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
         if matrix is None:
             raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
                              f"of their tiles' columns)")
-        staged = staged_counts(matrix, tiles, design.tiles_per_block)
+        staged = design_counts(matrix, tiles, design)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
                       registers, spill_bytes, 0, zero, prefetch, design, staged)
 
@@ -299,7 +299,8 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
         return Timing("estimate", float("inf"), Status.ERROR,
                       f"design {d.label}: the copies of {d.blocks_along_a(tiles)} blocks are needed, got {counts.shape[0]}")
     threads = d.block_threads(work.n1)
-    shared = staged_shared_bytes(counts.astype(np.int64)) + work.smem_bytes
+    warps = -(-work.n1 // ws)  # a tile's warps: each walks its tile, its share of the copies, over 32 columns
+    shared = staged_shared_bytes(counts.astype(np.int64), work.n1) + work.smem_bytes
     atb = resident_blocks(work.registers, threads, shared, device)
     if atb < 1:
         return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
@@ -311,10 +312,10 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
     chunk_instr = copies * params.staged_copy_instr + (counts > 0) * params.staged_chunk_instr
     zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
     # every warp of a block copies and meets at the barriers, the last block's idle warps too
-    total_warp_instr = column_blocks * (walk.sum() + per_block * chunk_instr.sum() + work.zero_blocks * zero_instr)
+    total_warp_instr = column_blocks * warps * (walk.sum() + per_block * chunk_instr.sum() + work.zero_blocks * zero_instr)
     sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
-    sm_cycles_ffma = column_blocks * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
-    sm_cycles_smem = column_blocks * (loads.sum() + counts.sum()) / device.sms
+    sm_cycles_ffma = column_blocks * warps * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
+    sm_cycles_smem = column_blocks * warps * (loads.sum() + counts.sum()) / device.sms
     clock_hz = device.clock_ghz * 1e9
     compute_s = max(sm_cycles_issue, sm_cycles_ffma, sm_cycles_smem) / clock_hz
 

@@ -268,9 +268,10 @@ class KernelSpec:
                     f"C with a column), B and C 4-byte aligned")
         v = self.layout.columns_per_thread
         if self.layout.tiles_per_block > 1:
+            per_block = self.layout.columns_per_block()
             return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument; a block's "
-                    f"{self.layout.tiles_per_block} warps (n1 threads) share 32 columns: launch ceil(N / 32) "
-                    f"blocks along y (kernel.json's `grid`)")
+                    f"{self.layout.tiles_per_block} tiles (n1 threads) share {per_block} columns: launch "
+                    f"ceil(N / {per_block}) blocks along y (kernel.json's `grid`)")
         return ("B is K×N and C is M×N, row-major float32; N is a runtime argument"
                 + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else ""))
 

@@ -1,7 +1,7 @@
-"""What a staged block copies (design loads="staged", lospmm.kernel.render.staged): block g's warps
-walk tiles g·G .. g·G + G − 1 (G = tiles_per_block, in the tiles' order), and per chunk of
-STAGED_ROWS rows of K the block copies the union of those tiles' non-empty columns of B into shared
-memory once. The renderer bakes each union into a copy table; the estimate and the staged proxy
+"""What a staged block copies (design loads="staged", lospmm.kernel.render.staged): block g walks
+tiles g·G .. g·G + G − 1 (G = tiles_per_block, in the tiles' order), and per chunk of K (the design's
+staged_rows: STAGED_ROWS at 32 columns a block, fewer at more) the block copies the union of those
+tiles' non-empty columns of B into shared memory once. The renderer bakes each union into a copy table; the estimate and the staged proxy
 read how many columns each (block, chunk) copies (`staged_counts`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-# rows of K a block stages at a time: its union there is at most 256 columns × 32 floats (32 KiB)
+# rows of K a block of 32 columns stages at a time: its union there is at most 256 columns × 32 floats (32 KiB)
 STAGED_ROWS = 256
 WARP = 32  # a staged block's warps share one warp's columns of C
 
@@ -39,6 +39,11 @@ def staged_counts(matrix: sp.csr_matrix, tiles, per_block: int, chunk_rows: int 
     return out
 
 
-def staged_shared_bytes(counts: np.ndarray, element_bytes: int = 4) -> int:
-    """A staged block's shared memory: its largest chunk's union, one warp's columns each."""
-    return int(counts.max(initial=0)) * WARP * element_bytes
+def design_counts(matrix: sp.csr_matrix, tiles, design) -> np.ndarray:
+    """staged_counts of a staged `design` (kernel.design.KernelDesign): its tiles a block, its chunks."""
+    return staged_counts(matrix, tiles, design.tiles_per_block, design.staged_rows)
+
+
+def staged_shared_bytes(counts: np.ndarray, columns: int = WARP, element_bytes: int = 4) -> int:
+    """A staged block's shared memory: its largest chunk's union, `columns` (its N1) floats each."""
+    return int(counts.max(initial=0)) * columns * element_bytes

@@ -20,7 +20,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from lospmm.devices import Device
 from lospmm.devices import active_blocks_per_sm
 from lospmm.kernel.design import BASELINE, KernelDesign
-from lospmm.kernel.staging import staged_counts, staged_shared_bytes
+from lospmm.kernel.staging import design_counts, staged_shared_bytes
 from lospmm.stages.reorder import Tiles
 
 
@@ -47,6 +47,7 @@ class ProxyClusters:
     # a staged design's: columns of B each block of its tiles copies per chunk of K (blocks × chunks);
     # empty for every other design
     staged_counts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
+    staged_columns: int = 32  # a staged block's N1: the floats of one staged column
 
     @property
     def num_clusters(self) -> int:
@@ -55,7 +56,7 @@ class ProxyClusters:
     @property
     def shared_bytes(self) -> int:
         """Shared memory its proxy declares itself (a staged proxy's largest union; 0 for the others)."""
-        return staged_shared_bytes(self.staged_counts)
+        return staged_shared_bytes(self.staged_counts, self.staged_columns)
 
 
 def proxy_active_blocks(candidates, device: Device) -> int:
@@ -76,7 +77,7 @@ def chosen_proxy_clusters(matrix: sp.csr_matrix, tiles: Tiles, chosen, sparsity:
     atb = proxy_active_blocks(chosen, device)
     clusters = proxy_clusters(matrix, tiles, sparsity, atb, params)
     if design.loads == "staged":
-        clusters = replace(clusters, staged_counts=staged_counts(matrix, tiles, design.tiles_per_block))
+        clusters = replace(clusters, staged_counts=design_counts(matrix, tiles, design), staged_columns=design.fixed_n1)
     return clusters, atb
 
 

@@ -171,8 +171,8 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     from benchmarks import analysis, bundle
 
     plan = sets.staged_plan(layers=(("bert-base", "pooler.dense"),))
-    assert [p.variant for p in plan] == ["chained", "staged,tiles=4", "staged,tiles=8"]
-    assert len({(p.m1, p.matrix, p.order) for p in plan}) == 1 and [p.n1 for p in plan][1:] == [32, 32]
+    assert [p.variant for p in plan] == ["chained", "staged,tiles=4", "staged,tiles=8", "staged,tiles=4,warps=4"]
+    assert len({(p.m1, p.matrix, p.order) for p in plan}) == 1 and [p.n1 for p in plan][1:] == [32, 32, 128]
     assert plan[2].design == design_named("staged,tiles=8").label
     folder = bundle.build("st", [sets.planned_job(p) for p in plan[::2]], tmp_path, cache=tmp_path / "cache",
                           sass=False, say=lambda *_: None)

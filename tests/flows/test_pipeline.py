@@ -251,19 +251,20 @@ def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
 
 def test_a_staged_run_is_searched_by_staged_proxies(tmp_path, weights_file):
     # the staged design's proxy copies what the full kernel's blocks copy (06_clusters' staged_counts, from
-    # the real tiles) and runs each cluster's walk from shared memory: a run searches in it at N1 = 32, its
-    # blocks of 4 tiles launched as 128 threads, and serves each layer by the staged kernel it chose
+    # the real tiles) and runs each cluster's walk from shared memory: a run searches in it at its N1 (64:
+    # two warps a tile), its blocks of 4 tiles launched as 256 threads, and serves each layer by the staged
+    # kernel it chose
     from lospmm.flows.catalog.clusters import clusters_from_row
     from lospmm.flows.catalog.pruned import csr_from_row
     from lospmm.flows.catalog.reordered import tiles_from_row
     from lospmm.kernel.staging import staged_counts
 
-    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="staged,tiles=4")
+    root, paths = _emitted(tmp_path, weights_file, top_k=2, design="staged,tiles=4,warps=2")
     candidates = [r for r in pq.read_table(paths["constrain"]).to_pylist() if r["status"] == "ok"]
-    assert candidates and {(r["n1"], r["threads"]) for r in candidates} == {(32, 128)}
+    assert candidates and {(r["n1"], r["threads"]) for r in candidates} == {(64, 256)}
     tiles_of = {(c["layer"], c["m1"]): c["num_a_tiles"] for c in candidates}
     launches = [r for r in pq.read_table(paths["pad"]).to_pylist() if r["status"] == "ok"]
-    assert launches and all(r["block"] == 128 and r["grid_x"] == -(-tiles_of[(r["layer"], r["m1"])] // 4)
+    assert launches and all(r["block"] == 256 and r["grid_x"] == -(-tiles_of[(r["layer"], r["m1"])] // 4)
                             for r in launches)
     table, pruned, reordered = (pq.read_table(paths[s]) for s in ("cluster", "prune", "reorder"))
     matrices = {pruned.column("layer")[i].as_py(): csr_from_row(pruned, i) for i in range(pruned.num_rows)
@@ -272,10 +273,10 @@ def test_a_staged_run_is_searched_by_staged_proxies(tmp_path, weights_file):
              for i in range(reordered.num_rows) if reordered.column("status")[i].as_py() == "ok"}
     assert table.num_rows
     for i, row in enumerate(table.to_pylist()):
-        expected = staged_counts(matrices[row["layer"]], tiles[(row["layer"], row["m1"])], 4)
+        expected = staged_counts(matrices[row["layer"]], tiles[(row["layer"], row["m1"])], 4, 128)  # 128 rows
         assert np.array_equal(clusters_from_row(table, i).staged_counts, expected) and expected.sum() > 0
-    emitted = _served_by(root, paths, "lospmm_staged_proxy_", "baked,staged,tile-x,walks=1,v=1,tiles=4")
-    assert all(r["n1"] == 32 for r in emitted)
+    emitted = _served_by(root, paths, "lospmm_staged_proxy_", "baked,staged,tile-x,walks=1,v=1,tiles=4,warps=2")
+    assert all(r["n1"] == 64 for r in emitted)
 
 
 def test_design_auto_searches_the_designs_through_every_stage(tmp_path, weights_file):

@@ -225,3 +225,17 @@ def test_a_staged_estimate_needs_the_layers_a_and_prices_a_proxy_by_the_full_ker
     assert clusters.shared_bytes > 24 * 1024
     assert full.active_blocks == proxy.active_blocks == resident_blocks(32, 256, clusters.shared_bytes, H100) \
         < resident_blocks(32, 256, 0, H100) == 8
+
+
+def test_a_staged_tile_over_more_warps_fetches_its_code_once_for_as_many_columns():
+    # the instruction supply the calibrations find binding: a block fetches its tiles' code once for its
+    # N1 columns, so four warps a tile fetch a quarter of one warp's, with the same B traffic through L2
+    from lospmm.kernel.design import design_named
+
+    a = random_pruned(512, 768, 0.9, np.random.default_rng(2))
+    tiles = reordered_tiles(a, 4)
+    narrow, wide = (design_named(f"staged,tiles=4,warps={w}") for w in (1, 4))
+    one, four = (estimated_timing(full_kernel_work(tiles, 512, 768, 4096, d.fixed_n1, 40, design=d, matrix=a), H100)
+                 for d in (narrow, wide))
+    assert four.fetch_us == pytest.approx(one.fetch_us / 4, rel=0.02)
+    assert four.compute_us == pytest.approx(one.compute_us, rel=0.25)  # the same work, but chunks 4x shorter

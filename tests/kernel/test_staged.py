@@ -25,20 +25,22 @@ from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
 
 
-def staged_source(a, m1: int, tiles_per_block: int, epilogue=Epilogue()) -> KernelSource:
-    design = design_named(f"staged,tiles={tiles_per_block}")
-    return kernel_source(a, reordered_tiles(a, m1), 32, CodegenParams(design=design), epilogue)
+def staged_source(a, m1: int, tiles_per_block: int, epilogue=Epilogue(), warps: int = 1) -> KernelSource:
+    design = design_named(f"staged,tiles={tiles_per_block},warps={warps}")
+    return kernel_source(a, reordered_tiles(a, m1), design.fixed_n1, CodegenParams(design=design), epilogue)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(3, 40), k=st.sampled_from([7, 64, STAGED_ROWS + 45]), sparsity=st.sampled_from([0.5, 0.9]),
-       m1=st.sampled_from([1, 2, 4]), per_block=st.sampled_from([2, 4, 8]), n=st.sampled_from([1, 33, 64]),
-       seed=st.integers(0, 1000))
-def test_the_staged_kernel_computes_a_times_b_on_the_host(m, k, sparsity, m1, per_block, n, seed):
+       m1=st.sampled_from([1, 2, 4]), per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 2, 4]),
+       n=st.sampled_from([1, 33, 64, 200]), seed=st.integers(0, 1000))
+def test_the_staged_kernel_computes_a_times_b_on_the_host(m, k, sparsity, m1, per_block, warps, n, seed):
+    # a tile over 1, 2 or 4 warps (N1 of 32, 64, 128; chunks of K of 256, 128, 64 rows), N across blocks
     rng = np.random.default_rng(seed)
     a = random_pruned(m, k, sparsity, rng)
     bias = tuple(float(v) for v in rng.standard_normal(m))
-    kernel = staged_source(a, m1, per_block, Epilogue(bias, "relu"))
+    kernel = staged_source(a, m1, per_block, Epilogue(bias, "relu"), warps)
+    assert kernel.spec.n1 == 32 * warps * per_block and kernel.spec.layout.columns_per_block() == 32 * warps
     result = checked(HostKernel(kernel, True), a, n, seed)
     assert result.ok, result
 
@@ -53,7 +55,7 @@ def test_a_block_stages_its_tiles_union_once_a_chunk_and_covers_one_warps_column
     assert spec.grid(1000) == (spec.layout.row_blocks, 32, 1)  # 32 columns a block, whatever its warps
     assert spec.cooperative and "__syncthreads" in "".join(kernel.units)
     text = "".join(kernel.units)
-    assert text.count("for (int j = warp;") == sum(  # one copy loop per (group, chunk with columns)
+    assert text.count("for (int j = slot;") == sum(  # one copy loop per (group, chunk with columns)
         len({c // STAGED_ROWS for t in range(g * 8, min(g * 8 + 8, tiles.num_tiles))
              for c in a[tiles.tile(t)].indices}) for g in range(groups))
     again = KernelSpec.from_json(spec.to_json())
@@ -63,9 +65,9 @@ def test_a_block_stages_its_tiles_union_once_a_chunk_and_covers_one_warps_column
 def test_a_missing_barrier_is_caught_on_the_host():
     a = random_pruned(32, 96, 0.7, np.random.default_rng(2))
     kernel = staged_source(a, 2, 4)
-    unit = next(i for i, u in enumerate(kernel.units) if "for (int j = warp;" in u)
+    unit = next(i for i, u in enumerate(kernel.units) if "for (int j = slot;" in u)
     units = list(kernel.units)
-    units[unit] = units[unit].replace("  __syncthreads();\n  switch (warp)", "  switch (warp)", 1)
+    units[unit] = units[unit].replace("  __syncthreads();\n  switch (slot)", "  switch (slot)", 1)
     broken = KernelSource(kernel.spec, tuple(units))
     assert checked(HostKernel(kernel, False), a, 40).ok
     assert not checked(HostKernel(broken, False), a, 40).ok
@@ -76,25 +78,31 @@ def test_the_staged_design_reads_back_from_its_label_and_refuses_what_it_is_not(
     assert (d.loads, d.tiles_per_block) == ("staged", 8) and design_named(d.label) == d
     assert d.label == "baked,staged,tile-x,walks=1,v=1,tiles=8"
     assert "tiles_per_block" not in design_named("chained").facts()  # other designs' facts as before
+    wide = design_named("staged,tiles=4,warps=4")
+    assert (wide.fixed_n1, wide.staged_rows, wide.block_threads(wide.fixed_n1)) == (128, 64, 512)
+    assert design_named(wide.label) == wide and wide.label.endswith(",tiles=4,warps=4")
+    assert "tile_warps" not in d.facts() and wide.facts()["tile_warps"] == 4  # one warp a tile: facts as before
     for bad in ("staged,tiles=3", "staged,v=2", "staged,walks=4", "staged,column-x", "chained,tiles=4",
-                "staged,streamed", "fp16,staged"):
+                "staged,streamed", "fp16,staged", "chained,warps=2", "staged,warps=3", "staged,tiles=16,warps=4"):
         with pytest.raises(ValueError):
             design_named(bad)
     a = random_pruned(16, 32, 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="N1 must be 32"):
         kernel_source(a, reordered_tiles(a, 2), 64, CodegenParams(design=d))
+    with pytest.raises(ValueError, match="N1 must be 128"):
+        kernel_source(a, reordered_tiles(a, 2), 32, CodegenParams(design=wide))
     clusters = proxy_clusters(a, reordered_tiles(a, 2), 0.5, 2)  # no copies: not a staged design's clusters
     with pytest.raises(ValueError, match="needs the copies of each of its"):
         proxy_source(16, 32, clusters, CodegenParams(design=d))
 
 
-def _staged_clusters(a, m1: int, per_block: int, active_blocks: int = 2):
+def _staged_clusters(a, m1: int, per_block: int, warps: int = 1):
     from lospmm.devices import device_named
     from lospmm.stages.constrain import constrained_candidates
     from lospmm.stages.reorder import tile_stats
 
     tiles = reordered_tiles(a, m1)
-    design = design_named(f"staged,tiles={per_block}")
+    design = design_named(f"staged,tiles={per_block},warps={warps}")
     chosen = [c for c in constrained_candidates(64, {m1: tile_stats(tiles)}, device_named("h100"), design=design)]
     return tiles, design, chosen_proxy_clusters(a, tiles, chosen, 0.9, device_named("h100"), design=design)[0]
 
@@ -117,21 +125,22 @@ def test_staged_counts_are_the_unions_the_kernel_copies():
     assert tables == {(4 * g, c): int(counts[g, c]) for g in range(counts.shape[0]) for c in range(3) if counts[g, c]}
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(4, 48), k=st.sampled_from([40, STAGED_ROWS + 45]), m1=st.sampled_from([1, 2, 4]),
-       per_block=st.sampled_from([2, 4, 8]), n=st.sampled_from([1, 33, 64]), seed=st.integers(0, 1000))
-def test_the_staged_proxy_runs_its_blocks_copies_and_walks_within_bounds(m, k, m1, per_block, n, seed):
+       per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 4]), n=st.sampled_from([1, 33, 200]),
+       seed=st.integers(0, 1000))
+def test_the_staged_proxy_runs_its_blocks_copies_and_walks_within_bounds(m, k, m1, per_block, warps, n, seed):
     # a proxy's output is meaningless; its memory accesses and barriers are checked under ASan, with the
-    # last block's warps past the tiles copying and meeting at the barriers too
+    # last block's slots past the tiles copying and meeting at the barriers too
     from lospmm.kernel.host import proxy_check
 
     a = random_pruned(m, k, 0.8, np.random.default_rng(seed))
-    tiles, design, clusters = _staged_clusters(a, m1, per_block)
+    tiles, design, clusters = _staged_clusters(a, m1, per_block, warps=warps)
     kernel = proxy_source(m, k, clusters, CodegenParams(design=design))
-    spec = kernel.spec
-    assert spec.cooperative and spec.layout.block(32) == 32 * per_block
-    assert spec.grid(n, 32) == (-(-tiles.num_tiles // per_block), -(-n // 32), 1)
-    assert proxy_check(kernel, clusters.cluster_of, n, 32) == "asan-ok"
+    spec, n1 = kernel.spec, design.fixed_n1
+    assert spec.cooperative and spec.layout.block(n1) == n1 * per_block
+    assert spec.grid(n, n1) == (-(-tiles.num_tiles // per_block), -(-n // n1), 1)
+    assert proxy_check(kernel, clusters.cluster_of, n, n1) == "asan-ok"
 
 
 def test_a_staged_proxy_copies_what_its_clusters_say_and_declares_the_full_kernels_shared_memory():

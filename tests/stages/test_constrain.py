@@ -200,3 +200,7 @@ def test_a_staged_design_is_tiled_at_n1_32_in_blocks_of_its_tiles():
     assert cands[0].block_regs == 8 * (cands[0].pred_regs * 32)
     launch = proxy_launch(100, 4096, 4, 32, cands[0].pred_regs, h100, staged)
     assert (launch.grid_x, launch.grid_y, launch.block) == (13, 128, 256)
+    # four warps a tile: N1 = 128, a block of 4 tiles is 512 threads over 128 columns
+    wide = design_named("staged,tiles=4,warps=4")
+    (c,) = constrained_candidates(4096, stats, h100, design=wide)
+    assert (c.n1, c.threads, c.num_b_tiles, c.block_num) == (128, 512, 32, 25 * 32)

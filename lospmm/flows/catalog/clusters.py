@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from lospmm.flows.storage.schemas import F64, I32, LAYER_AT, STATUS, STR, list_values
+from lospmm.kernel.design import design_named
 from lospmm.stages.cluster import ProxyClusters
 
 # 06_clusters (artifacts/README.md documents every column)
@@ -36,7 +37,9 @@ def clusters_from_row(table, i: int) -> ProxyClusters:
     columns = tuple(np.split(lv("columns").astype(np.int32), np.cumsum(nnc_p)[:-1]))
     chunks = table.column("staged_chunks")[i].as_py() or 0
     staged = lv("staged_counts").astype(np.int32)
+    # a staged column is the design's N1 floats (its row names the design)
+    n1 = design_named(table.column("design")[i].as_py() or "baseline").fixed_n1 or 32
     return ProxyClusters(table.column("m1")[i].as_py(), lv("cluster_of").astype(np.int32),
                          lv("medoid").astype(np.int32), lv("centroid_nnc"), lv("centroid_nnz"), nnc_p,
                          lv("cpl").astype(np.int32), columns,
-                         staged.reshape(-1, chunks) if chunks else np.zeros((0, 0), np.int32))
+                         staged.reshape(-1, chunks) if chunks else np.zeros((0, 0), np.int32), n1)

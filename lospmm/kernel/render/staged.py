@@ -1,20 +1,21 @@
 """The staged GEMM kernel (design loads="staged", fp32, baked values): B through shared memory.
 
-A block is `tiles_per_block` (G) warps over one warp's 32 columns of C (n = blockIdx.y·32 + lane);
-warp w of block g walks tile g·G + w. Per chunk of STAGED_ROWS rows of K, the block copies the union
-of its tiles' non-empty columns of B there into shared memory (each column once, 128 coalesced bytes
-a copy, the columns shared out among the warps by a loop over a table: straight-line copies doubled
-the code and ptxas's time; stored with st.shared at the lane's shared address: through the generic
-pointer a tile function is passed, ptxas stored with ST.E), meets at a barrier, and each warp does its tile's
-multiply-adds of the chunk reading B from shared memory; a second barrier, and the next chunk. B's
-traffic through L2 is each union's instead of each tile's columns (benchmarks/staged_reuse.py
-estimates the ratio: 1.4-7.6× on the A/B layers at 8 tiles), at the price of the copy's
-instructions and two barriers a chunk. A tile's sums stay in its warp's registers across the chunks,
-as many as today's kernel. Lanes past N copy zeros and store nothing (no thread leaves before the
-last barrier). Rows of A with no nonzero are stored by extra blocks after the last group, by their
-first warp.
+A block is `tiles_per_block` (G) tiles over the design's N1 = 32·tile_warps columns of C (n =
+blockIdx.y·N1 + lane): the threads of slot w (threadIdx.x / N1: tile_warps warps) walk tile g·G + w
+of block g. Per chunk of K (the design's staged_rows: 256 rows at N1 = 32, fewer at wider N1, so a
+chunk of the union is at most 32 KiB), the block copies the union of its tiles' non-empty columns of
+B there into shared memory (each column once, N1 coalesced floats a copy, the columns shared out
+among the slots by a loop over a table: straight-line copies doubled the code and ptxas's time;
+stored with st.shared at the thread's shared address: through the generic pointer a tile function is
+passed, ptxas stored with ST.E), meets at a barrier, and each slot does its tile's multiply-adds of
+the chunk reading B from shared memory; a second barrier, and the next chunk. B's traffic through
+L2 is each union's instead of each tile's columns (benchmarks/staged_reuse.py estimates the ratio:
+1.4-7.6× on the A/B layers at 8 tiles), at the price of the copy's instructions and two barriers a
+chunk; a tile's code, fetched once a block, serves its N1 columns (more with more warps a tile). A
+tile's sums stay in its threads' registers across the chunks, as many as today's kernel. Threads
+past N copy zeros and store nothing (no thread leaves before the last barrier). Rows of A with no
+nonzero are stored by extra blocks after the last group, by their first N1 threads.
 """
-
 from __future__ import annotations
 
 import numpy as np
@@ -27,51 +28,56 @@ from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name,
                                          tile_columns, units, zero_functions)
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
-from lospmm.kernel.staging import STAGED_ROWS, WARP, block_tiles, chunk_count, staged_shared_bytes
+from lospmm.kernel.staging import block_tiles, chunk_count, staged_shared_bytes
 
 
 def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = CodegenParams(),
                   epilogue: Epilogue = Epilogue()) -> KernelSource:
     """The staged kernel of `matrix` on `tiles` in `params.design` (loads="staged"), storing through
-    `epilogue`. `n1` must be 32: a block's warps share one warp's columns."""
+    `epilogue`. `n1` must be the design's (KernelDesign.fixed_n1: 32 threads for each warp a tile spans):
+    a block's tiles share its N1 columns."""
     design = params.design
     if design.loads != "staged":
         raise ValueError(f"design {design.label}: the staged kernel is the staged designs'")
-    if n1 != WARP:
-        raise ValueError(f"a staged block's warps share {WARP} columns: N1 must be {WARP}, got {n1}")
+    if n1 != design.fixed_n1:
+        raise ValueError(f"a staged block's tiles share {design.fixed_n1} columns ({design.tile_warps} warps a tile): "
+                         f"N1 must be {design.fixed_n1}, got {n1}")
     if params.n1_at_launch:
         raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
     a = sorted_matrix(matrix, epilogue)
     m, k = a.shape
     code = Fp32Code(design)
-    per_block = design.tiles_per_block
+    per_block, rows = design.tiles_per_block, design.staged_rows
     name = kernel_name("lospmm_staged", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), per_block, STAGED_ROWS, params.shard_nnz,
-                       *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), per_block, rows, params.shard_nnz,
+                       *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())),
+                       *(() if design.tile_warps == 1 else ("warps", design.tile_warps)))
     groups = block_tiles(tiles.num_tiles, per_block)
-    bodies = [_group(a, code, tiles, ts, epilogue) for ts in groups]
+    bodies = [_group(a, code, tiles, ts, epilogue, n1, rows) for ts in groups]
     largest = max([staged for _, _, staged, _ in bodies] + [1])
     header = (f"// lospmm staged kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} tiles={tiles.num_tiles} "
-              f"tiles a block={per_block} rows of K staged={STAGED_ROWS} shared={largest * WARP * 4} B"
+              f"tiles a block={per_block} N1={n1} rows of K staged={rows} shared={largest * n1 * 4} B"
               + (f" bias={bool(epilogue.bias)} activation={epilogue.activation or 'none'}" if not epilogue.empty else ""))
     signature = "(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs)"
     functions = [f"{tables}LOSPMM_TILE void tile_{g}{signature} {{\n{text}  LOSPMM_TILE_END\n}}\n"
                  for g, (tables, text, _, _) in enumerate(bodies)]
     zeros = zero_functions(code, tiles, epilogue)
     head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"
-            f"  __shared__ __align__(16) float Bs[{largest * WARP}];\n")
-    zero_call = (f"if (threadIdx.x < {WARP} && blockIdx.y * {WARP} + threadIdx.x < N) "
-                 f"zero_{{z}}(C + blockIdx.y * {WARP} + threadIdx.x, N)")
+            f"  __shared__ __align__(16) float Bs[{largest * n1}];\n")
+    zero_call = (f"if (threadIdx.x < {n1} && blockIdx.y * {n1} + threadIdx.x < N) "
+                 f"zero_{{z}}(C + blockIdx.y * {n1} + threadIdx.x, N)")
     preamble = code.preamble() + included("staged.cuh")
     entry = entry_unit(preamble, header, len(groups), signature, zeros, head, "B, C, N, Bs", zero_call, "x")
-    layout = LaunchLayout(len(groups) + len(zeros), WARP * per_block, 1, 1, "tile-x", per_block)
+    layout = LaunchLayout(len(groups) + len(zeros), design.block_threads(n1), 1, 1, "tile-x", per_block)
     spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, [cost for _, _, _, cost in bodies], params.shard_nnz,
                                           preamble) + [entry]))
 
 
-def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: Epilogue) -> tuple[str, int, int]:
-    """A block's function for the tiles of `group` (warp w walks group[w]): (its tables of the columns
+def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: Epilogue, n1: int,
+           rows_staged: int) -> tuple[str, str, int, int]:
+    """A block's function for the tiles of `group` (the threads of slot w, threadIdx.x / N1, walk
+    group[w]), over its N1 columns in chunks of `rows_staged` rows of K: (its tables of the columns
     each chunk stages, its body's text, the most columns it stages in one chunk, its multiply-adds)."""
     per_tile = []
     for t in group:
@@ -81,34 +87,34 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         per_tile.append((rows, [(int(c), [(int(sub.indices[p]), values[p])
                                           for p in range(sub.indptr[c], sub.indptr[c + 1])]) for c in cols]))
     most_rows = max(len(rows) for rows, _ in per_tile)
-    out = [f"  const int warp = threadIdx.x / {WARP}, lane = threadIdx.x % {WARP};\n",
-           f"  const int n = blockIdx.y * {WARP} + lane;\n  const bool live = n < N;\n",
+    out = [f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};  // the block's tile, the thread's column\n",
+           f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n",
            "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
-           "  float* Bl = Bs + lane;  // the lane's column of the staged chunk\n",
+           "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n",
            "  const unsigned mine = lospmm_shared_address(Bl);\n",
            "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
     staged_most, tables = 0, []
-    for chunk0 in range(0, a.shape[1], STAGED_ROWS):
-        inside = [[(c, nz) for c, nz in columns if chunk0 <= c < chunk0 + STAGED_ROWS] for _, columns in per_tile]
+    for chunk0 in range(0, a.shape[1], rows_staged):
+        inside = [[(c, nz) for c, nz in columns if chunk0 <= c < chunk0 + rows_staged] for _, columns in per_tile]
         union = sorted({c for columns in inside for c, _ in columns})
         if not union:
             continue
         staged_most = max(staged_most, len(union))
-        slot = {c: i for i, c in enumerate(union)}
-        table = f"lospmm_staged_{group[0]}_{chunk0 // STAGED_ROWS}"
+        place = {c: i for i, c in enumerate(union)}
+        table = f"lospmm_staged_{group[0]}_{chunk0 // rows_staged}"
         tables.append(f"__device__ const int {table}[{len(union)}] = {{{', '.join(str(4 * c) for c in union)}}};\n")
         # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the warps
-        out.append(f"  // rows {chunk0}..{chunk0 + STAGED_ROWS - 1} of K: {len(union)} columns of B staged\n"
-                   f"  for (int j = warp; j < {len(union)}; j += {code.design.tiles_per_block}) "
-                   f"LOSPMM_STS(mine, Bl, j * {4 * WARP}, live ? lospmm_ld(Bn, {table}[j], N) : 0.0f);\n"
-                   "  __syncthreads();\n  switch (warp) {\n")
+        out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
+                   f"  for (int j = slot; j < {len(union)}; j += {code.design.tiles_per_block}) "
+                   f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {table}[j], N) : 0.0f);\n"
+                   "  __syncthreads();\n  switch (slot) {\n")
         for w, columns in enumerate(inside):
             if columns:
-                lines = [f"      {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * slot[c] * WARP}); "
+                lines = [f"      {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * place[c] * n1}); "
                          + " ".join(code.multiply_adds(j, nz, None)) + " }\n" for j, (c, nz) in enumerate(columns)]
                 out.append(f"    case {w}:\n" + "".join(lines) + "      break;\n")
         out.append("    default: break;\n  }\n  __syncthreads();\n")
-    out.append("  if (live) switch (warp) {\n")
+    out.append("  if (live) switch (slot) {\n")
     for w, (rows, _) in enumerate(per_tile):
         out.append(f"    case {w}:\n" + "".join("    " + code.store(i, int(r), epilogue) for i, r in enumerate(rows))
                    + "      break;\n")
@@ -117,21 +123,23 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
 
 
 def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
-    """The M1 proxy (§5.1) in a staged design: blocks of G warps over one warp's 32 columns, warp w of
-    block g running the proxy function of tile g·G + w's cluster (`cluster_of`, a launch argument as
-    for every proxy) or, past the last tile, only the copies and barriers. Per chunk of K the block
-    copies as many columns of B as the full kernel's block g copies there (`clusters.staged_counts`,
-    from the real tiles: the copies and B's L2 traffic are the full kernel's) and meets at its
-    barriers; each cluster's NNC_p loads of CPL multiply-adds read B from shared memory at literal
-    offsets in the chunk of their column, as the full kernel's do. Its shared memory is the full
-    kernel's (the largest union), declared statically; Eq. 6's padding is added on top of it at
-    launch only where it needs more (stages.pad.proxy_dynamic_shared). Its output is meaningless, its
-    memory accesses and barriers are the full kernel's in kind."""
+    """The M1 proxy (§5.1) in a staged design: blocks of G tiles over the design's N1 columns (its
+    fixed_n1, the threads of each tile), tile slot w of block g running the proxy function of tile
+    g·G + w's cluster (`cluster_of`, a launch argument as for every proxy) or, past the last tile, only
+    the copies and barriers. Per chunk of K (the design's staged_rows) the block copies as many
+    columns of B as the full kernel's block g copies there (`clusters.staged_counts`, from the real
+    tiles: the copies and B's L2 traffic are the full kernel's) and meets at its barriers; each
+    cluster's NNC_p loads of CPL multiply-adds read B from shared memory at literal offsets in the
+    chunk of their column, as the full kernel's do. Its shared memory is the full kernel's (the
+    largest union), declared statically; Eq. 6's padding is added on top of it at launch only where
+    it needs more (stages.pad.proxy_dynamic_shared). Its output is meaningless, its memory accesses
+    and barriers are the full kernel's in kind."""
     design = params.design
     if design.loads != "staged":
         raise ValueError(f"design {design.label}: the staged proxy is the staged designs'")
     counts = np.asarray(clusters.staged_counts, np.int32)
-    tiles, per_block, chunks = len(clusters.cluster_of), design.tiles_per_block, chunk_count(k)
+    n1, rows = design.fixed_n1, design.staged_rows
+    tiles, per_block, chunks = len(clusters.cluster_of), design.tiles_per_block, chunk_count(k, rows)
     if counts.shape != (-(-tiles // per_block), chunks):
         raise ValueError(f"the staged proxy needs the copies of each of its {-(-tiles // per_block)} blocks in each of "
                          f"{chunks} chunks of K (ProxyClusters.staged_counts), got shape {counts.shape}")
@@ -139,22 +147,24 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
     m1 = clusters.m1
     slots = max(1, int(counts.max(initial=0)))  # the full kernel's largest union: its shared memory
     name = kernel_name("lospmm_staged_proxy", m, k, m1, clusters.nnc_p.tobytes(), clusters.cpl.tobytes(),
-                       b"".join(c.tobytes() for c in clusters.columns), counts.tobytes(), per_block, STAGED_ROWS,
-                       params.shard_nnz)
+                       b"".join(c.tobytes() for c in clusters.columns), counts.tobytes(), per_block, rows,
+                       params.shard_nnz, *(() if design.tile_warps == 1 else ("warps", design.tile_warps)))
     header = (f"// lospmm staged proxy {name}: M={m} K={k} M1={m1} clusters={clusters.num_clusters} tiles={tiles} "
-              f"tiles a block={per_block} rows of K staged={STAGED_ROWS} shared={staged_shared_bytes(counts)} B "
-              f"NNC_p={clusters.nnc_p.tolist()} CPL={clusters.cpl.tolist()}")
+              f"tiles a block={per_block} N1={n1} rows of K staged={rows} "
+              f"shared={staged_shared_bytes(counts, columns=n1)} B NNC_p={clusters.nnc_p.tolist()} "
+              f"CPL={clusters.cpl.tolist()}")
     signature = ("(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs, "
                  "const int* __restrict__ counts)")
+    walk = _ProxyWalk(code, m, n1, rows, slots, per_block)
     functions, costs = [], []
     for c in range(clusters.num_clusters):
         cols, nonzeros = proxy_nonzeros(code, clusters, c)
-        by_chunk = [[j for j, col in enumerate(cols) if col // STAGED_ROWS == chunk] for chunk in range(chunks)]
-        functions.append(f"LOSPMM_TILE void proxy_{c}{signature} {{\n"
-                         + _proxy_walk(code, m, m1, by_chunk, nonzeros, slots, per_block) + "  LOSPMM_TILE_END\n}\n")
+        by_chunk = [[j for j, col in enumerate(cols) if col // rows == chunk] for chunk in range(chunks)]
+        functions.append(f"LOSPMM_TILE void proxy_{c}{signature} {{\n" + walk.text(m1, by_chunk, nonzeros)
+                         + "  LOSPMM_TILE_END\n}\n")
         costs.append(sum(map(len, nonzeros)))
-    idle = (f"LOSPMM_TILE void proxy_idle{signature} {{\n"
-            + _proxy_walk(code, m, 0, [[] for _ in range(chunks)], [], slots, per_block) + "  LOSPMM_TILE_END\n}\n")
+    idle = (f"LOSPMM_TILE void proxy_idle{signature} {{\n" + walk.text(0, [[] for _ in range(chunks)], [])
+            + "  LOSPMM_TILE_END\n}\n")
     table = f"{name}_counts"
     cases = "".join(f"    case {c}: proxy_{c}(B, C, N, Bs, counts); break;\n" for c in range(clusters.num_clusters))
     preamble = code.preamble() + included("staged.cuh")
@@ -164,8 +174,8 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
              + f"__device__ const int {table}[{counts.size}] = {{{', '.join(map(str, counts.ravel().tolist()))}}};\n"
              + f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N, "
              f"const int* __restrict__ cluster_of) {{\n"
-             f"  __shared__ __align__(16) float Bs[{slots * WARP}];\n"
-             f"  const int tile = blockIdx.x * {per_block} + threadIdx.x / {WARP};\n"
+             f"  __shared__ __align__(16) float Bs[{slots * n1}];\n"
+             f"  const int tile = blockIdx.x * {per_block} + threadIdx.x / {n1};\n"
              f"  const int* counts = {table} + blockIdx.x * {chunks};  // the block's copies, chunk by chunk\n"
              f"  switch (tile < {tiles} ? cluster_of[tile] : -1) {{\n{cases}"
              f"    default: proxy_idle(B, C, N, Bs, counts); break;\n  }}\n}}\n")
@@ -174,30 +184,38 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
                                     + [entry]))
 
 
-def _proxy_walk(code: Fp32Code, m: int, m1: int, by_chunk: list[list[int]], nonzeros: list, slots: int,
-                per_block: int) -> str:
-    """One warp's walk in a staged proxy: per chunk, the block's copies (as many as `counts` says,
-    from rows of the chunk) between its barriers, where the chunk copies any, and this warp's loads
-    of the chunk (`by_chunk`: its columns' positions) from shared memory with their multiply-adds;
-    then its M1 rows' stores (none for an idle warp: m1 = 0)."""
-    out = [f"  const int warp = threadIdx.x / {WARP}, lane = threadIdx.x % {WARP};\n",
-           f"  const int n = blockIdx.y * {WARP} + lane;\n  const bool live = n < N;\n",
-           "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
-           "  float* Bl = Bs + lane;\n  const unsigned mine = lospmm_shared_address(Bl);\n"]
-    if m1:
-        out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
-    for chunk, positions in enumerate(by_chunk):
-        out.append(f"  {{ const int copies = counts[{chunk}];  // rows {chunk * STAGED_ROWS}.. of K\n"
-                   f"    if (copies) {{\n"
-                   f"      for (int j = warp; j < copies; j += {per_block}) "
-                   f"LOSPMM_STS(mine, Bl, j * {4 * WARP}, live ? lospmm_ld(Bn, {4 * chunk * STAGED_ROWS} + 4 * j, N) : 0.0f);\n"
-                   "      __syncthreads();\n    }\n")
-        for slot, j in enumerate(positions):  # the block's union holds the warp's columns: a slot of it each
-            out.append(f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * (slot % slots) * WARP}); "
-                       + " ".join(code.multiply_adds(j, nonzeros[j], None)) + " }\n")
-        out.append("    if (copies) __syncthreads();\n  }\n")
-    if m1:
-        out.append(f"  {{ const int r0 = (blockIdx.x * {per_block} + warp) * {m1};\n"
-                   + "".join("  " + code.store(i, i, None, f"r0 + {i}", f"live && r0 + {i} < {m}") for i in range(m1))
-                   + "  }\n")
-    return "".join(out)
+class _ProxyWalk:
+    """The walk of one tile slot's threads in a staged proxy (N1 columns, chunks of `rows` rows of K,
+    a chunk's union at most `slots` columns, `per_block` tiles a block)."""
+
+    def __init__(self, code: Fp32Code, m: int, n1: int, rows: int, slots: int, per_block: int):
+        self.code, self.m, self.n1, self.rows, self.slots, self.per_block = code, m, n1, rows, slots, per_block
+
+    def text(self, m1: int, by_chunk: list[list[int]], nonzeros: list) -> str:
+        """Per chunk, the block's copies (as many as `counts` says, from rows of the chunk) between its
+        barriers, where the chunk copies any, and this slot's loads of the chunk (`by_chunk`: its
+        columns' positions) from shared memory with their multiply-adds; then its M1 rows' stores
+        (none for an idle slot: m1 = 0)."""
+        code, n1, rows, slots = self.code, self.n1, self.rows, self.slots
+        out = [f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};\n",
+               f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n",
+               "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
+               "  float* Bl = Bs + lane;\n  const unsigned mine = lospmm_shared_address(Bl);\n"]
+        if m1:
+            out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
+        for chunk, positions in enumerate(by_chunk):
+            out.append(f"  {{ const int copies = counts[{chunk}];  // rows {chunk * rows}.. of K\n"
+                       f"    if (copies) {{\n"
+                       f"      for (int j = slot; j < copies; j += {self.per_block}) LOSPMM_STS(mine, Bl, j * {4 * n1}, "
+                       f"live ? lospmm_ld(Bn, {4 * chunk * rows} + 4 * j, N) : 0.0f);\n"
+                       "      __syncthreads();\n    }\n")
+            for place, j in enumerate(positions):  # the block's union holds the slot's columns: a place of it each
+                out.append(f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * (place % slots) * n1}); "
+                           + " ".join(code.multiply_adds(j, nonzeros[j], None)) + " }\n")
+            out.append("    if (copies) __syncthreads();\n  }\n")
+        if m1:
+            out.append(f"  {{ const int r0 = (blockIdx.x * {self.per_block} + slot) * {m1};\n"
+                       + "".join("  " + code.store(i, i, None, f"r0 + {i}", f"live && r0 + {i} < {self.m}")
+                                 for i in range(m1))
+                       + "  }\n")
+        return "".join(out)
