@@ -29,8 +29,8 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 - Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
 
-The staged kernel (design loads="staged": blocks of G warps, each its own tile over one warp's 32
-columns, B copied per chunk of K into shared memory once for the block's tiles) has its own terms,
+The staged kernel (design loads="staged": blocks of G tiles over N1 = 32·W columns, each tile walked
+by its own W warps, B copied per chunk of K into shared memory once for the block's tiles) has its own terms,
 `staged_timing`: the copies and barriers as instructions, B's reads from shared memory as one
 instruction and wavefront each, each block's union of columns (kernel.staging) through L2, and a
 block's chunks one after another, each waiting for its copies.
@@ -274,14 +274,14 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
 
 def staged_timing(work: KernelWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
     """The estimate of one launch of a staged kernel or proxy (design loads="staged": blocks of G warps
-    over one warp's 32 columns, warp w of block g walking tile g·G + w). Per block and chunk of K
+    over N1 = 32·W columns, the W warps of slot w of block g walking tile g·G + w). Per block and chunk of K
     its warps copy the union's columns of B (work.staged_counts) into shared memory, G at a time,
     and meet at two barriers; each warp then walks its tile as today's kernel does with each B load
     an ld.shared at a literal offset (one instruction, no address). The terms, as estimated_timing's:
     - issue: every warp's instructions (its walk, its share of the copies, the chunks' set-up) over
       the SMs' issue rate; the FFMAs over the FP32 rate; shared-memory wavefronts (one a warp's load
       or store of 32 floats) at one per SM-cycle;
-    - memory: B's union columns once per block (each over its 32 columns) and C through L2; B and
+    - memory: B's union columns once per block (each over its N1 columns) and C through L2; B and
       C once from DRAM;
     - latency: a block's chunks run one after another, each waiting for its copies (a load's latency
       per staged_copy_unroll copies a warp: ptxas unrolls the loop so far, and the copies' own
@@ -299,7 +299,7 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
         return Timing("estimate", float("inf"), Status.ERROR,
                       f"design {d.label}: the copies of {d.blocks_along_a(tiles)} blocks are needed, got {counts.shape[0]}")
     threads = d.block_threads(work.n1)
-    warps = -(-work.n1 // ws)  # a tile's warps: each walks its tile, its share of the copies, over 32 columns
+    warps = -(-work.n1 // ws)  # a tile's warps: each walks its tile and its share of the copies over 32 columns
     shared = staged_shared_bytes(counts.astype(np.int64), work.n1) + work.smem_bytes
     atb = resident_blocks(work.registers, threads, shared, device)
     if atb < 1:

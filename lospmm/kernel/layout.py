@@ -22,7 +22,7 @@ class LaunchLayout:
     columns_per_thread: int = 1
     column_walks: int = 1
     order: str = "tile-x"
-    tiles_per_block: int = 1  # a staged design's: its warps share one warp's columns, each its own tile
+    tiles_per_block: int = 1  # a staged design's: its tiles share the block's columns, each walked by its own warps
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -30,7 +30,7 @@ class LaunchLayout:
 
     def block(self, threads: int | None = None) -> int:
         """Threads a block launches with: its own, or where N1 is given at launch (`threads`: a proxy's
-        N1 under test) that many for each of its tiles (a staged block's warps each walk one)."""
+        N1 under test) that many for each of its tiles (a staged block's tiles each have their own N1)."""
         block = threads * self.tiles_per_block if threads else self.threads
         if block < 1:
             raise ValueError("a proxy's launch needs its N1 (threads per block)")
@@ -46,7 +46,7 @@ class LaunchLayout:
         return -(-self.launch_columns(n) // self.columns_per_block(threads))
 
     def columns_per_block(self, threads: int | None = None) -> int:
-        """Columns of C a block computes: its threads' (a staged block's warps share theirs)."""
+        """Columns of C a block computes: its threads' (a staged block's tiles share theirs)."""
         return self.block(threads) * self.columns_per_thread // self.tiles_per_block
 
     def grid(self, n: int, threads: int | None = None) -> tuple[int, int, int]:

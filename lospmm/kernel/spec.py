@@ -223,6 +223,9 @@ class KernelSpec:
         return count if self.form == "conv" else self.layout.launch_columns(count)
 
     def grid(self, count: int, threads: int | None = None) -> tuple[int, int, int]:
+        fixed = self.design.fixed_n1
+        if threads and fixed and threads != fixed:  # its code assumes its own N1 (a staged block's tiles' columns)
+            raise ValueError(f"{self.layer or self.name}: design {self.design.label} runs at N1 = {fixed}, not {threads}")
         return self.layout.grid(self.columns(count), threads)
 
     def input_shape(self, count: int) -> tuple[int, ...]:
@@ -268,7 +271,7 @@ class KernelSpec:
                     f"C with a column), B and C 4-byte aligned")
         v = self.layout.columns_per_thread
         if self.layout.tiles_per_block > 1:
-            per_block = self.layout.columns_per_block()
+            per_block = self.design.fixed_n1 * self.layout.columns_per_thread  # a proxy's threads are a launch fact
             return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument; a block's "
                     f"{self.layout.tiles_per_block} tiles (n1 threads) share {per_block} columns: launch "
                     f"ceil(N / {per_block}) blocks along y (kernel.json's `grid`)")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-# rows of K a block of 32 columns stages at a time: its union there is at most 256 columns × 32 floats (32 KiB)
+# rows of K a block of 32 columns stages at a time (KernelDesign.staged_rows: fewer at a wider N1): its union
+# there is at most 256 columns × 32 floats (32 KiB)
 STAGED_ROWS = 256
 WARP = 32  # a staged block's warps share one warp's columns of C
 

@@ -68,7 +68,8 @@ def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesig
 @dataclass(frozen=True)
 class ProxyCheck:
     """How `--verify` runs each compiled proxy on the host under AddressSanitizer. Defaults: n=37
-    columns with n1=32 threads per block: two column blocks, the second partial."""
+    columns with n1=32 threads per block: two column blocks, the second partial (a design whose tiles
+    have their own N1, a staged one's, is run at it)."""
 
     n: int = 37
     n1: int = 32

@@ -116,7 +116,7 @@ def constrained_candidates(
     """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`, for a
     kernel of `design`: a block of N1 threads covers N1·V columns (V columns per thread) and walks
     `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks; a staged
-    block is N1 = 32 threads for each of its tiles_per_block tiles (KernelDesign.fixed_n1). With
+    block is N1 = 32·tile_warps threads for each of its tiles_per_block tiles (KernelDesign.fixed_n1). With
     `fallback`, the least-bad are kept when none passes (with_fallback)."""
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")

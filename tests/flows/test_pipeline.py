@@ -274,7 +274,9 @@ def test_a_staged_run_is_searched_by_staged_proxies(tmp_path, weights_file):
     assert table.num_rows
     for i, row in enumerate(table.to_pylist()):
         expected = staged_counts(matrices[row["layer"]], tiles[(row["layer"], row["m1"])], 4, 128)  # 128 rows
-        assert np.array_equal(clusters_from_row(table, i).staged_counts, expected) and expected.sum() > 0
+        read = clusters_from_row(table, i)
+        assert np.array_equal(read.staged_counts, expected) and expected.sum() > 0
+        assert read.shared_bytes == int(expected.max()) * 4 * 64  # its union over the design's N1 floats
     emitted = _served_by(root, paths, "lospmm_staged_proxy_", "baked,staged,tile-x,walks=1,v=1,tiles=4,warps=2")
     assert all(r["n1"] == 64 for r in emitted)
 

@@ -238,4 +238,5 @@ def test_a_staged_tile_over_more_warps_fetches_its_code_once_for_as_many_columns
     one, four = (estimated_timing(full_kernel_work(tiles, 512, 768, 4096, d.fixed_n1, 40, design=d, matrix=a), H100)
                  for d in (narrow, wide))
     assert four.fetch_us == pytest.approx(one.fetch_us / 4, rel=0.02)
-    assert four.compute_us == pytest.approx(one.compute_us, rel=0.25)  # the same work, but chunks 4x shorter
+    assert four.memory_us == pytest.approx(one.memory_us, rel=0.01)  # each union through L2 once either way
+    assert one.compute_us < four.compute_us < 1.25 * one.compute_us  # the same work, more chunks' copies

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from lospmm.kernel.check import checked
 from lospmm.kernel.design import design_named
@@ -18,7 +18,7 @@ from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.render import CodegenParams, kernel_source, proxy_source
 from lospmm.kernel.spec import KernelSource, KernelSpec
-from lospmm.kernel.staging import STAGED_ROWS, staged_counts
+from lospmm.kernel.staging import STAGED_ROWS, design_counts, staged_counts
 from lospmm.stages.cluster import chosen_proxy_clusters, proxy_clusters
 from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.stages.prune import random_pruned
@@ -34,6 +34,10 @@ def staged_source(a, m1: int, tiles_per_block: int, epilogue=Epilogue(), warps: 
 @given(m=st.integers(3, 40), k=st.sampled_from([7, 64, STAGED_ROWS + 45]), sparsity=st.sampled_from([0.5, 0.9]),
        m1=st.sampled_from([1, 2, 4]), per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 2, 4]),
        n=st.sampled_from([1, 33, 64, 200]), seed=st.integers(0, 1000))
+# always: two and four warps a tile over several chunks of K (128 and 64 rows), a partial last block and
+# a column block past N, rows with no nonzero at 0.9
+@example(m=37, k=STAGED_ROWS + 45, sparsity=0.9, m1=2, per_block=4, warps=2, n=200, seed=3)
+@example(m=29, k=STAGED_ROWS + 45, sparsity=0.9, m1=4, per_block=2, warps=4, n=129, seed=5)
 def test_the_staged_kernel_computes_a_times_b_on_the_host(m, k, sparsity, m1, per_block, warps, n, seed):
     # a tile over 1, 2 or 4 warps (N1 of 32, 64, 128; chunks of K of 256, 128, 64 rows), N across blocks
     rng = np.random.default_rng(seed)
@@ -119,16 +123,22 @@ def test_staged_counts_are_the_unions_the_kernel_copies():
         rows = np.concatenate([tiles.tile(t) for t in range(4 * g, min(4 * g + 4, tiles.num_tiles))])
         union = np.unique(a[rows].indices)
         assert counts[g].tolist() == [int(np.sum(union // STAGED_ROWS == c)) for c in range(3)]
-    text = "".join(staged_source(a, 3, 4).units)
-    tables = {(int(g), int(c)): int(n) for g, c, n in re.findall(r"lospmm_staged_(\d+)_(\d+)\[(\d+)\]", text)}
-    # a table per (block, chunk with columns), named by the block's first tile
-    assert tables == {(4 * g, c): int(counts[g, c]) for g in range(counts.shape[0]) for c in range(3) if counts[g, c]}
+    for warps in (1, 2):  # two warps a tile: chunks of 128 rows
+        design = design_named(f"staged,tiles=4,warps={warps}")
+        counts = design_counts(a, tiles, design)
+        assert counts.shape[1] == -(-a.shape[1] // design.staged_rows)
+        text = "".join(staged_source(a, 3, 4, warps=warps).units)
+        tables = {(int(g), int(c)): int(n) for g, c, n in re.findall(r"lospmm_staged_(\d+)_(\d+)\[(\d+)\]", text)}
+        # a table per (block, chunk with columns), named by the block's first tile
+        assert tables == {(4 * g, c): int(counts[g, c]) for g in range(counts.shape[0])
+                          for c in range(counts.shape[1]) if counts[g, c]}
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(4, 48), k=st.sampled_from([40, STAGED_ROWS + 45]), m1=st.sampled_from([1, 2, 4]),
-       per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 4]), n=st.sampled_from([1, 33, 200]),
+       per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 2, 4]), n=st.sampled_from([1, 33, 200]),
        seed=st.integers(0, 1000))
+@example(m=45, k=STAGED_ROWS + 45, m1=2, per_block=4, warps=2, n=200, seed=1)
 def test_the_staged_proxy_runs_its_blocks_copies_and_walks_within_bounds(m, k, m1, per_block, warps, n, seed):
     # a proxy's output is meaningless; its memory accesses and barriers are checked under ASan, with the
     # last block's slots past the tiles copying and meeting at the barriers too
@@ -141,14 +151,22 @@ def test_the_staged_proxy_runs_its_blocks_copies_and_walks_within_bounds(m, k, m
     assert spec.cooperative and spec.layout.block(n1) == n1 * per_block
     assert spec.grid(n, n1) == (-(-tiles.num_tiles // per_block), -(-n // n1), 1)
     assert proxy_check(kernel, clusters.cluster_of, n, n1) == "asan-ok"
+    if warps > 1:  # its code assumes its own N1: a launch at another is refused, not run with slots missing
+        assert "runs at N1" in proxy_check(kernel, clusters.cluster_of, n, 32)
 
 
-def test_a_staged_proxy_copies_what_its_clusters_say_and_declares_the_full_kernels_shared_memory():
+@pytest.mark.parametrize("warps", [1, 4])
+def test_a_staged_proxy_copies_what_its_clusters_say_and_declares_the_full_kernels_shared_memory(warps):
+    from dataclasses import replace
+
     a = random_pruned(64, STAGED_ROWS + 100, 0.9, np.random.default_rng(5))
-    tiles, design, clusters = _staged_clusters(a, 2, 8)
+    tiles, design, clusters = _staged_clusters(a, 2, 8 // warps, warps=warps)
+    n1 = 32 * warps
     text = "".join(proxy_source(64, a.shape[1], clusters, CodegenParams(design=design)).units)
-    assert f"Bs[{int(clusters.staged_counts.max()) * 32}]" in text and clusters.shared_bytes == \
-        int(clusters.staged_counts.max()) * 128
+    assert f"Bs[{int(clusters.staged_counts.max()) * n1}]" in text and clusters.shared_bytes == \
+        int(clusters.staged_counts.max()) * 4 * n1
+    with pytest.raises(ValueError, match="sized for"):  # clusters of another N1 would misprice its shared memory
+        proxy_source(64, a.shape[1], replace(clusters, staged_columns=n1 * 2), CodegenParams(design=design))
     assert ", ".join(map(str, clusters.staged_counts.ravel())) in text  # the block's copies, chunk by chunk
     # Eq. 6's padding less what the proxy declares, never below zero
     assert proxy_dynamic_shared(clusters.shared_bytes + 1000, clusters) == 1000
@@ -161,6 +179,10 @@ def test_the_staged_kernel_package_round_trips_through_kernel_json():
     facts = json.loads(spec.to_json())
     assert facts["launch"]["tiles_per_block"] == 2 and facts["block"]["x"] == 64
     assert facts["grid"]["y"] == "ceil(N / 32)"
+    wide = staged_source(sp.csr_matrix(np.eye(8, 40, dtype=np.float32)), 2, 2, warps=4).spec
+    facts = json.loads(wide.to_json())
+    assert facts["block"]["x"] == 256 and facts["grid"]["y"] == "ceil(N / 128)" and "share 128 columns" in facts["layout"]
+    assert facts["design"]["tile_warps"] == 4 and KernelSpec.from_json(wide.to_json()).design == wide.design
 
 
 def test_a_staged_kernels_register_cap_is_above_the_floor_and_its_layout_agrees_with_its_design():

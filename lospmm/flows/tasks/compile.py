@@ -40,7 +40,9 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
                 logger.info("compiled proxy %s (%d of %d): %s, %d registers, %d B spilled", where, i + 1,
                             table.num_rows, compile_summary(result, hit), result["registers"], result["spill_stores"])
                 ok = result["status"] == Status.OK
-                verified = proxy_check(kernel, cl.cluster_of, check.n, check.n1) if verify and ok else "not run"
+                # a design whose tiles have their own N1 (a staged one's) is checked at it
+                verified = (proxy_check(kernel, cl.cluster_of, check.n, design.fixed_n1 or check.n1)
+                            if verify and ok else "not run")
                 return {**base, **compile_row(result, hit), "status": result["status"],
                         "message": "" if ok else f"{where}: NVRTC failed", "kernel": kernel.name,
                         "source_sha256": kernel.sha256, "arch": arch, "maxrregcount": options.maxrregcount,

@@ -139,6 +139,9 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
         raise ValueError(f"design {design.label}: the staged proxy is the staged designs'")
     counts = np.asarray(clusters.staged_counts, np.int32)
     n1, rows = design.fixed_n1, design.staged_rows
+    if clusters.staged_columns != n1:  # its shared memory at launch is reckoned from them (pad.proxy_dynamic_shared)
+        raise ValueError(f"design {design.label}: its clusters were sized for {clusters.staged_columns} columns a "
+                         f"block, the design has {n1}")
     tiles, per_block, chunks = len(clusters.cluster_of), design.tiles_per_block, chunk_count(k, rows)
     if counts.shape != (-(-tiles // per_block), chunks):
         raise ValueError(f"the staged proxy needs the copies of each of its {-(-tiles // per_block)} blocks in each of "
