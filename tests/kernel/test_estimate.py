@@ -240,3 +240,28 @@ def test_a_staged_tile_over_more_warps_fetches_its_code_once_for_as_many_columns
     assert four.fetch_us == pytest.approx(one.fetch_us / 4, rel=0.02)
     assert four.memory_us == pytest.approx(one.memory_us, rel=0.01)  # each union through L2 once either way
     assert one.compute_us < four.compute_us < 1.25 * one.compute_us  # the same work, more chunks' copies
+
+
+def test_the_staged_model_by_hand_on_one_block():
+    # one block of two tiles (10 and 20 loads, 15 and 30 multiply-adds, M1 = 2) over 64 columns (two column
+    # blocks of 32), one chunk whose union is 25 columns: every term of staged_timing written out
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateParams, KernelWork
+
+    p, d = EstimateParams(), H100
+    work = KernelWork(4, 100, 64, 2, 32, np.array([10, 20]), np.array([15, 30]), 32, design=design_named("staged,tiles=2"),
+                      staged_counts=np.array([[25]]))
+    t = estimated_timing(work, d, p)
+    walk = np.array([15 + 10, 30 + 20]) + p.store_instr * 2 + p.block_overhead_instr + p.call_instr
+    chunk = 13 * p.staged_copy_instr + p.staged_chunk_instr  # each warp copies ceil(25 / 2) columns
+    clock = d.clock_ghz * 1e9
+    issue = 2 * (walk.sum() + 2 * chunk) / (d.sms * p.issue_per_sm_cycle)  # 2 column blocks, 2 warps' copies each
+    smem = 2 * (30 + 25) / d.sms  # a load or a copy's store: one wavefront
+    ffma = 2 * 45 / (d.sms * d.fp32_lanes_per_sm / 32)
+    assert t.compute_us == pytest.approx(max(issue, smem, ffma) / clock * 1e6)
+    l2 = 4 * 64 * (25 + 2 * 2)  # the union once for each 32 columns, and C
+    dram = 4 * (100 * 64 + 4 * 64)
+    assert t.memory_us == pytest.approx(max(dram / (d.dram_gbps * 1e9), l2 / (d.l2_gbps * 1e9)) * 1e6)
+    path = 4 * d.mem_latency_cycles + chunk + (20 * p.smem_latency_cycles / 2 + walk[1])  # copies, then the slowest walk
+    assert t.latency_us == pytest.approx(max(2 * path / (d.sms * t.active_blocks), path) / clock * 1e6)
+    assert t.fetch_us == pytest.approx(16 * 2 * walk.sum() / (d.sms * p.fetch_bytes_per_sm_cycle * clock) * 1e6)
