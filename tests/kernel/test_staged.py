@@ -71,7 +71,7 @@ def test_a_missing_barrier_is_caught_on_the_host():
     kernel = staged_source(a, 2, 4)
     unit = next(i for i, u in enumerate(kernel.units) if "for (int j = slot;" in u)
     units = list(kernel.units)
-    units[unit] = units[unit].replace("  __syncthreads();\n  switch (slot)", "  switch (slot)", 1)
+    units[unit] = units[unit].replace("  __syncthreads();\n  if (slot == ", "  if (slot == ", 1)
     broken = KernelSource(kernel.spec, tuple(units))
     assert checked(HostKernel(kernel, False), a, 40).ok
     assert not checked(HostKernel(broken, False), a, 40).ok
@@ -127,11 +127,14 @@ def test_staged_counts_are_the_unions_the_kernel_copies():
         design = design_named(f"staged,tiles=4,warps={warps}")
         counts = design_counts(a, tiles, design)
         assert counts.shape[1] == -(-a.shape[1] // design.staged_rows)
-        text = "".join(staged_source(a, 3, 4, warps=warps).units)
-        tables = {(int(g), int(c)): int(n) for g, c, n in re.findall(r"lospmm_staged_(\d+)_(\d+)\[(\d+)\]", text)}
-        # a table per (block, chunk with columns), named by the block's first tile
-        assert tables == {(4 * g, c): int(counts[g, c]) for g in range(counts.shape[0])
-                          for c in range(counts.shape[1]) if counts[g, c]}
+        kernel = staged_source(a, 3, 4, warps=warps)
+        blocks = [u for u in kernel.units if "const int lospmm_staged_" in u]  # the units of block functions
+        # per block one table (named by its first tile) of its chunks' unions, each chunk one copy loop over its own
+        tables = {int(g): int(n) for u in blocks for g, n in re.findall(r"int lospmm_staged_(\d+)\[(\d+)\]", u)}
+        assert tables == {4 * g: int(counts[g].sum()) for g in range(counts.shape[0])}
+        loops = [[int(n) for n in re.findall(r"for \(int j = slot; j < (\d+);", part)]
+                 for u in blocks for part in u.split("__device__ const int lospmm_staged_")[1:]]
+        assert loops == [[int(c) for c in counts[g] if c] for g in range(counts.shape[0])]
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -93,7 +93,8 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
            "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n",
            "  const unsigned mine = lospmm_shared_address(Bl);\n",
            "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
-    staged_most, tables = 0, []
+    # one table a block, its chunks' unions back to back
+    staged_most, table, entries = 0, f"lospmm_staged_{group[0]}", []
     for chunk0 in range(0, a.shape[1], rows_staged):
         inside = [[(c, nz) for c, nz in columns if chunk0 <= c < chunk0 + rows_staged] for _, columns in per_tile]
         union = sorted({c for columns in inside for c, _ in columns})
@@ -101,25 +102,26 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
             continue
         staged_most = max(staged_most, len(union))
         place = {c: i for i, c in enumerate(union)}
-        table = f"lospmm_staged_{group[0]}_{chunk0 // rows_staged}"
-        tables.append(f"__device__ const int {table}[{len(union)}] = {{{', '.join(str(4 * c) for c in union)}}};\n")
-        # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the warps
+        start = len(entries)
+        entries += [4 * c for c in union]
+        # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the slots
         out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
                    f"  for (int j = slot; j < {len(union)}; j += {code.design.tiles_per_block}) "
-                   f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {table}[j], N) : 0.0f);\n"
-                   "  __syncthreads();\n  switch (slot) {\n")
+                   f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {table}[{start} + j], N) : 0.0f);\n"
+                   "  __syncthreads();\n")
+        # each slot's part by a chain of tests, not a switch: a switch's jump table is a compiler-generated
+        # constant, one a chunk, and 72 chunks × 49 blocks of them passed what a kernel may hold
         for w, columns in enumerate(inside):
             if columns:
-                lines = [f"      {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * place[c] * n1}); "
+                lines = [f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * place[c] * n1}); "
                          + " ".join(code.multiply_adds(j, nz, None)) + " }\n" for j, (c, nz) in enumerate(columns)]
-                out.append(f"    case {w}:\n" + "".join(lines) + "      break;\n")
-        out.append("    default: break;\n  }\n  __syncthreads();\n")
-    out.append("  if (live) switch (slot) {\n")
+                out.append(f"  if (slot == {w}) {{\n" + "".join(lines) + "  }\n")
+        out.append("  __syncthreads();\n")
     for w, (rows, _) in enumerate(per_tile):
-        out.append(f"    case {w}:\n" + "".join("    " + code.store(i, int(r), epilogue) for i, r in enumerate(rows))
-                   + "      break;\n")
-    out.append("    default: break;\n  }\n")
-    return "".join(tables), "".join(out), staged_most, int(sum(len(nz) for _, columns in per_tile for _, nz in columns))
+        out.append(f"  if (live && slot == {w}) {{\n" + "".join("  " + code.store(i, int(r), epilogue)
+                                                             for i, r in enumerate(rows)) + "  }\n")
+    tables = f"__device__ const int {table}[{len(entries)}] = {{{', '.join(map(str, entries))}}};\n" if entries else ""
+    return tables, "".join(out), staged_most, int(sum(len(nz) for _, columns in per_tile for _, nz in columns))
 
 
 def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
