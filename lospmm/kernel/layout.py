@@ -82,6 +82,5 @@ class LaunchLayout:
 def proxy_layout(num_tiles: int, design: KernelDesign = BASELINE) -> LaunchLayout:
     """How a proxy of `num_tiles` tiles is launched in `design` (its N1 given at launch): a block a
     tile, or in a staged design one a `tiles_per_block` of them."""
-    per_block = design.tiles_per_block
-    return LaunchLayout(-(-num_tiles // per_block), 0, design.columns_per_thread, design.column_walks, design.order,
-                        per_block)
+    return LaunchLayout(design.blocks_along_a(num_tiles), 0, design.columns_per_thread, design.column_walks,
+                        design.order, design.tiles_per_block)

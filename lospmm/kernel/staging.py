@@ -12,11 +12,10 @@ import scipy.sparse as sp
 # rows of K a block of 32 columns stages at a time (KernelDesign.staged_rows: fewer at a wider N1): its union
 # there is at most 256 columns × 32 floats (32 KiB)
 STAGED_ROWS = 256
-WARP = 32  # a staged block's warps share one warp's columns of C
 
 
 def block_tiles(num_tiles: int, per_block: int) -> list[list[int]]:
-    """The tiles each staged block walks, warp by warp: `per_block` consecutive ones (fewer in the last)."""
+    """The tiles each staged block walks, slot by slot: `per_block` consecutive ones (fewer in the last)."""
     return [list(range(g, min(g + per_block, num_tiles))) for g in range(0, num_tiles, per_block)]
 
 
@@ -34,8 +33,7 @@ def staged_counts(matrix: sp.csr_matrix, tiles, per_block: int, chunk_rows: int 
     groups = block_tiles(tiles.num_tiles, per_block)
     out = np.zeros((len(groups), chunks), np.int32)
     for g, group in enumerate(groups):
-        rows = np.concatenate([tiles.tile(t) for t in group]) if group else np.zeros(0, np.int64)
-        union = np.unique(a[rows].indices)
+        union = np.unique(a[np.concatenate([tiles.tile(t) for t in group])].indices)
         out[g] = np.bincount(union // chunk_rows, minlength=chunks)[:chunks]
     return out
 
@@ -45,6 +43,6 @@ def design_counts(matrix: sp.csr_matrix, tiles, design) -> np.ndarray:
     return staged_counts(matrix, tiles, design.tiles_per_block, design.staged_rows)
 
 
-def staged_shared_bytes(counts: np.ndarray, columns: int = WARP, element_bytes: int = 4) -> int:
+def staged_shared_bytes(counts: np.ndarray, columns: int, element_bytes: int = 4) -> int:
     """A staged block's shared memory: its largest chunk's union, `columns` (its N1) floats each."""
     return int(counts.max(initial=0)) * columns * element_bytes

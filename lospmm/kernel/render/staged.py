@@ -87,12 +87,7 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         per_tile.append((rows, [(int(c), [(int(sub.indices[p]), values[p])
                                           for p in range(sub.indptr[c], sub.indptr[c + 1])]) for c in cols]))
     most_rows = max(len(rows) for rows, _ in per_tile)
-    out = [f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};  // the block's tile, the thread's column\n",
-           f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n",
-           "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
-           "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n",
-           "  const unsigned mine = lospmm_shared_address(Bl);\n",
-           "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
+    out = [_thread_setup(n1), "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
     # one table a block, its chunks' unions back to back
     staged_most, table, entries = 0, f"lospmm_staged_{group[0]}", []
     for chunk0 in range(0, a.shape[1], rows_staged):
@@ -106,15 +101,13 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         entries += [4 * c for c in union]
         # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the slots
         out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
-                   f"  for (int j = slot; j < {len(union)}; j += {code.design.tiles_per_block}) "
-                   f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {table}[{start} + j], N) : 0.0f);\n"
+                   f"  {_copy_loop(len(union), code.design.tiles_per_block, n1, f'{table}[{start} + j]')}\n"
                    "  __syncthreads();\n")
         # each slot's part by a chain of tests, not a switch: a switch's jump table is a compiler-generated
         # constant, one a chunk, and 72 chunks × 49 blocks of them passed what a kernel may hold
         for w, columns in enumerate(inside):
             if columns:
-                lines = [f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * place[c] * n1}); "
-                         + " ".join(code.multiply_adds(j, nz, None)) + " }\n" for j, (c, nz) in enumerate(columns)]
+                lines = [_shared_read(code, j, place[c], n1, nz) for j, (c, nz) in enumerate(columns)]
                 out.append(f"  if (slot == {w}) {{\n" + "".join(lines) + "  }\n")
         out.append("  __syncthreads();\n")
     for w, (rows, _) in enumerate(per_tile):
@@ -145,8 +138,8 @@ def staged_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
         raise ValueError(f"design {design.label}: its clusters were sized for {clusters.staged_columns} columns a "
                          f"block, the design has {n1}")
     tiles, per_block, chunks = len(clusters.cluster_of), design.tiles_per_block, chunk_count(k, rows)
-    if counts.shape != (-(-tiles // per_block), chunks):
-        raise ValueError(f"the staged proxy needs the copies of each of its {-(-tiles // per_block)} blocks in each of "
+    if counts.shape != (design.blocks_along_a(tiles), chunks):
+        raise ValueError(f"the staged proxy needs the copies of each of its {design.blocks_along_a(tiles)} blocks in each of "
                          f"{chunks} chunks of K (ProxyClusters.staged_counts), got shape {counts.shape}")
     code = Fp32Code(design)
     m1 = clusters.m1
@@ -202,21 +195,16 @@ class _ProxyWalk:
         columns' positions) from shared memory with their multiply-adds; then its M1 rows' stores
         (none for an idle slot: m1 = 0)."""
         code, n1, rows, slots = self.code, self.n1, self.rows, self.slots
-        out = [f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};\n",
-               f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n",
-               "  const float* Bn = B + n;\n  float* Cn = C + n;\n",
-               "  float* Bl = Bs + lane;\n  const unsigned mine = lospmm_shared_address(Bl);\n"]
+        out = [_thread_setup(n1)]
         if m1:
             out.append("  float " + ", ".join(f"acc{i} = 0.0f" for i in range(m1)) + ";\n")
         for chunk, positions in enumerate(by_chunk):
             out.append(f"  {{ const int copies = counts[{chunk}];  // rows {chunk * rows}.. of K\n"
                        f"    if (copies) {{\n"
-                       f"      for (int j = slot; j < copies; j += {self.per_block}) LOSPMM_STS(mine, Bl, j * {4 * n1}, "
-                       f"live ? lospmm_ld(Bn, {4 * chunk * rows} + 4 * j, N) : 0.0f);\n"
+                       f"      {_copy_loop('copies', self.per_block, n1, f'{4 * chunk * rows} + 4 * j')}\n"
                        "      __syncthreads();\n    }\n")
             for place, j in enumerate(positions):  # the block's union holds the slot's columns: a place of it each
-                out.append(f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * (place % slots) * n1}); "
-                           + " ".join(code.multiply_adds(j, nonzeros[j], None)) + " }\n")
+                out.append(_shared_read(code, j, place % slots, n1, nonzeros[j]))
             out.append("    if (copies) __syncthreads();\n  }\n")
         if m1:
             out.append(f"  {{ const int r0 = (blockIdx.x * {self.per_block} + slot) * {m1};\n"
@@ -224,3 +212,26 @@ class _ProxyWalk:
                                  for i in range(m1))
                        + "  }\n")
         return "".join(out)
+
+
+def _thread_setup(n1: int) -> str:
+    """A block function's first lines, the kernel's and the proxy's alike: the thread's slot (its
+    tile in the block) and column of the block's N1, its column's B and C, its address in the chunk."""
+    return (f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};  // the block's tile, the thread's column\n"
+            f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n"
+            "  const float* Bn = B + n;\n  float* Cn = C + n;\n"
+            "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n"
+            "  const unsigned mine = lospmm_shared_address(Bl);\n")
+
+
+def _copy_loop(count, per_block: int, n1: int, offset: str) -> str:
+    """A chunk's copy: `count` columns of B (offset: the j-th one's byte offset in a row of B, times N at
+    the load) shared out among the block's `per_block` slots, each stored at its place in the chunk."""
+    return (f"for (int j = slot; j < {count}; j += {per_block}) "
+            f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {offset}, N) : 0.0f);")
+
+
+def _shared_read(code: Fp32Code, j: int, place: int, n1: int, nonzeros) -> str:
+    """One column's B from the chunk's `place` in shared memory and its multiply-adds."""
+    return (f"    {{ float b{j}; LOSPMM_LDS(b{j}, mine, Bl, {4 * place * n1}); "
+            + " ".join(code.multiply_adds(j, nonzeros, None)) + " }\n")
