@@ -351,14 +351,16 @@ def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: b
 
 
 def conv_summary(rows: list[dict]) -> list[dict]:
-    """The conv step (issues 13, 22): per case, our implicit-im2col kernel against the GEMM kernel of
-    the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel
-    also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not)
-    and against cuDNN's dense convolution in fp32."""
+    """The conv step (issues 13, 22, 35): per case, our implicit-im2col kernel against the GEMM kernel
+    of the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel
+    also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not),
+    the streamed design's implicit-im2col kernel of the same tile, and cuDNN's dense convolution in
+    fp32."""
+    kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed"}
     by: dict = {}
     for r in rows:
         if r.get("set") == "conv":
-            by.setdefault(r["layer"], {})["gemm" if r.get("variant") == "im2col-gemm" else "conv"] = r
+            by.setdefault(r["layer"], {})[kinds_of.get(r.get("variant") or "", "conv")] = r
 
     def ratio(x: float, y: float) -> float:
         return x / y if y > 0 else float("nan")
@@ -366,13 +368,14 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
-        conv, gemm = kinds.get("conv"), kinds.get("gemm")
-        some = conv or gemm
+        conv, gemm, streamed = kinds.get("conv"), kinds.get("gemm"), kinds.get("streamed")
+        some = conv or gemm or streamed
         cudnn = us(conv, "cudnn_us")
         out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"], "sparsity": some["sparsity"],
                     "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": ratio(us(conv), us(gemm)),
+                    "streamed_us": us(streamed), "streamed / implicit": ratio(us(streamed), us(conv)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
-                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm))})
+                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm, streamed))})
     return out
 
 

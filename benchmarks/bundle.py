@@ -146,7 +146,8 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
                 a = job.matrix()
                 atomic_write(dest / "a" / f"{p.matrix}.parquet", lambda tmp: write_matrix(tmp, a))
             result, hit = cached_kernel(cache, source, kernel_options(arch, p.m1, p.ptxas_level, source.design,
-                                                                      p.extra_registers), units)
+                                                                      p.extra_registers, source.spec.form == "conv"),
+                                        units)
             row |= {"kernel": source.name, "form": source.spec.form, "dtype": source.spec.dtype,
                     "count": source.spec.count(p.n), "launch": json.dumps(source.layout.facts()),
                     "status": str(result["status"]), "message": "" if result["status"] == "ok" else result["log"][-500:],

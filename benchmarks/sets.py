@@ -11,7 +11,7 @@ it through the package's one entry point (lospmm.kernel.render). Nothing here ne
 - `sample`: issue 24's launch list: a sample of layers' proxies and top-K full kernels (and every
   kept candidate from one cubin per M1 reading N1 at launch), with the A/B variants of ptxas and
   prefetch on the largest layer of each model;
-- `conv`: implicit-im2col convolution cases beside the GEMM kernel of the same A and tile;
+- `conv`: implicit-im2col convolution cases (baked and streamed) beside the GEMM kernel of the same A and tile;
 - `latency`: each A/B layer's kernel with deeper prefetch and more registers, and at ptxas -O3;
 - `staged`: each A/B layer's kernel beside the staged design (B through shared memory) on its tiles.
 """
@@ -575,8 +575,10 @@ def conv_case_matrix(i: int, sparsity: float) -> sp.csr_matrix:
 
 
 def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4) -> list[Planned]:
-    """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), and the GEMM kernel of the
-    same A and tile on the im2col matrix (what the search emits for the im2col GEMM)."""
+    """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), the streamed design's
+    implicit-im2col kernel of the same A and tile (issue 35: one loop whatever the layer, where the
+    baked kernel's code grows with it), and the GEMM kernel of the same A and tile on the im2col
+    matrix (what the search emits for the im2col GEMM)."""
     out = []
     for i, (label, cout, fields, epilogue) in enumerate(CONV_CASES):
         g = ConvGeometry(**fields)
@@ -585,6 +587,8 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4)
                       batch=batch, design=design_named("baseline").label, m1=m1, n1=n1, matrix=f"conv-case-{i}",
                       chosen_by="fixed")
         out.append(Planned(_id("conv", i, "conv"), "conv", conv=conv, epilogue=epilogue, **common))
+        out.append(Planned(_id("conv", i, "streamed"), "conv", conv=conv, epilogue=epilogue, variant="streamed",
+                           **(common | {"design": design_named("streamed").label})))
         out.append(Planned(_id("conv", i, "gemm"), "conv", variant="im2col-gemm", **common))
     return out
 

@@ -110,7 +110,7 @@ def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
     np.testing.assert_allclose(load_kernel(package.dir)(b).cpu().numpy(), a @ b.cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("design", ["baseline", "chained,v=2"])
+@pytest.mark.parametrize("design", ["baseline", "chained,v=2", "streamed,chained,v=4"])
 def test_a_fused_bias_and_gelu_match_the_reference_on_the_device(tmp_path, design):
     """The epilogue's device code (erff, make_float2) runs only here; the loader serves it too."""
     from lospmm.kernel.epilogue import Epilogue
@@ -314,7 +314,7 @@ def test_loader_on_torch_or_cupy(tmp_path):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("design", ["baseline", "column-x,walks=3"])
+@pytest.mark.parametrize("design", ["baseline", "column-x,walks=3", "streamed", "streamed,column-x,walks=3"])
 def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path, design):
     from lospmm.kernel.epilogue import Epilogue
     from lospmm.kernel.geometry import ConvGeometry

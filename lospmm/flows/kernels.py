@@ -172,7 +172,8 @@ def emitted_kernel(root: str, matrix, tiles, layer: str, sparsity: float, n1: in
     results = dict(extra or {})
     cubin = None
     if compile_:
-        result, hit = cached_kernel(root, kernel, kernel_options(arch, kernel.spec.m1, design=design), compile_units)
+        result, hit = cached_kernel(root, kernel, kernel_options(arch, kernel.spec.m1, design=design,
+                                                                        conv=kernel.spec.form == "conv"), compile_units)
         kept = ("status", "registers", "spill_stores", "spill_loads", "thread_spill_bytes", "stack_bytes", "seconds",
                 "cost_seconds", "wall_seconds", "link_seconds", "units", "units_compiled", "key", "options", "unit_keys")
         results["compile"] = {k: result[k] for k in kept} | {"from_cache": hit}
@@ -232,7 +233,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         options = [o for i, (tm1, tn1, label) in enumerate(tiled)
                    for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1,
                                            design_named(label), timer.device,
-                                           params.nm_kernel and i == 0, params.designs, epilogue, conv is not None,
+                                           params.nm_kernel and i == 0, params.designs, conv is not None,
                                            named=run_design)]
         options = list({(o.label, o.m1, o.n1): o for o in options}.values())  # a tile in a design once
 

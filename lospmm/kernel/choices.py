@@ -1,7 +1,7 @@
 """The ways one layer can be served, each priced by the estimate: the kernel of the tile the search
 chose in the run's design and, for a `--design auto` run, in every design of DESIGN_CANDIDATES
-that can serve it (its registers, the grid's limits, an epilogue it cannot fuse, a convolution's
-grid order and walks only); and the kernels of designs that need no tiles but a structure of A — today the
+that can serve it (its registers, the grid's limits, a convolution's implicit-im2col kernel in its
+conv form: KernelDesign.conv_kernel); and the kernels of designs that need no tiles but a structure of A — today the
 N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that fits. The emit
 stage keeps the cheapest (stages.emit.cheapest_design) and renders it with `kernel_source(...,
 served.design, nm=served.nm)`; a caller never asks which kind a choice is."""
@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lospmm.devices import block_registers
-from lospmm.kernel.design import BASELINE, KernelDesign, conv_design, design_in, design_named
-from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.design import KernelDesign, design_in, design_named
 from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
 from lospmm.kernel.nm import NMTiling, held_pattern, nm_tilings
 from lospmm.kernel.registers import predicted_registers
@@ -46,13 +45,12 @@ class Served:
 
 
 def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: KernelDesign, device,
-                   untiled: bool = True, designs: tuple[str, ...] = (), epilogue: Epilogue = Epilogue(),
-                   conv: bool = False, named: KernelDesign | None = None) -> list[Served]:
+                   untiled: bool = True, designs: tuple[str, ...] = (), conv: bool = False,
+                   named: KernelDesign | None = None) -> list[Served]:
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
-    search measured its proxies; where the run's design fuses no epilogue and the layer has one, in
-    the baseline), then in each of `designs` (fp32 labels, taken in the run's number
-    format and, for a convolution's implicit-im2col kernel (`conv`), its grid order and walks) that can serve
+    search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
+    format and, for a convolution's implicit-im2col kernel (`conv`), in their conv form) that can serve
     it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
     this number format (untiled_options; a GEMM layer's). A label names its design unless it is
     `named` (default: `design`; the run's, where the search spans designs)."""
@@ -62,11 +60,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
-        if d == design and not epilogue.empty and not d.fuses_epilogue:
-            # the run's design cannot fuse this layer's bias or activation (a streamed run): the same tile
-            # in the baseline of its number format serves the layer, and says so in its label
-            d = design_in(design.number, BASELINE)  # its registers are the streamed kernel's (the same prediction)
-        elif d != design and design_problem(d, tiles.m1, n1, n, device, epilogue):
+        if d != design and design_problem(d, tiles.m1, n1, n, device):
             continue
         if any(o.design == d for o in options):
             continue
@@ -79,23 +73,23 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, the grid order and walks alone (conv_design), each once, `design` first."""
+    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half design), each
+    once, `design` first."""
     out = [design]
     for label in designs:
         try:
             d = design_in(design.number, design_named(label))
         except ValueError:  # no form in this number format (a half kernel's grid is the baseline's so far)
             continue
-        d = conv_design(d) if conv else d
-        if d.a_values == "baked" or not conv:
+        d = d.conv_kernel if conv else d
+        if d is not None:
             out.append(d)
     return list(dict.fromkeys(out))
 
 
-def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, epilogue: Epilogue = Epilogue()) -> str:
+def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device) -> str:
     """Why the kernel of tile (m1, n1) in `design` cannot serve N columns ("" when it can): its
-    predicted registers above the device's limit per thread or per block, a grid past its limits, an
-    epilogue it does not fuse."""
+    predicted registers above the device's limit per thread or per block, a grid past its limits."""
     registers = predicted_registers(m1, design=design)
     if registers > device.max_regs_per_thread:
         return f"{registers} registers predicted, over {device.max_regs_per_thread}"
@@ -105,8 +99,6 @@ def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, epilo
         # on tiles sized for the baseline's registers)
         return (f"{registers} registers predicted × {n1} threads = {block} a block, over "
                 f"{min(device.max_regs_per_block, device.regs_per_sm)}")
-    if not epilogue.empty and not design.fuses_epilogue:
-        return f"design {design.label} fuses no epilogue"
     try:
         LaunchLayout(1, n1, design.columns_per_thread, design.column_walks, design.order).grid(n)
     except ValueError as e:

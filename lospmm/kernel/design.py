@@ -52,7 +52,7 @@ class KernelDesign:
         shorter (STAGED_FLOATS over N1 rows), so a chunk's union still fits 32 KiB.
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
-        cubin: code O(1) in the kernel's size, compile time too), or "nm" (an N:M-sparse A compressed
+        cubin: code O(1) in the kernel's size, compile time too; convolutions too), or "nm" (an N:M-sparse A compressed
         into values and positions that the loader fills in, B staged through shared memory:
         lospmm.kernel.nm; the kernel's blocking is its spec's `nm`, so the other fields keep their
         defaults).
@@ -129,11 +129,6 @@ class KernelDesign:
         return self.number.element_bytes
 
     @property
-    def fuses_epilogue(self) -> bool:
-        """Whether its kernels apply a bias and activation before the store (the streamed kernel not yet)."""
-        return self.a_values != "streamed"
-
-    @property
     def tiled(self) -> bool:
         """Whether its kernels are rendered on the search's reordered tiles (baked and streamed A); the
         nm design's on its own blocking of an N:M A (lospmm.kernel.choices.untiled_served)."""
@@ -142,16 +137,18 @@ class KernelDesign:
     @property
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_design: the grid's order
-        and walks, fp32); a convolution in another design is served by the GEMM kernel on its im2col B."""
+        and walks of a baked or streamed fp32 design); a convolution in another design is served by the
+        GEMM kernel on its im2col B."""
         return self == conv_design(self)
 
     @property
     def conv_kernel(self) -> "KernelDesign | None":
         """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of a
-        baked fp32 design such a kernel has (conv_design: the grid's order and walks; its loads already
-        take one instruction from the pixel's pointer, so `chained` has nothing to add); None for a
-        streamed, N:M or half design (their convolutions are im2col GEMMs)."""
-        return conv_design(self) if self.a_values == "baked" and not self.half else None
+        baked or streamed fp32 design such a kernel has (conv_design: the grid's order, the walks and
+        whether A is baked or streamed; its loads already take one instruction from the pixel's
+        pointer, so `chained` has nothing to add; a staged design's is the baked one); None for an N:M
+        or half design (their convolutions are im2col GEMMs)."""
+        return conv_design(self) if self.a_values in ("baked", "streamed") and not self.half else None
 
     @property
     def fixed_n1(self) -> int:
@@ -274,10 +271,12 @@ def design_named(text: str) -> KernelDesign:
 
 
 def conv_design(design: KernelDesign) -> KernelDesign:
-    """The part of `design` an implicit-im2col conv kernel has: the grid's order and the column walks
-    (its loads already take one instruction from the pixel's pointer; vector columns are not written
-    yet: adjacent output pixels are not adjacent inputs)."""
-    return KernelDesign(order=design.order, column_walks=design.column_walks)
+    """The part of `design` an implicit-im2col conv kernel has: the grid's order, the column walks and
+    whether A's values are baked or streamed (its loads already take one instruction from the pixel's
+    pointer; vector columns are not written yet: adjacent output pixels are not adjacent inputs; a
+    staged block's copy of B is a GEMM's so far)."""
+    return KernelDesign(order=design.order, column_walks=design.column_walks,
+                        a_values="streamed" if design.a_values == "streamed" else "baked")
 
 
 def design_in(number: NumberFormat, design: KernelDesign = BASELINE) -> KernelDesign:

@@ -77,8 +77,12 @@ class EstimateParams:
     launch): staged_copy_instr=10 (a column's copy: its offset from the table, B's address, the
     load, the st.shared, the loop's share: 38-41 instructions per 4 copies, ptxas unrolling the copy
     loop by staged_copy_unroll=4), staged_chunk_instr=24 (a chunk's loop set-up and remainder, two
-    barriers and the warp's switch); smem_latency_cycles=30 (an ld.shared's latency on sm_80/sm_90,
-    the published microbenchmarks' figure: a prior)."""
+    barriers and the tests that choose the warp's part); smem_latency_cycles=30 (an ld.shared's latency
+    on sm_80/sm_90, the published microbenchmarks' figure: a prior). The streamed loop's:
+    data_latency_cycles=33 (its column's entry, read from the data before the column's B load can
+    start: an L1 hit, the published microbenchmarks' figure), lsu_per_sm_cycle=1.0 (an SM's 32
+    load/store units take one warp's load instruction a cycle: its M1 value loads a column, each a
+    broadcast of one address, go through them as its B loads do; the datasheet's)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -100,6 +104,8 @@ class EstimateParams:
     staged_chunk_instr: int = 24
     staged_copy_unroll: int = 4
     smem_latency_cycles: float = 30.0
+    data_latency_cycles: float = 33.0
+    lsu_per_sm_cycle: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -238,8 +244,11 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
     sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
     sm_cycles_ffma = warps_per_row * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
+    sm_cycles_lsu = 0.0
+    if d.a_values == "streamed":  # a column's entry, B load and M1 value loads through the load/store units
+        sm_cycles_lsu = warps_per_row * float((loads * (2 + work.m1)).sum()) / (device.sms * params.lsu_per_sm_cycle)
     clock_hz = device.clock_ghz * 1e9
-    compute_s = max(sm_cycles_issue, sm_cycles_ffma) / clock_hz
+    compute_s = max(sm_cycles_issue, sm_cycles_ffma, sm_cycles_lsu) / clock_hz
 
     # instruction supply: each block fetches its tile's code once per walk, except the walks after
     # its first where the code fits the instruction cache
@@ -264,6 +273,10 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
     wait = device.mem_latency_cycles / (1 + work.prefetch)
+    if d.a_values == "streamed":
+        # a column's B address waits on its entry's load and its FFMAs on B: ptxas issues the next
+        # column's loads after them (its SASS, sm_90: no load kept ahead across the loop's iterations)
+        wait = device.mem_latency_cycles + params.data_latency_cycles
     resident_warps = device.sms * atb * -(-work.n1 // ws)
     latency_s = warps_per_row * loads.sum() * wait / resident_warps / clock_hz
     longest_s = (loads.max(initial=0) * wait + instr.max(initial=0)) * walks_per_block / clock_hz

@@ -59,6 +59,13 @@ class ConvGeometry:
         """The im2col GEMM's N for `batch` images."""
         return batch * self.pixels
 
+    def window_offset(self, column: int) -> tuple[int, int, int]:
+        """Where A's `column` reads the input: (its element offset from the window's top-left input
+        pixel in image ci's plane, its window row ky, its window column kx)."""
+        ci, rest = divmod(int(column), self.kh * self.kw)
+        ky, kx = divmod(rest, self.kw)
+        return ci * self.h * self.w + ky * self.dilation * self.w + kx * self.dilation, ky, kx
+
     def facts(self) -> dict:
         """kernel.json's `conv`."""
         return {**vars(self), "h_out": self.h_out, "w_out": self.w_out}

@@ -15,7 +15,11 @@ class RegisterModel:
     vector_regs_per_column=8, loop_regs=12 (the smallest caps without a spill over M1 = 1..16 of a
     96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12, which spilled 24 B with a
     loop at 8), staged_regs=8 (the staged kernel on that layer at M1 = 12, 8 tiles a block: 2.7 KB
-    spilled at the baked kernel's cap, none 8 above it). ConstrainParams carries the same fields, these defaults, as run options."""
+    spilled at the baked kernel's cap, none 8 above it), window_regs=8 (a streamed convolution at one walk
+    keeps its pixel's window, input and output pointers and two masks, across its loop over columns
+    beside the sums: 3×3 and 7×7 windows at M1 12-28 spilled 16-32 B at the GEMM's cap, none 6 above
+    it; a looped one's loop_regs cover it). ConstrainParams carries the same fields, these defaults, as
+    run options."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -24,15 +28,18 @@ class RegisterModel:
     vector_regs_per_column: int = 8
     loop_regs: int = 12
     staged_regs: int = 8
+    window_regs: int = 8
 
 
-def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE) -> int:
+def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE, conv: bool = False) -> int:
     """Registers per thread for a kernel of `design` (`params`: a RegisterModel, or any object with
     its fields, such as ConstrainParams): with V columns per thread its accumulators and B values
     are V wide, and ptxas keeps more vector loads in flight (`vector_regs_per_column` per column); a
     looped design carries the walk's column and stride and B and C (`loop_regs`). A half design's
     sums are one register per row when packed, two when in fp32, three when promoted. The N:M kernel
-    is not capped (255): its launch bounds leave ptxas the registers of its thread tile."""
+    is not capped (255): its launch bounds leave ptxas the registers of its thread tile. `conv`: the
+    kernel is an implicit-im2col convolution's (a streamed one at one walk keeps its pixel's window:
+    `window_regs`)."""
     v = design.columns_per_thread
     if design.a_values == "nm":  # its thread tile is its blocking's (kernel.nm), bounded by __launch_bounds__
         return 255
@@ -51,4 +58,5 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     # a staged kernel keeps its copy loop's and the shared chunk's addresses beside the sums, above the
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
     staged = params.staged_regs if design.loads == "staged" else 0
-    return max(params.min_regs, regs) + staged
+    window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
+    return max(params.min_regs, regs) + staged + window

@@ -73,15 +73,14 @@ class KernelSpec:
         if (self.form == "conv") != (self.conv is not None):
             raise KernelSpecError(f"{where}: a conv kernel, and only one, has a convolution geometry")
         if self.form == "conv" and not self.design.serves_conv:
-            raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order and walks")
+            raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order, walks "
+                                  f"and baked or streamed values")
         if self.form == "conv" and self.conv.k != self.k:
             raise KernelSpecError(f"{where}: K={self.k}, the conv geometry needs cin·kh·kw = {self.conv.k}")
         if (self.design.a_values == "nm") != (self.nm is not None):
             raise KernelSpecError(f"{where}: a kernel of design nm, and only one, has an N:M tiling")
         if self.nm is not None and self.form != "gemm":
             raise KernelSpecError(f"{where}: the N:M kernel is a GEMM kernel (no {self.form} form)")
-        if not self.design.fuses_epilogue and not self.epilogue.empty:
-            raise KernelSpecError(f"{where}: design {self.design.label}: the streamed kernel fuses no epilogue yet")
         if self.form == "proxy" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: a proxy fuses no epilogue")
         if self.layout.tiles_per_block != self.design.tiles_per_block:

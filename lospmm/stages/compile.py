@@ -57,12 +57,13 @@ class CompileOptions:
 
 
 def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesign = BASELINE,
-                   extra_registers: int = 0) -> CompileOptions:
-    """Options for the units of a full kernel or proxy of tile height M1 in `design`: the §3.2
-    register prediction caps every tile function, and so the linked kernel; `extra_registers` above
-    it (at most 255 in all: the device program's latency A/B gives a deeper prefetch room)."""
-    return CompileOptions(arch=arch, maxrregcount=min(255, predicted_registers(m1, design=design) + extra_registers),
-                          ptxas_level=ptxas_level, relocatable=True)
+                   extra_registers: int = 0, conv: bool = False) -> CompileOptions:
+    """Options for the units of a full kernel or proxy of tile height M1 in `design` (`conv`: an
+    implicit-im2col convolution's): the §3.2 register prediction caps every tile function, and so the
+    linked kernel; `extra_registers` above it (at most 255 in all: the device program's latency A/B
+    gives a deeper prefetch room)."""
+    registers = predicted_registers(m1, design=design, conv=conv) + extra_registers
+    return CompileOptions(arch=arch, maxrregcount=min(255, registers), ptxas_level=ptxas_level, relocatable=True)
 
 
 @dataclass(frozen=True)

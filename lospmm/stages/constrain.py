@@ -59,7 +59,7 @@ class ConstrainParams:
     min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none),
     vector_regs_per_column=8, loop_regs=12 (the designs' registers: the smallest caps without a
     spill over M1 = 1..16 of a 96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12,
-    which spilled 24 B with a loop at 8), staged_regs=8 (kernel.registers.RegisterModel)."""
+    which spilled 24 B with a loop at 8), staged_regs=8, window_regs=8 (kernel.registers.RegisterModel)."""
 
     th_row: float = 0.25
     th_col: float = 0.25
@@ -72,6 +72,7 @@ class ConstrainParams:
     vector_regs_per_column: int = RegisterModel.vector_regs_per_column
     loop_regs: int = RegisterModel.loop_regs
     staged_regs: int = RegisterModel.staged_regs
+    window_regs: int = RegisterModel.window_regs
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,8 @@ def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Devic
 def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bool = True) -> tuple[KernelDesign, ...]:
     """The designs a layer's search spans: `designs`, each once; a convolution served by an
     implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
-    (KernelDesign.conv_kernel: a baked fp32 design's grid order and walks), the kernel it is served
-    by; where no design has one (streamed, half) it stays an im2col GEMM in the first design
+    (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid order and walks), the kernel it
+    is served by; where no design has one (half, N:M) it stays an im2col GEMM in the first design
     (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))
     if op == "conv" and implicit_conv:

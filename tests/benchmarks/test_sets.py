@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from benchmarks import sets
 from lospmm.kernel.design import design_named
@@ -194,3 +195,22 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     overall = {r["variant"]: r for r in summary if r["model"] == "all"}
     assert overall["staged,tiles=8"]["over reference"] == 0.5 and overall["staged,tiles=4,warps=4"]["over reference"] == 2
     assert staged["estimate: over reference"] > 0 and staged["datasheet: over reference"] > 0
+
+
+def test_the_conv_step_measures_each_case_baked_streamed_and_as_its_im2col_gemm():
+    # issue 35: the streamed design's implicit-im2col kernel beside the baked one, the same A and tile
+    from benchmarks.analysis import conv_summary
+
+    plan = sets.conv_plan(batch=2)
+    assert len(plan) == 3 * len(sets.CONV_CASES)
+    streamed = [p for p in plan if p.variant == "streamed"]
+    assert len(streamed) == len(sets.CONV_CASES) and all(p.conv and p.design.startswith("streamed") for p in streamed)
+    source = sets.planned_job(streamed[0]).source()
+    assert source.spec.form == "conv" and source.design.a_values == "streamed" and len(source.units) == 1
+    baked = sets.planned_job(plan[0]).source()
+    assert (baked.spec.epilogue, baked.layout.threads) == (source.spec.epilogue, source.layout.threads)
+    rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
+                 ours_us={"": 10.0, "streamed": 15.0, "im2col-gemm": 12.0}[p.variant], spread=0.01, cudnn_us=30.0)
+            for p in plan[:3]]
+    (summary,) = conv_summary(rows)
+    assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)

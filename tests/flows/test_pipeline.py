@@ -243,7 +243,7 @@ def _served_by(root, paths, proxy_prefix: str, design_label: str) -> list[dict]:
 
 def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
     # the streamed design has its own proxy (the same loop over the clusters' columns), so a run searches
-    # in it (a layer with a bias the streamed kernel cannot fuse: tests/kernel/test_choices.py)
+    # in it and serves each layer by the streamed kernel of its tile
     root, paths = _emitted(tmp_path, weights_file, top_k=2, design="streamed,chained")
     emitted = _served_by(root, paths, "lospmm_stream_proxy_", "streamed,chained,tile-x,walks=1,v=1")
     assert all("×" in r["design"] for r in emitted)

@@ -48,7 +48,6 @@ def test_the_nm_design_forced_takes_its_cheapest_blocking_or_names_the_layer():
 
 def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
     from lospmm.kernel.choices import DESIGN_CANDIDATES
-    from lospmm.kernel.epilogue import Epilogue
 
     a = random_pruned(768, 768, 0.9, np.random.default_rng(2))
     tiles = reordered_tiles(a, 8)
@@ -57,14 +56,10 @@ def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
     labels = {s.design.label for s in found}
     assert len(found) == len(DESIGN_CANDIDATES) == len(labels)  # each once (baseline is the run's)
     assert found[1].label == "8×128 " + found[1].design.label
-    # an epilogue leaves out the streamed designs (they fuse none yet)
-    fused = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES,
-                           epilogue=Epilogue(activation="relu"))
-    assert {s.design.a_values for s in fused} == {"baked"} and len(fused) == len(found) - 2
-    # a convolution's implicit-im2col kernel takes the grid's order and the walks alone
+    # a convolution's implicit-im2col kernel takes the grid's order, the walks and baked or streamed values
     conv = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES, conv=True)
     assert [s.design.label for s in conv] == [design_named(d).label for d in ("baseline", "column-x", "walks=4",
-                                                                                  "walks=16")]
+                                                                                  "walks=16", "streamed")]
     # a tile whose v=4 kernel needs more registers than the device has is not priced in it
     big = served_options(a, reordered_tiles(a, 64), 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES)
     assert all(s.design.columns_per_thread < 4 for s in big)
@@ -80,20 +75,17 @@ def test_every_candidate_design_is_one_the_device_program_measures():
     assert DESIGN_CANDIDATES == AB_DESIGNS
 
 
-def test_a_streamed_run_serves_a_layer_with_an_epilogue_by_the_same_tile_in_the_baseline():
-    from lospmm.kernel.epilogue import Epilogue
-
+def test_a_streamed_run_serves_every_layer_in_its_design_and_a_convolution_in_its_conv_form():
+    # the streamed kernels fuse a bias and an activation (the bias as data beside the rows), so a streamed
+    # run serves a layer with one in its own design, as every other; a convolution by the streamed conv kernel
     a = random_pruned(256, 256, 0.9, np.random.default_rng(4))
     tiles = reordered_tiles(a, 8)
     streamed = design_named("streamed,chained")
-    plain = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100)
-    assert [(s.label, s.design) for s in plain] == [("8×128", streamed)]
-    fused = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, epilogue=Epilogue(activation="relu"))
-    assert [(s.label, s.design) for s in fused] == [(f"8×128 {BASELINE.label}", BASELINE)]  # it says so in 10_kernels
-    # priced beside the run's other designs once, not twice
-    both = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, designs=("baseline", "chained"),
-                          epilogue=Epilogue(activation="relu"))
-    assert [s.design.label for s in both] == [BASELINE.label, design_named("chained").label]
+    assert [(s.label, s.design) for s in served_options(a, tiles, 256, 256, 4096, 128, streamed, H100)] == [
+        ("8×128", streamed)]
+    conv = served_options(a, tiles, 256, 256, 4096, 128, streamed, H100, designs=("baseline", "chained"), conv=True)
+    assert [(s.label, s.design) for s in conv] == [("8×128", design_named("streamed")),  # its conv form, unnamed
+                                                   (f"8×128 {BASELINE.label}", BASELINE)]  # chained's conv form too
 
 
 def test_a_design_whose_block_needs_more_registers_than_the_sm_has_cannot_serve_the_tile():

@@ -238,10 +238,12 @@ def convolutions(draw):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
        relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]),
-       design=st.sampled_from(["baseline", "column-x", "walks=3", "column-x,walks=2"]))
+       design=st.sampled_from(["baseline", "column-x", "walks=3", "column-x,walks=2", "streamed",
+                               "streamed,column-x,walks=2"]))
 def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz, design):
     """In each grid order, once or walking its column blocks (a looped kernel finds each pixel's window
-    again per walk; its zero blocks walk too)."""
+    again per walk; its zero blocks walk too), A baked or streamed (the loop reads each column's window
+    offset from data)."""
     a, geometry, bias = conv
     epilogue = Epilogue(bias=bias, activation="relu" if relu else "")
     params = CodegenParams(shard_nnz=shard_nnz, design=design_named(design))
@@ -255,20 +257,26 @@ def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1,
     ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
     ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
 ])
-def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad):
+@pytest.mark.parametrize("design", ["baseline", "streamed"])
+def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad, design):
     geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
     a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
     epilogue = Epilogue(bias=tuple(np.linspace(-1, 1, 8).tolist()), activation="relu")
-    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 32, geometry, epilogue, CodegenParams(shard_nnz=64))
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 32, geometry, epilogue,
+                                CodegenParams(shard_nnz=64, design=design_named(design)))
     assert host_error(kernel, a, 2, sanitize=True) < 1e-4
 
 
 def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     geometry = ConvGeometry(cin=16, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
     a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
-    for m1 in (1, 16):
-        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue(activation="relu"))
-        out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1))
+    # a streamed one keeps its pixel's window across its loop: at one walk 8 registers above the GEMM's
+    # (RegisterModel.window_regs; 16 B spilled at M1 = 16 without them)
+    for m1, design in ((1, "baseline"), (16, "baseline"), (16, "streamed"), (24, "streamed"),
+                       (16, "streamed,column-x,walks=4")):
+        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue((0.5,) * 32, "relu"),
+                                    CodegenParams(design=design_named(design)))
+        out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1, design=kernel.design, conv=True))
         assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
         assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
 
@@ -376,7 +384,7 @@ def test_design_names_read_back_and_bad_ones_are_named():
             design_named(bad)
 
 
-def test_a_conv_kernel_takes_the_grid_order_and_walks_only():
+def test_a_conv_kernel_takes_the_grid_order_walks_and_baked_or_streamed_values_only():
     g = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1)
     a = random_pruned(4, g.k, 0.5, np.random.default_rng(0))
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("column-x")))
@@ -385,14 +393,25 @@ def test_a_conv_kernel_takes_the_grid_order_and_walks_only():
     assert looped.layout.column_walks == 4 and looped.grid(g.n(2))[1] == -(-g.n(2) // 8 // 4)  # 50 pixels: 7 blocks, 2 walkers
     with pytest.raises(ValueError, match="only the grid's order"):
         conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))
+    # streamed: one small unit whatever the layer, its window offsets in data; launched as the baked one
+    streamed = conv_kernel_source(a, reordered_tiles(a, 2), 8, g,
+                                  params=CodegenParams(design=design_named("streamed,column-x,walks=4")))
+    assert len(streamed.units) == 1 and "tile_" not in streamed.source and "LOSPMM_LDXR" in streamed.source
+    tiles_along, walkers, _ = looped.grid(g.n(2))
+    assert streamed.spec.form == "conv" and streamed.grid(g.n(2)) == (walkers, tiles_along, 1)  # column-x
+    for design in ("streamed,chained", "streamed,v=4"):  # its conv form (KernelDesign.conv_kernel) is what renders
+        with pytest.raises(ValueError, match="a streamed conv kernel takes the grid's order and walks"):
+            conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named(design)))
+        assert design_named(design).conv_kernel == design_named("streamed")
 
 
-# --- fused epilogues (issue 22): a bias per row and an activation, in every baked design ---
+# --- fused epilogues (issue 22): a bias per row and an activation, in every design (streamed: its bias as data) ---
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=layers(), m1=st.integers(1, 5), n1=st.sampled_from([1, 32]), n=st.integers(1, 40),
-       design=st.sampled_from(["baseline", "chained,v=2", "v=4,walks=2,column-x", "chained,walks=3"]),
+       design=st.sampled_from(["baseline", "chained,v=2", "v=4,walks=2,column-x", "chained,walks=3", "streamed",
+                               "streamed,chained,v=4,walks=2"]),
        bias=st.booleans(), activation=st.sampled_from(["", "relu", "gelu"]), seed=st.integers(0, 2**31))
 def test_a_fused_epilogue_equals_the_reference_in_every_design(a, m1, n1, n, design, bias, activation, seed):
     values = tuple(np.random.default_rng(seed).standard_normal(a.shape[0]).astype(np.float32).tolist()) if bias else ()

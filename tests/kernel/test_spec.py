@@ -45,12 +45,13 @@ def test_a_gemm_kernels_facts_describe_its_launch_and_read_back_the_same():
     assert json.loads(text)["full_time_us"] is None  # strict JSON: a missing figure is null
 
 
-@pytest.mark.parametrize("what", ["conv", "half", "v4 and bias+gelu", "streamed"])
+@pytest.mark.parametrize("what", ["conv", "half", "v4 and bias+gelu", "streamed", "streamed conv and bias+relu"])
 def test_every_kind_of_kernel_reads_back_as_the_spec_it_was_written_from(what):
     a = _matrix(24, 18)
     design, epilogue, conv = design_named("baseline"), Epilogue(), None
-    if what == "conv":
+    if what.endswith("conv") or what.startswith("streamed conv"):
         conv, epilogue = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1), Epilogue(tuple([0.5] * 24), "relu")
+        design = design_named("streamed,column-x,walks=2" if what.startswith("streamed") else "baseline")
     elif what == "half":
         design = half_design(NumberFormat.half("bf16", "f32"), design_named("chained"))
         a = rounded_matrix(a, "bf16")[0]
@@ -102,5 +103,7 @@ def test_a_kernel_json_of_another_version_or_contradicting_itself_is_refused_in_
         KernelSpec.from_json("{")
     with pytest.raises(KernelSpecError, match="says a bias is fused but not its values"):
         KernelSpec.from_json(json.dumps({**facts, "epilogue": {"bias": True, "relu": False}}))
-    with pytest.raises(KernelSpecError, match="streamed kernel fuses no epilogue"):
-        dataclasses.replace(spec, design=design_named("streamed"), epilogue=Epilogue(activation="relu"))
+    conv = kernel_source(_matrix(8, 27), reordered_tiles(_matrix(8, 27), 2), 16,
+                         conv=ConvGeometry(cin=3, h=4, w=4, kh=3, kw=3, pad=1)).spec
+    with pytest.raises(KernelSpecError, match="a conv kernel takes only the grid's order, walks and baked or streamed"):
+        dataclasses.replace(conv, design=design_named("streamed,chained"))

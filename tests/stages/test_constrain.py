@@ -174,16 +174,18 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     designs = tuple(design_named(d) for d in DESIGN_CANDIDATES)
     conv = searched_designs(designs, "conv")
     assert conv and all(d.serves_conv for d in conv) and len(set(conv)) == len(conv)
-    assert {(d.order, d.column_walks) for d in conv} == {("tile-x", 1), ("tile-x", 4), ("tile-x", 16),
-                                                         ("column-x", 1)}
+    assert {(d.order, d.column_walks, d.a_values) for d in conv} == {
+        ("tile-x", 1, "baked"), ("tile-x", 4, "baked"), ("tile-x", 16, "baked"), ("column-x", 1, "baked"),
+        ("tile-x", 1, "streamed")}
     # an im2col GEMM and a linear layer: as given
     assert searched_designs(designs, "conv", implicit_conv=False) == designs
     assert searched_designs(designs, "linear") == designs
-    # one design (the default chained): its conv kernel, the grid's order and walks; a design without one
-    # (streamed, half) leaves the convolution an im2col GEMM in it
+    # one design (the default chained): its conv kernel, the grid's order and walks (a streamed one's
+    # streamed); a design without one (half) leaves the convolution an im2col GEMM in it
     assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
-    streamed, half = design_named("streamed,chained"), design_named("fp16,chained")
-    assert searched_designs((streamed,), "conv") == (streamed,) and searched_designs((half,), "conv") == (half,)
+    streamed, half = design_named("streamed,chained,v=4"), design_named("fp16,chained")
+    assert searched_designs((streamed,), "conv") == (design_named("streamed"),)
+    assert searched_designs((half,), "conv") == (half,)
 
 
 def test_a_staged_design_is_tiled_at_n1_32_in_blocks_of_its_tiles():

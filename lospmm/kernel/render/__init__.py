@@ -1,7 +1,7 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
-(render.staged), streamed GEMM (render.streamed), N:M GEMM (render.nm), implicit-im2col convolution
-(render.conv) — with the number format as the
+(render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM (render.nm), implicit-im2col
+convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
@@ -17,7 +17,7 @@ from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_nam
 from lospmm.kernel.render.conv import conv_kernel
 from lospmm.kernel.render.nm import nm_kernel
 from lospmm.kernel.render.staged import staged_kernel, staged_proxy
-from lospmm.kernel.render.streamed import streamed_kernel, streamed_proxy
+from lospmm.kernel.render.streamed import streamed_conv_kernel, streamed_kernel, streamed_proxy
 from lospmm.kernel.spec import KernelSource
 
 __all__ = ["CodegenParams", "kernel_source", "nm_kernel", "proxy_source", "float_literal", "kernel_name", "shard_groups"]
@@ -28,7 +28,7 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                   nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
-    is given, else a GEMM kernel, baked or streamed as the design says. A half design's A must hold
+    is given (baked or streamed), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
     its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
     blocking `nm` (its tiles and N1 are not used). ValueError naming what no renderer can do."""
     design = params.design
@@ -42,15 +42,15 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
         if design.half:
             raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "
                              f"convolution)")
+        if design.a_values == "streamed":
+            return streamed_conv_kernel(matrix, tiles, n1, conv, epilogue, params)
         return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
     if design.loads == "staged":
         return staged_kernel(matrix, tiles, n1, params, epilogue)
     if design.a_values == "streamed":
         if params.n1_at_launch:
             raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
-        if not epilogue.empty:
-            raise ValueError(f"design {design.label}: the streamed kernel fuses no epilogue yet")
-        return streamed_kernel(matrix, tiles, n1, params)
+        return streamed_kernel(matrix, tiles, n1, params, epilogue)
     return baked_kernel(matrix, tiles, n1, params, epilogue)
 
 

@@ -5,7 +5,7 @@ columns are inside), and each output goes to NCHW Y through the epilogue. The in
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
 the designs, the grid's order and the column walks (a looped kernel's tile function walks its
 column blocks, each output pixel's window found again per walk); its loads already take one
-instruction from the pixel's pointer."""
+instruction from the pixel's pointer. A streamed design's conv kernel is render.streamed's."""
 
 from __future__ import annotations
 
@@ -96,9 +96,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
 def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
                    epilogue: Epilogue, looped: bool = False, m: int = 0) -> str:
     def load(j: int, column: int, previous: int) -> str:
-        ci, rest = divmod(column, g.kh * g.kw)
-        ky, kx = divmod(rest, g.kw)
-        off = ci * g.h * g.w + ky * g.dilation * g.w + kx * g.dilation
+        off, ky, kx = g.window_offset(column)
         return f"  float b{j}; LOSPMM_LDX(b{j}, xp, {4 * off}, rows_ok, cols_ok, {1 << ky}, {1 << kx});\n"
 
     sub, cols = tile_columns(a, rows)
@@ -110,14 +108,7 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
             f"LOSPMM_TILE void tile_{t}(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, "
             f"const int total) {{\n",
             "  do {\n",
-            f"  const int b = n / {g.pixels};\n  const int p = n - b * {g.pixels};\n",
-            f"  const int oy = p / {g.w_out};\n  const int ox = p - oy * {g.w_out};\n",
-            f"  const float* Xb = X + (long long)b * {g.cin * g.h * g.w};\n",
-            f"  float* Yb = Y + (long long)b * {m * g.pixels} + p;\n",
-            f"  const int iy0 = oy * {g.stride} - {g.pad};\n  const int ix0 = ox * {g.stride} - {g.pad};\n",
-            f"  const float* xp = Xb + (iy0 * {g.w} + ix0);\n",
-            f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
-            f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n",
+            pixel_window(g, m),
             *body,
             *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
               for i, r in enumerate(rows)),
@@ -133,3 +124,18 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
           for i, r in enumerate(rows)),
         "  LOSPMM_TILE_END\n}\n"])
+
+
+def pixel_window(g: ConvGeometry, m: int, indent: str = "  ") -> str:
+    """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
+    channels), its window's top-left input pixel xp (iy0, ix0: outside the image where the window
+    overhangs the padding) and which of its window rows and columns lie inside (rows_ok, cols_ok)."""
+    lines = [f"const int b = n / {g.pixels};", f"const int p = n - b * {g.pixels};",
+             f"const int oy = p / {g.w_out};", f"const int ox = p - oy * {g.w_out};",
+             f"const float* Xb = X + (long long)b * {g.cin * g.h * g.w};",
+             f"float* Yb = Y + (long long)b * {m * g.pixels} + p;",
+             f"const int iy0 = oy * {g.stride} - {g.pad};", f"const int ix0 = ox * {g.stride} - {g.pad};",
+             f"const float* xp = Xb + (iy0 * {g.w} + ix0);",
+             f"const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});",
+             f"const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});"]
+    return "".join(f"{indent}{line}\n" for line in lines)

@@ -1,53 +1,142 @@
-"""The streamed GEMM kernel (design `streamed`): A's tiles as data in the cubin, each block's
-non-empty columns (a byte offset, or with chained loads the step from the previous one) and per
-column the M1 values of its rows (0 where a row has none), read by one loop; rows of A with no
-nonzero are blocks with no column. One unit of O(1) code whatever the layer's size; the block size
-is blockDim.x. fp32 only, no epilogue so far (KernelSpec says so)."""
+"""The streamed kernels (design `streamed`): A's tiles as data in the cubin, each block's non-empty
+columns (a byte offset, or with chained loads the step from the previous one) and per column the M1
+values of its rows (0 where a row has none), read by one loop; rows of A with no nonzero are blocks
+with no column. One unit of O(1) code whatever the layer's size; the block size is blockDim.x. fp32;
+an epilogue's bias is data beside the rows (one float a block's row), its activation code.
+
+The implicit-im2col convolution in a streamed design (`streamed_conv_kernel`) is the same loop over
+the same data with each column's entry the input's offset from the window's top-left pixel and its
+window row and column: a thread's pixel finds its window once, as the baked conv kernel's tile
+functions do, and each load is predicated on the two window masks (zero in the padding). It takes
+the design's grid order and walks; one column per thread (adjacent output pixels are not adjacent
+inputs at a stride), B addresses from the pixel's pointer (chaining has nothing to remove there).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.kernel.design import conv_design
+from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
-from lospmm.kernel.render.common import CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name, zero_blocks
-from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, zero_value
+from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name,
+                                         sorted_matrix, zero_blocks)
+from lospmm.kernel.render.conv import pixel_window
+from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, epilogue_scalar, zero_value
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
 
-def streamed_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams) -> KernelSource:
-    a = sp.csr_matrix(matrix)
-    a.sort_indices()
+def streamed_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams,
+                    epilogue: Epilogue = Epilogue()) -> KernelSource:
+    """C = epilogue(A·B) by the streamed loop over `tiles` in blocks of `n1` threads."""
+    a = sorted_matrix(matrix, epilogue)
     checked_tile(n1)
     design = params.design
     m, k = a.shape
     m1, v = max(tiles.m1, 1), design.columns_per_thread
-    blocks = [tiles.tile(t) for t in range(tiles.num_tiles)] + zero_blocks(tiles.empty_rows, m1)
-    colptr, offsets, values, rows = [0], [], [], []
-    for block_rows in blocks:
-        sub = a[block_rows].tocsc()
-        cols = np.flatnonzero(np.diff(sub.indptr))
-        dense = np.zeros((len(cols), m1), np.float32)
-        dense[:, :len(block_rows)] = sub[:, cols].toarray().T
-        offsets.extend(_offsets(design, cols))
-        values.append(dense.ravel())
-        colptr.append(colptr[-1] + len(cols))
-        rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
+    blocks, colptr, cols, values, rows = _blocks(a, tiles, m1)
     name = kernel_name("lospmm_stream", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, *design.code_key)
-    data = _data(name, colptr, offsets, values, rows)
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, *design.code_key,
+                       *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
+    offsets = [o for block_cols in cols for o in _offsets(design, block_cols)]
+    data = _data(name, colptr, offsets, values, rows, _biases(epilogue, rows))
     source = "".join([
         included("preamble.cuh"), included("vector.cuh"),
         f"// lospmm streamed kernel {name}: M={m} K={k} nnz={a.nnz} M1={m1} N1={n1} tiles={tiles.num_tiles} "
-        f"design={design.code_label}\n", data,
+        f"design={design.code_label}" + (f" epilogue={epilogue.label}" if not epilogue.empty else "") + "\n", data,
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n",
-        *_loop(design, name, m1, f"blockIdx.{axes(design)[0]}", [
-            f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{SUFFIX[v]}(Cn, r, N, acc{i}); }}\n"
-            for i in range(m1)], f"  const int* __restrict__ rows = lospmm_rows_{name} + block * {m1};\n")])
+        *_loop(design, name, m1, f"blockIdx.{axes(design)[0]}",
+               _stores(epilogue, m1, v, name, "Cn", "N"), _rows_setup(name, m1, epilogue))])
     layout = LaunchLayout(len(blocks), n1, v, design.column_walks, design.order)
-    spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, nnz=int(a.nnz))
+    spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
     return KernelSource(spec, (source,))
+
+
+def streamed_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry,
+                         epilogue: Epilogue = Epilogue(), params: CodegenParams = CodegenParams()) -> KernelSource:
+    """Y = epilogue(conv(X)) without im2col by the streamed loop: parameters (X, Y, batch), launched
+    with grid(geometry.n(batch)) as the baked conv kernel. Same tiles as the GEMM kernel (the
+    search's shapes are the im2col GEMM's)."""
+    design = params.design
+    if design != conv_design(design) or design.a_values != "streamed":
+        raise ValueError(f"design {design.label}: a streamed conv kernel takes the grid's order and walks of a streamed "
+                         f"design (one column per thread, loads from the pixel's pointer)")
+    if params.n1_at_launch:
+        raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
+    a = sorted_matrix(matrix, epilogue)
+    m, k = a.shape
+    if k != geometry.k:
+        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
+    checked_tile(n1)
+    g, m1 = geometry, max(tiles.m1, 1)
+    blocks, colptr, cols, values, rows = _blocks(a, tiles, m1)
+    entries = []
+    for block_cols in cols:  # per column: the offset in bytes, then its window row | window column << 16
+        for c in block_cols:
+            off, ky, kx = g.window_offset(int(c))
+            entries += [4 * off, ky | kx << 16]
+    name = kernel_name("lospmm_stream_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, tuple(vars(g).values()),
+                       *epilogue.name_parts(), *design.code_key)
+    data = _data(name, colptr, entries, values, rows, _biases(epilogue, rows), align=8)
+    source = "".join([
+        included("preamble.cuh"), included("conv.cuh"),
+        f"// lospmm streamed conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
+        f"stride={g.stride} pad={g.pad} dilation={g.dilation} -> {g.h_out}x{g.w_out}, nnz={a.nnz} M1={m1} "
+        f"N1={n1} tiles={tiles.num_tiles} design={design.code_label}"
+        + (f" epilogue={epilogue.label}" if not epilogue.empty else "") + "\n", data,
+        f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n",
+        *_loop(design, name, m1, f"blockIdx.{axes(design)[0]}", _stores(epilogue, m1, 1, name, "Yb", str(g.pixels)),
+               _rows_setup(name, m1, epilogue), (g, m))])
+    layout = LaunchLayout(len(blocks), n1, 1, design.column_walks, design.order)
+    spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
+    return KernelSource(spec, (source,))
+
+
+def _blocks(a: sp.csr_matrix, tiles, m1: int):
+    """A streamed kernel's blocks (each tile, then the rows with no nonzero M1 at a time) and their data:
+    (blocks, each block's column range, its non-empty columns, its M1 values per column, its rows of
+    C with -1 past a block's last)."""
+    blocks = [tiles.tile(t) for t in range(tiles.num_tiles)] + zero_blocks(tiles.empty_rows, m1)
+    colptr, cols, values, rows = [0], [], [], []
+    for block_rows in blocks:
+        sub = a[block_rows].tocsc()
+        nonempty = np.flatnonzero(np.diff(sub.indptr))
+        dense = np.zeros((len(nonempty), m1), np.float32)
+        dense[:, :len(block_rows)] = sub[:, nonempty].toarray().T
+        cols.append(nonempty)
+        values.append(dense.ravel())
+        colptr.append(colptr[-1] + len(nonempty))
+        rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
+    return blocks, colptr, cols, values, rows
+
+
+def _biases(epilogue: Epilogue, rows: list[int]) -> list[float] | None:
+    """The bias of each block's row (0 past its last), beside `rows`; None without a bias."""
+    return [float(epilogue.bias[r]) if r >= 0 else 0.0 for r in rows] if epilogue.bias else None
+
+
+def _rows_setup(name: str, m1: int, epilogue: Epilogue) -> str:
+    """The block's rows of C (and their biases) in the data: the line that points at them."""
+    return (f"  const int* __restrict__ rows = lospmm_rows_{name} + block * {m1};\n"
+            + (f"  const float* __restrict__ bias = lospmm_bias_{name} + block * {m1};\n" if epilogue.bias else ""))
+
+
+def _stores(epilogue: Epilogue, m1: int, v: int, name: str, out: str, stride: str) -> list[str]:
+    """Each of the block's M1 sums through the epilogue (its row's bias from the data, the activation)
+    to its row of `out` (rows `stride` apart), skipped past the block's last row."""
+    lines = []
+    for i in range(m1):
+        bias = f" + __ldg(bias + {i})" if epilogue.bias else ""
+        value = (f"acc{i}" if epilogue.empty else epilogue_scalar(epilogue, f"acc{i}{bias}") if v == 1 else
+                 f"make_{VECTOR_TYPE[v]}(" + ", ".join(epilogue_scalar(epilogue, f"acc{i}{lane}{bias}")
+                                                       for lane in LANES[v]) + ")")
+        lines.append(f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{SUFFIX[v]}({out}, r, {stride}, "
+                     f"{value}); }}\n")
+    return lines
 
 
 def streamed_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
@@ -91,37 +180,54 @@ def _offsets(design, cols) -> list[int]:
     return (4 * np.asarray(steps, np.int64)).tolist()
 
 
-def _data(name: str, colptr, offsets, values, rows=None) -> str:
-    """The loop's data as device arrays: each block's column range, byte offsets (or steps), M1
-    values per column and (a full kernel's) its rows of C."""
+def _data(name: str, colptr, offsets, values, rows=None, biases=None, align: int = 0) -> str:
+    """The loop's data as device arrays: each block's column range, its columns' entries (byte offsets
+    or steps; a conv kernel's offset and window, `align`ed to read as pairs), M1 values per column
+    and (a full kernel's) its rows of C and their biases."""
     arrays = [("int", "lospmm_colptr", map(str, colptr)), ("int", "lospmm_cols", map(str, offsets)),
               ("float", "lospmm_vals", float_literal(np.concatenate(values)) if values else [])]
     if rows is not None:
         arrays.append(("int", "lospmm_rows", map(str, rows)))
-    return "".join(f"__device__ const {ctype} {array}_{name}[] = {{{', '.join(items) or '0'}}};\n"
-                   for ctype, array, items in arrays)
+    if biases is not None:
+        arrays.append(("float", "lospmm_bias", float_literal(np.asarray(biases, np.float32))))
+    return "".join(f"__device__ {f'__align__({align}) ' if align and array == 'lospmm_cols' else ''}const {ctype} "
+                   f"{array}_{name}[] = {{{', '.join(items) or '0'}}};\n" for ctype, array, items in arrays)
 
 
-def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str) -> list[str]:
+def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
+          conv: tuple[ConvGeometry, int] | None = None) -> list[str]:
     """The streamed loop's lines after the signature: the thread's columns, the data of `block` (an
     expression: the tile, or a proxy's cluster of it), `setup`, then per column block the M1 sums
-    over the block's columns, stored by `stores`."""
+    over the block's columns, stored by `stores`. With `conv` (its geometry and output channels) a
+    column is an output pixel of a batch of images, each found with its window, and each load is the
+    window's, predicated on it."""
     v = design.columns_per_thread
     tile_axis, column_axis = axes(design)
     kind, suffix, lanes = VECTOR_TYPE[v], SUFFIX[v], LANES[v]
-    load = (f"{kind} b; LOSPMM_LDCR{suffix}(b, p, N, __ldg(cols + j));" if design.loads == "chained"
-            else f"const {kind} b = lospmm_ld{suffix}(Bn, __ldg(cols + j), N);")
     per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"  # the block size is a launch argument
+    if conv is not None:
+        geometry, m = conv
+        count, entries = "total", "  const int2* __restrict__ entries = reinterpret_cast<const int2*>(lospmm_cols_{})"
+        head = [first_column(design, per_block, "n0"), f"  const int total = batch * {geometry.pixels};\n"]
+        column = [pixel_window(geometry, m, "    ")]
+        load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from xp; its window row, column\n"
+                "      float b; LOSPMM_LDXR(b, xp, e.x, (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16)) & 1u);")
+    else:
+        count, entries = "N", "  const int* __restrict__ cols = lospmm_cols_{}"
+        head = [first_column(design, per_block, "n0")]
+        column = ["    const float* Bn = B + n;\n    float* Cn = C + n;\n",
+                  *(["    const float* p = Bn;\n"] if design.loads == "chained" else [])]
+        load = (f"{kind} b; LOSPMM_LDCR{suffix}(b, p, N, __ldg(cols + j));" if design.loads == "chained"
+                else f"const {kind} b = lospmm_ld{suffix}(Bn, __ldg(cols + j), N);")
     return [
-        first_column(design, per_block, "n0"),
-        f"  const int stride = {f'gridDim.{column_axis} * {per_block}' if design.looped else 'N'};\n",
+        *head,
+        f"  const int stride = {f'gridDim.{column_axis} * {per_block}' if design.looped else count};\n",
         f"  const int block = {block};\n",
         f"  const int begin = __ldg(lospmm_colptr_{name} + block), end = __ldg(lospmm_colptr_{name} + block + 1);\n",
-        f"  const int* __restrict__ cols = lospmm_cols_{name};\n",
+        entries.format(name) + ";\n",
         setup,
-        "  for (int n = n0; n < N; n += stride) {\n",
-        "    const float* Bn = B + n;\n    float* Cn = C + n;\n",
-        *(["    const float* p = Bn;\n"] if design.loads == "chained" else []),
+        f"  for (int n = n0; n < {count}; n += stride) {{\n",
+        *column,
         f"    {kind} " + ", ".join(f"acc{i} = {zero_value(v)}" for i in range(m1)) + ";\n",
         f"    const float* __restrict__ vals = lospmm_vals_{name} + (long long)begin * {m1};\n",
         "#pragma unroll 4\n",
