@@ -354,9 +354,9 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     """The conv step (issues 13, 22, 35): per case, our implicit-im2col kernel against the GEMM kernel
     of the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel
     also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not),
-    the streamed design's implicit-im2col kernel of the same tile, and cuDNN's dense convolution in
-    fp32."""
-    kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed"}
+    the streamed design's implicit-im2col kernel of the same tile, the staged design's (8 tiles of the
+    same M1 a block, 32 pixels), and cuDNN's dense convolution in fp32."""
+    kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed", "staged": "staged"}
     by: dict = {}
     for r in rows:
         if r.get("set") == "conv":
@@ -368,14 +368,15 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
-        conv, gemm, streamed = kinds.get("conv"), kinds.get("gemm"), kinds.get("streamed")
-        some = conv or gemm or streamed
+        conv, gemm, streamed, staged = (kinds.get(kind) for kind in ("conv", "gemm", "streamed", "staged"))
+        some = conv or gemm or streamed or staged
         cudnn = us(conv, "cudnn_us")
         out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"], "sparsity": some["sparsity"],
                     "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": ratio(us(conv), us(gemm)),
                     "streamed_us": us(streamed), "streamed / implicit": ratio(us(streamed), us(conv)),
+                    "staged_us": us(staged), "staged / implicit": ratio(us(staged), us(conv)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
-                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm, streamed))})
+                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm, streamed, staged))})
     return out
 
 

@@ -11,7 +11,7 @@ it through the package's one entry point (lospmm.kernel.render). Nothing here ne
 - `sample`: issue 24's launch list: a sample of layers' proxies and top-K full kernels (and every
   kept candidate from one cubin per M1 reading N1 at launch), with the A/B variants of ptxas and
   prefetch on the largest layer of each model;
-- `conv`: implicit-im2col convolution cases (baked and streamed) beside the GEMM kernel of the same A and tile;
+- `conv`: implicit-im2col convolution cases (baked, streamed, staged) beside the GEMM kernel of the same A and tile;
 - `latency`: each A/B layer's kernel with deeper prefetch and more registers, and at ptxas -O3;
 - `staged`: each A/B layer's kernel beside the staged design (B through shared memory) on its tiles.
 """
@@ -577,8 +577,9 @@ def conv_case_matrix(i: int, sparsity: float) -> sp.csr_matrix:
 def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4) -> list[Planned]:
     """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), the streamed design's
     implicit-im2col kernel of the same A and tile (issue 35: one loop whatever the layer, where the
-    baked kernel's code grows with it), and the GEMM kernel of the same A and tile on the im2col
-    matrix (what the search emits for the im2col GEMM)."""
+    baked kernel's code grows with it), the staged design's (8 tiles of M1 rows a block over 32
+    pixels: each block gathers its tiles' union of window inputs once a chunk), and the GEMM kernel of
+    the same A and tile on the im2col matrix (what the search emits for the im2col GEMM)."""
     out = []
     for i, (label, cout, fields, epilogue) in enumerate(CONV_CASES):
         g = ConvGeometry(**fields)
@@ -589,6 +590,9 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4)
         out.append(Planned(_id("conv", i, "conv"), "conv", conv=conv, epilogue=epilogue, **common))
         out.append(Planned(_id("conv", i, "streamed"), "conv", conv=conv, epilogue=epilogue, variant="streamed",
                            **(common | {"design": design_named("streamed").label})))
+        staged = design_named("staged,tiles=8")  # its tiles share one warp's pixels: N1 = 32
+        out.append(Planned(_id("conv", i, "staged"), "conv", conv=conv, epilogue=epilogue, variant="staged",
+                           **(common | {"design": staged.label, "n1": staged.fixed_n1})))
         out.append(Planned(_id("conv", i, "gemm"), "conv", variant="im2col-gemm", **common))
     return out
 

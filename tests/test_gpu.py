@@ -314,7 +314,8 @@ def test_loader_on_torch_or_cupy(tmp_path):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("design", ["baseline", "column-x,walks=3", "streamed", "streamed,column-x,walks=3"])
+@pytest.mark.parametrize("design", ["baseline", "column-x,walks=3", "streamed", "streamed,column-x,walks=3",
+                                    "staged,tiles=4"])
 def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path, design):
     from lospmm.kernel.epilogue import Epilogue
     from lospmm.kernel.geometry import ConvGeometry

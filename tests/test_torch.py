@@ -333,18 +333,22 @@ def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tm
     assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-5
 
 
-def test_a_streamed_conv_kernel_serves_its_convolution_with_its_bias_and_activation(searched, tmp_path):
-    # the streamed design's implicit-im2col kernel (one loop over the layer's data) fuses the run's bias and
-    # ReLU of pw as the baked one does; served in place of the module, it computes the pruned model's output
+@pytest.mark.parametrize("design, served", [("streamed,chained", "streamed"), ("staged,tiles=4", "staged,tiles=4")])
+def test_a_streamed_or_staged_conv_kernel_serves_its_convolution_with_its_bias_and_activation(searched, tmp_path,
+                                                                                             design, served):
+    # the streamed design's implicit-im2col kernel (one loop over the layer's data) and the staged one's (a
+    # block's copy gathers its tiles' window inputs) fuse the run's bias and ReLU of pw as the baked one does;
+    # served in place of the module, each computes the pruned model's output
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.storage.runs import run_record
     from lospmm.kernel.design import design_named
 
     root, run_id, x = searched
-    out = tmp_path / "pw-streamed"
-    facts = write_full_kernel(str(root), run_record(root, run_id), "pw.weight", 4, 64, str(out), implicit_conv=True,
-                              design=design_named("streamed,chained"))
-    assert facts["design"]["label"] == design_named("streamed").label and facts["host_check"]["status"] == "ok"
+    out = tmp_path / f"pw-{served}"
+    facts = write_full_kernel(str(root), run_record(root, run_id), "pw.weight", 4,
+                              design_named(design).fixed_n1 or 64, str(out), implicit_conv=True,
+                              design=design_named(design))
+    assert facts["design"]["label"] == design_named(served).label and facts["host_check"]["status"] == "ok"
     assert facts["epilogue"]["bias"] and facts["epilogue"]["activation"] == "relu"
     model = _model()
     fast = lt.sparsify(model, out, backend="host")

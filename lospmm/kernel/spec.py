@@ -74,7 +74,7 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: a conv kernel, and only one, has a convolution geometry")
         if self.form == "conv" and not self.design.serves_conv:
             raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order, walks "
-                                  f"and baked or streamed values")
+                                  f"and baked or streamed values, or a staged blocking")
         if self.form == "conv" and self.conv.k != self.k:
             raise KernelSpecError(f"{where}: K={self.k}, the conv geometry needs cin·kh·kw = {self.conv.k}")
         if (self.design.a_values == "nm") != (self.nm is not None):

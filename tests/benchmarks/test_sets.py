@@ -197,12 +197,15 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     assert staged["estimate: over reference"] > 0 and staged["datasheet: over reference"] > 0
 
 
-def test_the_conv_step_measures_each_case_baked_streamed_and_as_its_im2col_gemm():
-    # issue 35: the streamed design's implicit-im2col kernel beside the baked one, the same A and tile
+def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2col_gemm():
+    # issue 35: the streamed and staged designs' implicit-im2col kernels beside the baked one, the same A and M1
     from benchmarks.analysis import conv_summary
 
     plan = sets.conv_plan(batch=2)
-    assert len(plan) == 3 * len(sets.CONV_CASES)
+    assert len(plan) == 4 * len(sets.CONV_CASES)
+    staged = [p for p in plan if p.variant == "staged"]
+    assert len(staged) == len(sets.CONV_CASES) and all(p.n1 == 32 and p.m1 == plan[0].m1 for p in staged)
+    assert sets.planned_job(staged[0]).source().spec.form == "conv"
     streamed = [p for p in plan if p.variant == "streamed"]
     assert len(streamed) == len(sets.CONV_CASES) and all(p.conv and p.design.startswith("streamed") for p in streamed)
     source = sets.planned_job(streamed[0]).source()
@@ -210,7 +213,8 @@ def test_the_conv_step_measures_each_case_baked_streamed_and_as_its_im2col_gemm(
     baked = sets.planned_job(plan[0]).source()
     assert (baked.spec.epilogue, baked.layout.threads) == (source.spec.epilogue, source.layout.threads)
     rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
-                 ours_us={"": 10.0, "streamed": 15.0, "im2col-gemm": 12.0}[p.variant], spread=0.01, cudnn_us=30.0)
-            for p in plan[:3]]
+                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "im2col-gemm": 12.0}[p.variant], spread=0.01,
+                 cudnn_us=30.0) for p in plan[:4]]
     (summary,) = conv_summary(rows)
     assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)
+    assert summary["staged / implicit"] == 0.8

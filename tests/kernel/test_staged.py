@@ -49,6 +49,35 @@ def test_the_staged_kernel_computes_a_times_b_on_the_host(m, k, sparsity, m1, pe
     assert result.ok, result
 
 
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cin=st.integers(1, 40), window=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2), pad=st.integers(0, 2),
+       dilation=st.integers(1, 2), m=st.integers(3, 24), m1=st.sampled_from([1, 2, 4]),
+       per_block=st.sampled_from([2, 4, 8]), warps=st.sampled_from([1, 2, 4]), batch=st.integers(1, 3),
+       seed=st.integers(0, 1000))
+# always: several chunks of K (40 channels × 9 = 360 rows at 4 warps a tile: 64-row chunks), padding
+# on every border, a partial last block of pixels and rows with no nonzero
+@example(cin=40, window=3, stride=1, pad=1, dilation=1, m=21, m1=2, per_block=4, warps=4, batch=3, seed=4)
+def test_the_staged_conv_kernel_equals_a_reference_convolution(cin, window, stride, pad, dilation, m, m1, per_block,
+                                                               warps, batch, seed):
+    # the block's copy gathers each union column's input at the pixel's window (zero in the padding or
+    # past the last pixel), its tiles' walks read it from shared memory, each row stored to Y's plane
+    from lospmm.kernel.geometry import ConvGeometry
+
+    size = dilation * (window - 1) + 1
+    geometry = ConvGeometry(cin=cin, h=max(size, 6), w=max(size - 2 * pad, 5), kh=window, kw=window, stride=stride,
+                            pad=pad, dilation=dilation)
+    rng = np.random.default_rng(seed)
+    a = random_pruned(m, geometry.k, 0.8, rng)
+    epilogue = Epilogue(tuple(float(v) for v in rng.standard_normal(m)), "relu")
+    design = design_named(f"staged,tiles={per_block},warps={warps}")
+    kernel = kernel_source(a, reordered_tiles(a, m1), design.fixed_n1, CodegenParams(design=design), epilogue,
+                           geometry)
+    assert kernel.spec.form == "conv" and kernel.params == ("const float* X", "float* Y", "int batch")
+    assert kernel.spec.design == design and design.serves_conv and design.conv_kernel == design
+    result = checked(HostKernel(kernel, True), a, batch, seed)
+    assert result.ok, result
+
+
 def test_a_block_stages_its_tiles_union_once_a_chunk_and_covers_one_warps_columns():
     a = random_pruned(64, STAGED_ROWS * 2 + 10, 0.9, np.random.default_rng(1))
     kernel = staged_source(a, 2, 8)

@@ -185,6 +185,8 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
     streamed, half = design_named("streamed,chained,v=4"), design_named("fp16,chained")
     assert searched_designs((streamed,), "conv") == (design_named("streamed"),)
+    staged = design_named("staged,tiles=4,warps=2")  # its conv kernel is its own: the copy gathers the windows
+    assert searched_designs((staged,), "conv") == (staged,)
     assert searched_designs((half,), "conv") == (half,)
 
 

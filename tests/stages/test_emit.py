@@ -70,7 +70,8 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     # the walks, baked or streamed values)
     for design in ("fp16", "nm"):
         assert kernel_form(conv, design=design_named(design)) == "gemm"
-    for design in ("column-x", "chained", "chained,v=4,walks=4", "streamed,chained", "streamed,v=4,walks=4"):
+    for design in ("column-x", "chained", "chained,v=4,walks=4", "streamed,chained", "streamed,v=4,walks=4",
+                   "staged,tiles=4,warps=2"):
         assert kernel_form(conv, design=design_named(design)) == "implicit-conv"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False
 

@@ -1,7 +1,7 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
-(render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM (render.nm), implicit-im2col
-convolution (render.conv) — with the number format as the
+and convolution (render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM (render.nm),
+implicit-im2col convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
@@ -28,7 +28,7 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                   nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
-    is given (baked or streamed), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
+    is given (baked, staged or streamed), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
     its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
     blocking `nm` (its tiles and N1 are not used). ValueError naming what no renderer can do."""
     design = params.design
@@ -44,6 +44,8 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                              f"convolution)")
         if design.a_values == "streamed":
             return streamed_conv_kernel(matrix, tiles, n1, conv, epilogue, params)
+        if design.loads == "staged":
+            return staged_kernel(matrix, tiles, n1, params, epilogue, conv)
         return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
     if design.loads == "staged":
         return staged_kernel(matrix, tiles, n1, params, epilogue)

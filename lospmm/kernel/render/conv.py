@@ -32,9 +32,9 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     design = params.design
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
-    if design != conv_design(design):
+    if design != conv_design(design) or design.a_values != "baked" or design.loads == "staged":
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
-                         f"(tile-x or column-x) and walks so far")
+                         f"(tile-x or column-x) and walks so far (a streamed or staged one is its renderer's)")
     if k != geometry.k:
         raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
     if epilogue.bias and len(epilogue.bias) != m:

@@ -103,12 +103,14 @@ class Fp32Code:
     def finish(self, num_rows: int, state) -> list:
         return list(range(num_rows))
 
-    def store(self, finish, row: int, epilogue: Epilogue | None, target: str = "", guard: str = "") -> str:
+    def store(self, finish, row: int, epilogue: Epilogue | None, target: str = "", guard: str = "", out: str = "Cn",
+              stride: str = "N") -> str:
         """Row `row`'s output (accumulator `finish`) stored to C's row `target` (default `row`)
-        through `epilogue`, or as it is (None: a proxy's), under `guard`."""
+        through `epilogue`, or as it is (None: a proxy's), under `guard`; C is the thread's `out`, its
+        rows `stride` apart (a convolution's Y: its pixels)."""
         value = f"acc{finish}" if epilogue is None else epilogue_applied(epilogue, f"acc{finish}", row, self.v)
         where = f"if ({guard}) " if guard else ""
-        return f"  {where}{self.store_fn}(Cn, {target or row}, N, {value});\n"
+        return f"  {where}{self.store_fn}({out}, {target or row}, {stride}, {value});\n"
 
     def zero_store(self, row: int, epilogue: Epilogue) -> str:
         value = zero_value(self.v) if epilogue.empty else epilogue_zero_literal(epilogue, row, self.v)

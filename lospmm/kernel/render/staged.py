@@ -22,20 +22,26 @@ import numpy as np
 import scipy.sparse as sp
 
 from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, proxy_nonzeros, sorted_matrix,
                                          tile_columns, units, zero_functions)
+from lospmm.kernel.render.conv import pixel_window
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.kernel.staging import block_tiles, chunk_count, staged_shared_bytes
 
 
 def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = CodegenParams(),
-                  epilogue: Epilogue = Epilogue()) -> KernelSource:
+                  epilogue: Epilogue = Epilogue(), geometry: ConvGeometry | None = None) -> KernelSource:
     """The staged kernel of `matrix` on `tiles` in `params.design` (loads="staged"), storing through
     `epilogue`. `n1` must be the design's (KernelDesign.fixed_n1: 32 threads for each warp a tile spans):
-    a block's tiles share its N1 columns."""
+    a block's tiles share its N1 columns. With `geometry`, the implicit-im2col convolution's (parameters
+    X, Y, batch; launched over geometry.n(batch) columns): a block's N1 columns are N1 output pixels,
+    each finding its window once, and the copy gathers each union column's input at its window offset
+    (zero in the padding: one predicated load per column and pixel, paid once per block where a baked
+    conv kernel's tiles each pay it), so the tiles' walks are the GEMM's, from shared memory."""
     design = params.design
     if design.loads != "staged":
         raise ValueError(f"design {design.label}: the staged kernel is the staged designs'")
@@ -46,39 +52,63 @@ def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
         raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
     a = sorted_matrix(matrix, epilogue)
     m, k = a.shape
+    g = geometry
+    if g is not None and k != g.k:
+        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {g.k}")
     code = Fp32Code(design)
     per_block, rows = design.tiles_per_block, design.staged_rows
-    name = kernel_name("lospmm_staged", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), per_block, rows, params.shard_nnz,
-                       *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())),
-                       *(() if design.tile_warps == 1 else ("warps", design.tile_warps)))
+    name = kernel_name("lospmm_staged" if g is None else "lospmm_staged_conv", m, k, a.indptr.tobytes(),
+                       a.indices.tobytes(), a.data.tobytes(), tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), per_block,
+                       rows, params.shard_nnz, *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())),
+                       *(() if design.tile_warps == 1 else ("warps", design.tile_warps)),
+                       *(() if g is None else ("conv", tuple(vars(g).values()))))
     groups = block_tiles(tiles.num_tiles, per_block)
-    bodies = [_group(a, code, tiles, ts, epilogue, n1, rows) for ts in groups]
+    bodies = [_group(a, code, tiles, ts, epilogue, n1, rows, g) for ts in groups]
     largest = max([staged for _, _, staged, _ in bodies] + [1])
-    header = (f"// lospmm staged kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} tiles={tiles.num_tiles} "
-              f"tiles a block={per_block} N1={n1} rows of K staged={rows} shared={largest * n1 * 4} B"
+    shape = (f"M={m} K={k}" if g is None else
+             f"Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} stride={g.stride} pad={g.pad} "
+             f"dilation={g.dilation} -> {g.h_out}x{g.w_out},")
+    header = (f"// lospmm staged {'' if g is None else 'conv '}kernel {name}: {shape} nnz={a.nnz} M1={tiles.m1} "
+              f"tiles={tiles.num_tiles} tiles a block={per_block} N1={n1} rows of K staged={rows} "
+              f"shared={largest * n1 * 4} B"
               + (f" bias={bool(epilogue.bias)} activation={epilogue.activation or 'none'}" if not epilogue.empty else ""))
-    signature = "(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs)"
-    functions = [f"{tables}LOSPMM_TILE void tile_{g}{signature} {{\n{text}  LOSPMM_TILE_END\n}}\n"
-                 for g, (tables, text, _, _) in enumerate(bodies)]
+    functions = [f"{tables}LOSPMM_TILE void tile_{t}{_signature(g)} {{\n{text}  LOSPMM_TILE_END\n}}\n"
+                 for t, (tables, text, _, _) in enumerate(bodies)]
     zeros = zero_functions(code, tiles, epilogue)
-    head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"
-            f"  __shared__ __align__(16) float Bs[{largest * n1}];\n")
-    zero_call = (f"if (threadIdx.x < {n1} && blockIdx.y * {n1} + threadIdx.x < N) "
-                 f"zero_{{z}}(C + blockIdx.y * {n1} + threadIdx.x, N)")
-    preamble = code.preamble() + included("staged.cuh")
-    entry = entry_unit(preamble, header, len(groups), signature, zeros, head, "B, C, N, Bs", zero_call, "x")
+    if g is None:
+        head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ B, float* __restrict__ C, const int N) {{\n"
+                f"  __shared__ __align__(16) float Bs[{largest * n1}];\n")
+        zero_call = (f"if (threadIdx.x < {n1} && blockIdx.y * {n1} + threadIdx.x < N) "
+                     f"zero_{{z}}(C + blockIdx.y * {n1} + threadIdx.x, N)")
+        args, preamble = "B, C, N, Bs", code.preamble() + included("staged.cuh")
+    else:  # a zeroing block's first N1 threads store their pixels' rows: Y's rows are g.pixels apart
+        head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+                f"  __shared__ __align__(16) float Bs[{largest * n1}];\n"
+                f"  const int pixel = blockIdx.y * {n1} + threadIdx.x;\n")
+        zero_call = (f"if (threadIdx.x < {n1} && pixel < batch * {g.pixels}) "
+                     f"zero_{{z}}(Y + (long long)(pixel / {g.pixels}) * {m * g.pixels} + pixel % {g.pixels}, {g.pixels})")
+        args, preamble = "X, Y, batch, Bs", code.preamble() + included("staged.cuh") + included("conv.cuh")
+    entry = entry_unit(preamble, header, len(groups), _signature(g), zeros, head, args, zero_call, "x")
     layout = LaunchLayout(len(groups) + len(zeros), design.block_threads(n1), 1, 1, "tile-x", per_block)
-    spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
+    spec = KernelSpec(name, "gemm" if g is None else "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue,
+                      g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, [cost for _, _, _, cost in bodies], params.shard_nnz,
                                           preamble) + [entry]))
 
 
+def _signature(geometry: ConvGeometry | None) -> str:
+    """A block function's parameters: B, C, N (a convolution's X, Y, batch) and the staged chunk."""
+    if geometry is None:
+        return "(const float* __restrict__ B, float* __restrict__ C, const int N, float* __restrict__ Bs)"
+    return "(const float* __restrict__ X, float* __restrict__ Y, const int batch, float* __restrict__ Bs)"
+
+
 def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: Epilogue, n1: int,
-           rows_staged: int) -> tuple[str, str, int, int]:
+           rows_staged: int, geometry: ConvGeometry | None = None) -> tuple[str, str, int, int]:
     """A block's function for the tiles of `group` (the threads of slot w, threadIdx.x / N1, walk
-    group[w]), over its N1 columns in chunks of `rows_staged` rows of K: (its tables of the columns
-    each chunk stages, its body's text, the most columns it stages in one chunk, its multiply-adds)."""
+    group[w]), over its N1 columns (a convolution's output pixels) in chunks of `rows_staged` rows of
+    K: (its tables of the columns each chunk stages, its body's text, the most columns it stages in
+    one chunk, its multiply-adds)."""
     per_tile = []
     for t in group:
         rows = tiles.tile(t)
@@ -87,7 +117,8 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         per_tile.append((rows, [(int(c), [(int(sub.indices[p]), values[p])
                                           for p in range(sub.indptr[c], sub.indptr[c + 1])]) for c in cols]))
     most_rows = max(len(rows) for rows, _ in per_tile)
-    out = [_thread_setup(n1), "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
+    out = [_thread_setup(n1, geometry, a.shape[0]),
+           "  float " + ", ".join(f"acc{i} = 0.0f" for i in range(most_rows)) + ";\n"]
     # one table a block, its chunks' unions back to back
     staged_most, table, entries = 0, f"lospmm_staged_{group[0]}", []
     for chunk0 in range(0, a.shape[1], rows_staged):
@@ -97,11 +128,17 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
             continue
         staged_most = max(staged_most, len(union))
         place = {c: i for i, c in enumerate(union)}
-        start = len(entries)
-        entries += [4 * c for c in union]
-        # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the slots
+        if geometry is None:
+            start = len(entries)
+            entries += [4 * c for c in union]
+            # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the slots
+            copy = _copy_loop(len(union), code.design.tiles_per_block, n1, f"{table}[{start} + j]")
+        else:  # each column's input offset from the pixel's window corner in bytes, its window row | column << 16
+            start = len(entries) // 2
+            entries += [x for c in union for off, ky, kx in [geometry.window_offset(c)] for x in (4 * off, ky | kx << 16)]
+            copy = _window_copy_loop(len(union), code.design.tiles_per_block, n1, table, start)
         out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
-                   f"  {_copy_loop(len(union), code.design.tiles_per_block, n1, f'{table}[{start} + j]')}\n"
+                   f"  {copy}\n"
                    "  __syncthreads();\n")
         # each slot's part by a chain of tests, not a switch: a switch's jump table is a compiler-generated
         # constant, one a chunk, and 72 chunks × 49 blocks of them passed what a kernel may hold
@@ -110,10 +147,13 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
                 lines = [_shared_read(code, j, place[c], n1, nz) for j, (c, nz) in enumerate(columns)]
                 out.append(f"  if (slot == {w}) {{\n" + "".join(lines) + "  }\n")
         out.append("  __syncthreads();\n")
+    target = {} if geometry is None else {"out": "Yb", "stride": str(geometry.pixels)}
     for w, (rows, _) in enumerate(per_tile):
-        out.append(f"  if (live && slot == {w}) {{\n" + "".join("  " + code.store(i, int(r), epilogue)
+        out.append(f"  if (live && slot == {w}) {{\n" + "".join("  " + code.store(i, int(r), epilogue, **target)
                                                              for i, r in enumerate(rows)) + "  }\n")
-    tables = f"__device__ const int {table}[{len(entries)}] = {{{', '.join(map(str, entries))}}};\n" if entries else ""
+    aligned = "" if geometry is None else "__align__(8) "  # read as int2 pairs
+    tables = (f"__device__ {aligned}const int {table}[{len(entries)}] = {{{', '.join(map(str, entries))}}};\n"
+              if entries else "")
     return tables, "".join(out), staged_most, int(sum(len(nz) for _, columns in per_tile for _, nz in columns))
 
 
@@ -214,13 +254,15 @@ class _ProxyWalk:
         return "".join(out)
 
 
-def _thread_setup(n1: int) -> str:
+def _thread_setup(n1: int, geometry: ConvGeometry | None = None, m: int = 0) -> str:
     """A block function's first lines, the kernel's and the proxy's alike: the thread's slot (its
-    tile in the block) and column of the block's N1, its column's B and C, its address in the chunk."""
+    tile in the block) and column of the block's N1, its column's B and C (a convolution's output
+    pixel: its window and Y, of M channels), its address in the chunk."""
+    columns = ("  const bool live = n < N;\n  const float* Bn = B + n;\n  float* Cn = C + n;\n" if geometry is None else
+               f"  const bool live = n < batch * {geometry.pixels};\n" + pixel_window(geometry, m))
     return (f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};  // the block's tile, the thread's column\n"
-            f"  const int n = blockIdx.y * {n1} + lane;\n  const bool live = n < N;\n"
-            "  const float* Bn = B + n;\n  float* Cn = C + n;\n"
-            "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n"
+            f"  const int n = blockIdx.y * {n1} + lane;\n" + columns
+            + "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n"
             "  const unsigned mine = lospmm_shared_address(Bl);\n")
 
 
@@ -229,6 +271,16 @@ def _copy_loop(count, per_block: int, n1: int, offset: str) -> str:
     the load) shared out among the block's `per_block` slots, each stored at its place in the chunk."""
     return (f"for (int j = slot; j < {count}; j += {per_block}) "
             f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {offset}, N) : 0.0f);")
+
+
+def _window_copy_loop(count: int, per_block: int, n1: int, table: str, start: int) -> str:
+    """A convolution's chunk copy: `count` union columns (entries `start`.. of `table`: an input offset
+    from the pixel's window corner and its window row and column) shared out among the block's slots,
+    each the pixel's input there, zero in the padding or past the last pixel, stored at its place."""
+    return (f"for (int j = slot; j < {count}; j += {per_block}) {{ "
+            f"const int2 e = reinterpret_cast<const int2*>({table})[{start} + j]; float x; "
+            "LOSPMM_LDXR(x, xp, e.x, (live ? 1u : 0u) & (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16))); "
+            f"LOSPMM_STS(mine, Bl, j * {4 * n1}, x); }}")
 
 
 def _shared_read(code: Fp32Code, j: int, place: int, n1: int, nonzeros) -> str:
