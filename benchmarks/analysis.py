@@ -553,10 +553,13 @@ def launch_work(row: dict, arrays: dict | None = None):
     design = design_named(row["design"]) if row.get("design") else design_named("baseline")
     chunks = row.get("staged_chunks") or 0
     staged = np.asarray(arrays["staged_counts"], np.int64).reshape(-1, chunks) if chunks else None
+    # each tile's work per chunk (rows built before it was recorded have none: the walk is priced whole)
+    split = [np.asarray(arrays[c], np.int64).reshape(-1, chunks)
+             if chunks and arrays.get(c) is not None and len(arrays[c]) else None for c in ("chunk_loads", "chunk_fmas")]
     return KernelWork(row["m"], row["k"], row["n"], row["m1"], row["n1"], np.asarray(arrays["tile_loads"], np.int64),
                       np.asarray(arrays["tile_fmas"], np.int64), row["registers"], row["spill_bytes"],
                       row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design,
-                      staged)
+                      staged, *split)
 
 
 def table4_rows(measured: list[dict]) -> list[dict]:

@@ -34,6 +34,7 @@ ROW_COLUMNS = ("id", "kernel", "set", "role", "variant", "model", "layer", "m", 
                "dtype", "form", "m1", "n1", "rank", "count", "prefetch", "smem_bytes", "registers", "spill_bytes",
                "instructions", "instructions_per_fma", "tile_code_bytes_mean", "chosen_by", "estimate_us",
                "estimate_timer", "tile_loads", "tile_fmas", "zero_blocks", "staged_chunks", "staged_counts",
+               "chunk_loads", "chunk_fmas",
                *PLAN_COLUMNS)
 
 

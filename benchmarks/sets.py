@@ -159,13 +159,15 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
 
 def tile_work(tiles, matrix: sp.csr_matrix | None = None, design: str = "") -> dict:
     """The estimate's work of a full kernel on `tiles`: per-tile loads and multiply-adds, zeroing blocks,
-    and a staged design's copies per block and chunk of K (of `matrix`: flattened, with its chunks)."""
+    and a staged design's copies per block and chunk of K and each tile's loads and multiply-adds per
+    chunk (of `matrix`: flattened, with its chunks)."""
     from lospmm.kernel.estimate import full_kernel_work
 
     kind = design_named(design) if design else design_named("baseline")
     work = full_kernel_work(tiles, 1, 1, 1, 1, 0, design=kind, matrix=matrix)
-    staged = {} if work.staged_counts is None else {"staged_chunks": int(work.staged_counts.shape[1]),
-                                                     "staged_counts": [int(x) for x in work.staged_counts.ravel()]}
+    staged = {} if work.staged_counts is None else {
+        "staged_chunks": int(work.staged_counts.shape[1]), "staged_counts": [int(x) for x in work.staged_counts.ravel()],
+        "chunk_loads": [int(x) for x in work.chunk_loads.ravel()], "chunk_fmas": [int(x) for x in work.chunk_fmas.ravel()]}
     return {"tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
             "zero_blocks": int(work.zero_blocks), **staged}
 

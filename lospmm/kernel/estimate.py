@@ -52,7 +52,7 @@ import numpy as np
 
 from lospmm.devices import Device, resident_blocks
 from lospmm.kernel.design import BASELINE, KernelDesign
-from lospmm.kernel.staging import design_counts, staged_shared_bytes
+from lospmm.kernel.staging import chunk_count, design_chunk_work, design_counts, staged_shared_bytes
 from lospmm.kernel.timing import LaunchUnderTest, Timing
 from lospmm.status import Status
 
@@ -129,6 +129,10 @@ class KernelWork:
     # a staged design's columns of B each block of its tiles copies per chunk of K (blocks × chunks:
     # kernel.staging.staged_counts); None for the others
     staged_counts: np.ndarray | None = None
+    # a staged design's loads and multiply-adds of each tile in each chunk (tiles × chunks:
+    # kernel.staging.chunk_work); None where not known (the walk is then priced whole)
+    chunk_loads: np.ndarray | None = None
+    chunk_fmas: np.ndarray | None = None
 
     @property
     def row_blocks(self) -> int:
@@ -141,25 +145,34 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
     """The full Alg. 2 kernel of `tiles` (a reorder.Tiles); a staged design's needs the A (`matrix`)
     its blocks' copies are the unions of (ValueError without it)."""
     zero = -(-len(tiles.empty_rows) // max(tiles.m1, 1)) if len(tiles.empty_rows) else 0
-    staged = None
+    staged, chunk_loads, chunk_fmas = None, None, None
     if design.loads == "staged":
         if matrix is None:
             raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
                              f"of their tiles' columns)")
         staged = design_counts(matrix, tiles, design)
+        chunk_loads, chunk_fmas = design_chunk_work(matrix, tiles, design)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
-                      registers, spill_bytes, 0, zero, prefetch, design, staged)
+                      registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas)
 
 
 def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
                prefetch: int = 1, design: KernelDesign = BASELINE) -> KernelWork:
     """The M1 proxy (a cluster.ProxyClusters) launched for candidate (M1, N1); a staged proxy copies
-    what the full kernel's blocks copy (ProxyClusters.staged_counts)."""
+    what the full kernel's blocks copy (ProxyClusters.staged_counts), and each tile's cluster walks its
+    columns chunk by chunk."""
     loads = np.asarray(clusters.nnc_p, np.int64)[clusters.cluster_of]
     fmas = loads * np.asarray(clusters.cpl, np.int64)[clusters.cluster_of]
-    staged = np.asarray(clusters.staged_counts) if design.loads == "staged" else None
+    staged, chunk_loads, chunk_fmas = None, None, None
+    if design.loads == "staged":
+        staged = np.asarray(clusters.staged_counts)
+        chunks = chunk_count(k, design.staged_rows)
+        per_cluster = np.array([np.bincount(np.asarray(c, np.int64) // design.staged_rows, minlength=chunks)[:chunks]
+                                for c in clusters.columns], np.int64).reshape(-1, chunks)
+        chunk_loads = per_cluster[clusters.cluster_of]
+        chunk_fmas = chunk_loads * np.asarray(clusters.cpl, np.int64)[clusters.cluster_of][:, None]
     return KernelWork(m, k, n, clusters.m1, n1, loads, fmas, registers, spill_bytes, smem_bytes, 0, prefetch, design,
-                      staged)
+                      staged, chunk_loads, chunk_fmas)
 
 
 def fma_instructions_per_nonzero(design: KernelDesign) -> float:
@@ -298,11 +311,11 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
       C once from DRAM;
     - latency: a block's chunks run one after another, each waiting for its copies (a load's latency
       per staged_copy_unroll copies a warp: ptxas unrolls the loop so far, and the copies' own
-      instructions); the warps' walks (an ld.shared's latency per load, halved by the one load ahead
-      ptxas keeps) are counted as the slowest warp's whole walk, not each chunk's slowest warp's share
-      (the work has no per-chunk split of a tile's loads): a bound from below where different warps
-      are slowest in different chunks; resident blocks overlap, and no launch is shorter than its
-      longest block;
+      instructions); between a chunk's barriers the block waits on that chunk's slowest warp (its
+      loads, each an ld.shared's latency halved by the one load ahead ptxas keeps, and its
+      instructions: work.chunk_loads and chunk_fmas), its stores and set-up once (where the work has
+      no split by chunk, the slowest warp's whole walk: a bound from below); resident blocks
+      overlap, and no launch is shorter than its longest block;
     - instruction supply: each warp fetches its tile's code once per block (as today's kernel)."""
     d, ws = work.design, device.warp_size
     counts = np.asarray(work.staged_counts if work.staged_counts is not None else np.zeros((0, 0)), np.float64)
@@ -339,9 +352,21 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
     copy_wait = np.ceil(copies / params.staged_copy_unroll) * device.mem_latency_cycles + chunk_instr  # blocks × chunks
-    walk_path = loads * params.smem_latency_cycles / (1 + work.prefetch) + walk  # per tile
-    slowest = np.zeros(counts.shape[0])
-    np.maximum.at(slowest, np.arange(tiles) // per_block, walk_path)
+    block_of = np.arange(tiles) // per_block
+    if work.chunk_loads is not None and work.chunk_loads.shape == (tiles, counts.shape[1]):
+        # between a chunk's barriers the block waits on that chunk's slowest warp
+        chunk_loads, chunk_fmas = np.asarray(work.chunk_loads, np.float64), np.asarray(work.chunk_fmas, np.float64)
+        chunk_path = chunk_loads * params.smem_latency_cycles / (1 + work.prefetch) + chunk_loads + chunk_fmas
+        slowest_chunks = np.zeros(counts.shape)
+        np.maximum.at(slowest_chunks, block_of, chunk_path)
+        rest = walk - loads - fmas  # its stores, set-up and spills, once a walk
+        slowest = np.zeros(counts.shape[0])
+        np.maximum.at(slowest, block_of, rest)
+        slowest += slowest_chunks.sum(axis=1)
+    else:  # no split by chunk: the slowest warp's whole walk (a bound from below)
+        walk_path = loads * params.smem_latency_cycles / (1 + work.prefetch) + walk  # per tile
+        slowest = np.zeros(counts.shape[0])
+        np.maximum.at(slowest, block_of, walk_path)
     block_path = copy_wait.sum(axis=1) + slowest
     latency_s = column_blocks * block_path.sum() / (device.sms * atb) / clock_hz
     longest_s = block_path.max(initial=0) / clock_hz

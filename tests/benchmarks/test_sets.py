@@ -184,6 +184,10 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     # estimate's staged model priced it when it was built
     assert (rows[1]["staged_chunks"], rows[2]["staged_chunks"]) == (3, 12)
     assert len(rows[1]["staged_counts"]) == 3 * -(-len(rows[1]["tile_loads"]) // 8)
+    # and each tile's loads and multiply-adds per chunk (the block waits on each chunk's slowest warp)
+    assert len(rows[1]["chunk_loads"]) == len(rows[1]["chunk_fmas"]) == 3 * len(rows[1]["tile_loads"])
+    work = analysis.launch_work(rows[1])
+    assert (work.chunk_loads.sum(1) == work.tile_loads).all() and (work.chunk_fmas.sum(1) == work.tile_fmas).all()
     assert all(math.isfinite(r["estimate_us"]) for r in rows) and rows[1]["estimate_us"] != rows[0]["estimate_us"]
     measured = [r | {"ours_us": us, "spread": 0.0} for r, us in zip(rows, (10.0, 5.0, 20.0))]
     from lospmm.devices import device_named

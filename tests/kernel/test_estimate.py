@@ -288,3 +288,46 @@ def test_the_staged_model_by_hand_on_one_block():
     path = 4 * d.mem_latency_cycles + chunk + (20 * p.smem_latency_cycles / 2 + walk[1])  # copies, then the slowest walk
     assert t.latency_us == pytest.approx(max(2 * path / (d.sms * t.active_blocks), path) / clock * 1e6)
     assert t.fetch_us == pytest.approx(16 * 2 * walk.sum() / (d.sms * p.fetch_bytes_per_sm_cycle * clock) * 1e6)
+
+
+def test_a_staged_block_waits_on_each_chunks_slowest_warp():
+    # two tiles of one block over two chunks: tile 0 walks 16 loads (24 multiply-adds) in chunk 0 and 4 (6)
+    # in chunk 1, tile 1 the other way round; between a chunk's barriers the block waits on that chunk's
+    # slowest warp, so its walk costs both heavy halves, not the slower tile's whole walk
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateParams, KernelWork
+
+    p, d = EstimateParams(), H100
+    loads, fmas = np.array([[16, 4], [4, 16]]), np.array([[24, 6], [6, 24]])
+    common = dict(design=design_named("staged,tiles=2"), staged_counts=np.array([[18, 18]]))
+    whole = KernelWork(4, 512, 32, 2, 32, loads.sum(1), fmas.sum(1), 32, **common)
+    split = KernelWork(4, 512, 32, 2, 32, loads.sum(1), fmas.sum(1), 32, **common, chunk_loads=loads, chunk_fmas=fmas)
+    rest = p.store_instr * 2 + p.block_overhead_instr + p.call_instr
+    heavy = 16 * p.smem_latency_cycles / 2 + 16 + 24  # a chunk's slowest warp
+    chunk = 9 * p.staged_copy_instr + p.staged_chunk_instr
+    path = 2 * (3 * d.mem_latency_cycles + chunk) + 2 * heavy + rest  # each chunk's copies, then its slowest warp
+    t = estimated_timing(split, d, p)
+    assert t.latency_us == pytest.approx(path / (d.clock_ghz * 1e9) * 1e6)  # one block: its own path
+    one_warp = 2 * (3 * d.mem_latency_cycles + chunk) + (20 * p.smem_latency_cycles / 2 + 20 + 30 + rest)
+    assert estimated_timing(whole, d, p).latency_us == pytest.approx(one_warp / (d.clock_ghz * 1e9) * 1e6)
+    assert t.latency_us > estimated_timing(whole, d, p).latency_us
+
+
+def test_a_staged_kernels_work_splits_each_tiles_loads_by_chunk_and_its_proxy_by_its_clusters_columns():
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.staging import design_chunk_work
+    from dataclasses import replace
+
+    from lospmm.kernel.staging import design_counts
+
+    design = design_named("staged,tiles=4,warps=2")  # chunks of 128 rows
+    a = random_pruned(96, 600, 0.9, np.random.default_rng(7))
+    tiles = reordered_tiles(a, 4)
+    work = full_kernel_work(tiles, 96, 600, 512, 64, 48, design=design, matrix=a)
+    assert work.chunk_loads.shape == (tiles.num_tiles, 5)
+    assert (work.chunk_loads.sum(1) == tiles.tile_nnc).all() and (work.chunk_fmas.sum(1) == tiles.tile_nnz).all()
+    assert (design_chunk_work(a, tiles, design)[0] == work.chunk_loads).all()
+    clusters = proxy_clusters(a, tiles, 0.9, 2)
+    clusters = replace(clusters, staged_counts=design_counts(a, tiles, design), staged_columns=64)
+    proxy = proxy_work(clusters, 96, 600, 512, 64, 48, 0, design=design)
+    assert (proxy.chunk_loads.sum(1) == proxy.tile_loads).all() and (proxy.chunk_fmas.sum(1) == proxy.tile_fmas).all()
