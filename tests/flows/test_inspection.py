@@ -72,3 +72,15 @@ def test_the_run_summary_names_each_kernels_dtype(tmp_path):
     header = next(l for l in lines if l.startswith("┃"))
     line = next(l for l in lines if l.startswith("│") and "enc.0" in l)
     assert header.split("┃")[10].strip() == "dtype" and line.split("│")[10].strip() == "bf16"
+
+
+def test_a_stage_view_shows_paths_and_timers_short_and_missing_values_empty():
+    # `inspect RUN --stage emit`'s default view: the kernel directory by its name (the run's folder is the
+    # artifact's), the timer by its kind, NaN (no runner-up) as nothing; --all-columns shows them whole
+    from lospmm.flows.reports.inspection import _cell
+
+    path = "10_kernels/shufflenetv2-s0.9-605c411417d3049a/conv1_0-cc32e008"
+    assert _cell("kernel_dir", path) == "conv1_0-cc32e008" and _cell("kernel_dir", path, short=False) == path
+    assert _cell("timer", "estimate:h100-2026-11-23") == "estimate" and _cell("timer", "cuda") == "cuda"
+    assert _cell("runner_up_estimate_us", float("nan")) == "" and _cell("full_time_us", 9.47612) == "9.476"
+    assert _cell("designs_measured", None) == ""

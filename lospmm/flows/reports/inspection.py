@@ -229,14 +229,30 @@ def _orders_table(table: pa.Table, entry: dict, limit: int) -> Table:
     return t
 
 
+# a stage's default view shows these columns short (`--all-columns` shows them whole): a path by its
+# last part (the run's folder is the artifact's), a timer by its kind (its calibration is the run's)
+SHORT_COLUMNS = {"kernel_dir": lambda v: Path(v).name, "cubin_path": lambda v: Path(v).name,
+                 "timer": lambda v: v.split(":", 1)[0]}
+
+
 def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table:
     cols = columns or [c for c in table.column_names if c not in list_columns()]
     t = Table(title=f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})")
     for c in cols:
         t.add_column(c, overflow="fold", no_wrap=c == "layer")
     for r in table.slice(0, limit).select(cols).to_pylist():
-        t.add_row(*(_num(v) if isinstance(v, float) else str(v) for v in r.values()))
+        t.add_row(*(_cell(c, v, short=columns is not None) for c, v in r.items()))
     return t
+
+
+def _cell(column: str, value, short: bool = True) -> str:
+    """A table cell: a number to 4 figures, nothing for a missing value (None, NaN), and in a default
+    view a SHORT_COLUMNS column short."""
+    if isinstance(value, str) and value and short and column in SHORT_COLUMNS:
+        return SHORT_COLUMNS[column](value)
+    if isinstance(value, float) and value != value:
+        return ""
+    return _num(value)
 
 
 def _num(v) -> str:
