@@ -114,7 +114,7 @@ def layer_search(matrix: sp.csr_matrix, n: int, sparsity: float, device: Device,
     lap("reorder")
     designs = params.searched(op, implicit_conv)
     candidates = layer_candidates(n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, params.constrain,
-                                  empty=matrix.nnz == 0, designs=designs)
+                                  empty=matrix.nnz == 0, designs=designs, conv=op == "conv" and implicit_conv)
     kept = [c for c in candidates if c.kept]
     lap("constrain")
     scores, ranks, chosen = chosen_candidates([feature_row(c, sparsity, matrix.shape[1]) for c in kept], booster,

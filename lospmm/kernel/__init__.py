@@ -29,7 +29,13 @@ renderer uses, render/numbers.py; the C++ they include is in include/):
                                          literal multiply-adds, B values prefetched, tiles sharded into
                                          units compiled apart and linked (fp32 in every design; fp16/bf16
                                          in the baseline grid with based or chained loads); its proxy
-    streamed GEMM    render/streamed.py  A's tiles as data read by one loop: O(1) code (fp32)
+    staged GEMM      render/staged.py    a block of G tiles copies the union of their columns of B into
+                                         shared memory a chunk of K at a time, each tile's warps read it
+                                         there (fp32); with a conv geometry, the copy gathers the window
+                                         inputs of the block's output pixels; its proxy
+    streamed GEMM    render/streamed.py  A's tiles as data read by one loop: O(1) code (fp32), an epilogue's
+                                         bias as data; the same loop reading NCHW X at each column's window
+                                         offset for a convolution; its proxy
     N:M GEMM         render/nm.py        an N:M A compressed into module data filled at load (nm.py), B
                                          through double-buffered shared memory; fp32, fp16, bf16
     implicit conv    render/conv.py      Alg. 2 reading NCHW X at each window offset (fp32; grid order, walks)

@@ -60,12 +60,12 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
-        if d != design and design_problem(d, tiles.m1, n1, n, device):
+        if d != design and design_problem(d, tiles.m1, n1, n, device, conv):
             continue
         if any(o.design == d for o in options):
             continue
-        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, predicted_registers(tiles.m1, design=d), design=d,
-                                               matrix=matrix))
+        registers = predicted_registers(tiles.m1, design=d, conv=conv)
+        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix))
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1))
     return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])
@@ -73,8 +73,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half design), each
-    once, `design` first."""
+    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half or N:M
+    design), each once, `design` first."""
     out = [design]
     for label in designs:
         try:
@@ -87,10 +87,11 @@ def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = F
     return list(dict.fromkeys(out))
 
 
-def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device) -> str:
-    """Why the kernel of tile (m1, n1) in `design` cannot serve N columns ("" when it can): its
-    predicted registers above the device's limit per thread or per block, a grid past its limits."""
-    registers = predicted_registers(m1, design=design)
+def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, conv: bool = False) -> str:
+    """Why the kernel of tile (m1, n1) in `design` (`conv`: a convolution's implicit-im2col kernel)
+    cannot serve N columns ("" when it can): its predicted registers above the device's limit per
+    thread or per block, a grid past its limits."""
+    registers = predicted_registers(m1, design=design, conv=conv)
     if registers > device.max_regs_per_thread:
         return f"{registers} registers predicted, over {device.max_regs_per_thread}"
     block = block_registers(registers, n1, device)

@@ -15,7 +15,8 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 - Occupancy: resident blocks per SM from registers (allocated per warp in 256s), threads, the
   block limit and shared memory (a proxy's Eq. 6 padding counts).
 - Issue: all warps' instructions over the SMs' issue rate (4 warp-instructions per SM-cycle, the
-  hardware's) and the FFMA rate (FP32 lanes / 32 per cycle), whichever binds.
+  hardware's) and the FFMA rate (FP32 lanes / 32 per cycle), whichever binds; a streamed kernel's
+  loads (each column's entry, B and M1 values) also through the load/store units, one a cycle an SM.
 - A half design (fp16/bf16: two columns per thread as one packed pair): one HFMA2 per nonzero
   (it issues at the FFMA rate and does both columns), or two FFMAs per nonzero and an unpack per
   load when it sums in fp32; B and C move 2 bytes an element.
@@ -26,14 +27,18 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
   the measured times of the baseline kernels (issue 20).
 - Memory: DRAM bytes (B and C once, plus spills) over DRAM bandwidth, and L2 bytes (every block's
   B column reads, C stores, spills) over L2 bandwidth.
-- Latency: each warp waits `mem_latency / (1 + prefetch)` per load; resident warps overlap.
+- Latency: each warp waits `mem_latency / (1 + prefetch)` per load (a streamed kernel's loop, which
+  keeps no load ahead across its iterations, `mem_latency + data_latency` per column: its entry's
+  and B's); resident warps overlap.
+- A convolution's implicit-im2col kernel is priced as the GEMM of its im2col shape in its design
+  (the window test of its loads, or of a staged block's copies, is not counted).
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
 
 The staged kernel (design loads="staged": blocks of G tiles over N1 = 32·W columns, each tile walked
 by its own W warps, B copied per chunk of K into shared memory once for the block's tiles) has its own terms,
 `staged_timing`: the copies and barriers as instructions, B's reads from shared memory as one
 instruction and wavefront each, each block's union of columns (kernel.staging) through L2, and a
-block's chunks one after another, each waiting for its copies.
+block's chunks one after another, each waiting for its copies and then its slowest warp.
 
 The N:M kernel (design `nm`, lospmm.kernel.nm) has its own model, `nm_timing`: its code is one
 small loop, so what binds is the busiest SM's work — its blocks' instructions at the issue rate,
@@ -353,7 +358,8 @@ def staged_timing(work: KernelWork, device: Device, params: EstimateParams = Est
 
     copy_wait = np.ceil(copies / params.staged_copy_unroll) * device.mem_latency_cycles + chunk_instr  # blocks × chunks
     block_of = np.arange(tiles) // per_block
-    if work.chunk_loads is not None and work.chunk_loads.shape == (tiles, counts.shape[1]):
+    if (work.chunk_loads is not None and work.chunk_fmas is not None
+            and work.chunk_loads.shape == work.chunk_fmas.shape == (tiles, counts.shape[1])):
         # between a chunk's barriers the block waits on that chunk's slowest warp
         chunk_loads, chunk_fmas = np.asarray(work.chunk_loads, np.float64), np.asarray(work.chunk_fmas, np.float64)
         chunk_path = chunk_loads * params.smem_latency_cycles / (1 + work.prefetch) + chunk_loads + chunk_fmas

@@ -34,6 +34,9 @@ class ConvGeometry:
             raise ValueError(f"conv pad must be >= 0, got {self.pad}")
         if self.kh > 32 or self.kw > 32:  # a window row or column is one bit of a 32-bit mask
             raise ValueError(f"conv window {self.kh}×{self.kw}: at most 32×32")
+        if 4 * self.cin * self.h * self.w > 2**31 - 1:  # a load's byte offset within an image is 32-bit
+            raise ValueError(f"conv input {self.cin}×{self.h}×{self.w}: an image of 2^29 floats or more; the kernels "
+                             f"address an image with 32-bit byte offsets")
         if self.h_out < 1 or self.w_out < 1:
             raise ValueError(f"conv window {self.kh}×{self.kw} (dilation {self.dilation}) is larger than the "
                              f"padded input {self.h + 2 * self.pad}×{self.w + 2 * self.pad}")

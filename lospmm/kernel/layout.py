@@ -55,8 +55,11 @@ class LaunchLayout:
         grid = (self.row_blocks, walkers, 1) if self.order == "tile-x" else (walkers, self.row_blocks, 1)
         if grid[1] > MAX_GRID_Y:
             along = "column blocks" if self.order == "tile-x" else "blocks along A"
-            raise ValueError(f"{grid[1]} {along} exceed the grid's y limit of {MAX_GRID_Y} ({self.order}; "
-                             f"{'more walks or a wider N1' if self.order == 'tile-x' else 'use tile-x or a taller M1'})")
+            if self.tiles_per_block > 1:  # a staged block's N1 is its design's, and it walks once
+                hint = "a staged block's N1 is 32 a warp of its tiles: more warps a tile, or fewer columns a launch"
+            else:
+                hint = "more walks or a wider N1" if self.order == "tile-x" else "use tile-x or a taller M1"
+            raise ValueError(f"{grid[1]} {along} exceed the grid's y limit of {MAX_GRID_Y} ({self.order}; {hint})")
         return grid
 
     def facts(self) -> dict:

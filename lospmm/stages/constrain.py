@@ -113,19 +113,21 @@ def constrained_candidates(
     params: ConstrainParams = ConstrainParams(),
     design: KernelDesign = BASELINE,
     fallback: bool = True,
+    conv: bool = False,
 ) -> list[Candidate]:
     """Every (M1, N1) for a layer with N output columns, in (M1, N1) order, with `removed_by`, for a
     kernel of `design`: a block of N1 threads covers N1·V columns (V columns per thread) and walks
     `column_walks` column blocks, so B tiles are N1·V wide and blocks fewer by the walks; a staged
     block is N1 = 32·tile_warps threads for each of its tiles_per_block tiles (KernelDesign.fixed_n1). With
-    `fallback`, the least-bad are kept when none passes (with_fallback)."""
+    `fallback`, the least-bad are kept when none passes (with_fallback). `conv`: the kernel is a
+    convolution's implicit-im2col kernel (its registers: kernel.registers.predicted_registers)."""
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
     out = []
     width = design.columns_per_thread
     for m1 in sorted(tiles_by_m1):
         stats = tiles_by_m1[m1]
-        regs = predicted_registers(m1, params, design)
+        regs = predicted_registers(m1, params, design, conv)
         for n1 in [design.fixed_n1] if design.fixed_n1 else n1_choices(device):
             num_b = -(-n // (n1 * width))
             blocks = design.blocks_along_a(stats.num_tiles) * -(-num_b // design.column_walks)
@@ -174,16 +176,18 @@ def with_fallback(candidates: list[Candidate], device: Device, params: Constrain
 
 def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Device,
                      params: ConstrainParams = ConstrainParams(), empty: bool = False,
-                     design: KernelDesign = BASELINE, designs: Sequence[KernelDesign] = ()) -> list[Candidate]:
+                     design: KernelDesign = BASELINE, designs: Sequence[KernelDesign] = (), conv: bool = False
+                     ) -> list[Candidate]:
     """`constrained_candidates` for one layer in `design`, or in each of `designs` when given (the
     design as a search dimension: every (M1, N1, design), design by design in the order given, each
     with its own registers, column multiple and walks); the least-bad are kept as a fallback only
     when no candidate of any design passes. An all-zero layer (`empty`) has no tiles, so it stands
-    as M1 = 1 with zero tiles and every N1 is removed as `empty`."""
+    as M1 = 1 with zero tiles and every N1 is removed as `empty`. `conv`: the layer is served by an
+    implicit-im2col conv kernel (its designs are conv forms: searched_designs)."""
     if empty:
         tiles_by_m1 = {1: TileStats(0, 0, 0.0, 0, 0, 0.0)}
     out = [c for d in (list(dict.fromkeys(designs)) or [design])
-           for c in constrained_candidates(n, tiles_by_m1, device, params, d, fallback=False)]
+           for c in constrained_candidates(n, tiles_by_m1, device, params, d, fallback=False, conv=conv)]
     if params.fallback_keep > 0 and not any(c.kept for c in out):
         out = with_fallback(out, device, params)
     return out
@@ -192,9 +196,9 @@ def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Devic
 def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bool = True) -> tuple[KernelDesign, ...]:
     """The designs a layer's search spans: `designs`, each once; a convolution served by an
     implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
-    (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid order and walks), the kernel it
-    is served by; where no design has one (half, N:M) it stays an im2col GEMM in the first design
-    (stages.emit.kernel_form)."""
+    (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid order and walks, a staged one's
+    blocking), the kernel it is served by; where no design has one (half, N:M) it stays an im2col GEMM
+    in the first design (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))
     if op == "conv" and implicit_conv:
         return tuple(dict.fromkeys(d.conv_kernel for d in unique if d.conv_kernel is not None)) or unique[:1]

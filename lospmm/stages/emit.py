@@ -160,7 +160,7 @@ def check_column(where: str, result) -> tuple[float, str]:
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
     """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry when params ask for
     it and the kernel design has a conv kernel (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid
-    order and walks), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
+    order and walks, a staged one's blocking), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
     conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
     return "implicit-conv" if params.implicit_conv and conv and design.conv_kernel is not None else "gemm"
 

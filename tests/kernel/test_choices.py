@@ -88,6 +88,20 @@ def test_a_streamed_run_serves_every_layer_in_its_design_and_a_convolution_in_it
                                                    (f"8×128 {BASELINE.label}", BASELINE)]  # chained's conv form too
 
 
+def test_a_streamed_convolution_at_one_walk_is_priced_and_refused_at_its_own_registers():
+    # it keeps its pixel's window across its loop: 8 registers above the GEMM's (64 -> 72 at M1 = 32), so
+    # 1024 threads ask 73,728 a block where the SM has 65,536 (ptxas gave it 68, a launch that fails)
+    from lospmm.kernel.choices import design_problem
+    from lospmm.kernel.registers import predicted_registers
+
+    streamed = design_named("streamed")
+    assert predicted_registers(32, design=streamed, conv=True) == predicted_registers(32, design=streamed) + 8
+    assert design_problem(streamed, 32, 1024, 4096, H100) == ""
+    assert "72 registers predicted × 1024 threads" in design_problem(streamed, 32, 1024, 4096, H100, conv=True)
+    looped = design_named("streamed,walks=4")  # its loop's registers cover the window
+    assert predicted_registers(32, design=looped, conv=True) == predicted_registers(32, design=looped)
+
+
 def test_a_design_whose_block_needs_more_registers_than_the_sm_has_cannot_serve_the_tile():
     # on the H200 5 A/B kernels failed at launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): BERT's FFN tile
     # (M1 = 48, N1 = 512) is fine in the baseline, but v=2 and v=4 ask more registers than a block may hold

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 
 from lospmm.stages.cluster import proxy_clusters
@@ -320,14 +321,25 @@ def test_a_staged_kernels_work_splits_each_tiles_loads_by_chunk_and_its_proxy_by
 
     from lospmm.kernel.staging import design_counts
 
-    design = design_named("staged,tiles=4,warps=2")  # chunks of 128 rows
+    from lospmm.stages.reorder import identity_tiles
+
+    design = design_named("staged,tiles=2,warps=4")  # chunks of 64 rows
+    # rows 0-1 (tile 0): columns 0, 1 (both rows), 70; rows 2-3 (tile 1): columns 65, 66, 130 (both rows)
+    dense = np.zeros((4, 140), np.float32)
+    dense[0, [0, 1, 70]] = dense[1, [0, 1]] = 1
+    dense[2, [65, 66, 130]] = dense[3, [130]] = 1
+    a = sp.csr_matrix(dense)
+    loads, fmas = design_chunk_work(a, identity_tiles(a, 2), design)
+    assert loads.tolist() == [[2, 1, 0], [0, 2, 1]] and fmas.tolist() == [[4, 1, 0], [0, 2, 2]]
     a = random_pruned(96, 600, 0.9, np.random.default_rng(7))
     tiles = reordered_tiles(a, 4)
-    work = full_kernel_work(tiles, 96, 600, 512, 64, 48, design=design, matrix=a)
-    assert work.chunk_loads.shape == (tiles.num_tiles, 5)
+    work = full_kernel_work(tiles, 96, 600, 512, 128, 48, design=design, matrix=a)
+    assert work.chunk_loads.shape == (tiles.num_tiles, 10)
     assert (work.chunk_loads.sum(1) == tiles.tile_nnc).all() and (work.chunk_fmas.sum(1) == tiles.tile_nnz).all()
-    assert (design_chunk_work(a, tiles, design)[0] == work.chunk_loads).all()
     clusters = proxy_clusters(a, tiles, 0.9, 2)
-    clusters = replace(clusters, staged_counts=design_counts(a, tiles, design), staged_columns=64)
-    proxy = proxy_work(clusters, 96, 600, 512, 64, 48, 0, design=design)
-    assert (proxy.chunk_loads.sum(1) == proxy.tile_loads).all() and (proxy.chunk_fmas.sum(1) == proxy.tile_fmas).all()
+    clusters = replace(clusters, staged_counts=design_counts(a, tiles, design), staged_columns=128)
+    proxy = proxy_work(clusters, 96, 600, 512, 128, 48, 0, design=design)
+    c = clusters.cluster_of[0]  # tile 0's cluster: its columns' chunks, CPL multiply-adds each
+    want = np.bincount(np.asarray(clusters.columns[c]) // 64, minlength=10)
+    assert proxy.chunk_loads[0].tolist() == want.tolist()
+    assert proxy.chunk_fmas[0].tolist() == (want * clusters.cpl[c]).tolist()

@@ -273,9 +273,10 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     # a streamed one keeps its pixel's window across its loop: at one walk 8 registers above the GEMM's
     # (RegisterModel.window_regs; 16 B spilled at M1 = 16 without them)
     for m1, design in ((1, "baseline"), (16, "baseline"), (16, "streamed"), (24, "streamed"),
-                       (16, "streamed,column-x,walks=4")):
-        kernel = conv_kernel_source(a, reordered_tiles(a, m1), 64, geometry, Epilogue((0.5,) * 32, "relu"),
-                                    CodegenParams(design=design_named(design)))
+                       (16, "streamed,column-x,walks=4"), (8, "staged,tiles=4"), (16, "staged,tiles=2,warps=2")):
+        d = design_named(design)
+        kernel = conv_kernel_source(a, reordered_tiles(a, m1), d.fixed_n1 or 64, geometry, Epilogue((0.5,) * 32, "relu"),
+                                    CodegenParams(design=d))
         out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", m1, design=kernel.design, conv=True))
         assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
         assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
@@ -286,6 +287,9 @@ def test_bad_conv_geometry_is_named():
         ConvGeometry(cin=1, h=2, w=2, kh=5, kw=5)
     with pytest.raises(ValueError, match="stride must be >= 1"):
         ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3, stride=0)
+    with pytest.raises(ValueError, match="the kernels address an image with 32-bit byte offsets"):
+        ConvGeometry(cin=64, h=4096, w=2160, kh=3, kw=3)  # 4·64·4096·2160 bytes: past 2^31
+    assert ConvGeometry(cin=64, h=2048, w=2048, kh=3, kw=3).k == 576  # 2^30 bytes: addressed
     a = random_pruned(4, 10, 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="K=10 columns, the conv geometry needs cin·kh·kw = 9"):
         conv_kernel_source(a, reordered_tiles(a, 2), 32, ConvGeometry(cin=1, h=4, w=4, kh=3, kw=3))
@@ -397,6 +401,10 @@ def test_a_conv_kernel_takes_the_grid_order_walks_and_baked_or_streamed_values_o
     streamed = conv_kernel_source(a, reordered_tiles(a, 2), 8, g,
                                   params=CodegenParams(design=design_named("streamed,column-x,walks=4")))
     assert len(streamed.units) == 1 and "tile_" not in streamed.source and "LOSPMM_LDXR" in streamed.source
+    # its entries are read as int2 pairs: the device faults on a misaligned one, the host does not
+    assert f"__device__ __align__(8) const int lospmm_cols_{streamed.name}[]" in streamed.source
+    staged = conv_kernel_source(a, reordered_tiles(a, 2), 32, g, params=CodegenParams(design=design_named("staged,tiles=2")))
+    assert staged.source.count("__device__ __align__(8) const int lospmm_staged_") == -(-staged.num_tiles // 2)
     tiles_along, walkers, _ = looped.grid(g.n(2))
     assert streamed.spec.form == "conv" and streamed.grid(g.n(2)) == (walkers, tiles_along, 1)  # column-x
     for design in ("streamed,chained", "streamed,v=4"):  # its conv form (KernelDesign.conv_kernel) is what renders

@@ -208,3 +208,24 @@ def test_a_staged_design_is_tiled_at_n1_32_in_blocks_of_its_tiles():
     wide = design_named("staged,tiles=4,warps=4")
     (c,) = constrained_candidates(4096, stats, h100, design=wide)
     assert (c.n1, c.threads, c.num_b_tiles, c.block_num) == (128, 512, 32, 25 * 32)
+
+
+def test_a_streamed_convolutions_candidates_carry_its_windows_registers():
+    # served by the streamed conv kernel at one walk, a layer's candidates are constrained at its registers
+    # (8 above the GEMM's): the search never keeps a block the SM cannot hold (32 × 1024 threads at M1 = 32)
+    from lospmm.kernel.design import design_named
+
+    stats = {32: TileStats(64, 300, 250.0, 16000, 900, 0.1)}
+    streamed = design_named("streamed")
+    gemm = {c.n1: c for c in layer_candidates(4096, stats, H100, design=streamed)}
+    conv = {c.n1: c for c in layer_candidates(4096, stats, H100, design=streamed, conv=True)}
+    assert conv[1024].pred_regs == gemm[1024].pred_regs + 8
+    assert conv[1024].removed_by == "register" and gemm[1024].removed_by != "register"
+
+
+def test_a_staged_launch_past_the_grids_y_limit_says_what_a_staged_design_can_change():
+    from lospmm.kernel.layout import LaunchLayout
+
+    layout = LaunchLayout(4, 256, 1, 1, "tile-x", 8)  # 8 tiles of 32 columns a block
+    with pytest.raises(ValueError, match="a staged block's N1 is 32 a warp of its tiles"):
+        layout.grid(32 * 70000)

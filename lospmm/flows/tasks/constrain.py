@@ -28,7 +28,8 @@ def constrain(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, 
                  for r in group if r["status"] == Status.OK}
         try:
             cands = layer_candidates(first["n"], stats, device, params, empty=first["status"] == Status.EMPTY,
-                                     designs=searched_designs(designs, first["op"], implicit_conv))
+                                     designs=searched_designs(designs, first["op"], implicit_conv),
+                                     conv=first["op"] == "conv" and implicit_conv)
         except Exception as e:
             return [{**failed_row(base, layer, e), "kept": False, "removed_by": UPSTREAM_ERROR}]
         return [{**base, **vars(c), "kept": c.kept, "status": first["status"], "message": first["message"]}

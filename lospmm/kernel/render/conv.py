@@ -5,7 +5,8 @@ columns are inside), and each output goes to NCHW Y through the epilogue. The in
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
 the designs, the grid's order and the column walks (a looped kernel's tile function walks its
 column blocks, each output pixel's window found again per walk); its loads already take one
-instruction from the pixel's pointer. A streamed design's conv kernel is render.streamed's."""
+instruction from the pixel's pointer. A streamed design's conv kernel is render.streamed's, a staged
+design's render.staged's."""
 
 from __future__ import annotations
 

@@ -211,7 +211,8 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
         head = [first_column(design, per_block, "n0"), f"  const int total = batch * {geometry.pixels};\n"]
         column = [pixel_window(geometry, m, "    ")]
         load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from xp; its window row, column\n"
-                "      float b; LOSPMM_LDXR(b, xp, e.x, (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16)) & 1u);")
+                "      float x; LOSPMM_LDXR(x, xp, e.x, (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16)) & 1u);")
+        value = "x"  # not b: the pixel's image is b
     else:
         count, entries = "N", "  const int* __restrict__ cols = lospmm_cols_{}"
         head = [first_column(design, per_block, "n0")]
@@ -219,6 +220,7 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
                   *(["    const float* p = Bn;\n"] if design.loads == "chained" else [])]
         load = (f"{kind} b; LOSPMM_LDCR{suffix}(b, p, N, __ldg(cols + j));" if design.loads == "chained"
                 else f"const {kind} b = lospmm_ld{suffix}(Bn, __ldg(cols + j), N);")
+        value = "b"
     return [
         *head,
         f"  const int stride = {f'gridDim.{column_axis} * {per_block}' if design.looped else count};\n",
@@ -233,7 +235,7 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
         "#pragma unroll 4\n",
         f"    for (int j = begin; j < end; ++j, vals += {m1}) {{\n      {load}\n",
         *(f"      {{ const float a = __ldg(vals + {i}); "
-          + " ".join(f"acc{i}{lane} += b{lane} * a;" for lane in lanes) + " }\n" for i in range(m1)),
+          + " ".join(f"acc{i}{lane} += {value}{lane} * a;" for lane in lanes) + " }\n" for i in range(m1)),
         "    }\n",
         *stores,
         "  }\n}\n"]
