@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,6 +356,24 @@ def test_a_streamed_or_staged_conv_kernel_serves_its_convolution_with_its_bias_a
     assert isinstance(fast.pw, lt.SparseConv2d) and isinstance(fast.pw.kernel, lt.SpConv)
     with torch.no_grad():
         got, want = fast(x), lt.pruned(model, out)(x)
+    assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-5
+
+
+def test_a_streamed_search_serves_every_layer_of_a_cnn_in_its_design_with_its_bias_and_activation(tmp_path,
+                                                                                                  prefect_server):
+    # the streamed design serves convolutions (its conv kernel) and fuses each layer's bias and ReLU: a
+    # search in it serves the whole model in it (before, the layers with a bias fell back to the baseline
+    # and the convolutions were im2col GEMMs), as the pruned model computes
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    root = tmp_path / "artifacts"
+    run_id = lt.search(_model(), x, sparsity=0.7, artifacts=root, name="tiny", m1s=(1, 2, 4), jobs=2, design="streamed")
+    fast = lt.sparsify(_model(), run_id, backend="host", artifacts=root)
+    designs = {r.module: json.loads((Path(r.kernel_dir) / "kernel.json").read_text())["design"]["label"]
+               for r in fast.lospmm_replacements}
+    assert designs == dict.fromkeys(("stem", "dw", "pw", "dilated", "fc"), "streamed,based,tile-x,walks=1,v=1")
+    assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "dw", "pw", "dilated"))
+    with torch.no_grad():
+        got, want = fast(x), lt.pruned(_model(), run_id, artifacts=root)(x)
     assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-5
 
 
