@@ -155,9 +155,10 @@ def train_ranker_cmd(
                               "one packed pair per thread; the shipped lospmm/models/ranker-half is fp16's)."),
     accumulate: str = typer.Option("", "--accumulate", help="A half kernel's sums: packed (default) or f32."),
     designs: str = typer.Option("", "--designs", help="A design-aware ranker: 'auto' (the designs `run --design "
-                                "auto` searches; the shipped lospmm/models/ranker-designs) or design labels split "
-                                "by ';'. Each synthetic kernel's tiles in every design are one group, ranked on "
-                                "Table 1's features and the design's."),
+                                "auto` searches) or design labels split by ';', 'auto' among them for those "
+                                "('auto;staged,tiles=8': the shipped lospmm/models/ranker-designs adds three staged "
+                                "designs). Each synthetic kernel's tiles in every design are one group, ranked on "
+                                "Table 1's features and the design's (a staged one's tiles a block and warps a tile)."),
 ) -> None:
     """Build the ranker's training set by timing synthetic kernels (or from measured launch files), fit
     LambdaMART, write a model."""

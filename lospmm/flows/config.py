@@ -225,14 +225,17 @@ def run_designs(text: str) -> tuple[KernelDesign, ...]:
 
 def trained_designs(text: str) -> tuple[KernelDesign, ...]:
     """The designs `train-ranker --designs` ranks together: "" none (a ranker of one design), "auto"
-    the run's candidates (run_designs), else labels split by ';' (two or more fp32 tiled designs);
-    ConfigError naming what cannot be read."""
+    the run's candidates (run_designs), else labels split by ';' (two or more fp32 tiled designs;
+    `auto` among them stands for the run's candidates: 'auto;staged,tiles=8'); ConfigError naming what
+    cannot be read. A staged design's tiles are told apart by stages.rank.STAGED_FEATURES."""
     if not text:
         return ()
     if text == AUTO_DESIGN:
         return run_designs(text)
     try:
-        designs = tuple(dict.fromkeys(design_named(t.strip()) for t in text.split(";") if t.strip()))
+        designs = tuple(dict.fromkeys(d for t in text.split(";") if t.strip()
+                                      for d in (run_designs(AUTO_DESIGN) if t.strip() == AUTO_DESIGN
+                                                else (design_named(t.strip()),))))
     except ValueError as e:
         raise ConfigError(f"--designs: {e}") from None
     if len(designs) < 2:
@@ -240,11 +243,6 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
     odd = [d.label for d in designs if d.half or not d.tiled]
     if odd:
         raise ConfigError(f"--designs: {', '.join(odd)}: a design-aware ranker ranks fp32 tiled designs")
-    staged = [d.label for d in designs if d.loads == "staged"]
-    if staged:
-        raise ConfigError(f"--designs: {', '.join(staged)}: a design-aware ranker's features (stages.rank."
-                          f"DESIGN_FEATURES) do not tell a staged design's tiles from the baseline's yet; search it "
-                          f"alone (--design {staged[0]}) with the shipped ranker")
     return designs
 
 

@@ -15,7 +15,7 @@ from lospmm.kernel.design import BASELINE, KernelDesign, design_named
 from lospmm.kernel.numbers import in_format
 from lospmm.stages.constrain import layer_candidates
 from lospmm.stages.prune import random_pruned
-from lospmm.stages.rank import (DESIGN_FEATURES, FEATURES, RankerParams, SyntheticKernel, SyntheticParams,
+from lospmm.stages.rank import (FEATURES, RankerParams, SyntheticKernel, SyntheticParams, design_feature_names,
                                 feature_row, synthetic_kernels, trained_ranker, training_rows)
 from lospmm.stages.reorder import tile_stats
 from lospmm.search import full_kernel_time, layer_tiles
@@ -51,7 +51,8 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None, design: KernelDesign = BASELINE,
                  designs: tuple[KernelDesign, ...] = ()) -> dict:
     """Build the training set for kernels of `design`, or a design-aware one over `designs` (each
-    synthetic kernel's tiles in every design one group, Table 1's features and DESIGN_FEATURES), fit,
+    synthetic kernel's tiles in every design one group, Table 1's features and the designs': rank.
+    design_feature_names), fit,
     save to `out` (.txt + .json); returns the metadata (which names the design or designs)."""
     device = timer.device
     t0 = time.perf_counter()
@@ -64,7 +65,7 @@ def train_ranker(out: Path, count: int, timer: Timer, seed: int = 0,
             progress(done[0], len(kernels))
         return candidate_rows(sk, device, design=design, designs=designs)
 
-    names = FEATURES + DESIGN_FEATURES if len(designs) > 1 else FEATURES
+    names = FEATURES + design_feature_names(designs) if len(designs) > 1 else FEATURES
     x, t, g = training_rows(kernels, candidates_of, candidate_time(timer, design), names)
     if len(np.unique(g)) < 5:
         raise ValueError(f"only {len(np.unique(g))} synthetic kernels had 2+ kept candidates; raise --samples")

@@ -22,15 +22,20 @@ FEATURES = ("num_a_tiles", "num_b_tiles", "block_num", "sparsity", "nnc_sum", "n
 # a design-aware ranker's (one that ranks the tiles of several kernel designs together) besides Table 1's:
 # what of the design changes the code a thread runs (kernel.design.KernelDesign)
 DESIGN_FEATURES = ("columns_per_thread", "column_walks", "column_x", "chained", "streamed")
+# a staged design's blocking (1 and 1 for every other design): a ranker that ranks staged tiles beside the
+# others is trained on them too
+STAGED_FEATURES = ("tiles_per_block", "tile_warps")
 
 
 @lru_cache(maxsize=None)
 def design_features(label: str) -> dict:
-    """DESIGN_FEATURES of the design with this label (KernelDesign.label; "" is the baseline)."""
+    """DESIGN_FEATURES and STAGED_FEATURES of the design with this label (KernelDesign.label; "" is the
+    baseline)."""
     d = design_named(label or "baseline")
     return {"columns_per_thread": d.columns_per_thread, "column_walks": d.column_walks,
             "column_x": int(d.order == "column-x"), "chained": int(d.loads == "chained"),
-            "streamed": int(d.a_values == "streamed")}
+            "streamed": int(d.a_values == "streamed"), "tiles_per_block": d.tiles_per_block,
+            "tile_warps": d.tile_warps}
 
 
 def ranker_features(metadata: dict) -> tuple[str, ...]:
@@ -38,9 +43,16 @@ def ranker_features(metadata: dict) -> tuple[str, ...]:
     return tuple(metadata.get("features") or FEATURES)
 
 
-def ranks_designs(features) -> bool:
-    """Whether a ranker with these features tells kernel designs apart."""
-    return set(DESIGN_FEATURES) <= set(features)
+def ranks_designs(features, staged: bool = False) -> bool:
+    """Whether a ranker with these features tells kernel designs apart (`staged`: staged designs'
+    among them, which take STAGED_FEATURES besides)."""
+    return set(DESIGN_FEATURES + (STAGED_FEATURES if staged else ())) <= set(features)
+
+
+def design_feature_names(designs) -> tuple[str, ...]:
+    """The design features a ranker of `designs` (KernelDesign) is trained on: DESIGN_FEATURES, and
+    STAGED_FEATURES where a staged design is among them."""
+    return DESIGN_FEATURES + (STAGED_FEATURES if any(d.loads == "staged" for d in designs) else ())
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
 def feature_value(row: dict, name: str) -> float:
     """One feature of a candidate row; a design feature from the row's `design` label where the row
     does not hold it (a row without one is the baseline's)."""
-    if name in DESIGN_FEATURES and name not in row:
+    if (name in DESIGN_FEATURES or name in STAGED_FEATURES) and name not in row:
         return float(design_features(row.get("design") or "")[name])
     return float(row[name])
 
@@ -259,9 +271,14 @@ def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankPa
     or with `use_rank=False` every candidate (scores 0, ranks in the given order). ValueError when
     the candidates span several designs and the ranker cannot tell designs apart."""
     if params.use_rank:
-        if len({r.get("design") or "" for r in rows}) > 1 and not ranks_designs(features):
+        designs = {r.get("design") or "" for r in rows}
+        if len(designs) > 1 and not ranks_designs(features):
             raise ValueError("the candidates span several kernel designs and the ranker was trained on one "
                              "(train a design-aware one: lospmm train-ranker --designs auto)")
+        if len(designs) > 1 and not ranks_designs(features, any(design_named(d or "baseline").loads == "staged"
+                                                                for d in designs)):
+            raise ValueError("the candidates span staged designs and the ranker was trained without them (train "
+                             "one with them: lospmm train-ranker --designs 'auto;staged,tiles=8')")
         scores, ranks = ranked(rows, booster, params.top_k, features)
         return scores, ranks, ranks <= params.top_k
     n = len(rows)

@@ -364,9 +364,19 @@ def test_a_run_in_the_staged_design_searches_it_alone_with_the_shipped_ranker(tm
     assert plan.ranker_for(plan.sources[0]).path is None
 
 
-def test_a_ranker_over_the_staged_design_is_refused_in_one_line():
-    from lospmm.flows.config import trained_designs
+def test_a_ranker_over_staged_designs_is_trained_on_their_blocking_and_auto_names_the_runs_candidates():
+    from lospmm.flows.config import run_designs, trained_designs
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.rank import DESIGN_FEATURES, STAGED_FEATURES, design_feature_names, feature_value
 
-    # its tiles look like the baseline's to a design-aware ranker's features
-    with pytest.raises(ConfigError, match="do not tell a staged design's tiles from the baseline's"):
-        trained_designs("chained;staged,tiles=4")
+    staged = design_named("staged,tiles=4,warps=2")
+    designs = trained_designs("auto;staged,tiles=4,warps=2")
+    assert designs == run_designs("auto") + (staged,)
+    # its tiles are told from the baseline's by tiles a block and warps a tile (1 and 1 for the others)
+    assert design_feature_names(designs) == DESIGN_FEATURES + STAGED_FEATURES
+    assert design_feature_names(run_designs("auto")) == DESIGN_FEATURES
+    row = {"design": staged.label}
+    assert (feature_value(row, "tiles_per_block"), feature_value(row, "tile_warps")) == (4, 2)
+    assert feature_value({"design": ""}, "tiles_per_block") == 1
+    with pytest.raises(ConfigError, match="name two or more designs"):
+        trained_designs("staged,tiles=4")

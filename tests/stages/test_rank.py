@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,7 +80,7 @@ def test_design_features_come_from_the_rows_design_label():
 
     wide = design_named("chained,column-x,walks=4,v=4")
     assert design_features(wide.label) == {"columns_per_thread": 4, "column_walks": 4, "column_x": 1, "chained": 1,
-                                           "streamed": 0}
+                                           "streamed": 0, "tiles_per_block": 1, "tile_warps": 1}
     assert design_features(design_named("streamed,chained").label)["streamed"] == 1
     assert design_features("") == design_features(BASELINE.label)
     rows = [{f: 1.0 for f in FEATURES} | {"design": wide.label}, {f: 1.0 for f in FEATURES}]
@@ -87,6 +88,14 @@ def test_design_features_come_from_the_rows_design_label():
     assert x[0, len(FEATURES):].tolist() == [4, 4, 1, 1, 0] and x[1, len(FEATURES):].tolist() == [1, 1, 0, 0, 0]
     assert feature_matrix(rows).shape == (2, len(FEATURES))  # Table 1's alone by default
     assert ranks_designs(FEATURES + DESIGN_FEATURES) and not ranks_designs(FEATURES)
+    # staged candidates need a ranker trained on their blocking
+    from lospmm.stages.rank import STAGED_FEATURES, chosen_candidates
+
+    assert not ranks_designs(FEATURES + DESIGN_FEATURES, staged=True)
+    assert ranks_designs(FEATURES + DESIGN_FEATURES + STAGED_FEATURES, staged=True)
+    staged_rows = [rows[0], {f: 1.0 for f in FEATURES} | {"design": design_named("staged,tiles=8").label}]
+    with pytest.raises(ValueError, match="the candidates span staged designs and the ranker was trained without them"):
+        chosen_candidates(staged_rows, None, features=FEATURES + DESIGN_FEATURES)
 
 
 def test_a_design_aware_ranker_learns_which_design_is_faster(tmp_path):
