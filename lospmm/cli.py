@@ -58,9 +58,13 @@ def _expanded(argv: list[str]) -> list[str]:
 
 
 _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional: tile-x|column-x (grid order), "
-                "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses); "
-                "'chained' (default: it won the device's A/B) is tile-x,walks=1,v=1,chained; 'baseline' the kernel "
-                "measured before it, tile-x,walks=1,v=1,based.")
+                "walks=W (column blocks a block walks), v=1|2|4 (columns per thread), based|chained (B addresses), "
+                "baked|streamed (A's values as code or as data read by one loop), staged,tiles=G[,warps=W] (G tiles "
+                "a block share B's columns through shared memory; N1 = 32·W; half kernels: --dtype); 'chained' "
+                "(default: it won the device's A/B) is "
+                "tile-x,walks=1,v=1,chained; 'baseline' the kernel measured before it, tile-x,walks=1,v=1,based. A "
+                "convolution takes its design's implicit-im2col kernel: the grid order and walks of a baked or "
+                "streamed design, a staged design's blocking (a half or N:M design's are im2col GEMMs).")
 _RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "
                                    "ten designs of the device's A/B (each with its own constraints and proxies), "
                                    "ranked together by the design-aware ranker (lospmm/models/ranker-designs); the "
@@ -293,10 +297,9 @@ def kernel(
                                        "directly (no im2col matrix), write NCHW output; checked against a "
                                        "reference convolution."),
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
-    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `streamed` too: A's values "
-                               "as data read by one loop; and `nm`: the N:M kernel of a layer pruned N:M (A "
-                               "compressed, B through shared memory; its blocking the estimate's cheapest, "
-                               "--m1/--n1 not used)."),
+    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `nm` too: the N:M kernel "
+                               "of a layer pruned N:M (A compressed, B through shared memory; its blocking the "
+                               "estimate's cheapest, --m1/--n1 not used)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
                               "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
     accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype) or "
