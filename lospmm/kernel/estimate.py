@@ -57,7 +57,7 @@ import numpy as np
 
 from lospmm.devices import Device, resident_blocks
 from lospmm.kernel.design import BASELINE, KernelDesign
-from lospmm.kernel.staging import chunk_count, design_chunk_work, design_counts, staged_shared_bytes
+from lospmm.kernel.staging import chunk_count, design_work, staged_shared_bytes
 from lospmm.kernel.timing import LaunchUnderTest, Timing
 from lospmm.status import Status
 
@@ -155,8 +155,7 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
         if matrix is None:
             raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
                              f"of their tiles' columns)")
-        staged = design_counts(matrix, tiles, design)
-        chunk_loads, chunk_fmas = design_chunk_work(matrix, tiles, design)
+        staged, chunk_loads, chunk_fmas = design_work(matrix, tiles, design)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
                       registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas)
 

@@ -26,18 +26,27 @@ def chunk_count(k: int, rows: int = STAGED_ROWS) -> int:
     return -(-k // rows)
 
 
+def _tile_columns(matrix: sp.csr_matrix, tiles) -> list[np.ndarray]:
+    """Each tile's columns of A, one per nonzero (a column as often as its rows in the tile hold it)."""
+    a = sp.csr_matrix(matrix)
+    return [a[tiles.tile(t)].indices for t in range(tiles.num_tiles)]
+
+
+def _block_counts(columns: list[np.ndarray], per_block: int, chunks: int, chunk_rows: int) -> np.ndarray:
+    """staged_counts from each tile's columns (_tile_columns)."""
+    groups = block_tiles(len(columns), per_block)
+    out = np.zeros((len(groups), chunks), np.int32)
+    for g, group in enumerate(groups):
+        union = np.unique(np.concatenate([columns[t] for t in group]))
+        out[g] = np.bincount(union // chunk_rows, minlength=chunks)[:chunks]
+    return out
+
+
 def staged_counts(matrix: sp.csr_matrix, tiles, per_block: int, chunk_rows: int = STAGED_ROWS) -> np.ndarray:
     """Columns of B each staged block copies in each chunk of K: an int32 array (blocks × chunks),
     the size of the union of its tiles' non-empty columns there (0: the chunk is skipped, no
     barrier)."""
-    a = sp.csr_matrix(matrix)
-    chunks = chunk_count(a.shape[1], chunk_rows)
-    groups = block_tiles(tiles.num_tiles, per_block)
-    out = np.zeros((len(groups), chunks), np.int32)
-    for g, group in enumerate(groups):
-        union = np.unique(a[np.concatenate([tiles.tile(t) for t in group])].indices)
-        out[g] = np.bincount(union // chunk_rows, minlength=chunks)[:chunks]
-    return out
+    return _block_counts(_tile_columns(matrix, tiles), per_block, chunk_count(matrix.shape[1], chunk_rows), chunk_rows)
 
 
 def design_counts(matrix: sp.csr_matrix, tiles, design) -> np.ndarray:
@@ -50,20 +59,25 @@ def staged_shared_bytes(counts: np.ndarray, columns: int, element_bytes: int = 4
     return int(counts.max(initial=0)) * columns * element_bytes
 
 
-def chunk_work(matrix: sp.csr_matrix, tiles, chunk_rows: int = STAGED_ROWS) -> tuple[np.ndarray, np.ndarray]:
-    """Each tile's loads (its non-empty columns) and multiply-adds (its nonzeros) in each chunk of K:
-    two int64 arrays (tiles × chunks); each row sums to the tile's tile_nnc and tile_nnz."""
-    a = sp.csr_matrix(matrix)
-    chunks = chunk_count(a.shape[1], chunk_rows)
-    loads = np.zeros((tiles.num_tiles, chunks), np.int64)
-    fmas = np.zeros((tiles.num_tiles, chunks), np.int64)
-    for t in range(tiles.num_tiles):
-        columns = a[tiles.tile(t)].indices
-        fmas[t] = np.bincount(columns // chunk_rows, minlength=chunks)[:chunks]
-        loads[t] = np.bincount(np.unique(columns) // chunk_rows, minlength=chunks)[:chunks]
+def _chunk_work(columns: list[np.ndarray], chunks: int, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """chunk_work from each tile's columns (_tile_columns)."""
+    loads = np.zeros((len(columns), chunks), np.int64)
+    fmas = np.zeros((len(columns), chunks), np.int64)
+    for t, tile_columns in enumerate(columns):
+        fmas[t] = np.bincount(tile_columns // chunk_rows, minlength=chunks)[:chunks]
+        loads[t] = np.bincount(np.unique(tile_columns) // chunk_rows, minlength=chunks)[:chunks]
     return loads, fmas
 
 
-def design_chunk_work(matrix: sp.csr_matrix, tiles, design) -> tuple[np.ndarray, np.ndarray]:
-    """chunk_work in a staged `design`'s chunks."""
-    return chunk_work(matrix, tiles, design.staged_rows)
+def chunk_work(matrix: sp.csr_matrix, tiles, chunk_rows: int = STAGED_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Each tile's loads (its non-empty columns) and multiply-adds (its nonzeros) in each chunk of K:
+    two int64 arrays (tiles × chunks); each row sums to the tile's tile_nnc and tile_nnz."""
+    return _chunk_work(_tile_columns(matrix, tiles), chunk_count(matrix.shape[1], chunk_rows), chunk_rows)
+
+
+def design_work(matrix: sp.csr_matrix, tiles, design) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the estimate of a staged `design`'s kernel needs, from one pass over its tiles: its
+    blocks' copies (design_counts) and its tiles' loads and multiply-adds per chunk (chunk_work)."""
+    columns, rows = _tile_columns(matrix, tiles), design.staged_rows
+    chunks = chunk_count(matrix.shape[1], rows)
+    return (_block_counts(columns, design.tiles_per_block, chunks, rows), *_chunk_work(columns, chunks, rows))

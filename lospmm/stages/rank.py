@@ -43,10 +43,10 @@ def ranker_features(metadata: dict) -> tuple[str, ...]:
     return tuple(metadata.get("features") or FEATURES)
 
 
-def ranks_designs(features, staged: bool = False) -> bool:
-    """Whether a ranker with these features tells kernel designs apart (`staged`: staged designs'
-    among them, which take STAGED_FEATURES besides)."""
-    return set(DESIGN_FEATURES + (STAGED_FEATURES if staged else ())) <= set(features)
+def ranks_designs(features, designs=()) -> bool:
+    """Whether a ranker with these features tells kernel designs apart (`designs`, KernelDesign: and
+    these among them, a staged one's by STAGED_FEATURES too)."""
+    return set(design_feature_names(designs)) <= set(features)
 
 
 def design_feature_names(designs) -> tuple[str, ...]:
@@ -275,8 +275,7 @@ def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankPa
         if len(designs) > 1 and not ranks_designs(features):
             raise ValueError("the candidates span several kernel designs and the ranker was trained on one "
                              "(train a design-aware one: lospmm train-ranker --designs auto)")
-        if len(designs) > 1 and not ranks_designs(features, any(design_named(d or "baseline").loads == "staged"
-                                                                for d in designs)):
+        if len(designs) > 1 and not ranks_designs(features, [design_named(d or "baseline") for d in designs]):
             raise ValueError("the candidates span staged designs and the ranker was trained without them (train "
                              "one with them: lospmm train-ranker --designs 'auto;staged,tiles=8')")
         scores, ranks = ranked(rows, booster, params.top_k, features)

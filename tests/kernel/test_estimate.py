@@ -316,7 +316,7 @@ def test_a_staged_block_waits_on_each_chunks_slowest_warp():
 
 def test_a_staged_kernels_work_splits_each_tiles_loads_by_chunk_and_its_proxy_by_its_clusters_columns():
     from lospmm.kernel.design import design_named
-    from lospmm.kernel.staging import design_chunk_work
+    from lospmm.kernel.staging import chunk_work
     from dataclasses import replace
 
     from lospmm.kernel.staging import design_counts
@@ -329,7 +329,7 @@ def test_a_staged_kernels_work_splits_each_tiles_loads_by_chunk_and_its_proxy_by
     dense[0, [0, 1, 70]] = dense[1, [0, 1]] = 1
     dense[2, [65, 66, 130]] = dense[3, [130]] = 1
     a = sp.csr_matrix(dense)
-    loads, fmas = design_chunk_work(a, identity_tiles(a, 2), design)
+    loads, fmas = chunk_work(a, identity_tiles(a, 2), design.staged_rows)
     assert loads.tolist() == [[2, 1, 0], [0, 2, 1]] and fmas.tolist() == [[4, 1, 0], [0, 2, 2]]
     a = random_pruned(96, 600, 0.9, np.random.default_rng(7))
     tiles = reordered_tiles(a, 4)

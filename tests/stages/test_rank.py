@@ -91,8 +91,9 @@ def test_design_features_come_from_the_rows_design_label():
     # staged candidates need a ranker trained on their blocking
     from lospmm.stages.rank import STAGED_FEATURES, chosen_candidates
 
-    assert not ranks_designs(FEATURES + DESIGN_FEATURES, staged=True)
-    assert ranks_designs(FEATURES + DESIGN_FEATURES + STAGED_FEATURES, staged=True)
+    staged = [design_named("chained"), design_named("staged,tiles=8")]
+    assert not ranks_designs(FEATURES + DESIGN_FEATURES, staged)
+    assert ranks_designs(FEATURES + DESIGN_FEATURES + STAGED_FEATURES, staged)
     staged_rows = [rows[0], {f: 1.0 for f in FEATURES} | {"design": design_named("staged,tiles=8").label}]
     with pytest.raises(ValueError, match="the candidates span staged designs and the ranker was trained without them"):
         chosen_candidates(staged_rows, None, features=FEATURES + DESIGN_FEATURES)

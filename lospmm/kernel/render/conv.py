@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import scipy.sparse as sp
 
-from lospmm.kernel.design import BASELINE, conv_design
+from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
@@ -33,7 +33,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     design = params.design
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
-    if design != conv_design(design) or design.a_values != "baked" or design.loads == "staged":
+    if design != KernelDesign(order=design.order, column_walks=design.column_walks):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
                          f"(tile-x or column-x) and walks so far (a streamed or staged one is its renderer's)")
     if k != geometry.k:
@@ -42,7 +42,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         raise ValueError(f"bias has {len(epilogue.bias)} values for {m} output channels")
     checked_tile(n1)
     g = geometry
-    hwo, chw = g.pixels, g.cin * g.h * g.w
+    hwo = g.pixels
     name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
                        tuple(vars(g).values()), *epilogue.name_parts(), *design_parts(design))
@@ -79,15 +79,8 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
                                              for r in rows)) for rows in zeros],
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
         f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
-        f"  if (n >= batch * {hwo}) return;\n"
-        f"  const int b = n / {hwo};\n"
-        f"  const int p = n - b * {hwo};\n"
-        f"  const int oy = p / {g.w_out};\n"
-        f"  const int ox = p - oy * {g.w_out};\n"
-        f"  const float* Xb = X + (long long)b * {chw};\n"
-        f"  float* Yb = Y + (long long)b * {m * hwo} + p;\n"
-        f"  const int iy0 = oy * {g.stride} - {g.pad};\n"
-        f"  const int ix0 = ox * {g.stride} - {g.pad};\n", "Xb, Yb, iy0, ix0", "zero_{z}(Yb)", tile_axis)
+        f"  if (n >= batch * {hwo}) return;\n" + pixel_window(g, m, window=False), "Xb, Yb, iy0, ix0", "zero_{z}(Yb)",
+        tile_axis)
     layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, 1, design.column_walks, design.order)
     spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
@@ -127,16 +120,29 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         "  LOSPMM_TILE_END\n}\n"])
 
 
-def pixel_window(g: ConvGeometry, m: int, indent: str = "  ") -> str:
+# a window entry's test in C: whether its window row and column (`{}`: row | column << 16) lie inside
+# the image for the pixel's masks (rows_ok, cols_ok), as 1u or 0u
+WINDOW_INSIDE = "((rows_ok >> ({0} & 0xffff)) & (cols_ok >> ({0} >> 16)) & 1u)"
+
+
+def window_entries(g: ConvGeometry, columns) -> list[int]:
+    """The entries of A's `columns` as a streamed or staged conv kernel reads them, two ints each: the
+    input's byte offset from the window's top-left pixel, its window row | its window column << 16."""
+    return [x for c in columns for off, ky, kx in [g.window_offset(int(c))] for x in (4 * off, ky | kx << 16)]
+
+
+def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True) -> str:
     """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
-    channels), its window's top-left input pixel xp (iy0, ix0: outside the image where the window
-    overhangs the padding) and which of its window rows and columns lie inside (rows_ok, cols_ok)."""
+    channels), its window's top-left corner (iy0, ix0: outside the image where the window overhangs the
+    padding) and, with `window`, that corner's input pixel xp and which of its window rows and columns
+    lie inside (rows_ok, cols_ok)."""
     lines = [f"const int b = n / {g.pixels};", f"const int p = n - b * {g.pixels};",
              f"const int oy = p / {g.w_out};", f"const int ox = p - oy * {g.w_out};",
              f"const float* Xb = X + (long long)b * {g.cin * g.h * g.w};",
              f"float* Yb = Y + (long long)b * {m * g.pixels} + p;",
-             f"const int iy0 = oy * {g.stride} - {g.pad};", f"const int ix0 = ox * {g.stride} - {g.pad};",
-             f"const float* xp = Xb + (iy0 * {g.w} + ix0);",
-             f"const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});",
-             f"const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});"]
+             f"const int iy0 = oy * {g.stride} - {g.pad};", f"const int ix0 = ox * {g.stride} - {g.pad};"]
+    if window:
+        lines += [f"const float* xp = Xb + (iy0 * {g.w} + ix0);",
+                  f"const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});",
+                  f"const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});"]
     return "".join(f"{indent}{line}\n" for line in lines)

@@ -39,9 +39,10 @@ def epilogue_scalar(epilogue: Epilogue, value: str) -> str:
     return value
 
 
-def epilogue_applied(epilogue: Epilogue, acc: str, row: int, v: int = 1) -> str:
-    """The stored value(s) of fp32 accumulator `acc` (`v` columns) of output row `row`."""
-    bias = f" + {float_literal(np.array([epilogue.bias[row]]))[0]}" if epilogue.bias else ""
+def epilogue_applied(epilogue: Epilogue, acc: str, row: int, v: int = 1, bias_value: str = "") -> str:
+    """The stored value(s) of fp32 accumulator `acc` (`v` columns) of output row `row`: its bias the
+    row's literal, or `bias_value` (an expression: a streamed kernel reads its rows' biases from data)."""
+    bias = f" + {bias_value or float_literal(np.array([epilogue.bias[row]]))[0]}" if epilogue.bias else ""
     if v == 1:
         return epilogue_scalar(epilogue, f"{acc}{bias}")
     return f"make_{VECTOR_TYPE[v]}(" + ", ".join(epilogue_scalar(epilogue, f"{acc}{lane}{bias}")

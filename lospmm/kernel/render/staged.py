@@ -27,7 +27,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, proxy_nonzeros, sorted_matrix,
                                          tile_columns, units, zero_functions)
-from lospmm.kernel.render.conv import pixel_window
+from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.kernel.staging import block_tiles, chunk_count, staged_shared_bytes
@@ -133,9 +133,9 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
             entries += [4 * c for c in union]
             # the union's columns (their byte offsets in a row of B, times N at the load) shared out among the slots
             copy = _copy_loop(len(union), code.design.tiles_per_block, n1, f"{table}[{start} + j]")
-        else:  # each column's input offset from the pixel's window corner in bytes, its window row | column << 16
+        else:  # each column's entry: its input's offset from the pixel's window corner, its window row and column
             start = len(entries) // 2
-            entries += [x for c in union for off, ky, kx in [geometry.window_offset(c)] for x in (4 * off, ky | kx << 16)]
+            entries += window_entries(geometry, union)
             copy = _window_copy_loop(len(union), code.design.tiles_per_block, n1, table, start)
         out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
                    f"  {copy}\n"
@@ -279,7 +279,7 @@ def _window_copy_loop(count: int, per_block: int, n1: int, table: str, start: in
     each the pixel's input there, zero in the padding or past the last pixel, stored at its place."""
     return (f"for (int j = slot; j < {count}; j += {per_block}) {{ "
             f"const int2 e = reinterpret_cast<const int2*>({table})[{start} + j]; float x; "
-            "LOSPMM_LDXR(x, xp, e.x, (live ? 1u : 0u) & (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16))); "
+            f"LOSPMM_LDXR(x, xp, e.x, (live ? 1u : 0u) & {WINDOW_INSIDE.format('e.y')}); "
             f"LOSPMM_STS(mine, Bl, j * {4 * n1}, x); }}")
 
 

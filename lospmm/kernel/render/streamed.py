@@ -24,8 +24,8 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name,
                                          sorted_matrix, zero_blocks)
-from lospmm.kernel.render.conv import pixel_window
-from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, epilogue_scalar, zero_value
+from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
+from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, epilogue_applied, zero_value
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
 
@@ -73,11 +73,7 @@ def streamed_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGe
     checked_tile(n1)
     g, m1 = geometry, max(tiles.m1, 1)
     blocks, colptr, cols, values, rows = _blocks(a, tiles, m1)
-    entries = []
-    for block_cols in cols:  # per column: the offset in bytes, then its window row | window column << 16
-        for c in block_cols:
-            off, ky, kx = g.window_offset(int(c))
-            entries += [4 * off, ky | kx << 16]
+    entries = [x for block_cols in cols for x in window_entries(g, block_cols)]
     name = kernel_name("lospmm_stream_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, tuple(vars(g).values()),
                        *epilogue.name_parts(), *design.code_key)
@@ -128,15 +124,11 @@ def _rows_setup(name: str, m1: int, epilogue: Epilogue) -> str:
 def _stores(epilogue: Epilogue, m1: int, v: int, name: str, out: str, stride: str) -> list[str]:
     """Each of the block's M1 sums through the epilogue (its row's bias from the data, the activation)
     to its row of `out` (rows `stride` apart), skipped past the block's last row."""
-    lines = []
-    for i in range(m1):
-        bias = f" + __ldg(bias + {i})" if epilogue.bias else ""
-        value = (f"acc{i}" if epilogue.empty else epilogue_scalar(epilogue, f"acc{i}{bias}") if v == 1 else
-                 f"make_{VECTOR_TYPE[v]}(" + ", ".join(epilogue_scalar(epilogue, f"acc{i}{lane}{bias}")
-                                                       for lane in LANES[v]) + ")")
-        lines.append(f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{SUFFIX[v]}({out}, r, {stride}, "
-                     f"{value}); }}\n")
-    return lines
+    def value(i: int) -> str:
+        return f"acc{i}" if epilogue.empty else epilogue_applied(epilogue, f"acc{i}", 0, v, f"__ldg(bias + {i})")
+
+    return [f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) lospmm_st{SUFFIX[v]}({out}, r, {stride}, {value(i)}); }}\n"
+            for i in range(m1)]
 
 
 def streamed_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams()) -> KernelSource:
@@ -211,7 +203,7 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
         head = [first_column(design, per_block, "n0"), f"  const int total = batch * {geometry.pixels};\n"]
         column = [pixel_window(geometry, m, "    ")]
         load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from xp; its window row, column\n"
-                "      float x; LOSPMM_LDXR(x, xp, e.x, (rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16)) & 1u);")
+                f"      float x; LOSPMM_LDXR(x, xp, e.x, {WINDOW_INSIDE.format('e.y')});")
         value = "x"  # not b: the pixel's image is b
     else:
         count, entries = "N", "  const int* __restrict__ cols = lospmm_cols_{}"
