@@ -177,11 +177,13 @@ def nm_summary(rows: list[dict]) -> list[dict]:
     nm) on the N:M layer, the faster of the two (`served`: what a measured choice serves) against our
     kernel on the same layer pruned at random to the same sparsity, against SGEMM with the target
     (NM-SpMM's ratio at N:32, work-bound layers only: SGEMM ≥ WORK_BOUND_US), and cuSPARSELt's 2:4
-    (fp16 and TF32) over ours."""
+    (fp16 and TF32) over ours; where the pattern fits sparse tensor cores, our fp16 kernel there
+    (`tensor_core_us`, not among the fp32 kernels `served` picks from) and cuSPARSELt fp16 over it."""
     by: dict = {}
     for r in rows:
         if r.get("set") == "nm" and r.get("role", "full") == "full":
-            kind = "nm-kernel" if str(r.get("design", "")).startswith("nm") else "baked"
+            tokens = str(r.get("design", "")).split(",")
+            kind = "mma-kernel" if "acc=mma" in tokens else "nm-kernel" if "nm" in tokens else "baked"
             by.setdefault((r["model"], r["layer"], r["sparsity"]), {})[(r.get("prune") or "random", kind)] = r
 
     us = measured_us
@@ -190,7 +192,8 @@ def nm_summary(rows: list[dict]) -> list[dict]:
         rand = us(kinds.get(("random", "baked")))
         for pattern in sorted({p for p, _ in kinds if p != "random"}):
             baked, kernel = kinds.get((pattern, "baked")), kinds.get((pattern, "nm-kernel"))
-            some = baked or kernel
+            tensor = kinds.get((pattern, "mma-kernel"))
+            some = baked or kernel or tensor
             times = [t for t in (us(baked), us(kernel)) if math.isfinite(t)]
             served = min(times) if times else float("nan")
             n, m = (int(x) for x in pattern.split(":")[1:3])
@@ -204,21 +207,25 @@ def nm_summary(rows: list[dict]) -> list[dict]:
                         "served / random": served / rand, "vs SGEMM": speedup, "target": target,
                         "meets": bool(math.isfinite(target) and speedup >= target),
                         "cuSPARSELt fp16 / ours": float(some.get("cusparselt_fp16_us") or float("nan")) / served,
-                        "cuSPARSELt TF32 / ours": float(some.get("cusparselt_tf32_us") or float("nan")) / served})
+                        "cuSPARSELt TF32 / ours": float(some.get("cusparselt_tf32_us") or float("nan")) / served,
+                        "tensor_core_us": us(tensor),
+                        "cuSPARSELt fp16 / tensor-core kernel":
+                            float((tensor or some).get("cusparselt_fp16_us") or float("nan")) / us(tensor)})
     return out
 
 
 def nm_spmm_summary(rows: list[dict]) -> list[dict]:
     """NM-SpMM's comparison (set nm-spmm): per LLaMA-like shape, tokens and pattern, our N:M kernel
     against SGEMM with NM-SpMM's A100 ratio as the target (work-bound shapes), and cuSPARSELt's 2:4
-    over ours; where a 32-column stage was measured beside a deeper chosen one (variant stage-32), and
+    over ours (2:4 in fp16 on sparse tensor cores too: variant mma, cuSPARSELt's own case); where a
+    32-column stage was measured beside a deeper chosen one (variant stage-32), and
     that stage copying whole chunks beside a gathering one (variant whole-chunk), their times over the
     chosen one's."""
     def us(r) -> float:
         t = (r or {}).get("ours_us")
         return float(t) if (r or {}).get("status") == "ok" and isinstance(t, (int, float)) else float("nan")
 
-    own = [r for r in rows if r.get("set") == "nm-spmm" and not r.get("variant")]
+    own = [r for r in rows if r.get("set") == "nm-spmm" and r.get("variant", "") in ("", "mma")]
     beside = {(r["variant"], r["layer"], r["n"], r.get("prune")): r for r in rows
               if r.get("set") == "nm-spmm" and r.get("variant") in ("stage-32", "whole-chunk")}
     out = []
@@ -230,7 +237,8 @@ def nm_spmm_summary(rows: list[dict]) -> list[dict]:
         speedup = sgemm / ours
         target = NM_TARGETS.get(n_of_m, float("nan")) if work_bound else float("nan")
         shallow, whole = (beside.get((v, r["layer"], r["n"], r.get("prune"))) for v in ("stage-32", "whole-chunk"))
-        out.append({"shape": r["layer"], "tokens": r["n"], "pattern": str(r["prune"])[3:], "ours_us": ours,
+        out.append({"shape": r["layer"], "tokens": r["n"], "pattern": str(r["prune"])[3:],
+                    "cores": "tensor (fp16)" if r.get("variant") == "mma" else "CUDA (fp32)", "ours_us": ours,
                     "sgemm_us": sgemm, "vs SGEMM": speedup, "target": target,
                     "meets": bool(math.isfinite(target) and speedup >= target),
                     "cuSPARSELt fp16 / ours": float(r.get("cusparselt_fp16_us") or float("nan")) / ours,

@@ -214,16 +214,40 @@ def nm_tiling_of(p: Planned):
     from lospmm.stages.prune import nm_pattern
 
     pattern = nm_pattern(p.prune)
-    return nm_tiling_from(pattern, p.nm)
+    return nm_tiling_from(pattern, p.nm, p.design)
 
 
-def nm_tiling_from(pattern, blocking):
-    """The NMTiling of an N:M pattern and a planned blocking: block rows and columns, thread rows and
-    columns, and where given the stage depth and whether stages gather (1/0: a Parquet list holds ints)."""
+def nm_tiling_from(pattern, blocking, design: str = ""):
+    """The tiling of an N:M pattern and a planned blocking: block rows and columns, thread rows and
+    columns, and where given the stage depth and whether stages gather (1/0: a Parquet list holds ints);
+    for a design whose sums are in tensor cores (acc=mma), the sparse tensor-core kernel's: block rows
+    and columns, warp rows and columns, the stage depth."""
     from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.sparse_mma import MMATiling
 
     blocking = [int(x) for x in blocking]
+    if design and design_named(design).accumulate == "mma":
+        return MMATiling(pattern.n, pattern.m, pattern.vector, *blocking[:5])
     return NMTiling(pattern.n, pattern.m, pattern.vector, *blocking[:5], *(bool(g) for g in blocking[5:6]))
+
+
+# the N:M kernel on sparse tensor cores, in fp16: cuSPARSELt's own terms (2:4, fp16 B and C, fp32 sums)
+MMA_DESIGN = "nm,fp16,acc=mma"
+
+
+def mma_planned(id_: str, set_: str, model: str, layer: str, m: int, k: int, n: int, pattern, count: int,
+                matrix: str, why: str, method: str, device) -> "Planned | None":
+    """The sparse tensor-core kernel of an N:M layer in the blocking the estimate prices lowest on
+    `device`, or None for a pattern it cannot take (more than 2 of some 4 columns)."""
+    from lospmm.kernel.choices import nm_options
+
+    options = nm_options((pattern.n, pattern.m, pattern.vector), m, k, n, device, design_named(MMA_DESIGN))
+    if not options:
+        return None
+    best = min(options, key=lambda s: s.estimate_us).nm
+    return Planned(id_, set_, model, layer, m, k, n, pattern.sparsity, count, design_named(MMA_DESIGN).label,
+                   best.block_rows, best.threads, matrix, f"{why}: {best.label}", prune=method, variant="mma",
+                   nm=(best.block_rows, best.block_columns, best.warp_rows, best.warp_columns, best.depth))
 
 
 def nm_job(p: Planned, matrix: Callable[[], sp.csr_matrix]) -> Job:
@@ -458,6 +482,13 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
                                f"the N:M kernel's blocking of least estimate ({timer.name}): {best.label}", prune=method,
                                nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns,
                                    best.depth)))
+            tensor = mma_planned(_id("nm", model, layer, method, "mma-kernel"), "nm", model, layer, shape.m, shape.k,
+                                 shape.n, pattern, 4 if model != "bert-base" else 32,
+                                 _id(model, layer, pattern.sparsity, method),
+                                 f"the sparse tensor-core kernel's blocking of least estimate ({timer.name}), fp16",
+                                 method, device)
+            if tensor is not None:
+                out.append(tensor)
     return out
 
 
@@ -475,10 +506,12 @@ def nm_spmm_matrix(rows: int, k: int, method: str) -> sp.csr_matrix:
     return random_nm_pruned(rows, k, nm_pattern(method), np.random.default_rng(seed))
 
 
-def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM_TOKENS) -> list[Planned]:
+def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM_TOKENS,
+                 tensor_cores: bool = True) -> list[Planned]:
     """NM-SpMM's own comparison: its ratios (16/12/8/4 of 32, rows in vectors of 32) on LLaMA-like
     GEMMs at 256 and 4096 tokens, our N:M kernel in the blocking the estimate prices lowest, against
-    SGEMM (the baked kernel is left out: its code grows with A, 22 M nonzeros here)."""
+    SGEMM (the baked kernel is left out: its code grows with A, 22 M nonzeros here); and on the same
+    shapes 2:4 in fp16 on sparse tensor cores (variant `mma`, with `tensor_cores`), cuSPARSELt's own case."""
     from lospmm.devices import device_named
     from lospmm.kernel.choices import nm_options
     from lospmm.kernel.estimate import estimate_timer
@@ -514,7 +547,20 @@ def nm_spmm_plan(patterns=NM_PATTERNS[:4], shapes=NM_SPMM_SHAPES, tokens=NM_SPMM
                                        _id(NM_SPMM_MODEL, rows, k, method), why, variant=variant, prune=method,
                                        nm=(tiling.block_rows, tiling.block_columns, tiling.thread_rows,
                                            tiling.thread_columns, tiling.depth, int(tiling.gather))))
+    # cuSPARSELt's case on the same shapes: 2:4 element-wise, fp16, our kernel on sparse tensor cores
+    for rows, k in shapes if tensor_cores else ():
+        for n in tokens:
+            pattern = nm_pattern(MMA_PATTERN)
+            tensor = mma_planned(_id(NM_SPMM_MODEL, rows, k, n, MMA_PATTERN, "mma"), NM_SPMM_MODEL, NM_SPMM_MODEL,
+                                 f"{rows}x{k}", rows, k, n, pattern, n, _id(NM_SPMM_MODEL, rows, k, MMA_PATTERN),
+                                 f"2:4 on sparse tensor cores against cuSPARSELt's fp16, blocking of least estimate "
+                                 f"({timer.name})", MMA_PATTERN, device)
+            if tensor is not None:
+                out.append(tensor)
     return out
+
+
+MMA_PATTERN = "nm:2:4"
 
 
 @functools.lru_cache(maxsize=None)

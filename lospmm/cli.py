@@ -114,7 +114,9 @@ def run(
                               "half kernels (their own constraints, proxies, estimate and ranker); GEMM form with "
                               "the bias and activation fused, no implicit-im2col convolution so far."),
     accumulate: str = typer.Option(_RUN.accumulate, "--accumulate", help="A half run's sums: packed (in the dtype, "
-                                   "the default) or f32 (B converted, fp32 FMAs, rounded once at the store)."),
+                                   "the default) or f32 (B converted, fp32 FMAs, rounded once at the store). A layer "
+                                   "pruned 2:4 (at most 2 of every 4 columns) is also priced on sparse tensor cores "
+                                   "(mma.sp, fp32 sums) and served there where cheaper."),
     promote_every: int = typer.Option(_RUN.promote_every, "--promote-every", help="A half run's packed sums moved "
                                       "into fp32 every K nonzeros of a row (0: never)."),
     reorder: str = typer.Option(",".join(_RUN.reorder), "--reorder", help="Candidate row orders per (layer, M1), "
@@ -302,8 +304,10 @@ def kernel(
                                "estimate's cheapest, --m1/--n1 not used)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
                               "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
-    accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype) or "
-                                   "f32 (B converted, fp32 FMAs, rounded once at the store)."),
+    accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype), "
+                                   "f32 (B converted, fp32 FMAs, rounded once at the store) or, with --design nm, "
+                                   "mma (the N:M kernel on sparse tensor cores: mma.sp, fp32 sums; a layer keeping "
+                                   "at most 2 of every 4 columns)."),
     promote_every: int = typer.Option(0, "--promote-every", help="A packed half sum moved into fp32 every K "
                                       "nonzeros of a row (0: never)."),
     artifacts: str = _ARTIFACTS,

@@ -37,17 +37,24 @@ class Device:
     l2_gbps: float = 2500.0
     l2_bytes: int = 6 * 2**20
     mem_latency_cycles: int = 400  # between an L2 hit and DRAM: B slices are shared by many blocks
+    # dense fp16 multiply-adds an SM's tensor cores do a cycle through mma.sync (0: no sparse mma, before
+    # sm_80): the A100's datasheet (312 TFLOPS); the H100's a prior (about 0.55 of its wgmma peak, as
+    # published microbenchmarks of mma.sync on Hopper found) until the device program measures it
+    tensor_fma_per_sm_cycle: int = 0
 
 
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
         Device("h100", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
-               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=3350, l2_gbps=7000, l2_bytes=50 * 2**20),
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=3350, l2_gbps=7000, l2_bytes=50 * 2**20,
+               tensor_fma_per_sm_cycle=1024),
         Device("h200", "sm_90", 132, 65536, 65536, 255, 233472, 232448, 1024, 2048, 1024, 32,
-               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=4800, l2_gbps=7000, l2_bytes=50 * 2**20),
+               clock_ghz=1.98, fp32_lanes_per_sm=128, dram_gbps=4800, l2_gbps=7000, l2_bytes=50 * 2**20,
+               tensor_fma_per_sm_cycle=1024),
         Device("a100", "sm_80", 108, 65536, 65536, 255, 167936, 166912, 1024, 2048, 1024, 32,
-               clock_ghz=1.41, fp32_lanes_per_sm=64, dram_gbps=1555, l2_gbps=4800, l2_bytes=40 * 2**20),
+               clock_ghz=1.41, fp32_lanes_per_sm=64, dram_gbps=1555, l2_gbps=4800, l2_bytes=40 * 2**20,
+               tensor_fma_per_sm_cycle=1024),
         Device("v100", "sm_70", 80, 65536, 65536, 255, 98304, 98304, 0, 2048, 1024, 32,
                clock_ghz=1.53, fp32_lanes_per_sm=64, dram_gbps=900, l2_gbps=2200, l2_bytes=6 * 2**20),
         Device("2080ti", "sm_75", 68, 65536, 65536, 255, 65536, 65536, 0, 1024, 1024, 16,

@@ -188,6 +188,41 @@ def test_a_half_nm_kernel_computes_on_the_device_what_the_host_emulation_compute
             assert np.array_equal(c, HostKernel(kernel, False, data).run(b)), n
 
 
+@pytest.mark.parametrize("dtype,blocking", [("fp16", (64, 128, 32, 64, 32)), ("bf16", (32, 32, 32, 32, 64)),
+                                            ("fp16", (128, 128, 64, 64, 32))])
+def test_the_sparse_tensor_core_kernel_matches_scipy_and_the_host_emulation_on_the_device(dtype, blocking):
+    """mma.sp with our fragment and metadata layout (the host emulation reads the PTX ISA's): the
+    device's C is A·B within tensor-core sums' bound, through a bias and GELU, at N 1, 37, 256 and 4096
+    (16-byte stages and pair stores, element-wise otherwise), and within a value of the dtype of the
+    host emulation's (whose fp32 sums round once)."""
+    from lospmm.kernel.check import checked
+    from lospmm.kernel.cuda import CudaKernel
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.host import HostKernel
+    from lospmm.kernel.numbers import from_dtype_bits, rounded_matrix, to_dtype_bits
+    from lospmm.kernel.render import CodegenParams, kernel_source
+    from lospmm.kernel.sparse_mma import MMATiling
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    d = design_named(f"nm,{dtype},acc=mma")
+    a, _ = rounded_matrix(random_nm_pruned(200, 320, NMPattern(2, 4, 1), np.random.default_rng(0)), dtype)
+    epilogue = Epilogue(tuple(np.linspace(-1, 1, 200).tolist()), "gelu")
+    kernel = kernel_source(a, None, 0, CodegenParams(design=d), epilogue, nm=MMATiling(2, 4, 1, *blocking))
+    compiled = compiled_kernel(kernel, kernel_options(_arch(), kernel.spec.m1, design=d))
+    assert compiled.status == "ok", compiled.log[-500:]
+    data = kernel.spec.module_data(a)
+    on_device = CudaKernel(kernel.spec, compiled.cubin, data)
+    for n in (1, 37, 256, 4096):
+        result = checked(on_device, a, n, seed=n)
+        assert result.ok, (n, result.message)
+    b = to_dtype_bits(np.random.default_rng(5).standard_normal((320, 37)), dtype)
+    host, device = (from_dtype_bits(k.run(b), dtype) for k in (HostKernel(kernel, False, data), on_device))
+    spacing = np.abs(host) * (2.0 ** -10 if dtype == "fp16" else 2.0 ** -7) + 1e-6
+    assert np.all(np.abs(host - device) <= 2 * spacing)
+
+
 @pytest.mark.parametrize("number,loads", [(("fp16", "packed", 0), "based"), (("bf16", "packed", 0), "chained"),
                                           (("fp16", "f32", 0), "chained"), (("bf16", "packed", 4), "based")])
 def test_a_half_kernel_computes_on_the_device_what_the_host_emulation_computes(number, loads):

@@ -469,7 +469,10 @@ def checked_settings(cfg: RunConfig) -> Device:
     if cfg.dtype not in ("", "fp32", "fp16", "bf16"):
         raise ConfigError(f"--dtype {cfg.dtype!r}: choose fp32, fp16 or bf16 (or leave it out: the weights' own)")
     if cfg.accumulate not in ("", "packed", "f32"):
-        raise ConfigError(f"--accumulate {cfg.accumulate!r}: choose packed or f32")
+        hint = (" (mma, fp32 sums on sparse tensor cores, is the N:M kernel's: a half run prices it for each layer "
+                "pruned N:M by itself, and `lospmm kernel --design nm --accumulate mma` writes it)"
+                if cfg.accumulate == "mma" else "")
+        raise ConfigError(f"--accumulate {cfg.accumulate!r}: choose packed or f32{hint}")
     if cfg.promote_every < 0 or (cfg.promote_every and cfg.accumulate == "f32"):
         raise ConfigError(f"--promote-every {cfg.promote_every}: a count >= 1 of a packed sum's nonzeros (0: never)")
     unknown = [s for s in cfg.reorder if s not in STRATEGIES]

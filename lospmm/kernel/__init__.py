@@ -38,6 +38,9 @@ renderer uses, render/numbers.py; the C++ they include is in include/):
                                          offset for a convolution; its proxy
     N:M GEMM         render/nm.py        an N:M A compressed into module data filled at load (nm.py), B
                                          through double-buffered shared memory; fp32, fp16, bf16
+    N:M on sparse    render/sparse_mma.py  an A keeping at most 2 of every 4 columns as mma.sp's fragments
+    tensor cores                         and metadata (sparse_mma.py), B through shared memory and
+                                         ldmatrix; fp16, bf16 with fp32 sums (design nm, acc=mma)
     implicit conv    render/conv.py      Alg. 2 reading NCHW X at each window offset (fp32; grid order, walks)
 
 One way to run and check (backend.py): a kernel on the `cuda` backend (cuda.py: the cubin through

@@ -6,7 +6,9 @@ number format, against that format's tolerance.
   (through the epilogue; a reference convolution for a conv kernel), within FP32_TOLERANCE.
 - fp16/bf16: bit for bit the kernel's exact model (`kernel_reference`: each operation rounded as the
   device rounds it; within one value after a GELU), then the normalised error |C − A·B| / Σ|a·b|
-  against the rounding bound γ of its row length (`error_bound`).
+  against the rounding bound γ of its row length (`error_bound`). Tensor-core sums (`mma`) have no
+  exact model (their order and rounding are the hardware's): the bound alone, with truncation's
+  rounding per addition.
 An output never written (still NaN) fails either way.
 """
 
@@ -109,7 +111,7 @@ def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray
     if not spec.number.is_half and not np.isfinite(values).all() and matrix.nnz:
         return result(float("inf"), _overflow_line(values, matrix))
     if spec.number.is_half:
-        problem = output_problem(y, matrix, x, spec.number, spec.epilogue)
+        problem = output_problem(y, matrix, x, spec.number, spec.epilogue) if spec.number.exact else ""
         if problem:
             return result(float("inf"), problem)
         error = normalised_error(values, matrix, from_dtype_bits(x, spec.dtype), absolute, spec.epilogue, spec.dtype)
@@ -136,6 +138,8 @@ def _overflow_line(values: np.ndarray, matrix: sp.csr_matrix) -> str:
 
 def reference_of(spec: KernelSpec) -> str:
     """What a check of `spec`'s kernel compares its output with, in words (kernel.json's record)."""
+    if spec.number.is_half and not spec.number.exact:
+        return "the float64 product of the same rounded A and B, within the rounding bound of tensor-core sums"
     if spec.number.is_half:
         return ("the kernel's exact model, bit for bit (kernel.check.kernel_reference), then the float64 product "
                 "of the same rounded A and B")
@@ -329,6 +333,8 @@ def error_bound(matrix: sp.csr_matrix, number: NumberFormat) -> tuple[float, flo
     u = UNIT_ROUNDOFF[number.dtype]
     if number.accumulate == "f32":
         gamma = u + k * 2.0 ** -23
+    elif number.accumulate == "mma":  # fp32 sums that may truncate at each addition (the tensor cores')
+        gamma = u + k * 2.0 ** -22
     else:
         gamma = k * u / (1 - k * u) if k * u < 0.5 else 1.0
     return min(gamma, 1.0), k * SUBNORMAL_SPACING[number.dtype] / 2

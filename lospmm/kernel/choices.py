@@ -2,18 +2,20 @@
 chose in the run's design and, for a `--design auto` run, in every design of DESIGN_CANDIDATES
 that can serve it (its registers, the grid's limits, a convolution's implicit-im2col kernel in its
 conv form: KernelDesign.conv_kernel); and the kernels of designs that need no tiles but a structure of A — today the
-N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that fits. The emit
+N:M kernel (lospmm.kernel.nm) of an A with an N:M pattern, in each blocking that fits, and in a half
+run its form on sparse tensor cores (lospmm.kernel.sparse_mma) where the pattern allows. The emit
 stage keeps the cheapest (stages.emit.cheapest_design) and renders it with `kernel_source(...,
 served.design, nm=served.nm)`; a caller never asks which kind a choice is."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lospmm.devices import block_registers
 from lospmm.kernel.design import KernelDesign, design_in, design_named
 from lospmm.kernel.estimate import NMWork, estimate_timer, nm_registers, nm_timing
 from lospmm.kernel.nm import NMTiling, held_pattern, nm_tilings
+from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.kernel.registers import predicted_registers
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.timing import LaunchUnderTest
@@ -34,7 +36,7 @@ class Served:
     label: str
     estimate_us: float
     design: KernelDesign
-    nm: NMTiling | None = None
+    nm: "NMTiling | MMATiling | None" = None
     m1: int = 0  # the tile of a tiled kernel (0 for the N:M kernel)
     n1: int = 0
 
@@ -109,13 +111,20 @@ def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, conv:
 
 def untiled_options(matrix, n: int, device, design: KernelDesign) -> list[Served]:
     """The N:M kernel in each blocking that fits, in `design`'s number format (fp32, or a half format
-    whose sums are packed or fp32: no promotion), when A holds an N:M pattern (nm.held_pattern)."""
+    whose sums are packed or fp32: no promotion), when A holds an N:M pattern (nm.held_pattern); in a
+    half format, also the N:M kernel on sparse tensor cores (fp32 sums, `mma`: at least as accurate as
+    either) where the pattern keeps at most 2 of every 4 columns and `device` has sparse mma."""
     try:
         nm_design = design_in(design.number, NM_DESIGN)
     except ValueError:  # a promoted half sum: no N:M kernel of it
         return []
     pattern = held_pattern(matrix)
-    return [] if pattern is None else nm_options(pattern, *matrix.shape, n, device, nm_design)
+    if pattern is None:
+        return []
+    designs = [nm_design]
+    if nm_design.half and nm_design.accumulate != "mma" and device.tensor_fma_per_sm_cycle:
+        designs.append(replace(nm_design, accumulate="mma"))
+    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d)]
 
 
 def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,
@@ -126,7 +135,7 @@ def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,
     number = design.number
     return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number),
                                                     estimate.device, estimate.params).time_us), design, t)
-            for t in nm_tilings(*pattern)]
+            for t in nm_tilings(*pattern, number=number)]
 
 
 def untiled_served(matrix, n: int, device, design: KernelDesign, layer: str = "") -> Served:

@@ -59,8 +59,9 @@ class KernelDesign:
     dtype: "fp32" (B, C and the literals in float) or "fp16" / "bf16" (B and C in the dtype, each
         thread's two columns one packed pair, so columns_per_thread is 2, one `fma.rn.f16x2` per
         nonzero); a half design has the baseline's grid (tile-x, one walk) and baked values so far.
-    accumulate: a half design's sum: "packed" (in the dtype; "" is read as it) or "f32" (B's pair
-        converted to floats, two FFMAs per nonzero); "" for fp32.
+    accumulate: a half design's sum: "packed" (in the dtype; "" is read as it), "f32" (B's pair
+        converted to floats, two FFMAs per nonzero) or, for the nm design only, "mma" (fp32 in the
+        sparse tensor cores: its kernel is mma.sp's, lospmm.kernel.sparse_mma); "" for fp32.
     promote_every: a packed half sum moved into an fp32 pair every this many nonzeros of a row (0: never)."""
 
     order: str = "tile-x"
@@ -104,6 +105,8 @@ class KernelDesign:
                                  f"loads); got {self.label}")
             if self.promote_every:
                 raise ValueError(f"the nm design's half sums are packed or fp32, never promoted; got {self.label}")
+        elif self.accumulate == "mma":
+            raise ValueError(f"mma sums are the nm design's (the N:M kernel on sparse tensor cores); got {self.label}")
         elif self.half and (self.columns_per_thread, self.order, self.column_walks, self.a_values) != (
                 2, "tile-x", 1, "baked"):
             raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
@@ -187,7 +190,7 @@ class KernelDesign:
     def _number_label(self) -> str:
         if not self.half:
             return ""
-        return (f"{self.dtype}," + ("acc=f32," if self.accumulate == "f32" else "")
+        return (f"{self.dtype}," + (f"acc={self.accumulate}," if self.accumulate != "packed" else "")
                 + (f"promote={self.promote_every}," if self.promote_every else ""))
 
     @property
@@ -230,7 +233,7 @@ def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
     `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged
     design's `tiles=G` (8 unless told) and `warps=1|2|4`, and a half
-    design's `fp16|bf16`, `acc=packed|f32`, `promote=K` (a half design is v=2 unless told);
+    design's `fp16|bf16`, `acc=packed|f32|mma` (mma: the nm design's, on sparse tensor cores), `promote=K` (a half design is v=2 unless told);
     "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
     with two values (`tile-x,column-x`)."""
     values: dict = {}
@@ -239,7 +242,7 @@ def design_named(text: str) -> KernelDesign:
             continue
         if token in DTYPES:
             field_name, value = "dtype", token
-        elif token.startswith("acc=") and token[4:] in ("packed", "f32"):
+        elif token.startswith("acc=") and token[4:] in ("packed", "f32", "mma"):
             field_name, value = "accumulate", token[4:]
         elif token.startswith("promote=") and token[8:].isdigit():
             field_name, value = "promote_every", int(token[8:])
@@ -258,7 +261,7 @@ def design_named(text: str) -> KernelDesign:
             field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
         else:
             raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained|staged, "
-                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, fp16|bf16, acc=packed|f32, promote=K)")
+                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, fp16|bf16, acc=packed|f32|mma, promote=K)")
         if field_name in values and values[field_name] != value:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
                              f"({values[field_name]} and {value}): choose one")

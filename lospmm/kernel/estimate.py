@@ -46,7 +46,10 @@ their FFMAs at the FP32 rate, their shared-memory wavefronts (one per SM-cycle),
 that rate the loop reaches with the warps resident (`nm_issue_efficiency`, `nm_warps_to_fill`:
 fitted to the H200's measured launches), and a memory latency per chunk its resident blocks do not
 hide — or the bytes: B's staged rows read by every row block from L2, B, the compressed A and C once
-from DRAM.
+from DRAM. Its sparse tensor-core form (lospmm.kernel.sparse_mma), `mma_timing`: the busiest SM's
+mma.sp at its tensor cores' rate (Device.tensor_fma_per_sm_cycle, a sparse m16n8k32 doing 16·8·16
+multiply-adds) or its instructions at the issue rate, at `mma_efficiency` of it; the same latency and
+bytes terms.
 """
 
 from __future__ import annotations
@@ -87,7 +90,10 @@ class EstimateParams:
     data_latency_cycles=33 (its column's entry, read from the data before the column's B load can
     start: an L1 hit, the published microbenchmarks' figure), lsu_per_sm_cycle=1.0 (an SM's 32
     load/store units take one warp's load instruction a cycle: its M1 value loads a column, each a
-    broadcast of one address, go through them as its B loads do; the datasheet's)."""
+    broadcast of one address, go through them as its B loads do; the datasheet's). The sparse
+    tensor-core kernel's: mma_efficiency=0.5 (the share of the tensor cores' or the issue rate, whichever
+    binds, its loop reaches between two barriers a stage: a prior, not fitted until the device program's
+    nm step measures it)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -105,6 +111,7 @@ class EstimateParams:
     promote_instr: int = 4
     nm_issue_efficiency: float = 0.51
     nm_warps_to_fill: float = 1.77
+    mma_efficiency: float = 0.5
     staged_copy_instr: int = 10
     staged_chunk_instr: int = 24
     staged_copy_unroll: int = 4
@@ -398,7 +405,12 @@ def nm_registers(tiling, number=None) -> int:
     """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
     values and B's vectors, addresses, and an index per group of rows that share none (NVRTC on sm_90
     gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
-    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108)."""
+    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108). The sparse tensor-core kernel's:
+    mma_registers."""
+    from lospmm.kernel.sparse_mma import MMATiling
+
+    if isinstance(tiling, MMATiling):
+        return mma_registers(tiling)
     groups = tiling.thread_rows // tiling.index_rows
     if number is not None and number.is_half and number.packed:  # a register holds a pair of sums (fp16 gave 106-110)
         return (tiling.thread_rows * tiling.thread_columns // 2 + tiling.thread_rows + tiling.thread_columns // 2 + 64
@@ -407,8 +419,61 @@ def nm_registers(tiling, number=None) -> int:
             + 4 * (groups - 1))
 
 
+def mma_registers(tiling) -> int:
+    """Registers per thread of the sparse tensor-core kernel: its warp tile's fp32 sums (4 an mma), a
+    step's A fragments and metadata (5 an m-tile) and B fragments (4 an n-tile) for each step of a stage
+    that ptxas unrolls, and addresses; at least the floor NVRTC showed for small tiles (sm_90, fp16 and
+    bf16 alike: 208 for warps of 64×64, 134 for 32×64, 126 for 64×32, 100-116 for 32×32 and 16×32 at
+    stages of 32 columns; 176, 167, 136 and 109 at 64)."""
+    mtiles, ntiles = tiling.warp_rows // 16, tiling.warp_columns // 8
+    need = 4 * mtiles * ntiles + (5 * mtiles + 4 * ntiles) * tiling.steps + 28
+    return min(255, max(need, 104 + 24 * (tiling.steps - 1)))
+
+
+def mma_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
+    """The estimate of one launch of the sparse tensor-core kernel (the module docstring's model)."""
+    t = work.tiling
+    if work.n < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n}")
+    if device.tensor_fma_per_sm_cycle < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, f"{device.name} ({device.arch}) has no sparse mma")
+    atb = resident_blocks(work.registers, t.threads, t.shared_bytes, device)
+    if atb < 1:
+        return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
+    chunks, row_blocks, column_blocks = t.chunks(work.k), t.row_blocks(work.m), -(-work.n // t.block_columns)
+    blocks = row_blocks * column_blocks
+    mtiles, ntiles = t.warp_rows // 16, t.warp_columns // 8
+    mmas = t.warps * chunks * t.steps * mtiles * ntiles  # a block's
+    # a warp's step: its A fragments and metadata (two reads an m-tile), an ldmatrix an n-tile, the mmas;
+    # a stage: its copies (B's 16-byte rows, A's fragments and metadata: six instructions each), the loop
+    # and its two barriers; the stores at the end (a pack, the test and the store a pair)
+    step_instr = 2 * mtiles + ntiles + mtiles * ntiles
+    copies = (t.depth * t.block_columns / 8 + sum(t.stage_words) / 4) / t.threads
+    stage_instr = t.steps * step_instr + 6 * copies + 16
+    block_instr = t.warps * (chunks * stage_instr + params.block_overhead_instr + 2 * mtiles * ntiles * 4)
+    per_sm = -(-blocks // device.sms)
+    tensor = per_sm * mmas * (16 * 8 * 16) / device.tensor_fma_per_sm_cycle
+    issue = per_sm * block_instr / params.issue_per_sm_cycle
+    clock_hz = device.clock_ghz * 1e9
+    compute_s = max(tensor, issue) / clock_hz / params.mma_efficiency
+    latency_s = -(-per_sm // atb) * chunks * device.mem_latency_cycles / 2 / clock_hz
+    sizes = t.operand_sizes(work.m, work.k)
+    compressed = 4 * sizes["values"] + sizes["index"]
+    dram = 2.0 * (work.k * work.n + work.m * work.n) + compressed
+    l2 = 2.0 * (row_blocks * work.k * work.n + work.m * work.n) + column_blocks * compressed
+    memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
+    body = max(compute_s, latency_s, memory_s)
+    return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
+                  latency_s * 1e6, atb, 0, 0.0)
+
+
 def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
-    """The estimate of one launch of the N:M kernel (the module docstring's model)."""
+    """The estimate of one launch of the N:M kernel (the module docstring's model): on CUDA cores, or
+    on sparse tensor cores for a sparse_mma tiling (mma_timing)."""
+    from lospmm.kernel.sparse_mma import MMATiling
+
+    if isinstance(work.tiling, MMATiling):
+        return mma_timing(work, device, params)
     t, ws = work.tiling, device.warp_size
     if work.n < 1:
         return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n}")

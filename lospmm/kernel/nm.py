@@ -145,6 +145,28 @@ class NMTiling:
         touching = rows // v if rows % v == 0 else 1 if v % rows == 0 else rows // v + 2
         return min(self.chunk, touching * self.kept) if self.gather else self.chunk
 
+    engine = "cuda cores"  # not in its facts: a kernel.json without nm.engine is this kernel's
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The module data's roles (KernelSpec.module_symbols): values, index and, where it gathers, rows."""
+        return ("values", "index", "rows") if self.gathers else ("values", "index")
+
+    def operands(self, matrix: sp.csr_matrix, number=None) -> dict[str, np.ndarray]:
+        """A compressed for the kernel (nm_operands) in `number` (numbers.NumberFormat; None: fp32): a
+        half kernel's values rounded to its dtype, for packed sums each as the pair its fma takes."""
+        arrays = nm_operands(matrix, self)
+        if number is not None and number.is_half:
+            from lospmm.kernel.numbers import from_dtype_bits, to_dtype_bits
+
+            bits = to_dtype_bits(arrays["values"], number.dtype)
+            if number.packed:
+                wide = bits.astype(np.uint32)
+                arrays["values"] = (wide | (wide << 16)).view(np.float32)
+            else:
+                arrays["values"] = from_dtype_bits(bits, number.dtype).astype(np.float32)
+        return arrays
+
     @property
     def gathers(self) -> bool:
         """Whether a stage copies only the rows of B its block reads (listed in the `rows` operand)."""
@@ -210,10 +232,24 @@ BLOCKINGS = ((64, 128, 8, 8), (64, 64, 8, 8), (32, 128, 8, 4), (32, 64, 8, 4), (
 DEPTHS = (32, 64, 128)
 
 
-def nm_tilings(n: int, m: int, vector: int = 1) -> list[NMTiling]:
+def untiled_tiling(facts: dict):
+    """The tiling kernel.json's `nm` records: the sparse tensor-core kernel's (its `engine` says so) or
+    the CUDA-core N:M kernel's."""
+    from lospmm.kernel.sparse_mma import ENGINE, MMATiling
+
+    return MMATiling.of_facts(facts) if facts.get("engine") == ENGINE else NMTiling.of_facts(facts)
+
+
+def nm_tilings(n: int, m: int, vector: int = 1, number=None) -> list:
     """Every blocking of BLOCKINGS at every depth of DEPTHS that fits shared memory for the pattern
     n:m:vector, the 32-column stages first; a deeper stage only where it changes the chunk and its
-    block's stages gather (a whole-chunk stage grows with depth without saving any traffic)."""
+    block's stages gather (a whole-chunk stage grows with depth without saving any traffic). With
+    `number`'s sums in tensor cores (accumulate mma), the sparse tensor-core kernel's blockings
+    (sparse_mma.mma_tilings: none for a pattern it cannot take)."""
+    if number is not None and number.accumulate == "mma":
+        from lospmm.kernel.sparse_mma import mma_tilings
+
+        return mma_tilings(n, m, vector)
     out = []
     for depth in DEPTHS:
         for rows, cols, trows, tcols in BLOCKINGS:

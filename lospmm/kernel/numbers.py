@@ -5,9 +5,10 @@ the half formats' rounding (numpy; the host emulation's shim does the same in C)
 fp32: float B and C, fp32 sums; checked by the relative error max|C − ref| / max|ref| against
 FP32_TOLERANCE. fp16 / bf16: B and C as 16-bit patterns, two columns per thread as one packed pair;
 the sum is `packed` (in the dtype: one `fma.rn.f16x2` per nonzero), `f32` (B's pair converted to
-floats, two FFMAs per nonzero) or packed with `promote_every=k` (moved into fp32 every k nonzeros
-of a row); checked bit for bit against the kernel's exact model and by a normalised error against
-the rounding bound of the row length (lospmm.kernel.check).
+floats, two FFMAs per nonzero), packed with `promote_every=k` (moved into fp32 every k nonzeros
+of a row) or `mma` (fp32 in the sparse tensor cores); checked bit for bit against the kernel's exact
+model (all but `mma`) and by a normalised error against the rounding bound of the row length
+(lospmm.kernel.check).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import scipy.sparse as sp
 
 DTYPES = ("fp32", "fp16", "bf16")
 HALF_DTYPES = ("fp16", "bf16")
-ACCUMULATIONS = ("packed", "f32")
+ACCUMULATIONS = ("packed", "f32", "mma")
 
 # The fp32 kernels' check: the largest relative error max|C − ref| / max|ref| a correct kernel shows
 # against the float64 product (the emitted kernels measured ~1e-7; a wrong one is O(1)).
@@ -29,7 +30,9 @@ FP32_TOLERANCE = 1e-4
 @dataclass(frozen=True)
 class NumberFormat:
     """Defaults: dtype="fp32" (accumulate "" and promote_every 0: fp32 sums). A half format:
-    dtype "fp16" or "bf16", accumulate "packed" (the pair sums in the dtype) or "f32",
+    dtype "fp16" or "bf16", accumulate "packed" (the pair sums in the dtype), "f32" or "mma" (fp32 sums
+    in the tensor cores: their order and rounding the hardware's, so no exact model: the N:M kernel on
+    sparse tensor cores),
     promote_every=0 (packed sums never moved into fp32; k > 0: every k nonzeros of a row)."""
 
     dtype: str = "fp32"
@@ -44,7 +47,7 @@ class NumberFormat:
                 raise ValueError("an fp32 design sums in fp32: accumulate and promote_every are a half design's")
             return
         if self.accumulate not in ("", *ACCUMULATIONS):
-            raise ValueError(f"design accumulate {self.accumulate!r}: choose packed or f32")
+            raise ValueError(f"design accumulate {self.accumulate!r}: choose packed, f32 or mma")
         if not self.accumulate:
             object.__setattr__(self, "accumulate", "packed")
         if self.promote_every < 0 or (self.promote_every and self.accumulate != "packed"):
@@ -97,6 +100,12 @@ class NumberFormat:
     @property
     def packed(self) -> bool:
         return self.accumulate == "packed"
+
+    @property
+    def exact(self) -> bool:
+        """Whether a kernel's every rounding is known (kernel.check.kernel_reference models it bit for
+        bit); not for tensor-core sums, whose order and rounding are the hardware's."""
+        return self.accumulate != "mma"
 
     @property
     def label(self) -> str:

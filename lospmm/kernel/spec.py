@@ -23,7 +23,8 @@ from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.layout import LaunchLayout
-from lospmm.kernel.nm import NMTiling
+from lospmm.kernel.nm import NMTiling, untiled_tiling
+from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.kernel.numbers import NumberFormat, RoundingReport
 
 FORMS = ("gemm", "conv", "proxy")
@@ -64,7 +65,7 @@ class KernelSpec:
     empty_rows: tuple[int, ...] = ()
     rounding: RoundingReport | None = None
     results: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    nm: NMTiling | None = None
+    nm: "NMTiling | MMATiling | None" = None  # an N:M kernel's blocking: on CUDA cores, or sparse tensor cores
 
     def __post_init__(self):
         where = self.layer or self.name
@@ -127,8 +128,7 @@ class KernelSpec:
         whose A is in its code or initialised data."""
         if self.nm is None:
             return {}
-        symbols = {"values": f"lospmm_nmv_{self.name}", "index": f"lospmm_nmi_{self.name}"}
-        symbols |= {"rows": f"lospmm_nmr_{self.name}"} if self.nm.gathers else {}
+        symbols = {role: f"lospmm_nm{role[0]}_{self.name}" for role in self.nm.roles}
         return symbols | ({"bias": f"lospmm_nmb_{self.name}"} if self.epilogue.bias else {})
 
     def module_data(self, matrix) -> dict[str, Any]:
@@ -138,19 +138,7 @@ class KernelSpec:
             return {}
         import numpy as np
 
-        from lospmm.kernel.nm import nm_operands
-
-        arrays = nm_operands(matrix, self.nm)
-        number = self.number
-        if number.is_half:  # A's values in the dtype (as a half run rounds them), and for packed sums each as
-            from lospmm.kernel.numbers import from_dtype_bits, to_dtype_bits  # the pair its fma takes
-
-            bits = to_dtype_bits(arrays["values"], number.dtype)
-            if number.packed:
-                wide = bits.astype(np.uint32)
-                arrays["values"] = (wide | (wide << 16)).view(np.float32)
-            else:
-                arrays["values"] = from_dtype_bits(bits, number.dtype).astype(np.float32)
+        arrays = self.nm.operands(matrix, self.number)  # its tiling lays A out, in the number format
         if self.epilogue.bias:
             arrays["bias"] = np.asarray(self.epilogue.bias, np.float32)
         return {self.module_symbols[role]: array for role, array in arrays.items()}
@@ -264,7 +252,7 @@ class KernelSpec:
             return (f"B is K×N and C is M×N, row-major {element}; N is a runtime argument (16-byte accesses where N is "
                     f"a multiple of {whole} and B and C 16-byte aligned); before the first launch fill the module's globals "
                     f"{', '.join(self.module_symbols.values())} (cuModuleGetGlobal) with A compressed "
-                    f"{t.n}:{t.m} as lospmm.kernel.nm lays it out (kernel.json's `nm`)")
+                    f"{t.n}:{t.m} as {type(t).__module__} lays it out (kernel.json's `nm`)")
         if self.number.is_half:
             return (f"B is K×N and C is M×N, row-major {self.dtype} (16-bit); N is a runtime argument, even (pad B and "
                     f"C with a column), B and C 4-byte aligned")
@@ -328,7 +316,7 @@ class KernelSpec:
             params = tuple(facts.get("params") or ())
             form = "conv" if conv is not None else ("proxy" if "const int* cluster_of" in params else "gemm")
             rounding = facts.get("rounding")
-            nm = NMTiling.of_facts(facts["nm"]) if "nm" in facts else None
+            nm = untiled_tiling(facts["nm"]) if "nm" in facts else None
             layout = LaunchLayout.of_facts(facts)
             # an N:M kernel's blocks along A are its row blocks (it has no tiles)
             num_tiles = layout.row_blocks if nm is not None else len(facts.get("tile_ptr") or [0]) - 1

@@ -180,6 +180,7 @@ def test_the_nm_summary_sets_each_nm_layer_against_the_random_one_and_the_target
     rows = [row("nm:8:32:32", 10.0), row("nm:8:32:32", 9.0, design="nm"), row("", 12.0),
             row("nm:16:32:32", 25.0, 0.5), row("nm:16:32:32", float("inf"), 0.5, design="nm"), row("", 20.0, 0.5),
             row("nm:2:4", 30.0, 0.5, cusparselt_fp16_us=6.0),
+            row("nm:2:4", 4.0, 0.5, design="fp16,acc=mma,nm,based,tile-x,walks=1,v=1", cusparselt_fp16_us=6.0),
             row("nm:4:32:32", 4.0, 0.875, sgemm=10.0, layer="small"), row("", 5.0, 0.875, sgemm=10.0, layer="small")]
     out = {(r["layer"], r["pattern"]): r for r in analysis.nm_summary(rows)}
     eight = out[("a", "8:32:32")]  # the faster of our two kernels is what a measured choice serves
@@ -189,7 +190,9 @@ def test_the_nm_summary_sets_each_nm_layer_against_the_random_one_and_the_target
     assert sixteen["served"] == "baked" and sixteen["vs SGEMM"] == pytest.approx(1.6) and not sixteen["meets"]
     two = out[("a", "2:4")]  # no NM-SpMM target at M = 4; cuSPARSELt over ours
     assert math.isnan(two["target"]) and two["cuSPARSELt fp16 / ours"] == pytest.approx(0.2)
-    assert two["served / random"] == pytest.approx(1.5)
+    assert two["served / random"] == pytest.approx(1.5)  # the fp16 tensor-core kernel is beside, not served
+    assert two["tensor_core_us"] == 4.0 and two["cuSPARSELt fp16 / tensor-core kernel"] == pytest.approx(1.5)
+    assert math.isnan(eight["tensor_core_us"])
     small = out[("small", "4:32:32")]  # SGEMM under 15 µs: not work-bound, no target
     assert math.isnan(small["target"]) and not small["meets"]
 
@@ -209,6 +212,11 @@ def test_the_nm_spmm_summary_sets_our_nm_kernel_against_sgemm_and_the_target():
     rows += [rows[0] | {"variant": "stage-32", "ours_us": 150.0}, rows[0] | {"variant": "whole-chunk", "ours_us": 200.0}]
     out = analysis.nm_spmm_summary(rows)
     assert len(out) == 2 and out[1]["stage-32 / chosen"] == 1.5 and out[1]["whole-chunk / chosen"] == 2.0
+    # 2:4 on sparse tensor cores: a row of its own, against cuSPARSELt's fp16
+    rows.append({"set": "nm-spmm", "layer": "4096x4096", "n": 4096, "sparsity": 0.5, "prune": "nm:2:4",
+                 "variant": "mma", "status": "ok", "ours_us": 40.0, "sgemm_us": 400.0, "cusparselt_fp16_us": 30.0})
+    tensor = [r for r in analysis.nm_spmm_summary(rows) if r["cores"] == "tensor (fp16)"]
+    assert len(tensor) == 1 and tensor[0]["cuSPARSELt fp16 / ours"] == 0.75 and math.isnan(tensor[0]["target"])
 
 
 def test_design_choice_sets_the_estimates_design_against_the_best_measured_one():

@@ -97,16 +97,18 @@ def test_an_nm_kernel_of_a_bundle_is_checked_with_its_a_made_again(tmp_path):
     assert not list((built / "a").iterdir())  # nothing carried
     tables = measure.run_bundle(built, tmp_path / "out", "nm", options=HOST, say=lambda *_: None)
     rows = pq.read_table(tables["kernel-speed"]).to_pylist()
-    # the chosen blocking (a deeper stage, gathering B's rows), the 32-column one, and that one copying
-    # whole chunks: each checked with the A made again
-    assert sorted(r["variant"] for r in rows) == sorted(p.variant for p in plan) == ["", "stage-32", "whole-chunk"]
+    # the chosen blocking (a deeper stage, gathering B's rows), the 32-column one, that one copying whole
+    # chunks, and 2:4 on sparse tensor cores (fp16): each checked with the A made again
+    assert sorted(r["variant"] for r in rows) == sorted(p.variant for p in plan) == ["", "mma", "stage-32",
+                                                                                     "whole-chunk"]
     for row in rows:
         assert row["status"] == "checked", row["message"]
-        assert row["prune"] == "nm:8:32:32" and row["order"] == "algorithm1"  # the plan's columns the reports group by
-        assert sets.nm_tiling_from(nm_pattern(row["prune"]), row["nm"]) == sets.nm_tiling_of(
+        assert row["prune"] == ("nm:2:4" if row["variant"] == "mma" else "nm:8:32:32")
+        assert row["order"] == "algorithm1"  # the plan's columns the reports group by
+        assert sets.nm_tiling_from(nm_pattern(row["prune"]), row["nm"], row["design"]) == sets.nm_tiling_of(
             next(p for p in plan if p.id == row["id"]))  # the row names the blocking it measured
     checks = pq.read_table(tables["checks"]).to_pylist()
-    assert sorted(c["n"] for c in checks) == [1, 1, 1, 33, 33, 33, 40, 40, 40] and all(c["status"] == "ok" for c in checks)
+    assert sorted(c["n"] for c in checks) == [1] * 4 + [33] * 4 + [40] * 4 and all(c["status"] == "ok" for c in checks)
 
 
 def test_a_kernel_that_loses_the_cuda_context_is_its_rows_failure_and_the_rest_waits_for_a_fresh_process(

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import sets
 from lospmm.kernel.design import design_named
+from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.stages.extract import zoo_shapes
 
 
@@ -124,6 +125,12 @@ def test_the_nm_spmm_set_plans_the_nm_kernel_on_llama_shapes_with_a_seeded_a():
     from lospmm.stages.prune import nm_pattern_of
 
     plan = sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((256, 512),), tokens=(64,))
+    *plan, tensor = plan  # last, 2:4 on sparse tensor cores in fp16 on the same shape: cuSPARSELt's case
+    assert tensor.variant == "mma" and tensor.prune == "nm:2:4" and tensor.design.startswith("fp16,acc=mma,nm")
+    assert isinstance(sets.nm_tiling_of(tensor), MMATiling) and sets.matrix_of(tensor).shape == (256, 512)
+    assert sets.planned_job(tensor).source().spec.nm == sets.nm_tiling_of(tensor)
+    assert all(q.variant != "mma" for q in sets.nm_spmm_plan(patterns=("nm:8:32:32",), shapes=((256, 512),),
+                                                              tokens=(64,), tensor_cores=False))
     p, *beside = plan  # the estimate's choice, then the best 32-column stage where the choice is deeper, and
     # that one copying whole chunks where it gathers (the device's A/B of the gathered stages)
     chosen = sets.nm_tiling_of(p)

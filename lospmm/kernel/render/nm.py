@@ -36,16 +36,23 @@ def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
     that does not) in `tiling`'s blocking, storing through `epilogue`."""
     a = sp.csr_matrix(matrix, dtype=np.float32)
     a.sort_indices()
-    m, k = a.shape
     t = tiling
     operands = nm_operands(a, t)  # refuses an A without the pattern before anything is rendered
-    name = kernel_name("lospmm_nm", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tuple(t.facts().items()), *epilogue.name_parts())
-    layout = LaunchLayout(t.row_blocks(m), t.threads, 1, 1, "tile-x")
-    spec = KernelSpec(name, "gemm", m, k, t.block_rows, layout, t.row_blocks(m), design, epilogue, nm=t,
-                      nnz=int(a.nnz))
-    sizes = {symbol: operands[role].size for role, symbol in spec.module_symbols.items() if role in operands}
+    spec, sizes = untiled_spec("lospmm_nm", a, t, design, epilogue, operands)
     return KernelSource(spec, (_source(spec, t, sizes, epilogue),))
+
+
+def untiled_spec(prefix: str, a: sp.csr_matrix, tiling, design: KernelDesign, epilogue: Epilogue,
+                 operands: dict, *name_parts) -> tuple[KernelSpec, dict[str, int]]:
+    """The spec of a kernel that keeps A as module data in `tiling`'s blocking (a block a row block and
+    a thread a column of it), and the size of each of its module globals (from `operands`)."""
+    m, k = a.shape
+    name = kernel_name(prefix, m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tuple(tiling.facts().items()), *name_parts, *epilogue.name_parts())
+    layout = LaunchLayout(tiling.row_blocks(m), tiling.threads, 1, 1, "tile-x")
+    spec = KernelSpec(name, "gemm", m, k, tiling.block_rows, layout, tiling.row_blocks(m), design, epilogue,
+                      nm=tiling, nnz=int(a.nnz))
+    return spec, {symbol: operands[role].size for role, symbol in spec.module_symbols.items() if role in operands}
 
 
 def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epilogue) -> str:
