@@ -60,6 +60,7 @@ import numpy as np
 
 from lospmm.devices import Device, resident_blocks
 from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.kernel.staging import chunk_count, design_work, staged_shared_bytes
 from lospmm.kernel.timing import LaunchUnderTest, Timing
 from lospmm.status import Status
@@ -407,8 +408,6 @@ def nm_registers(tiling, number=None) -> int:
     gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
     N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108). The sparse tensor-core kernel's:
     mma_registers."""
-    from lospmm.kernel.sparse_mma import MMATiling
-
     if isinstance(tiling, MMATiling):
         return mma_registers(tiling)
     groups = tiling.thread_rows // tiling.index_rows
@@ -470,8 +469,6 @@ def mma_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePa
 def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
     """The estimate of one launch of the N:M kernel (the module docstring's model): on CUDA cores, or
     on sparse tensor cores for a sparse_mma tiling (mma_timing)."""
-    from lospmm.kernel.sparse_mma import MMATiling
-
     if isinstance(work.tiling, MMATiling):
         return mma_timing(work, device, params)
     t, ws = work.tiling, device.warp_size

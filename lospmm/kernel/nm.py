@@ -40,6 +40,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.kernel.sparse_mma import ENGINE, MMATiling, mma_tilings
+
 SHARED_BYTES = 48 * 1024  # static shared memory a block may declare
 NM_GROUPS = (4, 8, 16, 32)  # the M that held_pattern looks for (cuSPARSELt's 4, NM-SpMM's 32)
 
@@ -145,8 +147,6 @@ class NMTiling:
         touching = rows // v if rows % v == 0 else 1 if v % rows == 0 else rows // v + 2
         return min(self.chunk, touching * self.kept) if self.gather else self.chunk
 
-    engine = "cuda cores"  # not in its facts: a kernel.json without nm.engine is this kernel's
-
     @property
     def roles(self) -> tuple[str, ...]:
         """The module data's roles (KernelSpec.module_symbols): values, index and, where it gathers, rows."""
@@ -234,9 +234,7 @@ DEPTHS = (32, 64, 128)
 
 def untiled_tiling(facts: dict):
     """The tiling kernel.json's `nm` records: the sparse tensor-core kernel's (its `engine` says so) or
-    the CUDA-core N:M kernel's."""
-    from lospmm.kernel.sparse_mma import ENGINE, MMATiling
-
+    the CUDA-core N:M kernel's (a kernel.json without `engine`)."""
     return MMATiling.of_facts(facts) if facts.get("engine") == ENGINE else NMTiling.of_facts(facts)
 
 
@@ -247,8 +245,6 @@ def nm_tilings(n: int, m: int, vector: int = 1, number=None) -> list:
     `number`'s sums in tensor cores (accumulate mma), the sparse tensor-core kernel's blockings
     (sparse_mma.mma_tilings: none for a pattern it cannot take)."""
     if number is not None and number.accumulate == "mma":
-        from lospmm.kernel.sparse_mma import mma_tilings
-
         return mma_tilings(n, m, vector)
     out = []
     for depth in DEPTHS:

@@ -69,9 +69,6 @@ class MMATiling:
             raise ValueError(f"sparse tensor-core kernel {self.label}: {self.shared_bytes} bytes of shared memory, "
                              f"over {SHARED_BYTES}")
 
-    engine = ENGINE
-    gathers = False  # a stage copies all its rows of B: every column of K is read by some row
-
     @property
     def label(self) -> str:
         return (f"{self.n}:{self.m},mma,{self.block_rows}x{self.block_columns},w{self.warp_rows}x{self.warp_columns}"
@@ -113,9 +110,6 @@ class MMATiling:
 
     @property
     def shared_bytes(self) -> int:
-        return self.shared_bytes_of(2)
-
-    def shared_bytes_of(self, element_bytes: int) -> int:
         """Two stages of B's rows (16-bit), A's fragments and metadata."""
         values, index = self.stage_words
         return 2 * (self.depth * self.row_pitch * 2 + 4 * (values + index))
@@ -176,17 +170,15 @@ def fits(n: int, m: int) -> bool:
 
 
 def group_problem(matrix: sp.csr_matrix) -> str:
-    """Why A does not fit the instruction (a group of 4 columns of a row with more than 2 nonzeros, or
-    K not a multiple of 4 is fine: past K is zero), or ""."""
+    """Why A does not fit the instruction (a row's group of 4 columns with more than 2 nonzeros; a last
+    group cut short by K is fine: past K is zero), or ""."""
     a = sp.coo_matrix(matrix)
     if a.nnz == 0:
         return ""
-    keys = a.row.astype(np.int64) * (a.shape[1] // 4 + 1) + a.col // 4
-    _, counts = np.unique(keys, return_counts=True)
+    per_row = a.shape[1] // 4 + 1
+    keys, counts = np.unique(a.row.astype(np.int64) * per_row + a.col // 4, return_counts=True)
     if counts.max() > 2:
-        worst = int(np.argmax(counts))
-        key = np.unique(keys)[worst]
-        row, group = divmod(int(key), a.shape[1] // 4 + 1)
+        row, group = divmod(int(keys[np.argmax(counts)]), per_row)
         return (f"row {row} holds {int(counts.max())} nonzeros in columns {4 * group}..{4 * group + 3}: the sparse "
                 f"tensor cores take at most 2 of every 4")
     return ""
