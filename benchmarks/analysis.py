@@ -363,8 +363,10 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     of the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel
     also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not),
     the streamed design's implicit-im2col kernel of the same tile, the staged design's (8 tiles of the
-    same M1 a block, 32 pixels), and cuDNN's dense convolution in fp32."""
-    kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed", "staged": "staged"}
+    same M1 a block, 32 pixels), and cuDNN's dense convolution in fp32; where the case has them, the
+    N:M conv kernel on its A pruned 2:4 (`nm_sparsity`) against the baked conv kernel of that A
+    (`baked / N:M`: above 1, the N:M kernel is faster) and cuDNN."""
+    kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed", "staged": "staged", "nm": "nm", "nm-baked": "nm-baked"}
     by: dict = {}
     for r in rows:
         if r.get("set") == "conv":
@@ -376,15 +378,23 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
-        conv, gemm, streamed, staged = (kinds.get(kind) for kind in ("conv", "gemm", "streamed", "staged"))
-        some = conv or gemm or streamed or staged
+        conv, gemm, streamed, staged, nm, nm_baked = (kinds.get(kind) for kind in ("conv", "gemm", "streamed", "staged",
+                                                                                    "nm", "nm-baked"))
+        some = conv or gemm or streamed or staged or nm or nm_baked
         cudnn = us(conv, "cudnn_us")
-        out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"], "sparsity": some["sparsity"],
+        if math.isnan(cudnn):
+            cudnn = us(nm, "cudnn_us")
+        out.append({"case": layer, "m": some["m"], "k": some["k"], "n": some["n"],
+                    "sparsity": (conv or gemm or streamed or staged or {}).get("sparsity", float("nan")),
                     "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": ratio(us(conv), us(gemm)),
                     "streamed_us": us(streamed), "streamed / implicit": ratio(us(streamed), us(conv)),
                     "staged_us": us(staged), "staged / implicit": ratio(us(staged), us(conv)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
-                    "spread (max)": max(float((r or {}).get("spread") or 0.0) for r in (conv, gemm, streamed, staged))})
+                    "nm_sparsity": (nm or nm_baked or {}).get("sparsity", float("nan")),
+                    "nm_us": us(nm), "nm_baked_us": us(nm_baked), "baked / N:M": ratio(us(nm_baked), us(nm)),
+                    "cuDNN / N:M": ratio(cudnn, us(nm)),
+                    "spread (max)": max(float((r or {}).get("spread") or 0.0)
+                                        for r in (conv, gemm, streamed, staged, nm, nm_baked))})
     return out
 
 

@@ -52,7 +52,8 @@ def nm_work(row: dict):
         rows, cols, trows, tcols = next(b for b in BLOCKINGS if b[0] == row["m1"]
                                         and (b[0] // b[2]) * (b[1] // b[3]) == row["n1"])
         tiling = NMTiling(pattern.n, pattern.m, pattern.vector, rows, cols, trows, tcols, 32, False)
-    return NMWork(tiling, row["m"], row["k"], row["n"], int(row["registers"]), design_named(row["design"]).number)
+    return NMWork(tiling, row["m"], row["k"], row["n"], int(row["registers"]), design_named(row["design"]).number,
+                  bool(row.get("conv")))  # a conv step's N:M kernel gathers its pixels' inputs
 
 
 def nm_main(paths: list[str], gpu: str) -> None:

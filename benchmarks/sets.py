@@ -150,7 +150,7 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
     if p.model == "synthetic":
         return micro_matrix(p.matrix)
     if p.model == "conv-case":
-        return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity)
+        return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity, p.prune)
     if p.model == NM_SPMM_MODEL:
         return nm_spmm_matrix(p.m, p.k, p.prune)
     shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
@@ -259,12 +259,21 @@ def nm_job(p: Planned, matrix: Callable[[], sp.csr_matrix]) -> Job:
     tiling = nm_tiling_of(p)
     timer = estimate_timer(device_named("h100"))
 
+    design = design_named(p.design)
+    geometry = ConvGeometry(**dict(p.conv)) if p.conv else None
+
     def estimate() -> dict:
-        work = NMWork(tiling, p.m, p.k, p.n, nm_registers(tiling))
+        work = NMWork(tiling, p.m, p.k, p.n, nm_registers(tiling, design.number), design.number, bool(p.conv))
         return {"estimate_us": float(nm_timing(work, timer.device, timer.params).time_us)}
 
-    return Job(p, lambda: kernel_source(matrix(), None, 0, CodegenParams(design=design_named(p.design)), nm=tiling),
-               matrix, _Lazy(estimate))
+    def source() -> KernelSource:
+        a = matrix()
+        bias = tuple(float(v) for v in np.random.default_rng(p.m).standard_normal(p.m).astype(np.float32)) \
+            if "bias" in p.epilogue else ()
+        return kernel_source(a, None, 0, CodegenParams(design=design),
+                             Epilogue(bias, "relu" if "relu" in p.epilogue else ""), geometry, nm=tiling)
+
+    return Job(p, source, matrix, _Lazy(estimate))
 
 
 class _Lazy(Mapping):
@@ -615,19 +624,30 @@ CONV_CASES = (  # (label, Cout, geometry fields, epilogue): padding borders, str
 )
 
 
-def conv_case_matrix(i: int, sparsity: float) -> sp.csr_matrix:
-    from lospmm.stages.prune import random_pruned
+def conv_case_matrix(i: int, sparsity: float, method: str = "") -> sp.csr_matrix:
+    """Conv case i's A: seeded random at `sparsity`, or by `method` (nm:N:M[:V]: random N:M positions)."""
+    from lospmm.stages.prune import nm_pattern, random_nm_pruned, random_pruned
 
     _, cout, fields, _ = CONV_CASES[i]
-    return random_pruned(cout, ConvGeometry(**fields).k, sparsity, np.random.default_rng(i))
+    k = ConvGeometry(**fields).k
+    if method:
+        return random_nm_pruned(cout, k, nm_pattern(method), np.random.default_rng(i))
+    return random_pruned(cout, k, sparsity, np.random.default_rng(i))
 
 
-def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4) -> list[Planned]:
+CONV_NM = "nm:2:4"  # the conv step's N:M pruning (cases whose K = Cin·kh·kw is a multiple of 4)
+
+
+def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4, nm: bool = True) -> list[Planned]:
     """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), the streamed design's
     implicit-im2col kernel of the same A and tile (issue 35: one loop whatever the layer, where the
     baked kernel's code grows with it), the staged design's (8 tiles of M1 rows a block over 32
     pixels: each block gathers its tiles' union of window inputs once a chunk), and the GEMM kernel of
-    the same A and tile on the im2col matrix (what the search emits for the im2col GEMM)."""
+    the same A and tile on the im2col matrix (what the search emits for the im2col GEMM); with `nm`,
+    for each case whose K allows it, the N:M conv kernel and the baked conv kernel of its A pruned
+    CONV_NM (issue 34: conv_nm_planned)."""
+    from lospmm.stages.prune import nm_pattern
+
     out = []
     for i, (label, cout, fields, epilogue) in enumerate(CONV_CASES):
         g = ConvGeometry(**fields)
@@ -642,7 +662,31 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4)
         out.append(Planned(_id("conv", i, "staged"), "conv", conv=conv, epilogue=epilogue, variant="staged",
                            **(common | {"design": staged.label, "n1": staged.fixed_n1})))
         out.append(Planned(_id("conv", i, "gemm"), "conv", variant="im2col-gemm", **common))
+        if nm and g.k % nm_pattern(CONV_NM).m == 0:
+            out += conv_nm_planned(i, g, common, epilogue)
     return out
+
+
+def conv_nm_planned(i: int, g: ConvGeometry, common: dict, epilogue: str, device: str = "h100") -> list[Planned]:
+    """Conv case i pruned CONV_NM: the N:M kernel's implicit-im2col form in the blocking the estimate
+    prices lowest for a convolution on `device`, and the baked conv kernel of the same A at the case's
+    tile (an N:M layer must never be slower than our unstructured kernel)."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.choices import nm_options
+    from lospmm.stages.prune import nm_pattern
+
+    pattern = nm_pattern(CONV_NM)
+    nm_common = common | {"sparsity": pattern.sparsity, "matrix": _id("conv-case", i, CONV_NM)}
+    best = min(nm_options((pattern.n, pattern.m, pattern.vector), common["m"], g.k, common["n"], device_named(device),
+                          conv=True), key=lambda s: s.estimate_us).nm
+    conv = tuple(sorted(vars(g).items()))
+    return [Planned(_id("conv", i, "nm"), "conv", conv=conv, epilogue=epilogue, variant="nm", prune=CONV_NM,
+                    nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns, best.depth,
+                        int(best.gather)),
+                    **(nm_common | {"design": design_named("nm").label, "m1": best.block_rows, "n1": best.threads,
+                                    "chosen_by": f"the estimate's cheapest N:M conv blocking: {best.label}"})),
+            Planned(_id("conv", i, "nm-baked"), "conv", conv=conv, epilogue=epilogue, variant="nm-baked",
+                    prune=CONV_NM, **nm_common)]
 
 
 # --- the search's quality: Table 4's launch list (issue 24) ----------------------------------------------

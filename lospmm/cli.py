@@ -64,7 +64,7 @@ _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional
                 "(default: it won the device's A/B) is "
                 "tile-x,walks=1,v=1,chained; 'baseline' the kernel measured before it, tile-x,walks=1,v=1,based. A "
                 "convolution takes its design's implicit-im2col kernel: the grid order and walks of a baked or "
-                "streamed design, a staged design's blocking (a half or N:M design's are im2col GEMMs).")
+                "streamed design, a staged design's blocking, the N:M kernel's own (a half design's are im2col GEMMs).")
 _RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "
                                    "ten designs of the device's A/B (each with its own constraints and proxies), "
                                    "ranked together by the design-aware ranker (lospmm/models/ranker-designs); the "
@@ -104,7 +104,7 @@ def run(
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
     no_nm_kernel: bool = typer.Option(False, "--no-nm-kernel", help="Serve N:M layers with the baked kernel of "
                                       "their searched tile only (default: the N:M kernel where the estimate "
-                                      "prices it lower; GEMM layers)."),
+                                      "prices it lower; a convolution's in its implicit-im2col form in fp32)."),
     design: str = typer.Option(_RUN.design, "--design", help=_RUN_DESIGN_HELP),
     input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
                                           "fixed before shape inference, as trtexec --shapes takes them: "

@@ -738,3 +738,34 @@ def test_the_module_loads_again_with_its_operators_defined_once():
 
     module = importlib.reload(lt)
     assert module.spmm is torch.ops.lospmm.spmm.default and module.conv is torch.ops.lospmm.conv.default
+
+
+def test_an_nm_convolution_is_served_by_the_implicit_conv_nm_kernel(tmp_path):
+    """A convolution pruned 2:4 along its flattened window (Cin·kh·kw) in the N:M kernel's conv form (its
+    stages gather the pixels' inputs from NCHW X, its compressed A and bias filled as module data, ReLU
+    fused): SpConv serves the module, with no im2col, as the model computes."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.nm import NMTiling, held_pattern
+    import scipy.sparse as sp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU()).eval()
+    with torch.no_grad():  # keep the 2 largest of every 4 weights along K
+        w = model[0].weight.reshape(16, -1, 4)
+        w.mul_(torch.zeros_like(w).scatter_(2, w.abs().topk(2, dim=2).indices, 1.0))
+    weight = model[0].weight.detach().reshape(16, -1).numpy()
+    a = sp.csr_matrix(weight)
+    assert held_pattern(a) == (2, 4, 1)
+    geometry = ConvGeometry(cin=8, h=10, w=10, kh=3, kw=3, stride=2, pad=1)
+    out = tmp_path / "conv-nm"
+    facts = emitted_kernel(str(tmp_path), a, None, "0.weight", 0.5, 0, "sm_90", out, conv=geometry, design=NM_DESIGN,
+                           epilogue=Epilogue(tuple(model[0].bias.tolist()), "relu"), nm=NMTiling(2, 4, 1, 16, 64, 4, 4))
+    assert facts["compile"]["status"] == "ok" and facts["host_check"]["status"] == "ok"
+    assert facts["conv"]["cin"] == 8 and facts["nm"]["label"] == "2:4,16x64,4x4"
+    fast = lt.sparsify(model, out, backend="host")
+    assert isinstance(fast[0], lt.SparseConv2d) and isinstance(fast[0].kernel, lt.SpConv)
+    x = torch.randn(3, 8, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)

@@ -50,7 +50,7 @@ class RunConfig:
     candidate), ranker=None (the shipped model), jobs=0 (compile/emit threads; 0 = every core),
     dask="" (a Dask scheduler address: the flow's tasks and every kernel unit's compile run on that
     cluster through prefect-dask; its workers must see the artifact root at the same path),
-    implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`), nm_kernel=True (a GEMM
+    implicit_conv=True (False: convolutions get im2col GEMM kernels, `--im2col`), nm_kernel=True (a
     layer whose A holds an N:M pattern may be served by the N:M kernel where the estimate prices it
     lowest; False: `--no-nm-kernel`),
     design="chained" (the kernel design the constraints, proxies and emitted kernels follow:

@@ -71,9 +71,9 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     arch = device.arch
     nm = None
     if not design.tiled:
-        if implicit_conv:
+        if implicit_conv and design.conv_kernel is None:
             raise ValueError(f"{layer}: design {design.label} is a GEMM kernel (no --implicit-conv)")
-        nm = untiled_served(matrix, shape["n"], device, design, layer).nm
+        nm = untiled_served(matrix, shape["n"], device, design, layer, conv=implicit_conv).nm
         tiles = None
     else:
         at = {(reordered.column("layer")[i].as_py(), reordered.column("m1")[i].as_py()): i

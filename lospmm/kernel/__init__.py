@@ -36,8 +36,9 @@ renderer uses, render/numbers.py; the C++ they include is in include/):
     streamed GEMM    render/streamed.py  A's tiles as data read by one loop: O(1) code (fp32), an epilogue's
                                          bias as data; the same loop reading NCHW X at each column's window
                                          offset for a convolution; its proxy
-    N:M GEMM         render/nm.py        an N:M A compressed into module data filled at load (nm.py), B
-                                         through double-buffered shared memory; fp32, fp16, bf16
+    N:M GEMM, conv   render/nm.py        an N:M A compressed into module data filled at load (nm.py), B
+                                         through double-buffered shared memory; fp32, fp16, bf16; with a
+                                         conv geometry (fp32), each stage gathers its output pixels' inputs
     N:M on sparse    render/sparse_mma.py  an A keeping at most 2 of every 4 columns as mma.sp's fragments
     tensor cores                         and metadata (sparse_mma.py), B through shared memory and
                                          ldmatrix; fp16, bf16 with fp32 sums (design nm, acc=mma)

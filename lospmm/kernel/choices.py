@@ -54,7 +54,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
     format and, for a convolution's implicit-im2col kernel (`conv`), in their conv form) that can serve
     it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
-    this number format (untiled_options; a GEMM layer's). A label names its design unless it is
+    this number format (untiled_options; a convolution's in their conv form). A label names its design unless it is
     `named` (default: `design`; the run's, where the search spans designs)."""
     named = design if named is None else named
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
@@ -70,12 +70,12 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix))
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1))
-    return options + (untiled_options(matrix, n, device, design) if untiled and not conv else [])
+    return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half or N:M
+    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half
     design), each once, `design` first."""
     out = [design]
     for label in designs:
@@ -109,41 +109,52 @@ def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, conv:
     return ""
 
 
-def untiled_options(matrix, n: int, device, design: KernelDesign) -> list[Served]:
+def untiled_options(matrix, n: int, device, design: KernelDesign, conv: bool = False) -> list[Served]:
     """The N:M kernel in each blocking that fits, in `design`'s number format (fp32, or a half format
     whose sums are packed or fp32: no promotion), when A holds an N:M pattern (nm.held_pattern); in a
     half format, also the N:M kernel on sparse tensor cores (fp32 sums, `mma`: at least as accurate as
-    either) where the pattern keeps at most 2 of every 4 columns and `device` has sparse mma."""
+    either) where the pattern keeps at most 2 of every 4 columns and `device` has sparse mma. `conv`:
+    for a convolution's implicit-im2col kernel (the nm design's conv form: KernelDesign.conv_kernel;
+    none in a number format without one)."""
     try:
         nm_design = design_in(design.number, NM_DESIGN)
     except ValueError:  # a promoted half sum: no N:M kernel of it
         return []
+    if conv:
+        nm_design = nm_design.conv_kernel
+        if nm_design is None:
+            return []
     pattern = held_pattern(matrix)
     if pattern is None:
         return []
     designs = [nm_design]
     if nm_design.half and nm_design.accumulate != "mma" and device.tensor_fma_per_sm_cycle:
         designs.append(replace(nm_design, accumulate="mma"))
-    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d)]
+    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d, conv)]
 
 
 def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,
-               design: KernelDesign = NM_DESIGN) -> list[Served]:
+               design: KernelDesign = NM_DESIGN, conv: bool = False) -> list[Served]:
     """The N:M kernel of pattern (N, M, V) on an m × k A over N columns in each blocking that fits
-    (nm.nm_tilings), in the nm `design` (its number format), each with its estimate on `device`."""
+    (nm.nm_tilings), in the nm `design` (its number format), each with its estimate on `device`;
+    `conv`: the implicit-im2col kernel's (its copies gather the pixels' inputs)."""
     estimate = estimate_timer(device)
     number = design.number
-    return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number),
+    return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number, conv),
                                                     estimate.device, estimate.params).time_us), design, t)
             for t in nm_tilings(*pattern, number=number)]
 
 
-def untiled_served(matrix, n: int, device, design: KernelDesign, layer: str = "") -> Served:
-    """The cheapest kernel of `design` (one that needs no tiles) for `matrix` over N columns;
-    ValueError naming the layer when `design` is tiled or cannot serve this A."""
+def untiled_served(matrix, n: int, device, design: KernelDesign, layer: str = "", conv: bool = False) -> Served:
+    """The cheapest kernel of `design` (one that needs no tiles) for `matrix` over N columns (`conv`: a
+    convolution's implicit-im2col kernel); ValueError naming the layer when `design` is tiled or
+    cannot serve this A."""
     if design.tiled:
         raise ValueError(f"{layer}: design {design.label} is rendered on the search's tiles")
-    options = untiled_options(matrix, n, device, design)
+    if conv and design.conv_kernel is None:
+        raise ValueError(f"{layer}: design {design.label} has no implicit-im2col form (its convolutions are im2col GEMMs)")
+    # the kernels of this design only: a half nm design is not its form on tensor cores
+    options = [o for o in untiled_options(matrix, n, device, design, conv) if o.design == design]
     if not options:
         raise ValueError(f"{layer}: its A holds no N:M pattern (prune it with --prune nm:N:M[:V], or bring N:M "
                          f"weights with --prune keep); the nm design serves N:M layers only")

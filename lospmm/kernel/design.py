@@ -140,18 +140,18 @@ class KernelDesign:
     @property
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_design: the grid's order
-        and walks of a baked or streamed fp32 design, a staged one's blocking); a convolution in another
-        design is served by the GEMM kernel on its im2col B."""
+        and walks of a baked or streamed fp32 design, a staged one's blocking, the fp32 N:M kernel); a
+        convolution in another design is served by the GEMM kernel on its im2col B."""
         return self == conv_design(self)
 
     @property
     def conv_kernel(self) -> "KernelDesign | None":
-        """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of a
-        baked, streamed or staged fp32 design such a kernel has (conv_design: the grid's order, the walks
-        and whether A is baked or streamed, or the staged blocking; its loads already take one
-        instruction from the pixel's pointer, so `chained` has nothing to add); None for an N:M or half
-        design (their convolutions are im2col GEMMs)."""
-        return conv_design(self) if self.a_values in ("baked", "streamed") and not self.half else None
+        """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of an
+        fp32 design such a kernel has (conv_design: the grid's order, the walks and whether A is baked or
+        streamed, the staged blocking, or the N:M kernel's own; its loads already take one instruction
+        from the pixel's pointer, so `chained` has nothing to add); None for a half design (its
+        convolutions are im2col GEMMs)."""
+        return conv_design(self) if not self.half else None
 
     @property
     def fixed_n1(self) -> int:
@@ -280,6 +280,8 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     are not written yet: adjacent output pixels are not adjacent inputs."""
     if design.loads == "staged":
         return KernelDesign(loads="staged", tiles_per_block=design.tiles_per_block, tile_warps=design.tile_warps)
+    if design.a_values == "nm":  # its own blocking: its copies gather the pixels' inputs
+        return KernelDesign(a_values="nm")
     return KernelDesign(order=design.order, column_walks=design.column_walks,
                         a_values="streamed" if design.a_values == "streamed" else "baked")
 

@@ -400,14 +400,15 @@ class NMWork:
     n: int
     registers: int
     number: object = None  # kernel.numbers.NumberFormat of B, C and the sums (None: fp32)
+    conv: bool = False  # the implicit-im2col kernel: each thread copies its pixel's inputs, 4 bytes a copy
 
 
 def nm_registers(tiling, number=None) -> int:
     """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
     values and B's vectors, addresses, and an index per group of rows that share none (NVRTC on sm_90
     gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
-    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108). The sparse tensor-core kernel's:
-    mma_registers."""
+    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108; its implicit-im2col form took 63-143,
+    fewer than the GEMM's: one copy path, no vector one). The sparse tensor-core kernel's: mma_registers."""
     if isinstance(tiling, MMATiling):
         return mma_registers(tiling)
     groups = tiling.thread_rows // tiling.index_rows
@@ -490,8 +491,11 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
     unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
     slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
-    copies = (t.staged * t.block_columns * element / 16 + t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
-    chunk_instr = t.kept * slot_instr + 6 * copies + 12  # the copies' addresses, the barriers and the loop
+    # 16-byte copies of B's rows, or a convolution's 4-byte gathers (each its window entry's load and test too)
+    b_copies = t.staged * t.block_columns * (1 if work.conv else element / 16) / t.threads
+    copies = b_copies + (t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
+    # the copies' addresses, the barriers and the loop
+    chunk_instr = t.kept * slot_instr + 6 * copies + (4 * b_copies if work.conv else 0) + 12
     block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
                            + t.thread_rows * t.thread_columns / 4 * 4)  # the stores
     block_ffma = warps * chunks * t.kept * fmas
@@ -536,7 +540,7 @@ class EstimateTimer:
     def time(self, launch: LaunchUnderTest) -> Timing:
         if launch.spec is not None and launch.spec.nm is not None:
             return nm_timing(NMWork(launch.spec.nm, launch.m, launch.k, launch.n, launch.registers,
-                                    launch.spec.number), self.device, self.params)
+                                    launch.spec.number, launch.spec.form == "conv"), self.device, self.params)
         if launch.clusters is not None:
             work = proxy_work(launch.clusters, launch.m, launch.k, launch.n, launch.n1, launch.registers,
                               launch.smem_bytes, launch.spill_bytes, design=launch.design)

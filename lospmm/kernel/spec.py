@@ -75,13 +75,13 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: a conv kernel, and only one, has a convolution geometry")
         if self.form == "conv" and not self.design.serves_conv:
             raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order, walks "
-                                  f"and baked or streamed values, or a staged blocking")
+                                  f"and baked or streamed values, a staged blocking or the fp32 N:M kernel's own")
         if self.form == "conv" and self.conv.k != self.k:
             raise KernelSpecError(f"{where}: K={self.k}, the conv geometry needs cin·kh·kw = {self.conv.k}")
         if (self.design.a_values == "nm") != (self.nm is not None):
             raise KernelSpecError(f"{where}: a kernel of design nm, and only one, has an N:M tiling")
-        if self.nm is not None and self.form != "gemm":
-            raise KernelSpecError(f"{where}: the N:M kernel is a GEMM kernel (no {self.form} form)")
+        if self.nm is not None and self.form == "proxy":
+            raise KernelSpecError(f"{where}: the N:M kernel has no proxy form")
         if self.form == "proxy" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: a proxy fuses no epilogue")
         if self.layout.tiles_per_block != self.design.tiles_per_block:
@@ -201,7 +201,7 @@ class KernelSpec:
         that picks 16-byte accesses at launch where N is a multiple of 4 (fp32) or 8 (16-bit elements)
         (the N:M kernel) the next such N too (its element-wise path at an N that is not)."""
         whole = 8 if self.number.is_half else 4
-        if self.nm is None or count % whole == 0:
+        if self.nm is None or self.form == "conv" or count % whole == 0:  # a conv kernel's copies are element-wise
             return (count,)
         return count, count + (-count) % whole
 
@@ -239,20 +239,24 @@ class KernelSpec:
         return ""
 
     # --- kernel.json ---
+    def _module_data_text(self) -> str:
+        t = self.nm
+        return (f"; before the first launch fill the module's globals {', '.join(self.module_symbols.values())} "
+                f"(cuModuleGetGlobal) with A compressed {t.n}:{t.m} as {type(t).__module__} lays it out "
+                f"(kernel.json's `nm`)")
+
     def layout_text(self) -> str:
         """kernel.json's `layout`: the arrays in words, for a reader in C++."""
         if self.form == "conv":
             g = self.conv
             return (f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({self.m}×{g.h_out}×{g.w_out} per "
-                    f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx")
+                    f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"
+                    + ("" if self.nm is None else self._module_data_text()))
         if self.nm is not None:
-            t = self.nm
             element = f"{self.dtype} (16-bit)" if self.number.is_half else "float32"
             whole = 8 if self.number.is_half else 4
             return (f"B is K×N and C is M×N, row-major {element}; N is a runtime argument (16-byte accesses where N is "
-                    f"a multiple of {whole} and B and C 16-byte aligned); before the first launch fill the module's globals "
-                    f"{', '.join(self.module_symbols.values())} (cuModuleGetGlobal) with A compressed "
-                    f"{t.n}:{t.m} as {type(t).__module__} lays it out (kernel.json's `nm`)")
+                    f"a multiple of {whole} and B and C 16-byte aligned)" + self._module_data_text())
         if self.number.is_half:
             return (f"B is K×N and C is M×N, row-major {self.dtype} (16-bit); N is a runtime argument, even (pad B and "
                     f"C with a column), B and C 4-byte aligned")

@@ -35,8 +35,8 @@ class EmitParams:
     geometry is known gets a kernel that reads its NCHW input itself, §6.2, instead of the im2col
     GEMM's; same tile, bias and activation left to the caller), tie_band=0.05 (measured proxies within
     5% of the fastest are ties, broken by fastest_proxy's rule: our kernels repeat within about 6%
-    between calls on the H100, so a smaller difference says nothing), nm_kernel=True (a GEMM layer whose
-    A holds an N:M pattern is served by the N:M kernel where the estimate prices it below the baked
+    between calls on the H100, so a smaller difference says nothing), nm_kernel=True (a layer whose
+    A holds an N:M pattern (a convolution's in its implicit-im2col form) is served by the N:M kernel where the estimate prices it below the baked
     kernel of its chosen tile), designs=() (other designs, by label, in which the chosen tile's kernel is
     priced beside the run's, the cheapest emitted: a `--design auto` run's kernel.choices.DESIGN_CANDIDATES),
     measure_designs=3, measure_within=1.5 (where the run's timer measures, the full kernels of the 3
@@ -160,7 +160,7 @@ def check_column(where: str, result) -> tuple[float, str]:
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
     """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry when params ask for
     it and the kernel design has a conv kernel (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid
-    order and walks, a staged one's blocking), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
+    order and walks, a staged one's blocking, the fp32 N:M kernel), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
     conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
     return "implicit-conv" if params.implicit_conv and conv and design.conv_kernel is not None else "gemm"
 

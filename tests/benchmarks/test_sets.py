@@ -213,7 +213,7 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     from benchmarks.analysis import conv_summary
 
     plan = sets.conv_plan(batch=2)
-    assert len(plan) == 4 * len(sets.CONV_CASES)
+    assert len([p for p in plan if not p.prune]) == 4 * len(sets.CONV_CASES)
     staged = [p for p in plan if p.variant == "staged"]
     assert len(staged) == len(sets.CONV_CASES) and all(p.n1 == 32 and p.m1 == plan[0].m1 for p in staged)
     assert sets.planned_job(staged[0]).source().spec.form == "conv"
@@ -229,3 +229,31 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     (summary,) = conv_summary(rows)
     assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)
     assert summary["staged / implicit"] == 0.8
+
+
+def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same_2_4_weights():
+    # issue 34: a convolution pruned 2:4 along Cin·kh·kw, in the N:M kernel's conv form (the estimate's
+    # blocking) and as the baked conv kernel of the same A; only where K is a multiple of 4 (not 7×7×3)
+    from benchmarks.analysis import conv_summary
+    from lospmm.kernel.nm import held_pattern
+
+    plan = sets.conv_plan(batch=2)
+    nm = [p for p in plan if p.variant == "nm"]
+    baked = {p.layer: p for p in plan if p.variant == "nm-baked"}
+    assert [p.layer.split(":")[0] for p in nm] == ["1", "2", "3", "4"] and set(baked) == {p.layer for p in nm}
+    assert len(sets.conv_plan(batch=2, nm=False)) == 4 * len(sets.CONV_CASES)
+    p = nm[2]
+    assert (p.prune, p.sparsity, p.matrix) == ("nm:2:4", 0.5, baked[p.layer].matrix) and p.conv == baked[p.layer].conv
+    a = sets.matrix_of(p)
+    assert held_pattern(a) == (2, 4, 1) and (a != sets.matrix_of(baked[p.layer])).nnz == 0
+    job = sets.planned_job(p)
+    source = job.source()
+    assert source.spec.form == "conv" and source.spec.nm.label.startswith("2:4") and source.spec.epilogue.bias
+    assert 0 < job.launch["estimate_us"] < float("inf")
+    assert sets.planned_job(baked[p.layer]).source().spec.nm is None
+    rows = [dict(set="conv", layer=p.layer, variant=v, m=p.m, k=p.k, n=p.n, sparsity=0.5, ours_us=us, spread=0.01,
+                 cudnn_us=30.0) for v, us in (("nm", 10.0), ("nm-baked", 15.0))]
+    (summary,) = conv_summary(rows)
+    assert summary["baked / N:M"] == 1.5 and summary["cuDNN / N:M"] == 3.0 and math.isnan(summary["implicit_us"])
+    assert summary["nm_sparsity"] == 0.5 and math.isnan(summary["sparsity"])  # the unstructured kernels' own
+    assert ":" not in p.matrix  # a bundle's file name

@@ -115,3 +115,40 @@ def test_a_design_whose_block_needs_more_registers_than_the_sm_has_cannot_serve_
         design_named("chained,v=2"), 48, 512, 4096, h100)
     assert "over 255" in design_problem(design_named("chained,v=4"), 48, 512, 4096, h100)
     assert design_problem(design_named("chained,v=2"), 48, 128, 4096, h100) == ""  # fewer threads: it fits
+
+
+def test_a_convolutions_nm_kernel_is_priced_beside_its_baked_conv_kernel():
+    """An N:M convolution in an fp32 run: its implicit-im2col kernels are the baked conv kernel of the
+    tile and the N:M conv kernel in every blocking (before, an implicit-conv layer had no N:M kernel);
+    each priced as a convolution's (the N:M one above its GEMM form: it gathers)."""
+    a = random_nm_pruned(256, 576, NMPattern(8, 32, 8), np.random.default_rng(3))
+    tiles = reordered_tiles(a, 8)
+    conv = served_options(a, tiles, 256, 576, 12544, 128, BASELINE, H100, conv=True)
+    assert conv[0].tiled and [s.nm for s in conv[1:]] == nm_tilings(8, 32, 8)
+    assert all(s.design == NM_DESIGN and s.design.conv_kernel == NM_DESIGN for s in conv[1:])
+    gemm = served_options(a, tiles, 256, 576, 12544, 128, BASELINE, H100)
+    assert all(c.estimate_us >= g.estimate_us for c, g in zip(conv[1:], gemm[1:]))
+    assert any(c.estimate_us > g.estimate_us for c, g in zip(conv[1:], gemm[1:]))
+    assert len(served_options(a, tiles, 256, 576, 12544, 128, BASELINE, H100, untiled=False, conv=True)) == 1
+    forced = untiled_served(a, 12544, H100, NM_DESIGN, "conv", conv=True)
+    assert forced.nm == min(conv[1:], key=lambda s: s.estimate_us).nm
+    with pytest.raises(ValueError, match="conv: design fp16,nm.* has no implicit-im2col form"):
+        untiled_served(a, 12544, H100, design_named("nm,fp16"), "conv", conv=True)
+
+
+def test_a_forced_half_nm_design_takes_its_own_kernels_not_the_tensor_core_ones():
+    """`lospmm kernel --design nm --dtype fp16` (packed sums) takes a CUDA-core blocking even where the
+    tensor-core kernel is priced lower (it was once handed an mma.sp blocking its renderer refuses); with
+    --accumulate mma, the tensor-core one."""
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.numbers import NumberFormat
+    from lospmm.kernel.sparse_mma import MMATiling
+
+    a = random_nm_pruned(512, 512, NMPattern(2, 4, 1), np.random.default_rng(0))
+    packed = design_in(NumberFormat.half("fp16", "packed"), NM_DESIGN)
+    half_run = served_options(a, reordered_tiles(a, 4), 512, 512, 4096, 128, design_named("fp16"), H100)
+    assert isinstance(min(half_run[1:], key=lambda s: s.estimate_us).nm, MMATiling)
+    served = untiled_served(a, 4096, H100, packed, "fc")
+    assert served.design == packed and not isinstance(served.nm, MMATiling)
+    mma = design_in(NumberFormat.half("fp16", "mma"), NM_DESIGN)
+    assert isinstance(untiled_served(a, 4096, H100, mma, "fc").nm, MMATiling)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from lospmm.devices import DEVICES
 from lospmm.kernel.check import checked
@@ -307,3 +307,92 @@ def test_a_kernel_json_written_before_stages_gathered_reads_back_as_a_whole_chun
     back = NMTiling.of_facts(old)
     assert not back.gather and not back.gathers and back.staged == back.chunk
     assert NMTiling.of_facts(NMTiling(4, 32, 32).facts()).gathers  # today's facts: as written
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pattern=st.sampled_from([(2, 4, 1), (1, 4, 1), (2, 8, 2), (8, 32, 8), (4, 32, 32)]),
+       cin=st.sampled_from([4, 8, 16, 32]), window=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2),
+       pad=st.integers(0, 2), dilation=st.integers(1, 2), blocking=st.integers(0, len(BLOCKINGS) * len(DEPTHS) - 1),
+       batch=st.integers(1, 3), seed=st.integers(0, 1000))
+# always: several chunks of K (32 channels × 9), padding on every border, a partial last block of
+# pixels (2 × 7 × 6 = 84 over 64 a block) and of rows (37 over 16 or 32), a stage that gathers
+@example(pattern=(8, 32, 8), cin=32, window=3, stride=1, pad=1, dilation=1, blocking=4, batch=2, seed=4)
+def test_the_implicit_conv_nm_kernel_equals_a_reference_convolution(pattern, cin, window, stride, pad, dilation,
+                                                                    blocking, batch, seed):
+    """The N:M kernel with a convolution's geometry: each thread copies its output pixel's input at each
+    staged row's window entry (zero in the padding, past the last pixel and past K), the slots' loop is
+    the GEMM's, each output goes to NCHW Y through the bias and ReLU; against numpy's conv2d."""
+    from lospmm.kernel.geometry import ConvGeometry
+
+    n, m, vector = pattern
+    size = dilation * (window - 1) + 1
+    geometry = ConvGeometry(cin=cin, h=max(size, 7), w=max(size - 2 * pad, 6), kh=window, kw=window, stride=stride,
+                            pad=pad, dilation=dilation)
+    if geometry.k % m:
+        return
+    rng = np.random.default_rng(seed)
+    rows = 32 if vector == 32 else 37 - 37 % vector
+    a = random_nm_pruned(rows, geometry.k, NMPattern(n, m, vector), rng)
+    tilings = nm_tilings(n, m, vector)
+    tiling = tilings[blocking % len(tilings)]
+    epilogue = Epilogue(tuple(float(v) for v in rng.standard_normal(rows)), "relu")
+    kernel = kernel_source(a, None, 0, CodegenParams(design=NM), epilogue, geometry, nm=tiling)
+    spec = kernel.spec
+    assert spec.form == "conv" and spec.params == ("const float* X", "float* Y", "int batch") and spec.cooperative
+    assert spec.path_counts(batch) == (batch,)  # no vector path: a pixel's inputs are gathered 4 bytes a copy
+    result = checked(HostKernel(kernel, True, spec.module_data(a)), a, batch, seed)
+    assert result.ok, (tiling.label, result.message)
+
+
+def test_the_implicit_conv_nm_kernel_reads_the_padding_as_zero():
+    """Without its window test the copy reads the input beside the window's edge, not zeros: the check
+    against the reference convolution fails (ASan may stop it first)."""
+    from lospmm.kernel.geometry import ConvGeometry
+
+    geometry = ConvGeometry(cin=8, h=6, w=6, kh=3, kw=3, pad=1)
+    a = random_nm_pruned(16, geometry.k, NMPattern(2, 4), np.random.default_rng(2))
+    kernel = kernel_source(a, None, 0, CodegenParams(design=NM), Epilogue(), geometry, nm=NMTiling(2, 4, 1, 16, 64, 4, 4))
+    data = kernel.spec.module_data(a)
+    assert checked(HostKernel(kernel, False, data), a, 2).ok
+    text = kernel.source
+    test = "inside = in && live && "
+    assert text.count(test) == 1
+    broken = KernelSource(kernel.spec, (text.replace(test, "inside = in && live; (void)"),))
+    try:
+        result = checked(HostKernel(broken, False, data), a, 2)
+    except Exception:  # the emulation stopped it: the read past the image
+        return
+    assert not result.ok
+
+
+def test_an_implicit_conv_nm_spec_round_trips_and_refuses_what_it_is_not():
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+
+    geometry = ConvGeometry(cin=16, h=9, w=9, kh=3, kw=3, stride=2, pad=1)
+    a = random_nm_pruned(32, geometry.k, NMPattern(4, 16, 8), np.random.default_rng(0))
+    tiling = NMTiling(4, 16, 8, 32, 64, 8, 4)
+    spec = kernel_source(a, None, 0, CodegenParams(design=NM), Epilogue((0.5,) * 32, "relu"), geometry, nm=tiling).spec
+    back = KernelSpec.from_json(spec.to_json())
+    assert back == spec and back.conv == geometry and back.nm == tiling and back.form == "conv"
+    facts = json.loads(spec.to_json())
+    assert facts["grid"] == {"x": 1, "y": f"ceil(batch * {geometry.pixels} / 64)", "z": 1}
+    assert "fill the module's globals" in facts["layout"] and "NCHW" in facts["layout"]
+    assert NM.serves_conv and NM.conv_kernel == NM
+    half = design_in(NumberFormat.half("fp16", "packed"), NM)
+    assert not half.serves_conv and half.conv_kernel is None
+    with pytest.raises(ValueError, match="is fp32"):
+        kernel_source(rounded_matrix(a, "fp16")[0], None, 0, CodegenParams(design=half), Epilogue(), geometry, nm=tiling)
+    with pytest.raises(ValueError, match="cin·kh·kw"):
+        kernel_source(a[:, :72], None, 0, CodegenParams(design=NM), Epilogue(), geometry, nm=NMTiling(4, 16, 8))
+
+
+def test_a_convolutions_nm_kernel_is_priced_above_the_gemms_for_its_gathers():
+    """The same launch with a convolution's copies (4 bytes a pixel's input, each its entry's load and
+    window test) costs more than with 16-byte copies of an im2col B's rows, on a work-bound layer whose
+    loop is bound by its issue (8:32 in vectors of 8: one B vector a slot)."""
+    h100 = DEVICES["h100"]
+    t = nm_tilings(8, 32, 8)[0]
+    gemm, conv = (nm_timing(NMWork(t, 256, 2304, 50176, nm_registers(t), None, c), h100) for c in (False, True))
+    assert conv.time_us > gemm.time_us * 1.05 and conv.compute_us > gemm.compute_us

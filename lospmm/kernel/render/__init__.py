@@ -1,6 +1,6 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
-and convolution (render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM (render.nm),
+and convolution (render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM and convolution (render.nm),
 N:M GEMM on sparse tensor cores (render.sparse_mma), implicit-im2col convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
@@ -30,7 +30,7 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                   nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
-    is given (baked, staged or streamed), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
+    is given (baked, staged, streamed or N:M), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
     its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
     blocking `nm` (its tiles and N1 are not used): the sparse tensor-core kernel for a blocking of
     sparse_mma (mma sums). ValueError naming what no renderer can do."""
@@ -38,13 +38,16 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
     if (design.a_values == "nm") != (nm is not None):
         raise ValueError(f"design {design.label}: an N:M blocking is given with the nm design, and only with it")
     if nm is not None:
-        if conv is not None:
-            raise ValueError(f"design {design.label}: the N:M kernel is a GEMM kernel (no implicit-im2col convolution)")
         on_tensor_cores = isinstance(nm, MMATiling)
         if (design.accumulate == "mma") != on_tensor_cores:
             raise ValueError(f"design {design.label}: mma sums take a sparse tensor-core blocking "
                              f"(lospmm.kernel.sparse_mma), and only they; got {nm.label}")
-        return (sparse_mma_kernel if on_tensor_cores else nm_kernel)(matrix, nm, design, epilogue)
+        if on_tensor_cores:
+            if conv is not None:
+                raise ValueError(f"design {design.label}: the sparse tensor-core kernel is a GEMM kernel (no "
+                                 f"implicit-im2col convolution)")
+            return sparse_mma_kernel(matrix, nm, design, epilogue)
+        return nm_kernel(matrix, nm, design, epilogue, conv)
     if conv is not None:
         if design.half:
             raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "

@@ -11,7 +11,13 @@ then per slot each thread reads its rows' values (vectors of 4) and, per group o
 the slot's column, one B vector of its columns from that row of the chunk, and does rows ×
 columns multiply-adds. A thread's columns are vectors of 4 spaced 4·block_columns/thread_columns
 apart, so that a warp's shared-memory reads are consecutive. B and C are read and written as
-float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise."""
+float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise.
+
+With a convolution's geometry (fp32) it is the implicit-im2col N:M kernel: B's column is an output
+pixel, and each thread of a block copies its one pixel's input at each staged row's window entry
+(the int2 table of render.conv.window_entries: an offset from the window's corner and its window row
+and column), zero in the padding or past the last pixel, 4 bytes a cp.async; each output goes to
+NCHW Y. The slots' loop is the GEMM's."""
 
 from __future__ import annotations
 
@@ -20,10 +26,12 @@ import scipy.sparse as sp
 
 from lospmm.kernel.design import KernelDesign
 from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
+from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -31,27 +39,38 @@ LANE = "xyzw"
 
 
 def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
-              epilogue: Epilogue = Epilogue()) -> KernelSource:
+              epilogue: Epilogue = Epilogue(), conv: ConvGeometry | None = None) -> KernelSource:
     """The N:M kernel of `matrix` (which must hold tiling's pattern: ValueError naming the group
-    that does not) in `tiling`'s blocking, storing through `epilogue`."""
+    that does not) in `tiling`'s blocking, storing through `epilogue`; with `conv`, the convolution's
+    implicit-im2col N:M kernel (fp32)."""
     a = sp.csr_matrix(matrix, dtype=np.float32)
     a.sort_indices()
     t = tiling
+    if conv is not None:
+        if design.half:
+            raise ValueError(f"design {design.label}: the implicit-im2col N:M kernel is fp32 (a half run's "
+                             f"convolutions are im2col GEMMs)")
+        if conv.k != a.shape[1]:
+            raise ValueError(f"weight has K={a.shape[1]} columns, the conv geometry needs cin·kh·kw = {conv.k}")
+        if epilogue.bias and len(epilogue.bias) != a.shape[0]:
+            raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output channels")
     operands = nm_operands(a, t)  # refuses an A without the pattern before anything is rendered
-    spec, sizes = untiled_spec("lospmm_nm", a, t, design, epilogue, operands)
+    spec, sizes = untiled_spec("lospmm_nm", a, t, design, epilogue, operands, conv=conv)
     return KernelSource(spec, (_source(spec, t, sizes, epilogue),))
 
 
 def untiled_spec(prefix: str, a: sp.csr_matrix, tiling, design: KernelDesign, epilogue: Epilogue,
-                 operands: dict, *name_parts) -> tuple[KernelSpec, dict[str, int]]:
+                 operands: dict, *name_parts, conv: ConvGeometry | None = None) -> tuple[KernelSpec, dict[str, int]]:
     """The spec of a kernel that keeps A as module data in `tiling`'s blocking (a block a row block and
-    a thread a column of it), and the size of each of its module globals (from `operands`)."""
+    a thread a column of it; with `conv`, an output pixel), and the size of each of its module globals
+    (from `operands`)."""
     m, k = a.shape
+    geometry = () if conv is None else ("conv", tuple(vars(conv).values()))
     name = kernel_name(prefix, m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
-                       tuple(tiling.facts().items()), *name_parts, *epilogue.name_parts())
+                       tuple(tiling.facts().items()), *name_parts, *geometry, *epilogue.name_parts())
     layout = LaunchLayout(tiling.row_blocks(m), tiling.threads, 1, 1, "tile-x")
-    spec = KernelSpec(name, "gemm", m, k, tiling.block_rows, layout, tiling.row_blocks(m), design, epilogue,
-                      nm=tiling, nnz=int(a.nnz))
+    spec = KernelSpec(name, "gemm" if conv is None else "conv", m, k, tiling.block_rows, layout,
+                      tiling.row_blocks(m), design, epilogue, conv, nm=tiling, nnz=int(a.nnz))
     return spec, {symbol: operands[role].size for role, symbol in spec.module_symbols.items() if role in operands}
 
 
@@ -94,18 +113,40 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
          f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
          f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
+    geometry = spec.conv
+    window = f"{name}_window"  # a convolution's column entries: two ints each (render.conv.window_entries)
+    if geometry is not None:
+        if threads != bn:  # each thread copies its one pixel's column of every staged row
+            raise ValueError(f"N:M conv kernel {t.label}: {threads} threads for {bn} columns a block")
+        globals_.append(f"__device__ __align__(8) const int {window}[{2 * k}] = "
+                        f"{{{', '.join(map(str, window_entries(geometry, range(k))))}}};\n")
+        head = (f"__device__ __forceinline__ void stage_{name}(float* Bs, float* As, unsigned char* Is, "
+                f"const float* __restrict__ X, const float* xp, const unsigned rows_ok, const unsigned cols_ok, "
+                f"const bool live, const int k0, const long long slab) {{\n")
+        # the thread's pixel's input at each staged row's window entry; zero in the padding, past the
+        # last pixel, or past K
+        copy_b = [f"  for (int r = 0; r < {staged}; ++r) {{\n",
+                  f"    {in_chunk('r')};\n",
+                  f"    const int2 e = reinterpret_cast<const int2*>({window})[in ? kr : 0];\n",
+                  f"    const bool inside = in && live && {WINDOW_INSIDE.format('e.y')};\n",
+                  f"    lospmm_cp4(Bs + r * {bn} + tid, inside ? (const void*)((const char*)xp + e.x) : (const void*)X, "
+                  f"inside ? 4 : 0);\n",
+                  "  }\n"]
+    else:
+        head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
+                f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
+                f"const bool vec) {{\n")
+        copy_b = ["  if (vec) {\n",
+                  f"    for (int i = tid; i < {staged * bn // per_copy}; i += {threads}) {{\n",
+                  f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, col = col0 + q;\n",
+                  f"      {in_chunk('r')} && col < N;\n",
+                  f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
+                  "    }\n  } else {\n", *element_copy, "  }\n"]
     stage = "".join([
-        f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
-        f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
-        f"const bool vec) {{\n",
+        head,
         "  const int tid = threadIdx.x;\n",
         *(f"  {line}" for line in row_of),
-        "  if (vec) {\n",
-        f"    for (int i = tid; i < {staged * bn // per_copy}; i += {threads}) {{\n",
-        f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, col = col0 + q;\n",
-        f"      {in_chunk('r')} && col < N;\n",
-        f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
-        "    }\n  } else {\n", *element_copy, "  }\n",
+        *copy_b,
         f"  const float* av = {symbols['values']} + slab * {kept * bm};\n",
         f"  for (int i = tid; i < {kept * bm // 4}; i += {threads}) lospmm_cp16(As + 4 * i, av + 4 * i, 16);\n",
         f"  const unsigned char* ai = {symbols['index']} + slab * {t.slab};\n",
@@ -175,29 +216,49 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
                           "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = {values[lane]};"
                                                     for lane in range(4)) + " }\n      }\n")
         stores.append("    }\n  }\n")
+    if geometry is not None:  # each of the thread's columns an output pixel of NCHW Y: its rows pixels apart
+        pixels = geometry.pixels
+        stores = []
+        for j in range(tn):
+            stores.append(f"  {{ const int n = col0 + tx * 4 + {(j // 4) * span + j % 4};\n    if (n < N) {{\n"
+                          f"      const int image = n / {pixels};\n"
+                          f"      float* y = Y + (long long)image * {m * pixels} + (n - image * {pixels});\n")
+            for i in range(tm):
+                bias = f" + {symbols['bias']}[row0 + {i}]" if epilogue.bias else ""
+                stores.append(f"      if (row0 + {i} < {m}) {{ const float x = {acc[i][j]}{bias}; "
+                              f"y[(long long)(row0 + {i}) * {pixels}] = {epilogue_scalar(epilogue, 'x')}; }}\n")
+            stores.append("    }\n  }\n")
     chunks, row_blocks = t.chunks(k), t.row_blocks(m)
     zero = "0u" if packed else "0.0f"
     # vector accesses: B's 16-byte copies and C's stores of a thread's 4 columns; a half row of N is
     # 16-byte aligned when N is a multiple of 8
     vec = (f"N % {per_copy} == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0")
+    if geometry is None:
+        signature = f"(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, const int N)"
+        setup = [f"  const bool vec = {vec};\n"]
+        staged_from = "B, N, {k0}, col0, {slab}, vec"
+    else:  # the thread's copy column is output pixel col0 + tid: its window found once
+        signature = "(const float* __restrict__ X, float* __restrict__ Y, const int batch)"
+        setup = [f"  const int N = batch * {geometry.pixels}, n = col0 + tid;\n", "  const bool live = n < N;\n",
+                 pixel_window(geometry, m)]
+        staged_from = "X, xp, rows_ok, cols_ok, live, {k0}, {slab}"
     body = "".join([
-        f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, "
-        f"const int N) {{\n",
+        f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}{signature} {{\n",
         f"  __shared__ __align__(16) {ctype} Bs[2][{(staged + 1) * bn}];\n",
         f"  __shared__ __align__(16) float As[2][{kept * bm}];\n",
         f"  __shared__ __align__(16) unsigned char Is[2][{t.slab}];\n",
         f"  const int tid = threadIdx.x, tx = tid % {per_row}, ty = tid / {per_row};\n",
         f"  const int row_block = blockIdx.x, col0 = blockIdx.y * {bn}, row0 = row_block * {bm} + ty * {tm};\n",
-        f"  const bool vec = {vec};\n",
+        *setup,
         f"  for (int i = tid; i < {2 * bn}; i += {threads}) Bs[i / {bn}][{staged * bn} + i % {bn}] = ({ctype})0;  "
         f"// the zero row a spare slot reads\n",
         *(f"  {'unsigned' if packed else 'float'} {', '.join(f'{c} = {zero}' for c in row)};\n" for row in acc),
-        f"  stage_{name}(Bs[0], As[0], Is[0], B, N, 0, col0, row_block, vec);\n",
+        f"  stage_{name}(Bs[0], As[0], Is[0], {staged_from.format(k0='0', slab='row_block')});\n",
         "  lospmm_cp_commit();\n",
         f"  for (int c = 0; c < {chunks}; ++c) {{\n",
         f"    if (c + 1 < {chunks}) {{\n",
-        f"      stage_{name}(Bs[(c + 1) & 1], As[(c + 1) & 1], Is[(c + 1) & 1], B, N, (c + 1) * {kc}, col0, "
-        f"(long long)(c + 1) * {row_blocks} + row_block, vec);\n",
+        f"      stage_{name}(Bs[(c + 1) & 1], As[(c + 1) & 1], Is[(c + 1) & 1], "
+        f"{staged_from.format(k0=f'(c + 1) * {kc}', slab=f'(long long)(c + 1) * {row_blocks} + row_block')});\n",
         "      lospmm_cp_commit();\n      lospmm_cp_wait_one();\n    } else {\n      lospmm_cp_wait_all();\n    }\n",
         "    __syncthreads();\n",
         f"    const {ctype}* bs = Bs[c & 1] + tx * 4;\n",
@@ -207,7 +268,11 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         f"    for (int p = 0; p < {kept}; ++p) {{\n", *slot, "    }\n",
         "    __syncthreads();\n  }\n",
         *stores, "}\n"])
-    header = (f"// lospmm N:M kernel {name}: M={m} K={k} nnz={spec.nnz} {t.label} threads={threads} "
+    where = "" if geometry is None else (
+        f" conv Cin={geometry.cin} {geometry.h}x{geometry.w} window {geometry.kh}x{geometry.kw} stride={geometry.stride} "
+        f"pad={geometry.pad} dilation={geometry.dilation} -> {geometry.h_out}x{geometry.w_out}")
+    header = (f"// lospmm N:M kernel {name}: M={m} K={k} nnz={spec.nnz} {t.label} threads={threads}{where} "
               f"design={spec.design.code_label}{' epilogue=' + epilogue.label if not epilogue.empty else ''}\n")
     return "".join([included("preamble.cuh"), included("vector.cuh"), *([included("half.cuh")] if half else []),
+                    *([included("conv.cuh")] if geometry is not None else []),
                     included("nm.cuh"), header, *globals_, stage, body])
