@@ -369,6 +369,36 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     torch.testing.assert_close(load_kernel(package.dir)(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pattern,blocking", [((2, 4, 1), (16, 64, 4, 4)), ((8, 32, 8), (64, 128, 8, 8))])
+def test_the_implicit_conv_nm_kernel_matches_the_reference_convolution_on_the_device(tmp_path, pattern, blocking):
+    """The N:M kernel's conv form: its 4-byte cp.async gathers with zero fill (padding, past the last
+    pixel, past K) run only here (the host copies at once); batches 1, 3 and 7 (a partial block of
+    pixels), against torch's conv2d with the bias and ReLU."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.package import read_package
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    g = ConvGeometry(cin=32, h=13, w=11, kh=3, kw=3, stride=2, pad=1)
+    a = random_nm_pruned(72, g.k, NMPattern(*pattern), np.random.default_rng(5))
+    bias = tuple(float(v) for v in np.linspace(-1, 1, 72))
+    facts = emitted_kernel(str(tmp_path), a, None, "conv-nm", 1 - pattern[0] / pattern[1], 0, _arch(), tmp_path / "k",
+                           verify=False, conv=g, design=NM_DESIGN, epilogue=Epilogue(bias, "relu"),
+                           nm=NMTiling(*pattern, *blocking))
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    package = read_package(tmp_path / "k", ("kernel.json", "kernel.cubin"))
+    _device_checked(package, a, (1, 3, 7))
+    torch = pytest.importorskip("torch")
+    x = torch.randn(3, 32, 13, 11, device="cuda")
+    weight = torch.from_numpy(a.toarray().reshape(72, 32, 3, 3)).float().cuda()
+    want = torch.relu(torch.nn.functional.conv2d(x, weight, torch.tensor(bias, device="cuda").float(), 2, 1))
+    torch.testing.assert_close(load_kernel(package.dir)(x), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_whole_search_with_the_cuda_timer(tmp_path):
     """The default timer on a GPU host is cuda: proxies and the emitted kernel are measured, the
