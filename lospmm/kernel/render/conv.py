@@ -131,6 +131,11 @@ def window_entries(g: ConvGeometry, columns) -> list[int]:
     return [x for c in columns for off, ky, kx in [g.window_offset(int(c))] for x in (4 * off, ky | kx << 16)]
 
 
+def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:
+    """The C address of output pixel `pixel`'s first channel in NCHW Y (M channels; its rows g.pixels apart)."""
+    return f"Y + (long long)({pixel} / {g.pixels}) * {m * g.pixels} + {pixel} % {g.pixels}"
+
+
 def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True) -> str:
     """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
     channels), its window's top-left corner (iy0, ix0: outside the image where the window overhangs the

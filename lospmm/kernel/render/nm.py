@@ -31,7 +31,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
-from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_output, pixel_window, window_entries
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -221,8 +221,7 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         stores = []
         for j in range(tn):
             stores.append(f"  {{ const int n = col0 + tx * 4 + {(j // 4) * span + j % 4};\n    if (n < N) {{\n"
-                          f"      const int image = n / {pixels};\n"
-                          f"      float* y = Y + (long long)image * {m * pixels} + (n - image * {pixels});\n")
+                          f"      float* y = {pixel_output(geometry, m, 'n')};\n")
             for i in range(tm):
                 bias = f" + {symbols['bias']}[row0 + {i}]" if epilogue.bias else ""
                 stores.append(f"      if (row0 + {i} < {m}) {{ const float x = {acc[i][j]}{bias}; "

@@ -27,7 +27,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, proxy_nonzeros, sorted_matrix,
                                          tile_columns, units, zero_functions)
-from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_output, pixel_window, window_entries
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.kernel.staging import block_tiles, chunk_count, staged_shared_bytes
@@ -86,7 +86,7 @@ def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                 f"  __shared__ __align__(16) float Bs[{largest * n1}];\n"
                 f"  const int pixel = blockIdx.y * {n1} + threadIdx.x;\n")
         zero_call = (f"if (threadIdx.x < {n1} && pixel < batch * {g.pixels}) "
-                     f"zero_{{z}}(Y + (long long)(pixel / {g.pixels}) * {m * g.pixels} + pixel % {g.pixels}, {g.pixels})")
+                     f"zero_{{z}}({pixel_output(g, m, 'pixel')}, {g.pixels})")
         args, preamble = "X, Y, batch, Bs", code.preamble() + included("staged.cuh") + included("conv.cuh")
     entry = entry_unit(preamble, header, len(groups), _signature(g), zeros, head, args, zero_call, "x")
     layout = LaunchLayout(len(groups) + len(zeros), design.block_threads(n1), 1, 1, "tile-x", per_block)
