@@ -398,6 +398,28 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def split_summary(rows: list[dict]) -> list[dict]:
+    """The K split on the micro sweep's footprint tiles (issue 35): per tile, 16 walks over one walk
+    without and with the split (a walk costs what one walk does at 16: no cliff), and the split's time
+    over the unsplit one's at 16 walks (below 1: the split recovers part of the cliff)."""
+    by: dict = {}
+    for r in rows:
+        if r.get("set") == "micro" and str(r.get("layer", "")).startswith("footprint-"):
+            d = design_named(r["design"])
+            key = "split" if d.section_fmas else f"walks={d.column_walks}"
+            by.setdefault(r["layer"], {})[key] = r
+    out = []
+    for layer, kinds in sorted(by.items(), key=lambda kv: int(kv[0].split("-")[1])):
+        one, sixteen, split = (measured_us(kinds.get(k)) for k in ("walks=1", "walks=16", "split"))
+        if math.isnan(split):
+            continue
+        out.append({"tile": layer, "one walk µs": one, "16 walks µs": sixteen, "16 walks, split µs": split,
+                    "16 / one": sixteen / one if one > 0 else float("nan"),
+                    "16 split / one": split / one if one > 0 else float("nan"),
+                    "split / unsplit": split / sixteen if sixteen > 0 else float("nan")})
+    return out
+
+
 def design_choice(rows: list[dict], rows_set: str = "ab") -> tuple[list[dict], dict]:
     """Issue 35's verdict on the design per layer: per layer of `rows_set` (each design of
     kernel.choices.DESIGN_CANDIDATES measured on one tile), the design the estimate prices lowest

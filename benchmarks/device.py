@@ -833,6 +833,10 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
                                                                           "tile_code_bytes_mean")}
                                                  for r in speed if r.get("set") == "micro"])
+                split = analysis.split_summary(speed)
+                if split:
+                    analysis.print_table("the K split on the footprint tiles at 16 walks (issue 35: a section's code "
+                                         "cached over the walks)", split)
             if any(r.get("set") == "reorder" for r in speed):
                 rows, corr = analysis.reorder_summary(speed, reorder_nnc())
                 analysis.print_table("row orders, same tile and design (issue 33): µs and Σ nnc; kept over Algorithm 1",

@@ -374,19 +374,30 @@ def staged_plan(layers=AB_LAYERS, sparsity: float = 0.9, variants=STAGED_VARIANT
     return out
 
 
+MICRO_SPLIT = 256  # the micro set's K split: footprint-256's code a section
+
+
 def micro_plan(n: int = 65536) -> list[Planned]:
     """The diagnosis kernels (synthetic A, M1 = 2, N1 = 128, chained loads):
     - footprint: one tile of 2 rows whose code grows from ~12 KB to ~0.8 MB, walked once by each of
       N/128 blocks (walks=1) or 16 column blocks by each block (walks=16): where the second is no
       faster per walk, the tile's code no longer fits the cache that served the repeats;
     - sharing: 32 tiles of ~512 nonzeros (~24 KB of code each), blocks of one tile dispatched
-      together (column-x) or apart (tile-x), walked once or 16 times."""
+      together (column-x) or apart (tile-x), walked once or 16 times;
+    - split: the footprint tiles past the cache walked 16 times in a K split of MICRO_SPLIT
+      multiply-adds a section (footprint-256's code, which the repeats found cached): where the
+      split's walks cost what footprint-256's do per multiply-add, the split recovers the cliff."""
     out = []
     for nnz in (256, 512, 1024, 2048, 4096, 16384):  # one function: ptxas is superlinear past ~16k
         for walks in (1, 16):
             design = design_named(f"chained,walks={walks}").label
             out.append(Planned(_id("micro-footprint", nnz, walks), "micro", "synthetic", f"footprint-{nnz}", 2,
                                2 * nnz, n, 0.75, 0, design, 2, 128, _id("synthetic-footprint", nnz), "fixed"))
+        if nnz > MICRO_SPLIT:
+            design = design_named(f"chained,walks=16,split={MICRO_SPLIT}").label
+            out.append(Planned(_id("micro-footprint", nnz, 16, "split", MICRO_SPLIT), "micro", "synthetic",
+                               f"footprint-{nnz}", 2, 2 * nnz, n, 0.75, 0, design, 2, 128,
+                               _id("synthetic-footprint", nnz), "fixed", variant="split"))
     for order in ("tile-x", "column-x"):
         for walks in (1, 16):
             design = design_named(f"chained,{order},walks={walks}").label

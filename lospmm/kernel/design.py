@@ -50,6 +50,13 @@ class KernelDesign:
     tile_warps: a staged design's warps a tile spans (1, 2 or 4): its N1 is 32 of them, so the tile's
         code, fetched once a block, serves 32·tile_warps columns; its chunks of K are as many times
         shorter (STAGED_FLOATS over N1 rows), so a chunk's union still fits 32 KiB.
+    section_fmas: a looped baked fp32 design's K split (0: none): a tile of more multiply-adds is
+        rendered in sections of its columns of at most this many, each walked over all the block's
+        column blocks before the next, its partial sums kept in C between sections (read back by the
+        thread that wrote them; the epilogue at the last). A walk repeats one section's code, small
+        enough to stay in the instruction cache, where the whole tile's would be fetched again per
+        walk (the H200's micro sweep: 16 walks of one tile cost 9.3× one walk at 12 KB of code,
+        12.9× at 0.8 MB).
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
         cubin: code O(1) in the kernel's size, compile time too; convolutions too), or "nm" (an N:M-sparse A compressed
@@ -74,6 +81,7 @@ class KernelDesign:
     promote_every: int = 0
     tiles_per_block: int = 1
     tile_warps: int = 1
+    section_fmas: int = 0
 
     def __post_init__(self):
         choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
@@ -111,6 +119,10 @@ class KernelDesign:
                 2, "tile-x", 1, "baked"):
             raise ValueError(f"a {self.dtype} design holds one packed pair per thread (v=2) in the baseline's grid "
                              f"(tile-x, one walk) with baked values, so far; got {self.label}")
+        if self.section_fmas and (self.section_fmas < 1 or not self.looped or self.a_values != "baked"
+                                  or self.loads == "staged" or self.half):
+            raise ValueError(f"a K split (split=S) is a looped baked fp32 design's (walks=W above 1: each section "
+                             f"walked over the block's column blocks); got {self.label}")
         if self.half:
             if not self.accumulate:  # one spelling per design: equal designs are equal keys
                 object.__setattr__(self, "accumulate", "packed")
@@ -184,6 +196,7 @@ class KernelDesign:
         key = (self.order, self.looped, self.columns_per_thread, self.loads, self.a_values)
         key += (self.tiles_per_block,) if self.loads == "staged" else ()
         key += (self.tile_warps,) if self.tile_warps != 1 else ()
+        key += (("split", self.section_fmas),) if self.section_fmas else ()
         return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
 
     @property
@@ -202,7 +215,8 @@ class KernelDesign:
     @property
     def _tiles_label(self) -> str:
         return ((f",tiles={self.tiles_per_block}" if self.loads == "staged" else "")
-                + (f",warps={self.tile_warps}" if self.tile_warps != 1 else ""))
+                + (f",warps={self.tile_warps}" if self.tile_warps != 1 else "")
+                + (f",split={self.section_fmas}" if self.section_fmas else ""))
 
     @property
     def label(self) -> str:
@@ -212,11 +226,11 @@ class KernelDesign:
                 f"v={self.columns_per_thread}{self._tiles_label}")
 
     def facts(self) -> dict:
-        """Its fields and label; tiles_per_block only for a staged design (the facts of every other
-        design, and so what is keyed on them, as before staged designs existed)."""
+        """Its fields and label; tiles_per_block only for a staged design, section_fmas only for a K
+        split (the facts of every other design, and so what is keyed on them, as before)."""
         return {"label": self.label, **{k: v for k, v in vars(self).items()
                                         if (k != "tiles_per_block" or self.loads == "staged")
-                                        and (k != "tile_warps" or v != 1)}}
+                                        and (k != "tile_warps" or v != 1) and (k != "section_fmas" or v)}}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "KernelDesign":
@@ -232,7 +246,8 @@ BASELINE = KernelDesign()
 def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
     `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged
-    design's `tiles=G` (8 unless told) and `warps=1|2|4`, and a half
+    design's `tiles=G` (8 unless told) and `warps=1|2|4`, a looped design's K split `split=S`
+    (multiply-adds a section), and a half
     design's `fp16|bf16`, `acc=packed|f32|mma` (mma: the nm design's, on sparse tensor cores), `promote=K` (a half design is v=2 unless told);
     "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
     with two values (`tile-x,column-x`)."""
@@ -256,12 +271,15 @@ def design_named(text: str) -> KernelDesign:
             field_name, value = "tiles_per_block", int(token[6:])
         elif token.startswith("warps=") and token[6:].isdigit():
             field_name, value = "tile_warps", int(token[6:])
+        elif token.startswith("split=") and token[6:].isdigit():
+            field_name, value = "section_fmas", int(token[6:])
         elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
             key, number = token.split("=", 1)
             field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
         else:
             raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained|staged, "
-                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, fp16|bf16, acc=packed|f32|mma, promote=K)")
+                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, split=S, fp16|bf16, acc=packed|f32|mma, "
+                             f"promote=K)")
         if field_name in values and values[field_name] != value:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "
                              f"({values[field_name]} and {value}): choose one")

@@ -30,6 +30,10 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
 - Latency: each warp waits `mem_latency / (1 + prefetch)` per load (a streamed kernel's loop, which
   keeps no load ahead across its iterations, `mem_latency + data_latency` per column: its entry's
   and B's); resident warps overlap.
+- A K split (design section_fmas): each tile's code in sections of at most that many multiply-adds,
+  each walked before the next, so a walk refetches a section's code only where the section, not
+  the tile, passes the instruction cache; each section after the first reads its rows' partial sums
+  back and each before the last stores them (instructions, and C's bytes through L2).
 - A convolution's implicit-im2col kernel is priced as the GEMM of its im2col shape in its design
   (the window test of its loads, or of a staged block's copies, is not counted).
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
@@ -194,9 +198,19 @@ def fma_instructions_per_nonzero(design: KernelDesign) -> float:
     return v / 2 if design.half and design.accumulate == "packed" else float(v)
 
 
+def tile_sections(work: KernelWork) -> np.ndarray:
+    """Sections of each tile's code under the design's K split (1 each without one): its
+    multiply-adds over section_fmas, rounded up (render.common.k_sections keeps a column whole)."""
+    fmas = work.tile_fmas.astype(np.float64)
+    if not work.design.section_fmas:
+        return np.ones_like(fmas)
+    return np.maximum(1.0, np.ceil(fmas / work.design.section_fmas))
+
+
 def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
     """Instructions one warp executes per walk of each tile (the straight-line code it fetches; a
-    streamed kernel's loop, see streamed_instructions)."""
+    streamed kernel's loop, see streamed_instructions); a K split's sections each resume and store
+    their rows' sums and run their own loop."""
     d = work.design
     if d.a_values == "streamed":
         return streamed_instructions(work, params)
@@ -210,9 +224,11 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
     elif d.half and d.promote_every:  # every row's sum moved about nnz / promote_every times, packed at the end
         extra = params.promote_instr * fmas / d.promote_every
         per_row += params.pack_instr
+    sections = tile_sections(work)
     instr = (fmas * fma_instructions_per_nonzero(d) + per_load * work.tile_loads.astype(np.float64) + extra
              + per_row * work.m1 + params.block_overhead_instr + params.call_instr
-             + (params.loop_instr_per_walk if d.looped else 0))
+             + (params.loop_instr_per_walk * sections if d.looped else 0)
+             + (sections - 1) * 2 * params.store_instr * work.m1)  # a section's partial store and resume
     return instr + work.spill_bytes / 4.0
 
 
@@ -280,7 +296,8 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     blocks_per_tile = -(-column_blocks // d.column_walks)
     walks_per_block = column_blocks / blocks_per_tile
     code = params.sass_bytes_per_instr * code_instructions(work, params)
-    fetches = blocks_per_tile * np.where(code > params.icache_bytes, walks_per_block, 1.0)
+    # a K split's walks repeat one section's code: the section, not the tile, must fit the cache
+    fetches = blocks_per_tile * np.where(code / tile_sections(work) > params.icache_bytes, walks_per_block, 1.0)
     if d.a_values == "streamed":  # one loop shared by every block: fetched once per SM, then cached
         fetches = np.full_like(code, device.sms / max(len(code), 1))
     # a zeroing block's few instructions stay cached over its walks
@@ -292,7 +309,8 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     element = float(d.element_bytes)
     dram = element * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
     l2 = (element * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
-          + threads_per_row * work.spill_bytes * len(loads))
+          + threads_per_row * work.spill_bytes * len(loads)
+          + element * n * 2 * work.m1 * float((tile_sections(work) - 1).sum()))  # a K split's partial sums
     if d.a_values == "streamed":  # each warp reads its tile's values and offsets (cached in L1 per block)
         l2 += 4.0 * float((loads * (work.m1 + 1)).sum()) * -(-n // (work.n1 * v))
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))

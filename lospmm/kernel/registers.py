@@ -18,8 +18,10 @@ class RegisterModel:
     spilled at the baked kernel's cap, none 8 above it), window_regs=8 (a streamed convolution at one walk
     keeps its pixel's window, input and output pointers and two masks, across its loop over columns
     beside the sums: 3×3 and 7×7 windows at M1 12-28 spilled 16-32 B at the GEMM's cap, none 6 above
-    it; a looped one's loop_regs cover it). ConstrainParams carries the same fields, these defaults, as
-    run options."""
+    it; a looped one's loop_regs cover it), split_regs_per_row=2 (a K split: ptxas keeps each row's
+    64-bit offset in C live across the sections that store and resume it; NVRTC sm_90 on a 64×4096
+    layer at 0.9, walks 4-16, M1 2-16: no spill at 2·M1 + 2 above the prediction, spills below
+    about 2·M1). ConstrainParams carries the same fields, these defaults, as run options."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -29,6 +31,7 @@ class RegisterModel:
     loop_regs: int = 12
     staged_regs: int = 8
     window_regs: int = 8
+    split_regs_per_row: int = 2
 
 
 def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE, conv: bool = False) -> int:
@@ -39,7 +42,8 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     sums are one register per row when packed, two when in fp32, three when promoted. The N:M kernel
     is not capped (255): its launch bounds leave ptxas the registers of its thread tile. `conv`: the
     kernel is an implicit-im2col convolution's (a streamed one at one walk keeps its pixel's window:
-    `window_regs`)."""
+    `window_regs`). A K split (design section_fmas) keeps each row's offset in C across its sections
+    (`split_regs_per_row`, and two more)."""
     v = design.columns_per_thread
     if design.a_values == "nm":  # its thread tile is its blocking's (kernel.nm), bounded by __launch_bounds__
         return 255
@@ -59,4 +63,5 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
     staged = params.staged_regs if design.loads == "staged" else 0
     window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
-    return max(params.min_regs, regs) + staged + window
+    split = params.split_regs_per_row * m1 + 2 if design.section_fmas else 0
+    return max(params.min_regs, regs) + staged + window + split

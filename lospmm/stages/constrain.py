@@ -59,7 +59,8 @@ class ConstrainParams:
     min_regs=32, fallback_keep=10 (when no candidate passes, keep this many least-bad ones; 0: none),
     vector_regs_per_column=8, loop_regs=12 (the designs' registers: the smallest caps without a
     spill over M1 = 1..16 of a 96×512 layer at 0.7, ptxas -O1, and BERT's query layer at M1 = 12,
-    which spilled 24 B with a loop at 8), staged_regs=8, window_regs=8 (kernel.registers.RegisterModel)."""
+    which spilled 24 B with a loop at 8), staged_regs=8, window_regs=8, split_regs_per_row=2
+    (kernel.registers.RegisterModel)."""
 
     th_row: float = 0.25
     th_col: float = 0.25
@@ -73,6 +74,7 @@ class ConstrainParams:
     loop_regs: int = RegisterModel.loop_regs
     staged_regs: int = RegisterModel.staged_regs
     window_regs: int = RegisterModel.window_regs
+    split_regs_per_row: int = RegisterModel.split_regs_per_row
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,19 @@ DESIGN_FEATURES = ("columns_per_thread", "column_walks", "column_x", "chained", 
 # a staged design's blocking (1 and 1 for every other design): a ranker that ranks staged tiles beside the
 # others is trained on them too
 STAGED_FEATURES = ("tiles_per_block", "tile_warps")
+# a K split's section (0 for every other design): added where a split design is ranked beside the others
+SPLIT_FEATURES = ("section_fmas",)
 
 
 @lru_cache(maxsize=None)
 def design_features(label: str) -> dict:
-    """DESIGN_FEATURES and STAGED_FEATURES of the design with this label (KernelDesign.label; "" is the
-    baseline)."""
+    """DESIGN_FEATURES, STAGED_FEATURES and SPLIT_FEATURES of the design with this label
+    (KernelDesign.label; "" is the baseline)."""
     d = design_named(label or "baseline")
     return {"columns_per_thread": d.columns_per_thread, "column_walks": d.column_walks,
             "column_x": int(d.order == "column-x"), "chained": int(d.loads == "chained"),
             "streamed": int(d.a_values == "streamed"), "tiles_per_block": d.tiles_per_block,
-            "tile_warps": d.tile_warps}
+            "tile_warps": d.tile_warps, "section_fmas": d.section_fmas}
 
 
 def ranker_features(metadata: dict) -> tuple[str, ...]:
@@ -45,14 +47,15 @@ def ranker_features(metadata: dict) -> tuple[str, ...]:
 
 def ranks_designs(features, designs=()) -> bool:
     """Whether a ranker with these features tells kernel designs apart (`designs`, KernelDesign: and
-    these among them, a staged one's by STAGED_FEATURES too)."""
+    these among them, a staged one's by STAGED_FEATURES too, a K split's by SPLIT_FEATURES)."""
     return set(design_feature_names(designs)) <= set(features)
 
 
 def design_feature_names(designs) -> tuple[str, ...]:
     """The design features a ranker of `designs` (KernelDesign) is trained on: DESIGN_FEATURES, and
-    STAGED_FEATURES where a staged design is among them."""
-    return DESIGN_FEATURES + (STAGED_FEATURES if any(d.loads == "staged" for d in designs) else ())
+    STAGED_FEATURES where a staged design is among them, SPLIT_FEATURES where a K split is."""
+    return (DESIGN_FEATURES + (STAGED_FEATURES if any(d.loads == "staged" for d in designs) else ())
+            + (SPLIT_FEATURES if any(d.section_fmas for d in designs) else ()))
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
 def feature_value(row: dict, name: str) -> float:
     """One feature of a candidate row; a design feature from the row's `design` label where the row
     does not hold it (a row without one is the baseline's)."""
-    if (name in DESIGN_FEATURES or name in STAGED_FEATURES) and name not in row:
+    if (name in DESIGN_FEATURES or name in STAGED_FEATURES or name in SPLIT_FEATURES) and name not in row:
         return float(design_features(row.get("design") or "")[name])
     return float(row[name])
 

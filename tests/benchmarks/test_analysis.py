@@ -319,3 +319,17 @@ def test_the_latency_summarys_reference_is_the_latency_sets_first_variant():
                  spread=0.0) for i, p in enumerate(plan)]
     summary = analysis.latency_summary(rows)
     assert len([r for r in summary if r["model"] != "all"]) == len(plan)  # none left out for want of a reference
+
+
+def test_the_split_summary_sets_16_split_walks_against_16_and_one():
+    from benchmarks.analysis import split_summary
+
+    def row(nnz, design, us):
+        return dict(set="micro", layer=f"footprint-{nnz}", design=design, ours_us=us, spread=0.01)
+
+    rows = [row(4096, "chained,walks=1", 100.0), row(4096, "chained,walks=16", 1290.0),
+            row(4096, "chained,walks=16,split=256", 930.0), row(256, "chained,walks=1", 10.0),
+            row(256, "chained,walks=16", 93.0), dict(set="micro", layer="sharing-32x512", design="chained", ours_us=5.0)]
+    (summary,) = split_summary(rows)  # a tile without a split row is no row
+    assert summary["tile"] == "footprint-4096" and summary["16 / one"] == 12.9
+    assert summary["16 split / one"] == 9.3 and summary["split / unsplit"] == pytest.approx(930 / 1290)

@@ -257,3 +257,13 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     assert summary["baked / N:M"] == 1.5 and summary["cuDNN / N:M"] == 3.0 and math.isnan(summary["implicit_us"])
     assert summary["nm_sparsity"] == 0.5 and math.isnan(summary["sparsity"])  # the unstructured kernels' own
     assert ":" not in p.matrix  # a bundle's file name
+
+
+def test_the_micro_sweep_walks_the_footprint_tiles_past_the_cache_in_a_k_split_too():
+    plan = sets.micro_plan(n=4096)
+    split = [p for p in plan if p.variant == "split"]
+    assert [p.layer for p in split] == [f"footprint-{n}" for n in (512, 1024, 2048, 4096, 16384)]
+    assert all(design_named(p.design).section_fmas == sets.MICRO_SPLIT and design_named(p.design).column_walks == 16
+               for p in split)
+    kernel = sets.planned_job(split[0]).source()
+    assert "n = n0;" in "".join(kernel.units) and kernel.spec.design.section_fmas == sets.MICRO_SPLIT

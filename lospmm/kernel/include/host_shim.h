@@ -51,6 +51,13 @@ static inline void lospmm_st2(float* base, int row, int n, float2 v) {
 static inline void lospmm_st4(float* base, int row, int n, float4 v) {
   float* q = const_cast<float*>(lospmm_aligned(base + (long long)row * n, 16)); q[0] = v.x; q[1] = v.y; q[2] = v.z; q[3] = v.w;
 }
+static inline float lospmm_ldp(const float* base, int row, int n) { return base[(long long)row * n]; }
+static inline float2 lospmm_ldp2(const float* base, int row, int n) {
+  const float* q = lospmm_aligned(base + (long long)row * n, 8); return float2{q[0], q[1]};
+}
+static inline float4 lospmm_ldp4(const float* base, int row, int n) {
+  const float* q = lospmm_aligned(base + (long long)row * n, 16); return float4{q[0], q[1], q[2], q[3]};
+}
 static inline float lospmm_relu(float v) { return v > 0.0f ? v : 0.0f; }
 // half kernels (codegen_half): fp16 / bf16 as 16-bit patterns, every rounding to nearest even done
 // once from the exact value, as the device's fma.rn.f16x2 / .bf16x2 and cvt.rn do

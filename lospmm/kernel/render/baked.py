@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, entry_unit, first_column, kernel_name,
-                                         proxy_nonzeros, sorted_matrix, straight_line, tile_columns, tile_costs,
-                                         tile_signature, units, walked, zero_functions)
+                                         proxy_nonzeros, sectioned_walks, sorted_matrix, tile_columns, tile_costs,
+                                         tile_signature, units, zero_functions)
 from lospmm.kernel.render.numbers import number_code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -58,10 +58,12 @@ def baked_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams = 
         sub, cols = tile_columns(a, rows)
         values = code.tile_values(sub.data)
         nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
-        body, finish = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), params.prefetch, code.load)
-        stores = [code.store(f, int(r), epilogue) for r, f in zip(rows, finish)]
-        functions.append("".join([f"LOSPMM_TILE void tile_{t}{signature} {{\n", *walked(design, body + stores, ctype),
-                                  "  LOSPMM_TILE_END\n}\n"]))
+        body = sectioned_walks(
+            code, design, [int(c) for c in cols], nonzeros, len(rows), params.prefetch, code.load,
+            lambda finish, rows=rows: [code.store(f, int(r), epilogue) for r, f in zip(rows, finish)],
+            lambda finish, rows=rows: [code.resumed(f, int(r)) for r, f in zip(rows, finish)],
+            lambda finish, rows=rows: [code.store(f, int(r), None) for r, f in zip(rows, finish)])
+        functions.append("".join([f"LOSPMM_TILE void tile_{t}{signature} {{\n", *body, "  LOSPMM_TILE_END\n}\n"]))
     zeros = zero_functions(code, tiles, epilogue)
     tile_axis, column_axis = axes(design)
     per_block = (("blockDim.x" if v == 1 else f"(blockDim.x * {v})") if at_launch else n1 * v)
@@ -106,11 +108,16 @@ def baked_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams(
     functions = []
     for c in range(clusters.num_clusters):
         cols, nonzeros = proxy_nonzeros(code, clusters, c)
-        body, finish = straight_line(code, cols, nonzeros, m1, params.prefetch, code.load)
-        stores = [f"  {{ const int r0 = blockIdx.{tile_axis} * {m1};\n",
-                  *(code.store(f, i, None, f"r0 + {i}", f"r0 + {i} < {m}") for i, f in enumerate(finish)), "  }\n"]
-        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{signature} {{\n", *walked(design, body + stores, ctype),
-                                  "  LOSPMM_TILE_END\n}\n"]))
+
+        def stores(finish) -> list[str]:
+            return [f"  {{ const int r0 = blockIdx.{tile_axis} * {m1};\n",
+                    *(code.store(f, i, None, f"r0 + {i}", f"r0 + {i} < {m}") for i, f in enumerate(finish)), "  }\n"]
+
+        def resumed(finish) -> list[str]:  # a K split's section after the first, as the full kernel's
+            return [f"  {{ const int r0 = blockIdx.{tile_axis} * {m1};\n",
+                    *(code.resumed(f, f"r0 + {i}", f"r0 + {i} < {m}") for i, f in enumerate(finish)), "  }\n"]
+        body = sectioned_walks(code, design, cols, nonzeros, m1, params.prefetch, code.load, stores, resumed, stores)
+        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{signature} {{\n", *body, "  LOSPMM_TILE_END\n}\n"]))
     costs = [len(clusters.columns[c]) * int(clusters.cpl[c]) for c in range(clusters.num_clusters)]
     args = "B, C, N, n, stride" if design.looped else "Bn, Cn, N"
     cases = "".join(f"    case {c}: proxy_{c}({args}); break;\n" for c in range(clusters.num_clusters))

@@ -162,6 +162,45 @@ def walked(design: KernelDesign, body: list[str], ctype: str) -> list[str]:
             "  n += stride;\n", "  } while (n < N);\n"]
 
 
+def k_sections(columns: list[int], nonzeros: list, limit: int) -> list[tuple[list[int], list]]:
+    """A tile's columns (and their nonzeros) in consecutive sections of at most `limit` multiply-adds
+    each (a column's nonzeros stay together: a column of more is a section alone); one section where
+    `limit` is 0 (no K split)."""
+    if not limit:
+        return [(columns, nonzeros)]
+    out, cols, nzs, count = [], [], [], 0
+    for c, nz in zip(columns, nonzeros):
+        if cols and count + len(nz) > limit:
+            out.append((cols, nzs))
+            cols, nzs, count = [], [], 0
+        cols.append(c)
+        nzs.append(nz)
+        count += len(nz)
+    return out + ([(cols, nzs)] if cols or not out else [])
+
+
+def sectioned_walks(code, design: KernelDesign, columns: list[int], nonzeros: list, num_rows: int, prefetch: int,
+                    load, stores, resumed, partial) -> list[str]:
+    """A tile's (or cluster's) function body as it runs: its straight-line code walked (`walked`)
+    with `stores(finish)` at the end; with a K split (design.section_fmas) each section of its
+    columns walked over all the block's column blocks before the next (the walk restarts at the
+    thread's first column), a section after the first resuming each row's sum from C
+    (`resumed(finish)`) and one before the last storing it there as it is (`partial(finish)`)."""
+    sections = k_sections(columns, nonzeros, design.section_fmas)
+    if len(sections) == 1:
+        body, finish = straight_line(code, columns, nonzeros, num_rows, prefetch, load)
+        return walked(design, body + stores(finish), code.ctype)
+    out = ["  const int n0 = n;  // each section walks the block's column blocks from the first\n"]
+    declared = len(code.declarations(num_rows))
+    for s, (cols, nzs) in enumerate(sections):
+        body, finish = straight_line(code, cols, nzs, num_rows, prefetch, load)
+        if s:
+            out.append("  n = n0;\n")
+            body = body[:declared] + resumed(finish) + body[declared:]
+        out += walked(design, body + (stores(finish) if s == len(sections) - 1 else partial(finish)), code.ctype)
+    return out
+
+
 def tile_columns(a: sp.csr_matrix, rows: np.ndarray) -> tuple[sp.csc_matrix, np.ndarray]:
     """The tile's rows of A by column (indices: the row within the tile) and its non-empty columns."""
     sub = a[rows].tocsc()

@@ -76,7 +76,8 @@ class Fp32Code:
     def preamble(self) -> str:
         d = self.design
         baseline = d.code_key == BASELINE.code_key or d == KernelDesign(order=d.order)
-        return included("preamble.cuh") + ("" if baseline else included("vector.cuh"))
+        return (included("preamble.cuh") + ("" if baseline else included("vector.cuh"))
+                + (included("split.cuh") if d.section_fmas else ""))
 
     # --- a tile's body ---
     def tile_values(self, data: np.ndarray) -> list[str]:
@@ -116,6 +117,12 @@ class Fp32Code:
     def zero_store(self, row: int, epilogue: Epilogue) -> str:
         value = zero_value(self.v) if epilogue.empty else epilogue_zero_literal(epilogue, row, self.v)
         return f"  {self.store_fn}(Cn, {row}, N, {value});\n"
+
+    def resumed(self, finish, target, guard: str = "") -> str:
+        """A K split's section after the first: accumulator `finish` resumed from the partial sum its
+        thread stored at C's row `target` (under `guard`)."""
+        where = f"if ({guard}) " if guard else ""
+        return f"  {where}acc{finish} = lospmm_ldp{SUFFIX[self.v]}(Cn, {target}, N);\n"
 
 
 def epilogue_zero_literal(epilogue: Epilogue, row: int, v: int = 1) -> str:
