@@ -97,10 +97,12 @@ def test_a_staged_proxy_launches_with_its_own_shared_memory_and_eq6s_rest_past_4
 
 
 @pytest.mark.parametrize("design", ["chained", "chained,column-x", "chained,walks=3", "chained,v=2", "chained,v=4",
-                                    "based,v=4,walks=2,column-x", "streamed", "streamed,chained,v=4,walks=2"])
+                                    "based,v=4,walks=2,column-x", "streamed", "streamed,chained,v=4,walks=2",
+                                    "chained,walks=3,split=24", "v=2,walks=4,column-x,split=40"])
 def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
-    """Each design's inline PTX (vector and chained loads, vector stores) runs only here: N of 1, 31
-    and 32 (padded to the design's column multiple), 4096 and an odd N, C poisoned with NaN."""
+    """Each design's inline PTX (vector and chained loads, vector stores; a K split's coherent loads of
+    its own partial sums) runs only here: N of 1, 31 and 32 (padded to the design's column multiple),
+    4096 and an odd N, C poisoned with NaN."""
     from lospmm.loader import load_kernel
 
     a, package = _package(tmp_path, m=130, k=200, sparsity=0.85, m1=4, n1=64, design=design)
