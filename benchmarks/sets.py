@@ -384,9 +384,10 @@ def micro_plan(n: int = 65536) -> list[Planned]:
       faster per walk, the tile's code no longer fits the cache that served the repeats;
     - sharing: 32 tiles of ~512 nonzeros (~24 KB of code each), blocks of one tile dispatched
       together (column-x) or apart (tile-x), walked once or 16 times;
-    - split: the footprint tiles past the cache walked 16 times in a K split of MICRO_SPLIT
-      multiply-adds a section (footprint-256's code, which the repeats found cached): where the
-      split's walks cost what footprint-256's do per multiply-add, the split recovers the cliff."""
+    - split: the footprint tiles larger than footprint-256 walked 16 times in a K split of MICRO_SPLIT
+      nonzeros a section (footprint-256's code, which the repeats found cached): where the split's
+      walks cost what footprint-256's do per nonzero, the split recovers the cliff (512 and 1024,
+      whose whole code may still be cached, show what the split costs where it saves nothing)."""
     out = []
     for nnz in (256, 512, 1024, 2048, 4096, 16384):  # one function: ptxas is superlinear past ~16k
         for walks in (1, 16):

@@ -50,8 +50,9 @@ class KernelDesign:
     tile_warps: a staged design's warps a tile spans (1, 2 or 4): its N1 is 32 of them, so the tile's
         code, fetched once a block, serves 32·tile_warps columns; its chunks of K are as many times
         shorter (STAGED_FLOATS over N1 rows), so a chunk's union still fits 32 KiB.
-    section_fmas: a looped baked fp32 design's K split (0: none): a tile of more multiply-adds is
-        rendered in sections of its columns of at most this many, each walked over all the block's
+    section_fmas: a looped baked fp32 design's K split (0: none): a tile of more nonzeros (multiply-adds
+        of a literal: V FFMAs each at V columns a thread) is rendered in sections of its columns of at
+        most this many (a column past it alone), each walked over all the block's
         column blocks before the next, its partial sums kept in C between sections (read back by the
         thread that wrote them; the epilogue at the last). A walk repeats one section's code, small
         enough to stay in the instruction cache, where the whole tile's would be fetched again per
@@ -247,7 +248,7 @@ def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
     `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged
     design's `tiles=G` (8 unless told) and `warps=1|2|4`, a looped design's K split `split=S`
-    (multiply-adds a section), and a half
+    (nonzeros a section), and a half
     design's `fp16|bf16`, `acc=packed|f32|mma` (mma: the nm design's, on sparse tensor cores), `promote=K` (a half design is v=2 unless told);
     "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
     with two values (`tile-x,column-x`)."""

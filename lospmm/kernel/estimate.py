@@ -199,8 +199,9 @@ def fma_instructions_per_nonzero(design: KernelDesign) -> float:
 
 
 def tile_sections(work: KernelWork) -> np.ndarray:
-    """Sections of each tile's code under the design's K split (1 each without one): its
-    multiply-adds over section_fmas, rounded up (render.common.k_sections keeps a column whole)."""
+    """Sections of each tile's code under the design's K split (1 each without one), approximately:
+    its nonzeros over section_fmas, rounded up (render.common.k_sections keeps a column whole, so a
+    tile of columns large against the limit has more, and one column past it is one section)."""
     fmas = work.tile_fmas.astype(np.float64)
     if not work.design.section_fmas:
         return np.ones_like(fmas)

@@ -43,7 +43,8 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     is not capped (255): its launch bounds leave ptxas the registers of its thread tile. `conv`: the
     kernel is an implicit-im2col convolution's (a streamed one at one walk keeps its pixel's window:
     `window_regs`). A K split (design section_fmas) keeps each row's offset in C across its sections
-    (`split_regs_per_row`, and two more)."""
+    (`split_regs_per_row`, and two more; counted whether or not a tile reaches the limit: the cap is
+    the kernel's, for all its tiles)."""
     v = design.columns_per_thread
     if design.a_values == "nm":  # its thread tile is its blocking's (kernel.nm), bounded by __launch_bounds__
         return 255

@@ -70,7 +70,7 @@ def test_a_tile_past_its_limit_is_walked_section_by_section_and_the_epilogue_com
     assert text.count("lospmm_relu(acc") == 8  # once per row: the last section's stores
     assert checked(HostKernel(kernel, True), a, 300).ok
     # the walk restarts at the thread's first column for every section: without it, a section after
-    # the first would find n past N and never run
+    # the first starts past N (its do-while runs once there: ASan stops the store past C)
     broken = KernelSource(kernel.spec, tuple(u.replace("  n = n0;\n", "") for u in kernel.units))
     assert wrong(broken, a, 300)
     # the partial sums are stored as they are: with the ReLU applied to them, negative partials vanish
@@ -89,14 +89,14 @@ def wrong(kernel, a, n) -> bool:
 
 
 def test_a_split_proxy_runs_in_bounds_and_follows_its_design():
-    a = random_pruned(40, 256, 0.6, np.random.default_rng(0))
+    a = random_pruned(38, 256, 0.6, np.random.default_rng(0))  # 38 rows: the last tile's rows past M are guarded
     tiles = reordered_tiles(a, 4)
     cl = proxy_clusters(a, tiles, 0.6, 2)
     design = design_named("chained,walks=3,split=16")
-    kernel = proxy_source(40, 256, cl, CodegenParams(design=design))
+    kernel = proxy_source(38, 256, cl, CodegenParams(design=design))
     assert "n = n0;" in kernel.source and "lospmm_ldp(Cn," in kernel.source
     out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": cl.cluster_of})
-    assert np.isfinite(out).all()
+    assert out.shape == (38, 150) and np.isfinite(out).all()
 
 
 def test_the_split_is_a_looped_baked_fp32_designs_and_reads_back_from_its_label():
