@@ -36,8 +36,9 @@ VIEW_COLUMNS = {
     "rank": ["layer", "m1", "n1", "design", "block_num", "nnc_sum", "nnz_max", "score", "rank", "chosen", "ranker"],
     "time": ["layer", "m1", "n1", "design", "timer", "time_us", "compute_us", "memory_us", "latency_us", "active_blocks",
              "registers", "smem_bytes", "status", "message"],
-    # the served kernel's `design` names its tile (M1×N1) or its N:M blocking
-    "emit": ["layer", "dtype", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "designs_measured", "timer",
+    # the served kernel's `design` names its tile (M1×N1) or its N:M blocking; `form` whether a convolution
+    # reads its NCHW input itself (implicit-conv) or an im2col B (gemm)
+    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "designs_measured", "timer",
              "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
              "max_rel_error", "status", "kernel_dir"],
 }
