@@ -825,8 +825,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                        analysis.ab_summary(speed))
                 analysis.print_table("the decision (issue 30, item 3)", [analysis.design_decision(speed)])
                 per_layer, verdict = analysis.design_choice(speed)
-                analysis.print_table("--design auto: the estimate's design per layer against the best measured "
-                                     "(issue 35)", per_layer)
+                analysis.print_table("--design auto: the design the bundle's estimates price lowest per layer against "
+                                     "the best measured (issue 35; the design price fitted on these launches, held out "
+                                     "by layer: python -m benchmarks.design_estimate --ab FILE)", per_layer)
                 analysis.print_table("--design auto's verdict (targets: within 5% on ≥ 80% of layers, geomean ≥ 1.2× "
                                      "the best single design)", [verdict])
             if any(r.get("set") == "micro" for r in speed):

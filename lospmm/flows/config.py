@@ -58,7 +58,8 @@ class RunConfig:
     "auto": the design is a search dimension: each fp32 layer's candidates span every design of
     kernel.choices.DESIGN_CANDIDATES (each with its own constraints and proxies), ranked together by
     the design-aware ranker (storage.ranker_store.SHIPPED_DESIGNS), and emit prices the fastest
-    proxy's tile in the others too),
+    proxy's tile in the others too and serves the design the device's design price ranks first:
+    stages.emit.ranked_designs),
     dtype="" (the weights' own), accumulate="" (packed), promote_every=0, input_shapes=() (an ONNX model's inputs whose dims
     to fix before shape inference, trtexec's form "NAME:1x3x640x640", `--input-shape`), and the
     ZooParams defaults (batch 32 × seq 128 for BERT, batch 4 at 224×224 for CNNs; `batch` is also

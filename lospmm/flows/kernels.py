@@ -104,10 +104,11 @@ def _failure(facts: dict) -> str:
 
 
 def _served_columns(served, runner_up) -> dict:
-    """10_kernels' design, runner_up and their estimates."""
-    return {"design": served.label, "design_estimate_us": served.estimate_us,
+    """10_kernels' design, runner_up, their estimates and design prices (Served.design_price_us)."""
+    return {"design": served.label, "design_estimate_us": served.estimate_us, "design_price_us": served.design_price_us,
             "runner_up": runner_up.label if runner_up else "",
-            "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan")}
+            "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan"),
+            "runner_up_price_us": runner_up.design_price_us if runner_up else float("nan")}
 
 
 def _measured(label: str, time_us: float | None, why: str) -> str:

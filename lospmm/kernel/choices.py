@@ -39,6 +39,13 @@ class Served:
     nm: "NMTiling | MMATiling | None" = None
     m1: int = 0  # the tile of a tiled kernel (0 for the N:M kernel)
     n1: int = 0
+    # the price that compares it with the layer's other designs (EstimateTimer.design_price: the
+    # device's fitted DesignPricing); None: its estimate (an untiled kernel, a device without one)
+    price_us: float | None = None
+
+    @property
+    def design_price_us(self) -> float:
+        return self.estimate_us if self.price_us is None else self.price_us
 
     @property
     def tiled(self) -> bool:
@@ -68,8 +75,9 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
             continue
         registers = predicted_registers(tiles.m1, design=d, conv=conv)
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix))
+        # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
-                              None, tiles.m1, n1))
+                              None, tiles.m1, n1, None if conv else estimate.design_price(timing, d)))
     return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 
 

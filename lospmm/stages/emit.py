@@ -4,8 +4,9 @@ directory says about it (§6.1). Pure: the flow compiles, checks and writes what
 The choice: the fastest proxy that timed ok (ties: fastest_proxy's rule). Its kernel in the run's
 design, in the other designs a `--design auto` run prices (EmitParams.designs) and, for a layer
 whose A holds an N:M pattern, the data-driven N:M kernel (lospmm.kernel.nm) in each blocking are
-priced by the estimate (lospmm.kernel.choices) and the cheapest is emitted (`cheapest_design`; the
-runner-up is recorded with its estimate). Where the run's timer measures, the estimate only prunes:
+priced by the estimate (lospmm.kernel.choices) and the cheapest is emitted (`cheapest_design`: a
+design's tiles ranked by the estimate, the designs by the device's fitted design price; the
+runner-up is recorded with its estimate and price). Where the run's timer measures, the estimate only prunes:
 the full kernels of its few cheapest (`measured_contenders`) are timed and the fastest that passes
 its check is served (`fastest_measured`). The full kernel of that
 tile is compiled and checked (lospmm.kernel.check: one metric and tolerance per number format): on
@@ -68,27 +69,56 @@ def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = Tru
 
 
 def cheapest_design(prices: Sequence) -> tuple:
-    """The cheapest of `prices` (anything with an `estimate_us`: kernel.choices.Served) by estimate
-    and the runner-up (None when there is one). An infinite or NaN estimate (it cannot run) never
-    wins over a finite one; ties keep the earlier (the baked kernel is priced first: the kernel the
-    search measured proxies of)."""
+    """The cheapest of `prices` (kernel.choices.Served, or anything with an `estimate_us`) and the
+    runner-up (None when there is one), in ranked_designs' order."""
     if not prices:
         raise ValueError("no design priced")
     ranked = ranked_designs(prices)
     return ranked[0], (ranked[1] if len(ranked) > 1 else None)
 
 
+def _price(p) -> float:
+    """The price that compares designs (Served.design_price_us), else the estimate."""
+    return getattr(p, "design_price_us", p.estimate_us)
+
+
+def _order(value: float, index: int) -> tuple:
+    # an infinite or NaN price (it cannot run) never wins over a finite one; ties keep the earlier
+    return (not math.isfinite(value), value if math.isfinite(value) else 0.0, index)
+
+
 def ranked_designs(prices: Sequence) -> list:
-    """`prices` cheapest first by estimate (cheapest_design's order: the non-finite last, ties keep
-    the earlier)."""
-    return [p for _, p in sorted(enumerate(prices), key=lambda ip: (
-        not math.isfinite(ip[1].estimate_us), ip[1].estimate_us if math.isfinite(ip[1].estimate_us) else 0.0, ip[0]))]
+    """`prices` cheapest first (issue 35, item 4). The tiled kernels in two levels: a design's tiles
+    by the estimate (`estimate_us`: it ranks a layer's tiles better), the designs by their best
+    tile's design price (`design_price_us`: lospmm.kernel.estimate.DesignPricing, fitted and held out
+    on measured designs; the estimate where none is fitted): every design's best tile, cheapest
+    design first, then the other tiles by their design's rank. The untiled kernels (N:M), which no
+    design price covers, against the tiled ones' first by the estimate, as before the design price:
+    the tiled kernels go, in that order, where their first's estimate falls among them. Ties keep
+    the earlier (the baked kernel of the searched tile is priced first)."""
+    groups: dict = {}
+    untiled = []
+    for i, p in enumerate(prices):
+        if getattr(p, "nm", None) is None and getattr(p, "design", None) is not None:
+            groups.setdefault(p.design.label, []).append((i, p))
+        else:
+            untiled.append((i, p))
+    for members in groups.values():
+        members.sort(key=lambda ip: _order(ip[1].estimate_us, ip[0]))
+    order = sorted(groups.values(), key=lambda members: _order(_price(members[0][1]), members[0][0]))
+    tiled = [members[0] for members in order] + [ip for members in order for ip in members[1:]]
+    out, placed = [], not tiled
+    for i, p in sorted(untiled, key=lambda ip: _order(ip[1].estimate_us, ip[0])):
+        if not placed and _order(tiled[0][1].estimate_us, tiled[0][0]) <= _order(p.estimate_us, i):
+            out, placed = out + [q for _, q in tiled], True
+        out.append(p)
+    return out if placed else out + [q for _, q in tiled]
 
 
 def measured_contenders(prices: Sequence, count: int, within: float) -> list:
     """The ways to serve a layer whose full kernels a measuring timer times (`EmitParams.measure_designs`):
-    the `count` cheapest by estimate whose estimate is within `within`× the cheapest's, cheapest first;
-    the cheapest alone when `count` <= 1 (or no estimate is finite)."""
+    the `count` first in ranked_designs' order whose estimate is within `within`× the first's;
+    the first alone when `count` <= 1 (or its estimate is not finite)."""
     ranked = ranked_designs(prices)
     if not ranked:
         raise ValueError("no design priced")

@@ -56,8 +56,17 @@ def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
     labels = {s.design.label for s in found}
     assert len(found) == len(DESIGN_CANDIDATES) == len(labels)  # each once (baseline is the run's)
     assert found[1].label == "8×128 " + found[1].design.label
+    # each is priced against the others by the H100's fitted design pricing (its factor of the terms' sum)
+    from lospmm.kernel.estimate import DESIGN_PRICINGS
+
+    factors = dict(DESIGN_PRICINGS["h100"].factors)
+    assert set(labels) <= set(factors)
+    assert all(s.price_us is not None and s.design_price_us != s.estimate_us for s in found)
+    a100 = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, DEVICES["a100"], designs=DESIGN_CANDIDATES)
+    assert all(s.design_price_us == s.estimate_us for s in a100)  # no pricing fitted there: the estimate
     # a convolution's implicit-im2col kernel takes the grid's order, the walks and baked or streamed values
     conv = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES, conv=True)
+    assert all(s.design_price_us == s.estimate_us for s in conv)  # fitted on GEMM kernels: conv forms by the estimate
     assert [s.design.label for s in conv] == [design_named(d).label for d in ("baseline", "column-x", "walks=4",
                                                                                   "walks=16", "streamed")]
     # a tile whose v=4 kernel needs more registers than the device has is not priced in it

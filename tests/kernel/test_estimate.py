@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.sparse as sp
 import pytest
@@ -12,7 +14,8 @@ from lospmm.stages.pad import proxy_launch
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
 from lospmm.kernel.estimate import EstimateTimer, estimated_timing, full_kernel_work, proxy_work
-from lospmm.kernel.timing import LaunchUnderTest
+from lospmm.kernel.timing import LaunchUnderTest, Timing
+from lospmm.status import Status
 
 H100 = device_named("h100")
 
@@ -343,3 +346,45 @@ def test_a_staged_kernels_work_splits_each_tiles_loads_by_chunk_and_its_proxy_by
     want = np.bincount(np.asarray(clusters.columns[c]) // 64, minlength=10)
     assert proxy.chunk_loads[0].tolist() == want.tolist()
     assert proxy.chunk_fmas[0].tolist() == (want * clusters.cpl[c]).tolist()
+
+
+def test_the_overlapped_price_lies_between_the_largest_term_and_their_sum_and_never_under_the_longest_block():
+    from lospmm.kernel.estimate import overlapped_us
+
+    t = Timing("estimate", 6.0, compute_us=3.0, memory_us=4.0, latency_us=1.0, fetch_us=0.5)  # launch 2 + body 4
+    assert overlapped_us(t, 2.0, math.inf) == 6.0  # the estimate itself
+    assert overlapped_us(t, 2.0, 1.0) == pytest.approx(2.0 + 8.5)  # the terms' sum
+    assert overlapped_us(t, 2.0, 2.0) == pytest.approx(2.0 + math.sqrt(9 + 16 + 1 + 0.25))
+    longest = Timing("estimate", 12.0, compute_us=1.0, memory_us=1.0, latency_us=1.0, fetch_us=1.0)
+    assert overlapped_us(longest, 2.0, 1.0) == 12.0  # a block's critical path (body 10) binds: the sum cannot undercut it
+    assert overlapped_us(Timing("estimate", float("inf"), Status.ERROR), 2.0, 1.0) == math.inf
+    assert overlapped_us(Timing("estimate", 7.0), 2.0, 1.0) == 7.0  # a model that fills no terms keeps its time
+
+
+def test_a_designs_factor_is_its_geomean_of_measured_over_priced_and_the_pricing_applies_it_to_its_designs_only():
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import DesignPricing, design_factors
+
+    t = Timing("estimate", 5.0, compute_us=1.0, memory_us=1.0, latency_us=1.0, fetch_us=1.0)  # summed: 1 + 4
+    samples = [("a", 2.5, t), ("a", 10.0, t), ("b", 5.0, t), ("b", float("nan"), t)]
+    assert design_factors(samples, 1.0, 1.0) == pytest.approx({"a": 1.0, "b": 1.0})
+    assert design_factors([("a", 20.0, t)], 1.0, 1.0) == pytest.approx({"a": 4.0})
+    chained, staged = design_named("chained"), design_named("staged,tiles=4")
+    pricing = DesignPricing("x", "", "", 1.0, ((chained.label, 0.5),))
+    assert pricing.price(t, chained, 1.0) == pytest.approx(2.5)
+    assert pricing.price(t, staged, 1.0) == 5.0  # no factor: the estimate
+    assert pricing.price(Timing("estimate", float("inf"), Status.ERROR), chained, 1.0) == math.inf
+
+
+def test_the_h100s_estimate_prices_designs_with_its_fitted_pricing_and_a_device_without_one_by_the_estimate():
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import DESIGN_PRICINGS, estimate_timer, overlapped_us
+
+    timer = estimate_timer(H100)
+    assert timer.pricing == DESIGN_PRICINGS["h100"]
+    t = Timing("estimate", 9.0, compute_us=2.0, memory_us=3.0, latency_us=1.0, fetch_us=1.0)
+    chained = design_named("chained")
+    factor = dict(DESIGN_PRICINGS["h100"].factors)[chained.label]
+    assert timer.design_price(t, chained) == pytest.approx(overlapped_us(t, timer.params.launch_us, 1.0) * factor)
+    for plain in (estimate_timer(H100, calibrated=False), estimate_timer(device_named("a100"))):
+        assert plain.pricing is None and plain.design_price(t, chained) == 9.0

@@ -91,6 +91,32 @@ def test_cheapest_design_keeps_the_lowest_finite_estimate_and_names_the_runner_u
         cheapest_design([])
 
 
+def test_a_designs_tiles_rank_by_the_estimate_and_the_designs_by_their_best_tiles_design_price():
+    from lospmm.kernel.choices import NM_DESIGN, Served
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.emit import cheapest_design, measured_contenders, ranked_designs
+
+    baseline, chained = design_named("baseline"), design_named("chained")
+    # the estimate prices both designs alike; the design price (fitted on measured designs) says chained
+    base_a = Served("8×128", 10.0, baseline, m1=8, n1=128, price_us=12.0)
+    base_b = Served("16×128", 11.0, baseline, m1=16, n1=128, price_us=9.0)  # a worse tile by the estimate
+    chain_a = Served("8×128 chained", 10.0, chained, m1=8, n1=128, price_us=10.0)
+    chain_b = Served("4×128 chained", 9.0, chained, m1=4, n1=128, price_us=20.0)
+    nm = Served("nm 2:4", 15.0, NM_DESIGN, nm=object())  # untiled: a design of its own, priced by its estimate
+    ranked = ranked_designs([base_a, base_b, chain_a, chain_b, nm])
+    # chained's best tile by the estimate is 4×128 (9 µs), priced 20: baseline's best (8×128, 10 µs) is
+    # priced 12; the N:M kernel (no design price) against the tiled kernels' first by the estimate: 15 > 10
+    assert ranked == [base_a, chain_b, base_b, chain_a, nm]
+    assert cheapest_design([base_a, base_b, chain_a, chain_b, nm]) == (base_a, chain_b)
+    assert cheapest_design([base_a, chain_a]) == (chain_a, base_a)  # alike by the estimate, chained by price
+    assert [p.label for p in measured_contenders([base_a, chain_a, nm], 3, 1.25)] == ["8×128 chained", "8×128"]
+    # an N:M kernel cheaper by the estimate than the tiled kernels' first stays first, whatever its price
+    cheap_nm = Served("nm 4:32", 9.5, NM_DESIGN, nm=object())
+    assert ranked_designs([base_a, chain_a, cheap_nm]) == [cheap_nm, chain_a, base_a]
+    plain = [Served("a", 10.0, baseline), Served("b", 10.0, chained)]  # no price: the estimate, ties keep the earlier
+    assert cheapest_design(plain) == (plain[0], plain[1])
+
+
 def test_the_contenders_a_measuring_timer_times_are_the_estimates_cheapest_few_within_a_factor():
     from types import SimpleNamespace as Priced
 

@@ -13,7 +13,8 @@ SCHEMA = pa.schema(
        ("full_time_us", F64), ("dense_time_us", F64), ("speedup_vs_dense", F64), ("kernel", STR),
        ("kernel_dir", STR), ("registers", I32), ("spill_bytes", I32), ("compile_seconds", F64), ("check", STR),
        ("max_rel_error", F64), ("candidates_timed", I32), ("seconds", F64), ("design", STR),
-       ("design_estimate_us", F64), ("runner_up", STR), ("runner_up_estimate_us", F64),
+       ("design_estimate_us", F64), ("design_price_us", F64), ("runner_up", STR), ("runner_up_estimate_us", F64),
+       ("runner_up_price_us", F64),
        ("designs_measured", STR)]
 )
 RECORD = dict  # an emitted kernel directory's facts (its kernel.json)

@@ -38,7 +38,7 @@ VIEW_COLUMNS = {
              "registers", "smem_bytes", "status", "message"],
     # the served kernel's `design` names its tile (M1×N1) or its N:M blocking; `form` whether a convolution
     # reads its NCHW input itself (implicit-conv) or an im2col B (gemm)
-    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "runner_up", "runner_up_estimate_us", "designs_measured", "timer",
+    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "design_price_us", "runner_up", "runner_up_price_us", "designs_measured", "timer",
              "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
              "max_rel_error", "status", "kernel_dir"],
 }
