@@ -297,8 +297,9 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     blocks_per_tile = -(-column_blocks // d.column_walks)
     walks_per_block = column_blocks / blocks_per_tile
     code = params.sass_bytes_per_instr * code_instructions(work, params)
+    sections = tile_sections(work)
     # a K split's walks repeat one section's code: the section, not the tile, must fit the cache
-    fetches = blocks_per_tile * np.where(code / tile_sections(work) > params.icache_bytes, walks_per_block, 1.0)
+    fetches = blocks_per_tile * np.where(code / sections > params.icache_bytes, walks_per_block, 1.0)
     if d.a_values == "streamed":  # one loop shared by every block: fetched once per SM, then cached
         fetches = np.full_like(code, device.sms / max(len(code), 1))
     # a zeroing block's few instructions stay cached over its walks
@@ -311,7 +312,7 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     dram = element * (work.k * n + rows_written * n) + threads_per_row * work.spill_bytes * len(loads)
     l2 = (element * n * (loads.sum() + work.m1 * (len(loads) + work.zero_blocks))
           + threads_per_row * work.spill_bytes * len(loads)
-          + element * n * 2 * work.m1 * float((tile_sections(work) - 1).sum()))  # a K split's partial sums
+          + element * n * 2 * work.m1 * float((sections - 1).sum()))  # a K split's partial sums
     if d.a_values == "streamed":  # each warp reads its tile's values and offsets (cached in L1 per block)
         l2 += 4.0 * float((loads * (work.m1 + 1)).sum()) * -(-n // (work.n1 * v))
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))

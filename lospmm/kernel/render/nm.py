@@ -105,14 +105,7 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         if t.gathers:
             return f"const int lr = listed[{r}], kr = k0 + lr; const bool in = lr < {kc} && kr < {k}"
         return f"const int kr = k0 + {r}; const bool in = kr < {k}"
-    element_copy = (
-        [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
-         f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
-         f"      Bs[r * {bn} + q] = in ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
-        if half else
-        [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
-         f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
-         f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
+
     geometry = spec.conv
     window = f"{name}_window"  # a convolution's column entries: two ints each (render.conv.window_entries)
     if geometry is not None:
@@ -133,6 +126,14 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
                   f"inside ? 4 : 0);\n",
                   "  }\n"]
     else:
+        element_copy = (
+            [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
+             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
+             f"      Bs[r * {bn} + q] = in ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
+            if half else
+            [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
+             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
+             f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
         head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
                 f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
                 f"const bool vec) {{\n")
@@ -182,43 +183,43 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
                                                   for j in range(columns)) + "\n")
         slot.append("      }\n")
     stores = []
-    for i in range(tm):
-        stores.append(f"  {{ const int r = row0 + {i};\n    if (r < {m}) {{\n"
-                      f"      {ctype}* cr = C + (long long)r * N;\n")
-        bias = f" + {symbols['bias']}[r]" if epilogue.bias else ""
-        for q in range(tn // 4):
-            stores.append(f"      {{ const int col = col0 + tx * 4 + {q * span};\n")
-            if half:
-                if packed and epilogue.empty:  # the packed sums as they are
-                    pairs = [acc[i][2 * q], acc[i][2 * q + 1]]
-                else:
-                    if packed:
-                        stores.append(f"        float x0, x1, x2, x3; lospmm_unpack_{dtype}({acc[i][2 * q]}, x0, x1); "
-                                      f"lospmm_unpack_{dtype}({acc[i][2 * q + 1]}, x2, x3);\n")
-                        floats = ["x0", "x1", "x2", "x3"]
+    if geometry is None:  # C's rows: a thread's four columns at a time, vector stores where aligned
+        for i in range(tm):
+            stores.append(f"  {{ const int r = row0 + {i};\n    if (r < {m}) {{\n"
+                          f"      {ctype}* cr = C + (long long)r * N;\n")
+            bias = f" + {symbols['bias']}[r]" if epilogue.bias else ""
+            for q in range(tn // 4):
+                stores.append(f"      {{ const int col = col0 + tx * 4 + {q * span};\n")
+                if half:
+                    if packed and epilogue.empty:  # the packed sums as they are
+                        pairs = [acc[i][2 * q], acc[i][2 * q + 1]]
                     else:
-                        floats = [acc[i][4 * q + lane] for lane in range(4)]
-                    for lane in range(4):
-                        stores.append(f"        const float y{lane} = {floats[lane]}{bias};\n")
-                    values = [epilogue_scalar(epilogue, f"y{lane}") for lane in range(4)]
-                    stores.append(f"        const unsigned p0 = lospmm_pack_{dtype}({values[0]}, {values[1]}), "
-                                  f"p1 = lospmm_pack_{dtype}({values[2]}, {values[3]});\n")
-                    pairs = ["p0", "p1"]
-                halves = [f"({pairs[lane // 2]} {'& 0xffffu' if lane % 2 == 0 else '>> 16'})" for lane in range(4)]
-                stores.append(f"        if (vec) {{ if (col < N) *(uint2*)(cr + col) = make_uint2({pairs[0]}, {pairs[1]}); }}\n"
-                              "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = (lospmm_h16){halves[lane]};"
+                        if packed:
+                            stores.append(f"        float x0, x1, x2, x3; lospmm_unpack_{dtype}({acc[i][2 * q]}, x0, x1); "
+                                          f"lospmm_unpack_{dtype}({acc[i][2 * q + 1]}, x2, x3);\n")
+                            floats = ["x0", "x1", "x2", "x3"]
+                        else:
+                            floats = [acc[i][4 * q + lane] for lane in range(4)]
+                        for lane in range(4):
+                            stores.append(f"        const float y{lane} = {floats[lane]}{bias};\n")
+                        values = [epilogue_scalar(epilogue, f"y{lane}") for lane in range(4)]
+                        stores.append(f"        const unsigned p0 = lospmm_pack_{dtype}({values[0]}, {values[1]}), "
+                                      f"p1 = lospmm_pack_{dtype}({values[2]}, {values[3]});\n")
+                        pairs = ["p0", "p1"]
+                    halves = [f"({pairs[lane // 2]} {'& 0xffffu' if lane % 2 == 0 else '>> 16'})" for lane in range(4)]
+                    stores.append(f"        if (vec) {{ if (col < N) *(uint2*)(cr + col) = make_uint2({pairs[0]}, {pairs[1]}); }}\n"
+                                  "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = (lospmm_h16){halves[lane]};"
+                                                            for lane in range(4)) + " }\n      }\n")
+                    continue
+                for lane in range(4):
+                    stores.append(f"        const float x{lane} = {acc[i][4 * q + lane]}{bias};\n")
+                values = [epilogue_scalar(epilogue, f"x{lane}") for lane in range(4)]
+                stores.append(f"        if (vec) {{ if (col < N) *(float4*)(cr + col) = make_float4({', '.join(values)}); }}\n"
+                              "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = {values[lane]};"
                                                         for lane in range(4)) + " }\n      }\n")
-                continue
-            for lane in range(4):
-                stores.append(f"        const float x{lane} = {acc[i][4 * q + lane]}{bias};\n")
-            values = [epilogue_scalar(epilogue, f"x{lane}") for lane in range(4)]
-            stores.append(f"        if (vec) {{ if (col < N) *(float4*)(cr + col) = make_float4({', '.join(values)}); }}\n"
-                          "        else {" + "".join(f" if (col + {lane} < N) cr[col + {lane}] = {values[lane]};"
-                                                    for lane in range(4)) + " }\n      }\n")
-        stores.append("    }\n  }\n")
-    if geometry is not None:  # each of the thread's columns an output pixel of NCHW Y: its rows pixels apart
+            stores.append("    }\n  }\n")
+    else:  # each of the thread's columns an output pixel of NCHW Y: its rows pixels apart
         pixels = geometry.pixels
-        stores = []
         for j in range(tn):
             stores.append(f"  {{ const int n = col0 + tx * 4 + {(j // 4) * span + j % 4};\n    if (n < N) {{\n"
                           f"      float* y = {pixel_output(geometry, m, 'n')};\n")
@@ -229,10 +230,10 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
             stores.append("    }\n  }\n")
     chunks, row_blocks = t.chunks(k), t.row_blocks(m)
     zero = "0u" if packed else "0.0f"
-    # vector accesses: B's 16-byte copies and C's stores of a thread's 4 columns; a half row of N is
-    # 16-byte aligned when N is a multiple of 8
-    vec = (f"N % {per_copy} == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0")
     if geometry is None:
+        # vector accesses: B's 16-byte copies and C's stores of a thread's 4 columns; a half row of N
+        # is 16-byte aligned when N is a multiple of 8
+        vec = f"N % {per_copy} == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0"
         signature = f"(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, const int N)"
         setup = [f"  const bool vec = {vec};\n"]
         staged_from = "B, N, {k0}, col0, {slab}, vec"
