@@ -29,7 +29,10 @@ from benchmarks.analysis import CHOICE_WITHIN, calibration_rows, geomean, launch
 from lospmm.kernel.estimate import design_factors, overlapped_us
 
 AB = Path("benchmarks/results/h100/designs/kernel-speed-ab.parquet")
-OTHER_CARDS = (Path("benchmarks/results/h200/designs/kernel-speed-ab.parquet"),)
+# the same A/B on another card, and the held-out layers (the designs-held-out step) where measured
+OTHER_CARDS = (Path("benchmarks/results/h200/designs/kernel-speed-ab.parquet"),
+               Path("benchmarks/results/h100/designs-held-out/kernel-speed-ab-held-out.parquet"),
+               Path("benchmarks/results/h200/designs-held-out/kernel-speed-ab-held-out.parquet"))
 SHIPPED_OVERLAP = 1.0  # the overlap of DESIGN_PRICINGS["h100"]
 TILES = (Path("benchmarks/results/gpu-h100/c/launches-sample-0.9.parquet"),
          Path("benchmarks/results/gpu-h100/d/launches-sample-0.7.parquet"))
@@ -87,7 +90,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ab", type=Path, default=AB, help="the designs step's kernel-speed-ab.parquet (the fit's card)")
     p.add_argument("--other", type=Path, nargs="*", default=list(OTHER_CARDS),
-                   help="the same A/B measured on other cards: the factors fitted on --ab choose there (held-out cards)")
+                   help="the A/B measured on other cards, or other layers (designs-held-out): the factors fitted "
+                        "on --ab choose there")
     p.add_argument("--tiles", type=Path, nargs="*", default=list(TILES),
                    help="launch lists of measured top-K tiles per layer (the plan-before's sample sets)")
     p.add_argument("--gpu", default="h100", help="the estimate's device (its calibration)")
@@ -114,8 +118,9 @@ def main(argv=None) -> None:
         fitted = factors_from(layers, launch_us, overlap, per_design)
         for path, there in others.items():  # every layer of another card, priced with this card's factors
             verdict = choices(there, launch_us, overlap, lambda _: fitted)
-            out[f"{path.parent.parent.name}: within 5%"] = verdict["within 5% of the best"]
-            out[f"{path.parent.parent.name}: gain"] = verdict["gain over the best single design"]
+            where = f"{path.parent.parent.name}/{path.parent.name}"
+            out[f"{where}: within 5%"] = verdict["within 5% of the best"]
+            out[f"{where}: gain"] = verdict["gain over the best single design"]
         return out
 
     rows = [row("max (shipped estimate)", math.inf, False), row("max × design", math.inf, True)]

@@ -23,6 +23,23 @@ def test_the_ab_plan_puts_every_design_on_todays_tile():
     assert all(p.matrix == query[0].matrix for p in query)  # one pruned A, shared by the designs
 
 
+def test_the_held_out_designs_set_puts_every_auto_design_on_layers_the_design_price_never_saw():
+    from benchmarks import device
+    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.estimate import DESIGN_PRICINGS
+
+    plan = sets.ab_plan(layers=sets.AB_HELD_OUT_LAYERS)
+    assert not set(sets.AB_HELD_OUT_LAYERS) & set(sets.AB_LAYERS)  # the price was fitted on the A/B layers alone
+    assert {p.model for p in plan} == set(sets.MODELS) and len({(p.model, p.layer) for p in plan}) == 11
+    # every design --design auto prices, each with its fitted factor, on each layer's measured tile
+    assert {p.design for p in plan} == {design_named(d).label for d in DESIGN_CANDIDATES} \
+        == set(dict(DESIGN_PRICINGS["h100"].factors))
+    ffn = [p for p in plan if p.layer == "encoder.layer.0.output.dense"]
+    assert {(p.m1, p.n1) for p in ffn} == {(12, 512)} and len({p.id for p in plan} | {p.id for p in sets.ab_plan()}) == 220
+    step = device.step_named("designs-held-out")
+    assert [b.options["layers"] for b in step.bundles] == [sets.AB_HELD_OUT_LAYERS]
+
+
 def test_the_sample_spreads_over_each_models_sizes_within_the_nonzero_limit():
     params = sets.SampleParams(per_model=3, max_nnz=20_000, models=("resnet50", "bert-base"))
     picked = sets.sampled_shapes([s for m in params.models for s in zoo_shapes(m)], params)
