@@ -28,8 +28,35 @@ def rows_table(rows: list[dict]):
     return pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows])
 
 
+# how print_table writes: rich on the terminal, or GitHub Markdown for the README
+# (`python -m benchmarks.device report --markdown`)
+TABLE_FORMATS = ("terminal", "markdown")
+_table_format = ["terminal"]
+
+
+def set_table_format(name: str) -> None:
+    if name not in TABLE_FORMATS:
+        raise ValueError(f"table format {name!r}: one of {', '.join(TABLE_FORMATS)}")
+    _table_format[0] = name
+
+
+def _cell(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "")
+
+
+def markdown_table(title: str, rows: list[dict]) -> str:
+    """Rows as a GitHub Markdown table under its title in bold, every key a column (a `|` in a cell escaped)."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    line = lambda cells: "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"  # noqa: E731
+    return "\n".join([f"**{title}**", "", line(columns), line(["---"] * len(columns)),
+                      *(line([_cell(r.get(c)) for c in columns]) for r in rows)]) + "\n"
+
+
 def print_table(title: str, rows: list[dict]) -> None:
-    """Rows as a table on the terminal (rich), every key a column."""
+    """Rows as a table, every key a column: on the terminal (rich), or as Markdown (set_table_format)."""
+    if _table_format[0] == "markdown":
+        print(markdown_table(title, rows))
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -38,8 +65,7 @@ def print_table(title: str, rows: list[dict]) -> None:
     for c in columns:
         table.add_column(c)
     for r in rows:
-        table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "") for v in
-                        (r.get(c) for c in columns)])
+        table.add_row(*[_cell(v) for v in (r.get(c) for c in columns)])
     Console(width=200).print(table)
 
 
@@ -504,6 +530,30 @@ def design_decision(rows: list[dict]) -> dict:
     return {"default": chosen, "changed": chosen != baseline, "designs": designs,
             "median_efficiency_at_0.9": efficiencies, "best_median_efficiency": best,
             "diagnose_first": not best >= DIAGNOSIS_EFFICIENCY}
+
+
+def design_table(rows: list[dict]) -> list[dict]:
+    """Issue 30 item 3's table, a row per design of the A/B rows (set "ab"): its geomean speedup over
+    the baseline and worst layer (design_decision's), its median per-nonzero efficiency on the
+    work-bound layers at 0.9, its geomean over cuBLAS SGEMM on every layer it launched, and whether
+    it qualifies to be the default; the baseline first, then the fastest first."""
+    decision = design_decision(rows)
+    baseline = design_named("baseline").label
+    ab = [r for r in rows if r.get("set") == "ab" and r.get("status") == "ok" and math.isfinite(r["ours_us"])]
+    by = {d["design"]: d for d in decision["designs"]}
+    out = []
+    for design in [baseline] + sorted(by, key=lambda d: -by[d]["speedup (geomean)"]):
+        mine = [r for r in ab if r["design"] == design]
+        if not mine:
+            continue
+        row = by.get(design, {"speedup (geomean)": 1.0, "worst layer (time over baseline)": 1.0, "qualifies": False})
+        out.append({"design": design, "layers": len(mine), "speedup over baseline (geomean)": row["speedup (geomean)"],
+                    "worst layer (time / baseline's)": row["worst layer (time over baseline)"],
+                    "median per-nonzero efficiency (0.9, work-bound)":
+                        decision["median_efficiency_at_0.9"].get(design, float("nan")),
+                    "vs SGEMM (geomean)": geomean([r["sgemm_us"] / r["ours_us"] for r in mine if r.get("sgemm_us")]),
+                    "qualifies": row["qualifies"], "default": design == decision["default"]})
+    return out
 
 
 # --- half precision (issue 23) -----------------------------------------------------------------------

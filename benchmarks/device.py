@@ -828,7 +828,12 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             if any(r.get("set") == "ab" for r in speed):
                 analysis.print_table("A/B: each design's time over today's kernel on the same tile (< 1 is faster)",
                        analysis.ab_summary(speed))
-                analysis.print_table("the decision (issue 30, item 3)", [analysis.design_decision(speed)])
+                analysis.print_table("each design against the baseline on the same tiles (issue 30, item 3)",
+                                     analysis.design_table(speed))
+                decision = analysis.design_decision(speed)
+                print(f"the default: {decision['default']} ({'changed' if decision['changed'] else 'kept'}); the best "
+                      f"median per-nonzero efficiency at 0.9 is {decision['best_median_efficiency']:.3f}"
+                      + (f", under {analysis.DIAGNOSIS_EFFICIENCY}: diagnosis first" if decision["diagnose_first"] else ""))
                 per_layer, verdict = analysis.design_choice(speed)
                 analysis.print_table("--design auto: the design the bundle's estimates price lowest per layer against "
                                      "the best measured (issue 35; the design price fitted on these launches, held out "
@@ -1045,6 +1050,7 @@ def main(argv=None) -> None:
                    help="steps to measure again where done (their kernels changed since)")
     p = sub.add_parser("report", help="a step's tables from its results (every step's by default)")
     p.add_argument("step", nargs="?", choices=STEP_NAMES)
+    p.add_argument("--markdown", action="store_true", help="the tables as GitHub Markdown (the README's)")
     sub.add_parser("wheels", help="download the wheels the GPU image lacks into .whl/ (no GPU)")
     args = ap.parse_args(argv)
     if args.command == "status":
@@ -1063,6 +1069,9 @@ def main(argv=None) -> None:
     elif args.command == "window":
         print_window(args.kind, args.budget_s, tuple(args.again), build_there=args.build_there)
     elif args.command == "report":
+        from benchmarks import analysis
+
+        analysis.set_table_format("markdown" if args.markdown else "terminal")
         report(step_named(args.step) if args.step else None)
     else:
         wheels()

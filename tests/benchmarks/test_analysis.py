@@ -104,6 +104,22 @@ def test_the_default_design_changes_only_on_the_issues_evidence():
     assert not decision["diagnose_first"]  # "faster" reaches 0.1·30/5 = 0.6
     slow = analysis.design_decision([r | {"sgemm_us": 15.0} for r in rows if r["design"] == base])
     assert slow["diagnose_first"] and slow["default"] == base and not slow["changed"]  # 0.15 at best
+    # the README's table of it: the baseline first, then the fastest; SGEMM over ours in geomean
+    table = analysis.design_table(rows)
+    assert [r["design"] for r in table] == [base, "noisy", "faster", "fast"]
+    fast = table[-1]
+    assert fast["default"] and fast["qualifies"] and fast["layers"] == 3
+    assert fast["speedup over baseline (geomean)"] == pytest.approx(1 / (0.8 * 0.8 * 1.05) ** (1 / 3))
+    assert fast["vs SGEMM (geomean)"] == pytest.approx((30 / 8 * 30 / 8 * 30 / 10.5) ** (1 / 3))
+    assert table[0]["speedup over baseline (geomean)"] == 1.0 and not table[0]["default"]
+
+
+def test_a_table_in_markdown_has_its_title_header_rule_and_escaped_cells():
+    text = analysis.markdown_table("t", [{"a": 1.23456, "b": "x|y"}, {"a": None, "c": True}])
+    assert text.splitlines() == ["**t**", "", "| a | b | c |", "| --- | --- | --- |", "| 1.23 | x\\|y |  |",
+                                 "|  |  | True |"]
+    with pytest.raises(ValueError, match="one of terminal, markdown"):
+        analysis.set_table_format("html")
 
 
 def test_the_half_table_joins_our_fp32_kernel_on_the_same_tile_and_the_summary_follows_the_issue():

@@ -450,7 +450,7 @@ def test_every_committed_steps_report_prints_its_tables(capsys):
     # a report that crashed on committed rows (KeyError 'order' once) hid the measured figures
     device.report()
     printed = capsys.readouterr().out
-    for title in ("== designs on h200", "== headline-mobilenetv2 on h200", "== conv on h200",
-                  "A/B: each design's time", "against cuBLAS", "by the estimate's largest term",
+    for title in ("== designs on h200", "== designs on h100", "== headline-mobilenetv2 on h200", "== conv on h200",
+                  "A/B: each design's time", "each design against the baseline", "the default: ", "against cuBLAS", "by the estimate's largest term",
                   "implicit-im2col convolutions", "row orders, same tile and design", "NM-SpMM's shapes"):
         assert title in printed, title
