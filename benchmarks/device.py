@@ -89,19 +89,6 @@ STEPS: tuple[Step, ...] = (
          device_seconds=300, needs=("wheels",)),
     Step("designs", "design A/B on the A/B layers at 0.9 and the diagnosis micro sweeps: the decision table",
          "20, 30.2.2", (BundleSpec("ab", "ab"), BundleSpec("micro", "micro")), device_seconds=540),
-    Step("reorder", "row orders on the A/B layers at 0.9: identity, Algorithm 1 and the order the flow keeps, "
-                    "same tile and design: time against Σ nnc", "33",
-         (BundleSpec("reorder", "reorder", {}, ("sgemm",)),), device_seconds=240),
-    Step("nm", "N:M layers (16/12/8/4 of 32 in vectors of 32 rows, and 2:4; random positions) on the A/B layers: "
-               "our baked kernel and our N:M kernel against our kernel on the same layer pruned at random to the "
-               "same sparsity, SGEMM, TF32, FP16 and cuSPARSELt 2:4 (fp16, TF32)", "34",
-         (BundleSpec("nm", "nm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
-         device_seconds=540),
-    Step("nm-spmm", "NM-SpMM's comparison: 16/12/8/4 of 32 (vectors of 32 rows) on LLaMA-like GEMMs (4096×4096, "
-                    "11008×4096, 4096×11008 at 256 and 4096 tokens): our N:M kernel against SGEMM, TF32, FP16 and "
-                    "cuSPARSELt 2:4", "34",
-         (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
-         device_seconds=480),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
          runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",), opens=("ab",)),
     # diagnosis before more tables (issue 30 item 3: no design reaches 0.35 per nonzero): the counters
@@ -113,11 +100,6 @@ STEPS: tuple[Step, ...] = (
     Step("staged", "the staged design on the A/B layers at 0.9: B through shared memory 4 and 8 tiles of a warp "
                    "and 4 tiles of 4 warps a block share, against the chained kernel on the same tiles", "30.3, 35",
          (BundleSpec("staged", "staged", {}, ("sgemm",)),), device_seconds=300),
-    # issue 35's device target on layers the design price never saw (report designs-held-out; python -m
-    # benchmarks.design_estimate prices them with the factors fitted on the A/B)
-    Step("designs-held-out", "every A/B design on 11 layers outside the A/B at 0.9, each on its measured tile: "
-                             "does the design price fitted on the A/B choose within 5% of the best there?", "35",
-         (BundleSpec("ab-held-out", "ab", {"layers": AB_HELD_OUT_LAYERS}),), device_seconds=300),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -142,6 +124,26 @@ STEPS: tuple[Step, ...] = (
                                                               "gpu": "h200"}, ()),
                     BundleSpec("headline-shufflenetv2", "headline", HEADLINE | {"models": ("shufflenetv2",)},
                                ("sgemm", "tf32", "fp16", "cusparse"))), device_seconds=540, device="h200"),
+    # the later issues' steps, after issue 30's own (its item 2: "Later issues add their device steps to
+    # the same program ..., after these")
+    # issue 35's device target on layers the design price never saw (report designs-held-out; python -m
+    # benchmarks.design_estimate prices them with the factors fitted on the A/B)
+    Step("designs-held-out", "every A/B design on 11 layers outside the A/B at 0.9, each on its measured tile: "
+                             "does the design price fitted on the A/B choose within 5% of the best there?", "35",
+         (BundleSpec("ab-held-out", "ab", {"layers": AB_HELD_OUT_LAYERS}),), device_seconds=300),
+    Step("reorder", "row orders on the A/B layers at 0.9: identity, Algorithm 1 and the order the flow keeps, "
+                    "same tile and design: time against Σ nnc", "33",
+         (BundleSpec("reorder", "reorder", {}, ("sgemm",)),), device_seconds=240),
+    Step("nm", "N:M layers (16/12/8/4 of 32 in vectors of 32 rows, and 2:4; random positions) on the A/B layers: "
+               "our baked kernel and our N:M kernel against our kernel on the same layer pruned at random to the "
+               "same sparsity, SGEMM, TF32, FP16 and cuSPARSELt 2:4 (fp16, TF32)", "34",
+         (BundleSpec("nm", "nm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
+         device_seconds=540),
+    Step("nm-spmm", "NM-SpMM's comparison: 16/12/8/4 of 32 (vectors of 32 rows) on LLaMA-like GEMMs (4096×4096, "
+                    "11008×4096, 4096×11008 at 256 and 4096 tokens): our N:M kernel against SGEMM, TF32, FP16 and "
+                    "cuSPARSELt 2:4", "34",
+         (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
+         device_seconds=480),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 

@@ -156,10 +156,12 @@ def test_next_goes_on_past_the_steps_this_kind_of_gpu_already_measured(tmp_path)
         (results / "h200" / step / "done.json").write_text("{}")
     ran = []
     device.next_steps(1e6, here="h200", results=results, run=lambda step, *a, **k: ran.append(step.name))
-    assert ran[:2] == ["reorder", "nm"] and "gate" not in ran and "designs" not in ran
+    assert ran[:2] == ["counters", "latency"] and "gate" not in ran and "designs" not in ran
+    # issue 30's own steps first, the later issues' after them
+    assert ran.index("h200-calibration") < ran.index("designs-held-out") < ran.index("reorder") < ran.index("nm")
     ran.clear()
     device.next_steps(1e6, here="h100", results=results, run=lambda step, *a, **k: ran.append(step.name))
-    assert ran[:3] == ["gate", "designs", "reorder"]
+    assert ran[:3] == ["gate", "designs", "counters"]
 
 
 def test_a_step_that_needs_the_wheels_installs_them_with_this_python_or_says_what_to_carry(tmp_path):
