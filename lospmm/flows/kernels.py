@@ -111,6 +111,19 @@ def _served_columns(served, runner_up) -> dict:
             "runner_up_price_us": runner_up.design_price_us if runner_up else float("nan")}
 
 
+def designs_priced(options) -> str:
+    """10_kernels' designs_priced: every way the layer could be served, in the order the emit stage
+    ranked them (stages.emit.ranked_designs), a design once at its best tile (an untiled kernel in each
+    blocking), each `label: estimate µs / price µs` — the runners-up behind the choice."""
+    seen, out = set(), []
+    for o in ranked_designs(options):
+        key = o.design.label if o.tiled else o.label
+        if key not in seen:
+            seen.add(key)
+            out.append(f"{o.label}: {o.estimate_us:.3g} / {o.design_price_us:.3g} µs")
+    return "; ".join(out)
+
+
 def _measured(label: str, time_us: float | None, why: str) -> str:
     """One entry of 10_kernels' designs_measured: a way to serve the layer and its measured time."""
     if time_us is None:
@@ -243,6 +256,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             return by_tile.get((m1, n1, label)) or next(
                 (r for (tm1, tn1, _), r in by_tile.items() if (tm1, tn1) == (m1, n1)), best)
         served, runner_up = cheapest_design(options)
+        base["designs_priced"] = designs_priced(options)
 
         dense_times: dict[str, float] = {}
 

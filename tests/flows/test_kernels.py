@@ -235,6 +235,10 @@ def test_a_served_kernel_that_fails_gives_way_to_the_searched_one(tmp_path, monk
     row = fk.emitted_layer(str(tmp_path), tmp_path / "served", timed, a, tiles, timer, "sm_90", EmitParams(),
                            logging.getLogger("test"))
     assert row["status"] == "ok" and row["design"].startswith("nm ") and row["message"] == ""
+    # every way it could be served, ranked, the served first: the baked tile and each N:M blocking
+    priced = row["designs_priced"].split("; ")
+    assert priced[0].startswith(row["design"] + ": ") and any(p.startswith("8×128: ") for p in priced)
+    assert len(priced) == 1 + len([p for p in priced if p.startswith("nm ")]) > 2
     monkeypatch.setattr(fk, "emitted_kernel", flaky)
     row = fk.emitted_layer(str(tmp_path), tmp_path / "fallback", timed, a, tiles, timer, "sm_90", EmitParams(),
                            logging.getLogger("test"))
@@ -460,3 +464,17 @@ def _auto_layer():
     params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
     return a, tiles, timed, params, served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"],
                                                    designs=DESIGN_CANDIDATES)
+
+
+def test_designs_priced_lists_each_design_once_at_its_best_tile_in_the_emit_stages_order():
+    import lospmm.flows.kernels as fk
+    from lospmm.kernel.choices import NM_DESIGN, Served
+    from lospmm.kernel.design import design_named
+
+    baseline, chained = design_named("baseline"), design_named("chained")
+    options = [Served("8×128", 10.0, baseline, m1=8, n1=128, price_us=12.0),
+               Served("4×128", 9.0, baseline, m1=4, n1=128, price_us=11.0),
+               Served("8×128 chained", 10.0, chained, m1=8, n1=128, price_us=9.5),
+               Served("nm 2:4,a", 20.0, NM_DESIGN, nm=object()), Served("nm 2:4,b", 30.0, NM_DESIGN, nm=object())]
+    assert fk.designs_priced(options) == ("8×128 chained: 10 / 9.5 µs; 4×128: 9 / 11 µs; nm 2:4,a: 20 / 20 µs; "
+                                          "nm 2:4,b: 30 / 30 µs")

@@ -15,6 +15,6 @@ SCHEMA = pa.schema(
        ("max_rel_error", F64), ("candidates_timed", I32), ("seconds", F64), ("design", STR),
        ("design_estimate_us", F64), ("design_price_us", F64), ("runner_up", STR), ("runner_up_estimate_us", F64),
        ("runner_up_price_us", F64),
-       ("designs_measured", STR)]
+       ("designs_measured", STR), ("designs_priced", STR)]
 )
 RECORD = dict  # an emitted kernel directory's facts (its kernel.json)
