@@ -41,12 +41,14 @@ def set_table_format(name: str) -> None:
 
 
 def _cell(v) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "")
+    return f"{v:.3g}" if isinstance(v, float) else str(v if v is not None else "").replace("\n", " ")
 
 
 def markdown_table(title: str, rows: list[dict]) -> str:
     """Rows as a GitHub Markdown table under its title in bold, every key a column (a `|` in a cell escaped)."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
+    if not columns:
+        return f"**{title}**\n\n(no rows)\n"
     line = lambda cells: "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"  # noqa: E731
     return "\n".join([f"**{title}**", "", line(columns), line(["---"] * len(columns)),
                       *(line([_cell(r.get(c)) for c in columns]) for r in rows)]) + "\n"
@@ -449,7 +451,8 @@ def split_summary(rows: list[dict]) -> list[dict]:
 def design_choice(rows: list[dict], rows_set: str = "ab") -> tuple[list[dict], dict]:
     """Issue 35's verdict on the design per layer: per layer of `rows_set` (each design of
     kernel.choices.DESIGN_CANDIDATES measured on one tile), the design the estimate prices lowest
-    (what `--design auto` serves: the launch rows' `estimate_us`) against the best measured, and in
+    (the launch rows' `estimate_us`: the estimate alone, as the bundle was built, not the design price
+    `--design auto` now serves by: benchmarks.design_estimate.price_verdicts) against the best measured, and in
     all: the share of layers where it is within CHOICE_WITHIN, and the chosen designs' geomean time
     over the best single design's (on the layers every design measured)."""
     by: dict = {}

@@ -64,7 +64,13 @@ def factors_from(layers: dict, launch_us: float, overlap: float, per_design: boo
 
 def choices(layers: dict, launch_us: float, overlap: float, factors_for) -> dict:
     """Per layer, the design priced lowest (overlapped_us × its factor, `factors_for(layer)`) against the
-    best measured; the share within CHOICE_WITHIN and the geomean gain over the best single design."""
+    best measured; the share within CHOICE_WITHIN and the geomean gain over the best single design.
+    Only layers with two designs or more measured count (one is no choice); none: NaN figures."""
+    layers = {k: v for k, v in layers.items() if len(v) >= 2}
+    complete = [d for d in {d for v in layers.values() for d in v} if all(d in v for v in layers.values())]
+    if not layers:
+        return {"within 5% of the best": float("nan"), "gain over the best single design": float("nan"),
+                "best single design": ""}
     within, chosen = 0, {}
     for layer, designs in layers.items():
         factor = factors_for(layer)
@@ -73,11 +79,30 @@ def choices(layers: dict, launch_us: float, overlap: float, factors_for) -> dict
         best = min(us for us, _ in designs.values())
         within += designs[pick][0] <= (1 + CHOICE_WITHIN) * best
         chosen[layer] = designs[pick][0]
-    complete = [d for d in {d for v in layers.values() for d in v} if all(d in v for v in layers.values())]
-    single = min(complete, key=lambda d: geomean([layers[k][d][0] for k in layers]))
-    return {"within 5% of the best": within / len(layers),
-            "gain over the best single design": geomean([layers[k][single][0] for k in layers])
-            / geomean([chosen[k] for k in layers]), "best single design": single}
+    single = min(complete, key=lambda d: geomean([layers[k][d][0] for k in layers])) if complete else ""
+    gain = (geomean([layers[k][single][0] for k in layers]) / geomean([chosen[k] for k in layers])
+            if single else float("nan"))  # a cut-off run where no design reached every layer
+    return {"within 5% of the best": within / len(layers), "gain over the best single design": gain,
+            "best single design": single}
+
+
+def price_verdicts(path: Path, pricing=None) -> list[dict]:
+    """What the shipped design price (lospmm.kernel.estimate.DESIGN_PRICINGS["h100"], or `pricing`)
+    chooses on the A/B rows of `path` (the designs step's, or designs-held-out's): with its shipped
+    factors (held out where `path` is not what they were fitted on), and with each layer held out
+    while the factors are fitted again on the others; [] where the file holds no A/B launch."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import DESIGN_PRICINGS, estimate_timer
+
+    pricing = pricing or DESIGN_PRICINGS["h100"]
+    timer = estimate_timer(device_named("h100"))  # the factors are over this calibration's terms
+    layers = ab_layers(path, timer)
+    if not layers:
+        return []
+    launch_us, shipped = timer.params.launch_us, defaultdict(lambda: 1.0, dict(pricing.factors))
+    return [{"pricing": f"{pricing.label}: its factors", **choices(layers, launch_us, pricing.overlap, lambda _: shipped)},
+            {"pricing": f"overlap {pricing.overlap:g}, factors refitted with each layer held out",
+             **held_out_choices(layers, launch_us, pricing.overlap, True)}]
 
 
 def held_out_choices(layers: dict, launch_us: float, overlap: float, per_design: bool) -> dict:
@@ -111,7 +136,8 @@ def main(argv=None) -> None:
     complete = [d for d in {d for v in layers.values() for d in v} if all(d in v for v in layers.values())]
     single = min(complete, key=lambda d: geomean([layers[k][d][0] for k in layers]))
     ceiling = geomean([layers[k][single][0] for k in layers]) / geomean(list(best.values()))
-    others = {path: ab_layers(path, timer) for path in args.other if path.exists() and path != args.ab}
+    others = {path: there for path in args.other if path.exists() and path != args.ab
+              for there in [ab_layers(path, timer)] if there}
 
     def row(name: str, overlap: float, per_design: bool) -> dict:
         out = {"pricing": name, **held_out_choices(layers, launch_us, overlap, per_design)}

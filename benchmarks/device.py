@@ -837,11 +837,15 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                       f"median per-nonzero efficiency at 0.9 is {decision['best_median_efficiency']:.3f}"
                       + (f", under {analysis.DIAGNOSIS_EFFICIENCY}: diagnosis first" if decision["diagnose_first"] else ""))
                 per_layer, verdict = analysis.design_choice(speed)
-                analysis.print_table("--design auto: the design the bundle's estimates price lowest per layer against "
-                                     "the best measured (issue 35; the design price fitted on these launches, held out "
-                                     "by layer: python -m benchmarks.design_estimate --ab FILE)", per_layer)
-                analysis.print_table("--design auto's verdict (targets: within 5% on ≥ 80% of layers, geomean ≥ 1.2× "
-                                     "the best single design)", [verdict])
+                analysis.print_table("the estimate alone (the bundle's, before the design price): its design per layer "
+                                     "against the best measured (issue 35)", per_layer)
+                analysis.print_table("the estimate alone: its verdict (targets: within 5% on ≥ 80% of layers, geomean "
+                                     "≥ 1.2× the best single design)", [verdict])
+                from benchmarks.design_estimate import price_verdicts
+
+                for path in sorted(folder.glob("kernel-speed-ab*.parquet")):
+                    analysis.print_table(f"--design auto's design price on {path.name} (issue 35; the same targets)",
+                                         price_verdicts(path))
             if any(r.get("set") == "micro" for r in speed):
                 analysis.print_table("diagnosis kernels (µs)", [{k: r.get(k) for k in ("layer", "design", "ours_us", "spread",
                                                                           "tile_code_bytes_mean")}

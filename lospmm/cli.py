@@ -68,8 +68,8 @@ _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional
 _RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "
                                    "ten designs of the device's A/B (each with its own constraints and proxies), "
                                    "ranked together by the design-aware ranker (lospmm/models/ranker-designs), the "
-                                   "emitted design the one the device's design price (fitted on the H100's measured "
-                                   "A/B) prices lowest; the default stays 'chained'.")
+                                   "emitted design the one the design price prices lowest (on the H100: fitted on "
+                                   "its measured A/B; elsewhere the estimate); the default stays 'chained'.")
 
 _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfig)
 

@@ -36,7 +36,8 @@ from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
-                                host_check_columns, measured_contenders, ranked_designs, speedup, timed_ok, timed_rows)
+                                host_check_columns, measured_contenders, ranked_designs, served_design, speedup, timed_ok,
+                                timed_rows)
 from lospmm.status import Status
 
 
@@ -117,7 +118,7 @@ def designs_priced(options) -> str:
     blocking), each `label: estimate µs / price µs` — the runners-up behind the choice."""
     seen, out = set(), []
     for o in ranked_designs(options):
-        key = o.design.label if o.tiled else o.label
+        key = served_design(o) or o.label
         if key not in seen:
             seen.add(key)
             out.append(f"{o.label}: {o.estimate_us:.3g} / {o.design_price_us:.3g} µs")

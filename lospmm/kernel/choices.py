@@ -40,11 +40,13 @@ class Served:
     m1: int = 0  # the tile of a tiled kernel (0 for the N:M kernel)
     n1: int = 0
     # the price that compares it with the layer's other designs (EstimateTimer.design_price: the
-    # device's fitted DesignPricing); None: its estimate (an untiled kernel, a device without one)
+    # device's fitted DesignPricing); None where there is none (an untiled kernel, a conv form, a
+    # design without a factor, a device without a pricing): stages.emit then compares by the estimate
     price_us: float | None = None
 
     @property
     def design_price_us(self) -> float:
+        """Its design price, else its estimate (10_kernels' design_price_us)."""
         return self.estimate_us if self.price_us is None else self.price_us
 
     @property

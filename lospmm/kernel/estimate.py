@@ -558,10 +558,10 @@ class EstimateTimer:
     runs_binary: bool = False
     pricing: "DesignPricing | None" = None  # the device's design price (DESIGN_PRICINGS), if fitted
 
-    def design_price(self, timing: Timing, design: KernelDesign) -> float:
-        """The price that compares `design` with a layer's other designs (DesignPricing.price; the
-        estimate itself where the device has no fitted pricing or the design no factor)."""
-        return self.pricing.price(timing, design, self.params.launch_us) if self.pricing else float(timing.time_us)
+    def design_price(self, timing: Timing, design: KernelDesign) -> float | None:
+        """The price that compares `design` with a layer's other designs (DesignPricing.price), None
+        where the device has no fitted pricing or the design no factor."""
+        return self.pricing.price(timing, design, self.params.launch_us) if self.pricing else None
 
     def time(self, launch: LaunchUnderTest) -> Timing:
         if launch.spec is not None and launch.spec.nm is not None:
@@ -736,7 +736,8 @@ class DesignPricing:
     measured A/B launches (design_factors). The tiles of one design keep the shipped estimate's order
     (its maximum ranks a layer's tiles better than the norm: benchmarks.design_estimate), so the emit
     stage ranks a design's tiles by the estimate and the designs by this price (stages.emit.ranked_designs).
-    A design without a factor (not measured) is priced by the estimate alone."""
+    A design without a factor (not measured) has no price: where one of a layer's designs has none,
+    they all compare by the estimate."""
 
     label: str
     measured_on: str
@@ -744,10 +745,12 @@ class DesignPricing:
     overlap: float
     factors: tuple[tuple[str, float], ...]  # (design label, measured / overlapped_us)
 
-    def price(self, timing: Timing, design: KernelDesign, launch_us: float) -> float:
+    def price(self, timing: Timing, design: KernelDesign, launch_us: float) -> float | None:
+        """The design's price, None where it has no factor (not measured: the caller compares by the
+        estimate, never one design's price against another's estimate) or the timing is not ok."""
         factor = dict(self.factors).get(design.label)
         if factor is None or timing.status != Status.OK:
-            return float(timing.time_us)
+            return None
         return overlapped_us(timing, launch_us, self.overlap) * factor
 
 
@@ -760,7 +763,8 @@ DESIGN_PRICINGS: dict[str, DesignPricing] = {
         "priced on the H100's A/B (calibration h100-2026-11-23's terms). Held out: with each layer left out of the "
         "fit, the design priced lowest is within 5% of the best measured on 11 of 11 layers (the shipped estimate's "
         "maximum: 6 of 11), 1.05x chained alone (the ceiling on these layers: 1.055x); with these factors, on the "
-        "H200's A/B (a card the fit never saw): 11 of 11, 1.07x (ceiling 1.067x). The overlap was chosen among 8, 4, "
+        "H200's A/B (measured times the factors were not fitted on, priced with this calibration's terms): 11 of 11, "
+        "1.07x (ceiling 1.067x). The overlap was chosen among 8, 4, "
         "3, 2, 1.5 and 1 on both cards' held-out results (1 was best on both); the tiles within a design keep the "
         "estimate's order: the sum ranks a layer's measured top-10 tiles worse (benchmarks/results/design_estimate.txt)",
         1.0,

@@ -68,6 +68,64 @@ def emit_params(rank: RankParams, verify: bool = True, implicit_conv: bool = Tru
                       designs=designs)
 
 
+def served_design(p) -> str | None:
+    """The design a way to serve a layer renders a tile in (its label), None for an untiled kernel
+    (the N:M kernel: no tiles, no design price)."""
+    return p.design.label if getattr(p, "nm", None) is None and getattr(p, "design", None) is not None else None
+
+
+def _order(value: float, index: int) -> tuple:
+    # an infinite or NaN price (it cannot run) never wins over a finite one; ties keep the earlier
+    return (not math.isfinite(value), value if math.isfinite(value) else 0.0, index)
+
+
+def _scale(prices: Sequence):
+    """How `prices`' tiled designs compare: their design prices where every one has one (the device's
+    fitted DesignPricing; `price_us`), else all by the estimate — never one design's price against
+    another's estimate."""
+    tiled = [p for p in prices if served_design(p) is not None]
+    if tiled and all(getattr(p, "price_us", None) is not None for p in tiled):
+        return lambda p: p.price_us
+    return lambda p: p.estimate_us
+
+
+def ranked_designs(prices: Sequence) -> list:
+    """`prices` cheapest first (issue 35, item 4). The tiled kernels in two levels: a design's tiles
+    by the estimate (`estimate_us`: it ranks a layer's tiles better), the designs by their best
+    tile's design price (`price_us`: lospmm.kernel.estimate.DesignPricing, fitted and held out on
+    measured designs; the estimate where a design has none, _scale): every design's best tile,
+    cheapest design first, then the other tiles by their design's rank. The untiled kernels (N:M),
+    which no design price covers, merge in by the estimate, the tiled kernels' first standing at
+    their lowest estimate: an N:M kernel is first exactly where it was before the design price (its
+    estimate under every tiled kernel's). Ties keep the earlier (the baked kernel of the searched tile
+    is priced first)."""
+    groups: dict = {}
+    untiled = []
+    for i, p in enumerate(prices):
+        label = served_design(p)
+        (groups.setdefault(label, []) if label is not None else untiled).append((i, p))
+    for members in groups.values():
+        members.sort(key=lambda ip: _order(ip[1].estimate_us, ip[0]))
+    scale = _scale(prices)
+    order = sorted(groups.values(), key=lambda members: _order(scale(members[0][1]), members[0][0]))
+    tiled = [members[0] for members in order] + [ip for members in order for ip in members[1:]]
+    # the merge's keys are estimates: the tiled kernels' first stands at their lowest, the others at
+    # their own but never under the one before (their order is the price's)
+    keyed, lowest = [], min((_order(p.estimate_us, i) for i, p in tiled), default=None)
+    for i, p in tiled:
+        keyed.append((max(keyed[-1][0], _order(p.estimate_us, i)) if keyed else lowest, p))
+    others = sorted(((_order(p.estimate_us, i), p) for i, p in untiled), key=lambda kp: kp[0])
+    out, a, b = [], 0, 0
+    while a < len(keyed) or b < len(others):
+        if b == len(others) or (a < len(keyed) and keyed[a][0] <= others[b][0]):
+            out.append(keyed[a][1])
+            a += 1
+        else:
+            out.append(others[b][1])
+            b += 1
+    return out
+
+
 def cheapest_design(prices: Sequence) -> tuple:
     """The cheapest of `prices` (kernel.choices.Served, or anything with an `estimate_us`) and the
     runner-up (None when there is one), in ranked_designs' order."""
@@ -77,62 +135,33 @@ def cheapest_design(prices: Sequence) -> tuple:
     return ranked[0], (ranked[1] if len(ranked) > 1 else None)
 
 
-def _price(p) -> float:
-    """The price that compares designs (Served.design_price_us), else the estimate."""
-    return getattr(p, "design_price_us", p.estimate_us)
-
-
-def _order(value: float, index: int) -> tuple:
-    # an infinite or NaN price (it cannot run) never wins over a finite one; ties keep the earlier
-    return (not math.isfinite(value), value if math.isfinite(value) else 0.0, index)
-
-
-def ranked_designs(prices: Sequence) -> list:
-    """`prices` cheapest first (issue 35, item 4). The tiled kernels in two levels: a design's tiles
-    by the estimate (`estimate_us`: it ranks a layer's tiles better), the designs by their best
-    tile's design price (`design_price_us`: lospmm.kernel.estimate.DesignPricing, fitted and held out
-    on measured designs; the estimate where none is fitted): every design's best tile, cheapest
-    design first, then the other tiles by their design's rank. The untiled kernels (N:M), which no
-    design price covers, against the tiled ones' first by the estimate, as before the design price:
-    the tiled kernels go, in that order, where their first's estimate falls among them. Ties keep
-    the earlier (the baked kernel of the searched tile is priced first)."""
-    groups: dict = {}
-    untiled = []
-    for i, p in enumerate(prices):
-        if getattr(p, "nm", None) is None and getattr(p, "design", None) is not None:
-            groups.setdefault(p.design.label, []).append((i, p))
-        else:
-            untiled.append((i, p))
-    for members in groups.values():
-        members.sort(key=lambda ip: _order(ip[1].estimate_us, ip[0]))
-    order = sorted(groups.values(), key=lambda members: _order(_price(members[0][1]), members[0][0]))
-    tiled = [members[0] for members in order] + [ip for members in order for ip in members[1:]]
-    out, placed = [], not tiled
-    for i, p in sorted(untiled, key=lambda ip: _order(ip[1].estimate_us, ip[0])):
-        if not placed and _order(tiled[0][1].estimate_us, tiled[0][0]) <= _order(p.estimate_us, i):
-            out, placed = out + [q for _, q in tiled], True
-        out.append(p)
-    return out if placed else out + [q for _, q in tiled]
-
-
 def measured_contenders(prices: Sequence, count: int, within: float) -> list:
     """The ways to serve a layer whose full kernels a measuring timer times (`EmitParams.measure_designs`):
-    the `count` first in ranked_designs' order whose estimate is within `within`× the first's;
-    the first alone when `count` <= 1 (or its estimate is not finite)."""
+    the `count` first in ranked_designs' order within `within`× the cheapest on their own scale (a tiled
+    kernel's design price against the cheapest tiled one's, _scale; an N:M kernel's estimate against
+    the lowest estimate); the first alone when `count` <= 1 (or its figure is not finite)."""
     ranked = ranked_designs(prices)
     if not ranked:
         raise ValueError("no design priced")
-    best = ranked[0].estimate_us
-    if count <= 1 or not math.isfinite(best):
+    scale = _scale(prices)
+    tiled = [p for p in ranked if served_design(p) is not None]
+    best_tiled = scale(tiled[0]) if tiled else math.inf
+    best_estimate = min((p.estimate_us for p in ranked if math.isfinite(p.estimate_us)), default=math.inf)
+    first = scale(ranked[0]) if served_design(ranked[0]) is not None else ranked[0].estimate_us
+    if count <= 1 or not math.isfinite(first):
         return ranked[:1]
-    return [p for p in ranked if math.isfinite(p.estimate_us) and p.estimate_us <= within * best][:count]
+
+    def close(p) -> bool:
+        value, best = (scale(p), best_tiled) if served_design(p) is not None else (p.estimate_us, best_estimate)
+        return math.isfinite(value) and value <= within * best
+
+    return [p for p in ranked if close(p)][:count]
 
 
 def fastest_measured(times: Sequence[float], tie_band: float = 0.0) -> int | None:
-    """Index of the fastest of the contenders' measured full-kernel times (given cheapest estimate
-    first), None when none is finite. Times within `tie_band` of the fastest tie, and a tie keeps the
-    one the estimate prices lower (the earlier): a difference inside the device's repeatability
-    says nothing."""
+    """Index of the fastest of the contenders' measured full-kernel times (given in ranked_designs'
+    order), None when none is finite. Times within `tie_band` of the fastest tie, and a tie keeps the
+    one ranked first (the earlier): a difference inside the device's repeatability says nothing."""
     finite = [(t, i) for i, t in enumerate(times) if t is not None and math.isfinite(t)]
     if not finite:
         return None

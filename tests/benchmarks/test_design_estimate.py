@@ -48,3 +48,23 @@ def test_the_shipped_h100_design_pricing_is_what_its_measurements_fit_and_choose
     assert len(layers) == 11 and held["within 5% of the best"] == 1.0
     # the shipped estimate alone (its maximum, no factors) chose 6 of 11
     assert de.held_out_choices(layers, timer.params.launch_us, math.inf, False)["within 5% of the best"] < 0.6
+
+
+def test_a_layer_with_one_design_is_no_choice_and_a_file_without_ab_rows_no_verdict(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    layers = {("m", "x"): {"a": (1.0, _flat()), "b": (2.0, _flat())}, ("m", "y"): {"a": (1.0, _flat())}}
+    out = de.choices(layers, 0.0, 1.0, lambda _: {"a": 1.0, "b": 1.0})
+    assert out["within 5% of the best"] == 1.0 and out["best single design"] == "a"  # y (one design) left out
+    assert math.isnan(de.choices({}, 0.0, 1.0, lambda _: {})["within 5% of the best"])
+    empty = tmp_path / "kernel-speed-ab.parquet"
+    pq.write_table(pa.Table.from_pylist([{"set": "micro", "role": "full", "status": "ok", "ours_us": 1.0}]), empty)
+    assert de.price_verdicts(empty) == []
+
+
+@pytest.mark.skipif(not AB_H100.is_file(), reason="the H100's committed A/B results")
+def test_the_report_prices_the_ab_with_the_shipped_factors_and_held_out():
+    shipped, held = de.price_verdicts(AB_H100)
+    assert shipped["within 5% of the best"] == 1.0 and held["within 5% of the best"] == 1.0
+    assert shipped["gain over the best single design"] == pytest.approx(1.05, abs=0.01)

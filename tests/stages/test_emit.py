@@ -96,23 +96,31 @@ def test_a_designs_tiles_rank_by_the_estimate_and_the_designs_by_their_best_tile
     from lospmm.kernel.design import design_named
     from lospmm.stages.emit import cheapest_design, measured_contenders, ranked_designs
 
-    baseline, chained = design_named("baseline"), design_named("chained")
+    baseline, chained, walks = design_named("baseline"), design_named("chained"), design_named("chained,walks=4")
     # the estimate prices both designs alike; the design price (fitted on measured designs) says chained
     base_a = Served("8×128", 10.0, baseline, m1=8, n1=128, price_us=12.0)
     base_b = Served("16×128", 11.0, baseline, m1=16, n1=128, price_us=9.0)  # a worse tile by the estimate
     chain_a = Served("8×128 chained", 10.0, chained, m1=8, n1=128, price_us=10.0)
     chain_b = Served("4×128 chained", 9.0, chained, m1=4, n1=128, price_us=20.0)
-    nm = Served("nm 2:4", 15.0, NM_DESIGN, nm=object())  # untiled: a design of its own, priced by its estimate
-    ranked = ranked_designs([base_a, base_b, chain_a, chain_b, nm])
+    nm = Served("nm 2:4", 15.0, NM_DESIGN, nm=object())  # untiled: no design price, merged by its estimate
     # chained's best tile by the estimate is 4×128 (9 µs), priced 20: baseline's best (8×128, 10 µs) is
-    # priced 12; the N:M kernel (no design price) against the tiled kernels' first by the estimate: 15 > 10
-    assert ranked == [base_a, chain_b, base_b, chain_a, nm]
-    assert cheapest_design([base_a, base_b, chain_a, chain_b, nm]) == (base_a, chain_b)
+    # priced 12, so baseline's designs lead; the N:M kernel (15 µs) goes after every tiled one estimated under it
+    assert ranked_designs([base_a, base_b, chain_a, chain_b, nm]) == [base_a, chain_b, base_b, chain_a, nm]
     assert cheapest_design([base_a, chain_a]) == (chain_a, base_a)  # alike by the estimate, chained by price
-    assert [p.label for p in measured_contenders([base_a, chain_a, nm], 3, 1.25)] == ["8×128 chained", "8×128"]
-    # an N:M kernel cheaper by the estimate than the tiled kernels' first stays first, whatever its price
-    cheap_nm = Served("nm 4:32", 9.5, NM_DESIGN, nm=object())
+    # the N:M kernel first exactly where it was before the design price: under every tiled kernel's estimate
+    cheap_nm = Served("nm 4:32", 8.5, NM_DESIGN, nm=object())
     assert ranked_designs([base_a, chain_a, cheap_nm]) == [cheap_nm, chain_a, base_a]
+    walked = Served("8×128 chained,walks=4", 10.5, walks, m1=8, n1=128, price_us=9.5)
+    mid_nm = Served("nm 2:4", 11.0, NM_DESIGN, nm=object())
+    # the price picks walks=4 (9.5), but the lowest tiled estimate (10, baseline's) is under the N:M kernel's 11
+    assert cheapest_design([base_a, Served("x", 12.0, chained, m1=8, n1=128, price_us=9.9), walked, mid_nm])[0] == walked
+    # the contenders a measuring timer times: tiled ones within a factor of the cheapest price, N:M by estimate
+    assert [p.label for p in measured_contenders([base_a, chain_a, walked, mid_nm], 4, 1.15)] == \
+        ["8×128 chained,walks=4", "8×128 chained", "nm 2:4"]  # baseline's 12 is over 1.15 × 9.5
+    # a design without a price (a factor not fitted) puts every design of the layer on the estimate
+    unpriced = Served("8×128 staged", 9.9, design_named("staged,tiles=4"), m1=8, n1=128)
+    assert cheapest_design([base_a, chain_a, unpriced])[0] == unpriced
+    assert cheapest_design([base_a, chain_a, Served("y", 10.1, walks, m1=8, n1=128)])[0] == base_a
     plain = [Served("a", 10.0, baseline), Served("b", 10.0, chained)]  # no price: the estimate, ties keep the earlier
     assert cheapest_design(plain) == (plain[0], plain[1])
 
