@@ -535,12 +535,13 @@ def design_decision(rows: list[dict]) -> dict:
             "diagnose_first": not best >= DIAGNOSIS_EFFICIENCY}
 
 
-def design_table(rows: list[dict]) -> list[dict]:
+def design_table(rows: list[dict], decision: dict | None = None) -> list[dict]:
     """Issue 30 item 3's table, a row per design of the A/B rows (set "ab"): its geomean speedup over
     the baseline and worst layer (design_decision's), its median per-nonzero efficiency on the
     work-bound layers at 0.9, its geomean over cuBLAS SGEMM on every layer it launched, and whether
-    it qualifies to be the default; the baseline first, then the fastest first."""
-    decision = design_decision(rows)
+    it qualifies to be the default; the baseline first, then the fastest first. `decision`: the rows'
+    design_decision, where the caller has it."""
+    decision = decision or design_decision(rows)
     baseline = design_named("baseline").label
     ab = [r for r in rows if r.get("set") == "ab" and r.get("status") == "ok" and math.isfinite(r["ours_us"])]
     by = {d["design"]: d for d in decision["designs"]}

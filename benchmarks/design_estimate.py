@@ -26,14 +26,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.analysis import CHOICE_WITHIN, calibration_rows, geomean, launch_rows, launch_work, print_table
-from lospmm.kernel.estimate import design_factors, overlapped_us
+from lospmm.kernel.estimate import DESIGN_PRICINGS, design_factors, overlapped_us
 
 AB = Path("benchmarks/results/h100/designs/kernel-speed-ab.parquet")
 # the same A/B on another card, and the held-out layers (the designs-held-out step) where measured
 OTHER_CARDS = (Path("benchmarks/results/h200/designs/kernel-speed-ab.parquet"),
                Path("benchmarks/results/h100/designs-held-out/kernel-speed-ab-held-out.parquet"),
                Path("benchmarks/results/h200/designs-held-out/kernel-speed-ab-held-out.parquet"))
-SHIPPED_OVERLAP = 1.0  # the overlap of DESIGN_PRICINGS["h100"]
+SHIPPED_OVERLAP = DESIGN_PRICINGS["h100"].overlap
 TILES = (Path("benchmarks/results/gpu-h100/c/launches-sample-0.9.parquet"),
          Path("benchmarks/results/gpu-h100/d/launches-sample-0.7.parquet"))
 
@@ -92,7 +92,7 @@ def price_verdicts(path: Path, pricing=None) -> list[dict]:
     factors (held out where `path` is not what they were fitted on), and with each layer held out
     while the factors are fitted again on the others; [] where the file holds no A/B launch."""
     from lospmm.devices import device_named
-    from lospmm.kernel.estimate import DESIGN_PRICINGS, estimate_timer
+    from lospmm.kernel.estimate import estimate_timer
 
     pricing = pricing or DESIGN_PRICINGS["h100"]
     timer = estimate_timer(device_named("h100"))  # the factors are over this calibration's terms

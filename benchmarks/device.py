@@ -830,9 +830,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             if any(r.get("set") == "ab" for r in speed):
                 analysis.print_table("A/B: each design's time over today's kernel on the same tile (< 1 is faster)",
                        analysis.ab_summary(speed))
-                analysis.print_table("each design against the baseline on the same tiles (issue 30, item 3)",
-                                     analysis.design_table(speed))
                 decision = analysis.design_decision(speed)
+                analysis.print_table("each design against the baseline on the same tiles (issue 30, item 3)",
+                                     analysis.design_table(speed, decision))
                 print(f"the default: {decision['default']} ({'changed' if decision['changed'] else 'kept'}); the best "
                       f"median per-nonzero efficiency at 0.9 is {decision['best_median_efficiency']:.3f}"
                       + (f", under {analysis.DIAGNOSIS_EFFICIENCY}: diagnosis first" if decision["diagnose_first"] else ""))

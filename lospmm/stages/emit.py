@@ -114,16 +114,8 @@ def ranked_designs(prices: Sequence) -> list:
     keyed, lowest = [], min((_order(p.estimate_us, i) for i, p in tiled), default=None)
     for i, p in tiled:
         keyed.append((max(keyed[-1][0], _order(p.estimate_us, i)) if keyed else lowest, p))
-    others = sorted(((_order(p.estimate_us, i), p) for i, p in untiled), key=lambda kp: kp[0])
-    out, a, b = [], 0, 0
-    while a < len(keyed) or b < len(others):
-        if b == len(others) or (a < len(keyed) and keyed[a][0] <= others[b][0]):
-            out.append(keyed[a][1])
-            a += 1
-        else:
-            out.append(others[b][1])
-            b += 1
-    return out
+    # the tiled keys never fall, so a stable sort keeps the price's order among them
+    return [p for _, p in sorted(keyed + [(_order(p.estimate_us, i), p) for i, p in untiled], key=lambda kp: kp[0])]
 
 
 def cheapest_design(prices: Sequence) -> tuple:
@@ -147,15 +139,15 @@ def measured_contenders(prices: Sequence, count: int, within: float) -> list:
     tiled = [p for p in ranked if served_design(p) is not None]
     best_tiled = scale(tiled[0]) if tiled else math.inf
     best_estimate = min((p.estimate_us for p in ranked if math.isfinite(p.estimate_us)), default=math.inf)
-    first = scale(ranked[0]) if served_design(ranked[0]) is not None else ranked[0].estimate_us
-    if count <= 1 or not math.isfinite(first):
-        return ranked[:1]
 
-    def close(p) -> bool:
+    def close(p, factor: float) -> bool:
+        """Its figure on its own scale is finite and within `factor`× the cheapest there."""
         value, best = (scale(p), best_tiled) if served_design(p) is not None else (p.estimate_us, best_estimate)
-        return math.isfinite(value) and value <= within * best
+        return math.isfinite(value) and value <= factor * best
 
-    return [p for p in ranked if close(p)][:count]
+    if count <= 1 or not close(ranked[0], math.inf):
+        return ranked[:1]
+    return [p for p in ranked if close(p, within)][:count]
 
 
 def fastest_measured(times: Sequence[float], tie_band: float = 0.0) -> int | None:
