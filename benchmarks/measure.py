@@ -295,8 +295,8 @@ def time_ours(kernel, count: int, options: RunOptions, threads: int | None = Non
 def library_times(row: dict, spec, options: RunOptions) -> dict:
     """The libraries on the row's shape, each `<name>_us`, `<name>_spread`, `<name>_spread_flag` (and
     `<name>_method` when not graph-timed, `<name>_message` when it failed): cuBLAS SGEMM with TF32 off,
-    TF32 and FP16 (options.baselines), BF16 beside a bf16 kernel, cuDNN's dense FP32 convolution
-    beside a conv kernel, cuSPARSE through torch's CSR SpMM and cuSPARSELt 2:4 (fp16, and fp32 as TF32)
+    TF32 and FP16 (options.baselines), BF16 beside a bf16 kernel, cuDNN's dense convolution in the
+    kernel's dtype beside a conv kernel, cuSPARSE through torch's CSR SpMM and cuSPARSELt 2:4 (fp16, and fp32 as TF32)
     through torch's semi-structured tensors where asked."""
     names = list(options.baselines) + (["bf16"] if spec.dtype == "bf16" else []) + (["cudnn"] if spec.conv else [])
     out = {}
@@ -327,10 +327,11 @@ def time_library(name: str, row: dict, spec, options: RunOptions):
             a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
             c = torch.empty(m, n, device="cuda", dtype=dtype)
             fn = lambda: torch.matmul(a, b, out=c)  # noqa: E731
-        elif name == "cudnn":
+        elif name == "cudnn":  # in the kernel's dtype (TF32 off in fp32)
             g = spec.conv
-            w = torch.randn(spec.m, g.cin, g.kh, g.kw, device="cuda")
-            x = torch.randn(row["count"], g.cin, g.h, g.w, device="cuda")
+            element = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+            w = torch.randn(spec.m, g.cin, g.kh, g.kw, device="cuda", dtype=element)
+            x = torch.randn(row["count"], g.cin, g.h, g.w, device="cuda", dtype=element)
             fn = lambda: torch.nn.functional.conv2d(x, w, None, g.stride, g.pad, g.dilation)  # noqa: E731
         elif name == "cusparse":  # torch's CSR × dense goes through cusparseSpMM
             dense = torch.randn(m, k, device="cuda")

@@ -160,7 +160,8 @@ def matrix_of(p: Planned) -> sp.csr_matrix:
     if p.model == "synthetic":
         return micro_matrix(p.matrix)
     if p.model == "conv-case":
-        return conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity, p.prune)
+        return in_format(conv_case_matrix(int(p.layer.split(":", 1)[0]), p.sparsity, p.prune),
+                         design_named(p.design).number)[0]
     if p.model == NM_SPMM_MODEL:
         return nm_spmm_matrix(p.m, p.k, p.prune)
     shape = next(s for s in gemm_shapes(p.model, p.batch if p.model != "bert-base" else 4) if s.layer == p.layer)
@@ -666,8 +667,8 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
     baked kernel's code grows with it), the staged design's (8 tiles of M1 rows a block over 32
     pixels: each block gathers its tiles' union of window inputs once a chunk), and the GEMM kernel of
     the same A and tile on the im2col matrix (what the search emits for the im2col GEMM); with `nm`,
-    for each case whose K allows it, the N:M conv kernel and the baked conv kernel of its A pruned
-    CONV_NM (issue 34: conv_nm_planned)."""
+    for each case whose K allows it, the N:M conv kernel in fp32 and fp16 and the baked conv kernel of
+    its A pruned CONV_NM (issue 34: conv_nm_planned)."""
     from lospmm.stages.prune import nm_pattern
 
     out = []
@@ -689,24 +690,36 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
     return out
 
 
+# the conv step's half N:M conv kernel: fp16 B and C, packed sums (a half run's default)
+CONV_NM_HALF = "nm,fp16"
+
+
 def conv_nm_planned(i: int, g: ConvGeometry, common: dict, epilogue: str, device: str = "h100") -> list[Planned]:
     """Conv case i pruned CONV_NM: the N:M kernel's implicit-im2col form in the blocking the estimate
-    prices lowest for a convolution on `device`, and the baked conv kernel of the same A at the case's
-    tile (an N:M layer must never be slower than our unstructured kernel)."""
+    prices lowest for a convolution on `device`, in fp32 and in fp16 (CONV_NM_HALF, its A rounded; against
+    cuDNN in fp16), and the baked conv kernel of the same A at the case's tile (an N:M layer must never be
+    slower than our unstructured kernel)."""
     from lospmm.devices import device_named
     from lospmm.kernel.choices import nm_options
     from lospmm.stages.prune import nm_pattern
 
     pattern = nm_pattern(CONV_NM)
     nm_common = common | {"sparsity": pattern.sparsity, "matrix": _id("conv-case", i, CONV_NM)}
-    best = min(nm_options((pattern.n, pattern.m, pattern.vector), common["m"], g.k, common["n"], device_named(device),
-                          conv=True), key=lambda s: s.estimate_us).nm
     conv = tuple(sorted(vars(g).items()))
-    return [Planned(_id("conv", i, "nm"), "conv", conv=conv, epilogue=epilogue, variant="nm", prune=CONV_NM,
-                    nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns, best.depth,
-                        int(best.gather)),
-                    **(nm_common | {"design": design_named("nm").label, "m1": best.block_rows, "n1": best.threads,
-                                    "chosen_by": f"the estimate's cheapest N:M conv blocking: {best.label}"})),
+
+    def nm_kernel(variant: str, design: str) -> Planned:
+        number = design_named(design).number  # a half kernel's A is rounded: a matrix of its own in the bundle
+        matrix = nm_common["matrix"] if not number.is_half else _id("conv-case", i, CONV_NM, number.dtype)
+        best = min(nm_options((pattern.n, pattern.m, pattern.vector), common["m"], g.k, common["n"],
+                              device_named(device), design_named(design), conv=True), key=lambda s: s.estimate_us).nm
+        return Planned(_id("conv", i, variant), "conv", conv=conv, epilogue=epilogue, variant=variant, prune=CONV_NM,
+                       nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns, best.depth,
+                           int(best.gather)),
+                       **(nm_common | {"design": design_named(design).label, "m1": best.block_rows, "n1": best.threads,
+                                       "matrix": matrix,
+                                       "chosen_by": f"the estimate's cheapest N:M conv blocking: {best.label}"}))
+
+    return [nm_kernel("nm", "nm"), nm_kernel("nm-fp16", CONV_NM_HALF),
             Planned(_id("conv", i, "nm-baked"), "conv", conv=conv, epilogue=epilogue, variant="nm-baked",
                     prune=CONV_NM, **nm_common)]
 

@@ -371,6 +371,40 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     torch.testing.assert_close(load_kernel(package.dir)(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("design", ["nm,fp16", "nm,bf16,acc=f32"])
+def test_the_half_implicit_conv_nm_kernel_is_its_exact_model_on_the_device(tmp_path, design):
+    """The N:M conv kernel in fp16/bf16: its 16-bit gathers (loads and stores, zero in the padding and past
+    the last pixel), its NCHW half stores through a bias and ReLU: the device's Y is the exact model's of
+    A · im2col(X) bit for bit (the check), at batches 1, 3 and 7, and the loader serves it on torch tensors."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.numbers import rounded_matrix
+    from lospmm.kernel.package import read_package
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    d = design_named(design)
+    g = ConvGeometry(cin=32, h=13, w=11, kh=3, kw=3, stride=2, pad=1)
+    a = random_nm_pruned(72, g.k, NMPattern(8, 32, 8), np.random.default_rng(5))
+    bias = tuple(float(v) for v in np.linspace(-1, 1, 72).astype(np.float32))
+    facts = emitted_kernel(str(tmp_path), a, None, "conv-nm", 0.75, 0, _arch(), tmp_path / "k", verify=False, conv=g,
+                           design=d, epilogue=Epilogue(bias, "relu"), nm=NMTiling(8, 32, 8, 64, 128, 8, 8))
+    assert facts["compile"]["status"] == "ok", facts["compile"]
+    package = read_package(tmp_path / "k", ("kernel.json", "kernel.cubin"))
+    _device_checked(package, rounded_matrix(a, d.dtype)[0], (1, 3, 7))
+    torch = pytest.importorskip("torch")
+    kind = {"fp16": torch.float16, "bf16": torch.bfloat16}[d.dtype]
+    x = torch.randn(3, 32, 13, 11, device="cuda").to(kind)
+    weight = torch.from_numpy(rounded_matrix(a, d.dtype)[0].toarray().reshape(72, 32, 3, 3)).float().cuda()
+    want = torch.relu(torch.nn.functional.conv2d(x.float(), weight, torch.tensor(bias, device="cuda"), 2, 1))
+    got = load_kernel(package.dir)(x)
+    assert got.dtype == kind
+    torch.testing.assert_close(got.float(), want, rtol=0.1, atol=0.1)
+
+
 @pytest.mark.parametrize("pattern,blocking", [((2, 4, 1), (16, 64, 4, 4)), ((8, 32, 8), (64, 128, 8, 8))])
 def test_the_implicit_conv_nm_kernel_matches_the_reference_convolution_on_the_device(tmp_path, pattern, blocking):
     """The N:M kernel's conv form: its 4-byte cp.async gathers with zero fill (padding, past the last

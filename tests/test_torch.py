@@ -769,3 +769,42 @@ def test_an_nm_convolution_is_served_by_the_implicit_conv_nm_kernel(tmp_path):
     x = torch.randn(3, 8, 10, 10)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_half_nm_convolution_is_served_by_the_half_implicit_conv_nm_kernel(tmp_path, dtype):
+    """The same 2:4 convolution in a half model: the N:M kernel's conv form in its dtype (X and Y NCHW
+    16-bit, packed sums, bias and ReLU in fp32 before the one rounding) serves the module with no im2col,
+    as the model computes within the dtype's rounding."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.choices import NM_DESIGN
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.numbers import NumberFormat
+    import scipy.sparse as sp
+
+    torch.manual_seed(0)
+    kind = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU()).eval()
+    with torch.no_grad():  # keep the 2 largest of every 4 weights along K
+        w = model[0].weight.reshape(16, -1, 4)
+        w.mul_(torch.zeros_like(w).scatter_(2, w.abs().topk(2, dim=2).indices, 1.0))
+    model = model.to(kind)
+    a = sp.csr_matrix(model[0].weight.detach().float().reshape(16, -1).numpy())
+    geometry = ConvGeometry(cin=8, h=10, w=10, kh=3, kw=3, stride=2, pad=1)
+    out = tmp_path / "conv-nm"
+    design = design_in(NumberFormat.half(dtype, "packed"), NM_DESIGN)
+    facts = emitted_kernel(str(tmp_path), a, None, "0.weight", 0.5, 0, "sm_90", out, conv=geometry, design=design,
+                           epilogue=Epilogue(tuple(model[0].bias.float().tolist()), "relu"),
+                           nm=NMTiling(2, 4, 1, 16, 64, 4, 4))
+    assert facts["compile"]["status"] == "ok" and facts["host_check"]["status"] == "ok"
+    assert facts["params"] == ["const lospmm_h16* X", "lospmm_h16* Y", "int batch"]
+    fast = lt.sparsify(model, out, backend="host")
+    assert isinstance(fast[0], lt.SparseConv2d) and isinstance(fast[0].kernel, lt.SpConv)
+    x = torch.randn(3, 8, 10, 10).to(kind)
+    with torch.no_grad():
+        got = fast(x)
+        want = model.float()(x.float())  # the same rounded weights and X, in fp32
+    assert got.dtype == kind and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, rtol=0.02 if dtype == "fp16" else 0.1, atol=0.02 if dtype == "fp16" else 0.1)

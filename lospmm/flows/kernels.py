@@ -36,8 +36,8 @@ from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
-                                host_check_columns, measured_contenders, ranked_designs, served_design, speedup, timed_ok,
-                                timed_rows)
+                                host_check_columns, measured_contenders, ranked_designs, served_design, served_form,
+                                speedup, timed_ok, timed_rows)
 from lospmm.status import Status
 
 
@@ -218,10 +218,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
     """One layer of the emit stage: the fastest timed proxy's tile (emit.fastest_proxy) as a kernel
     directory at `out`, compiled, checked (on the device when the timer runs binaries, else on the
     host), timed by `timer`; returns its 10_kernels row. A failure is the row's status, not raised.
-    `conv`: the layer's geometry, for an implicit-im2col convolution kernel; `epilogue`: the bias and
-    activation fused into it (layer_epilogue). A half `design` emits a half kernel (GEMM form; no
-    implicit-im2col convolution yet), checked against the float64 product of the same rounded A and
-    B through its epilogue (on the device where the timer runs binaries, else on the host)."""
+    `conv`: the layer's geometry, for an implicit-im2col convolution kernel where the served design has
+    one (stages.emit.served_form; else the GEMM on its im2col B); `epilogue`: the bias and activation
+    fused into it (layer_epilogue). A half `design` emits a half kernel (the GEMM form, or the N:M
+    kernel's conv form), checked against the float64 product of the same rounded A and B through its
+    epilogue (on the device where the timer runs binaries, else on the host)."""
     layer = timed[0]["layer"]
     best = fastest_proxy(timed, params.tie_band if timer.measures else 0.0)  # an estimate has no noise to tie in
     ok = timed_ok(timed)
@@ -230,7 +231,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         design = design_named(best["design"])
     base = {**{c: timed[0][c] for c in LAYER_COLUMNS + ("sparsity",)}, "timer": timer.name,
             "chosen_by": params.chosen_by, "candidates_timed": ok,
-            "form": "gemm" if conv is None else "implicit-conv", "dtype": design.dtype}
+            "form": served_form(design.conv_kernel or design, conv is not None), "dtype": design.dtype}
     if best is None:
         return {**base, "status": Status.ERROR, "message": f"{layer}: no candidate could be timed ("
                 + "; ".join(sorted({r["message"] for r in timed if r["message"]}))[:500] + ")"}
@@ -296,7 +297,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                                   verify=params.verify and not timer.runs_binary,
                                   extra={"chosen_by": base["chosen_by"], "timer": timer.name, "gpu": timer.device.name,
                                          "proxy_time_us": proxy_us, "candidates_timed": ok}, measured=measured,
-                                  compile_units=compile_units, conv=conv, design=design, epilogue=epilogue, nm=nm)
+                                  compile_units=compile_units, conv=conv if served_form(design, conv is not None)
+                                  == "implicit-conv" else None, design=design, epilogue=epilogue, nm=nm)
 
         def attempt(choice, where: Path) -> tuple[dict | None, str, Exception | None]:
             """Its kernel emitted at `where`, why it cannot be served ("" when it can) and what was raised.
@@ -369,7 +371,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 if spot != out:
                     shutil.rmtree(spot, ignore_errors=True)
         # after a fall back the runner-up is the cheaper choice that failed (the message says so)
-        base |= _served_columns(served, runner_up)
+        base |= _served_columns(served, runner_up) | {"form": served_form(served.design, conv is not None)}
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)

@@ -86,11 +86,9 @@ def check_counts(spec: KernelSpec, count: int, columns: tuple[int, ...] = (1, 31
 
 def check_input(spec: KernelSpec, count: int, seed: int = 0) -> np.ndarray:
     """The seeded input a check runs on: B (K×count) standard normal in float32, or rounded to a half
-    dtype as its bits (random_b_bits), or a conv kernel's X (count images, NCHW float32)."""
-    if spec.number.is_half:
-        return random_b_bits(spec.k, count, spec.dtype, seed)
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal(spec.input_shape(count)).astype(np.float32)
+    dtype as its bits (random_b_bits), or a conv kernel's X (count images, NCHW) drawn alike."""
+    values = np.random.default_rng(seed).standard_normal(spec.input_shape(count))
+    return to_dtype_bits(values, spec.dtype) if spec.number.is_half else values.astype(np.float32)
 
 
 def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray) -> CheckResult:
@@ -111,6 +109,9 @@ def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray
     if not spec.number.is_half and not np.isfinite(values).all() and matrix.nnz:
         return result(float("inf"), _overflow_line(values, matrix))
     if spec.number.is_half:
+        if spec.form == "conv":  # the GEMM the kernel computes: A · im2col(X), its output M × (batch · pixels)
+            x, y = im2col(x, spec.conv), nchw_as_gemm(y)
+            values = nchw_as_gemm(values)
         problem = output_problem(y, matrix, x, spec.number, spec.epilogue) if spec.number.exact else ""
         if problem:
             return result(float("inf"), problem)
@@ -168,6 +169,26 @@ def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     if got.size == 0:
         return 0.0
     return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+
+
+def im2col(x: np.ndarray, geometry) -> np.ndarray:
+    """The im2col B of NCHW `x` (any dtype, half bits included): row (ci·kh + ky)·kw + kx, column
+    image·pixels + pixel, the input there or zero in the padding; written from the definition as
+    reference_conv2d is."""
+    g = geometry
+    xp = np.pad(x, ((0, 0), (0, 0), (g.pad, g.pad), (g.pad, g.pad)))
+    cols = np.empty((g.cin, g.kh, g.kw, x.shape[0], g.h_out, g.w_out), x.dtype)
+    for ky in range(g.kh):
+        for kx in range(g.kw):
+            y0, x0 = ky * g.dilation, kx * g.dilation
+            window = xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride, x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
+            cols[:, ky, kx] = window.transpose(1, 0, 2, 3)
+    return cols.reshape(g.k, -1)
+
+
+def nchw_as_gemm(y: np.ndarray) -> np.ndarray:
+    """NCHW output Y (batch × M × h × w) as the GEMM's C: M × (batch · pixels), columns image-major."""
+    return np.ascontiguousarray(y.transpose(1, 0, 2, 3)).reshape(y.shape[1], -1)
 
 
 def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, epilogue: Epilogue | None = None) -> np.ndarray:

@@ -61,41 +61,42 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
     search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
-    format and, for a convolution's implicit-im2col kernel (`conv`), in their conv form) that can serve
-    it (design_problem), then, with `untiled`, the kernels that need no tiles and can serve this A in
-    this number format (untiled_options; a convolution's in their conv form). A label names its design unless it is
-    `named` (default: `design`; the run's, where the search spans designs)."""
+    format and, for a convolution served by implicit-im2col kernels (`conv`), in their conv form where
+    they have one, else as the GEMM on its im2col B) that can serve it (design_problem), then, with
+    `untiled`, the kernels that need no tiles and can serve this A in this number format
+    (untiled_options; a convolution's in their conv form). A label names its design unless it is
+    `named` (default: `design`; the run's, where the search spans designs). An option's form is its
+    design's (stages.emit.served_form); an im2col GEMM's estimate leaves out the unfolding of X."""
     named = design if named is None else named
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
         design, named = design.conv_kernel or design, named.conv_kernel or named
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
-        if d != design and design_problem(d, tiles.m1, n1, n, device, conv):
+        implicit = conv and d.serves_conv  # else an im2col GEMM (a tiled half design's)
+        if d != design and design_problem(d, tiles.m1, n1, n, device, implicit):
             continue
         if any(o.design == d for o in options):
             continue
-        registers = predicted_registers(tiles.m1, design=d, conv=conv)
+        registers = predicted_registers(tiles.m1, design=d, conv=implicit)
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix))
         # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
-                              None, tiles.m1, n1, None if conv else estimate.design_price(timing, d)))
+                              None, tiles.m1, n1, None if implicit else estimate.design_price(timing, d)))
     return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel: none for a half
-    design), each once, `design` first."""
+    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel; a tiled half design has
+    none and stays the im2col GEMM's), each once, `design` first."""
     out = [design]
     for label in designs:
         try:
             d = design_in(design.number, design_named(label))
         except ValueError:  # no form in this number format (a half kernel's grid is the baseline's so far)
             continue
-        d = d.conv_kernel if conv else d
-        if d is not None:
-            out.append(d)
+        out.append((d.conv_kernel or d) if conv else d)
     return list(dict.fromkeys(out))
 
 
@@ -124,8 +125,8 @@ def untiled_options(matrix, n: int, device, design: KernelDesign, conv: bool = F
     whose sums are packed or fp32: no promotion), when A holds an N:M pattern (nm.held_pattern); in a
     half format, also the N:M kernel on sparse tensor cores (fp32 sums, `mma`: at least as accurate as
     either) where the pattern keeps at most 2 of every 4 columns and `device` has sparse mma. `conv`:
-    for a convolution's implicit-im2col kernel (the nm design's conv form: KernelDesign.conv_kernel;
-    none in a number format without one)."""
+    for a convolution's implicit-im2col kernel (the nm design's conv form: KernelDesign.conv_kernel, in
+    fp32 or half on CUDA cores; the sparse tensor cores' kernel stays the GEMM on the im2col B)."""
     try:
         nm_design = design_in(design.number, NM_DESIGN)
     except ValueError:  # a promoted half sum: no N:M kernel of it
@@ -140,7 +141,8 @@ def untiled_options(matrix, n: int, device, design: KernelDesign, conv: bool = F
     designs = [nm_design]
     if nm_design.half and nm_design.accumulate != "mma" and device.tensor_fma_per_sm_cycle:
         designs.append(replace(nm_design, accumulate="mma"))
-    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d, conv)]
+    # the sparse tensor cores' kernel is a GEMM's: a convolution's is the GEMM on its im2col B
+    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d, conv and d.serves_conv)]
 
 
 def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,

@@ -152,19 +152,22 @@ class KernelDesign:
 
     @property
     def serves_conv(self) -> bool:
-        """Whether an implicit-im2col conv kernel of this design exists (conv_design: the grid's order
-        and walks of a baked or streamed fp32 design, a staged one's blocking, the fp32 N:M kernel); a
-        convolution in another design is served by the GEMM kernel on its im2col B."""
-        return self == conv_design(self)
+        """Whether an implicit-im2col conv kernel of this design exists (conv_kernel is itself: the grid's
+        order and walks of a baked or streamed fp32 design, a staged one's blocking, the N:M kernel on
+        CUDA cores in any number format); a convolution in another design is served by the GEMM kernel
+        on its im2col B."""
+        return self.conv_kernel == self
 
     @property
     def conv_kernel(self) -> "KernelDesign | None":
-        """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of an
-        fp32 design such a kernel has (conv_design: the grid's order, the walks and whether A is baked or
+        """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of
+        the design such a kernel has (conv_design: the grid's order, the walks and whether A is baked or
         streamed, the staged blocking, or the N:M kernel's own; its loads already take one instruction
-        from the pixel's pointer, so `chained` has nothing to add); None for a half design (its
-        convolutions are im2col GEMMs)."""
-        return conv_design(self) if not self.half else None
+        from the pixel's pointer, so `chained` has nothing to add); None for a tiled half design and the
+        N:M kernel on sparse tensor cores (their convolutions are im2col GEMMs)."""
+        if (self.half and self.a_values != "nm") or self.accumulate == "mma":
+            return None
+        return conv_design(self)
 
     @property
     def fixed_n1(self) -> int:
@@ -295,14 +298,31 @@ def design_named(text: str) -> KernelDesign:
 def conv_design(design: KernelDesign) -> KernelDesign:
     """The part of `design` an implicit-im2col conv kernel has: the grid's order, the column walks and
     whether A's values are baked or streamed, or a staged design's blocking (its copy gathers the
-    pixels' inputs); its loads already take one instruction from the pixel's pointer; vector columns
-    are not written yet: adjacent output pixels are not adjacent inputs."""
+    pixels' inputs), or the N:M kernel's in its number format; its loads already take one instruction
+    from the pixel's pointer; vector columns are not written yet: adjacent output pixels are not
+    adjacent inputs."""
     if design.loads == "staged":
         return KernelDesign(loads="staged", tiles_per_block=design.tiles_per_block, tile_warps=design.tile_warps)
     if design.a_values == "nm":  # its own blocking: its copies gather the pixels' inputs
-        return KernelDesign(a_values="nm")
+        return KernelDesign(a_values="nm", dtype=design.dtype, accumulate=design.accumulate)
     return KernelDesign(order=design.order, column_walks=design.column_walks,
                         a_values="streamed" if design.a_values == "streamed" else "baked")
+
+
+def conv_served_implicitly(design: KernelDesign, nm_kernel: bool = True) -> bool:
+    """Whether a convolution in a run of `design` may be served by an implicit-im2col kernel: in the
+    design's conv form (KernelDesign.conv_kernel), or, with `nm_kernel`, by the N:M kernel's in the
+    design's number format where the layer holds an N:M pattern (a tiled half design has no conv
+    form, the N:M kernel has one in fp16 and bf16). Where neither serves a layer, its kernel is the
+    GEMM on the im2col B."""
+    if design.conv_kernel is not None:
+        return True
+    if not nm_kernel:
+        return False
+    try:
+        return design_in(design.number, KernelDesign(a_values="nm")).conv_kernel is not None
+    except ValueError:  # a promoted half sum: no N:M kernel of it
+        return False
 
 
 def design_in(number: NumberFormat, design: KernelDesign = BASELINE) -> KernelDesign:

@@ -420,7 +420,7 @@ class NMWork:
     n: int
     registers: int
     number: object = None  # kernel.numbers.NumberFormat of B, C and the sums (None: fp32)
-    conv: bool = False  # the implicit-im2col kernel: each thread copies its pixel's inputs, 4 bytes a copy
+    conv: bool = False  # the implicit-im2col kernel: each thread copies its pixel's inputs, an element a copy
 
 
 def nm_registers(tiling, number=None) -> int:
@@ -511,7 +511,7 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
     unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
     slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
-    # 16-byte copies of B's rows, or a convolution's 4-byte gathers (each its window entry's load and test too)
+    # 16-byte copies of B's rows, or a convolution's one-element gathers (each its window entry's load and test too)
     b_copies = t.staged * t.block_columns * (1 if work.conv else element / 16) / t.threads
     copies = b_copies + (t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
     # the copies' addresses, the barriers and the loop
@@ -526,7 +526,10 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     issue = per_sm * block_instr / params.issue_per_sm_cycle
     ffma = per_sm * block_ffma / (device.fp32_lanes_per_sm / ws)
     smem = per_sm * block_wavefronts
-    latency = -(-per_sm // atb) * chunks * device.mem_latency_cycles / 2  # half a latency per chunk unhidden
+    # half a latency per chunk unhidden behind the double buffer of cp.async; a half convolution's copies
+    # are loads and stores (cp.async copies 4 bytes at least): the whole latency, once per chunk
+    unhidden = 1.0 if work.conv and half else 0.5
+    latency = -(-per_sm // atb) * chunks * device.mem_latency_cycles * unhidden
     clock_hz = device.clock_ghz * 1e9
     # the loop reaches a share of that rate, and only with enough warps per scheduler resident
     per_scheduler = min(atb, per_sm) * warps / params.issue_per_sm_cycle

@@ -6,7 +6,8 @@ serve, its column multiple, its element width, its inputs and outputs, whether i
 Forms:
 - `gemm`: C = A·B (A baked in or streamed, M×K), B K×N and C M×N row-major in the number format;
   parameters (B, C, N), N any multiple of the column multiple (a launcher pads B and C).
-- `conv`: Y = conv(X) without im2col (§6.2), X and Y NCHW float32; parameters (X, Y, batch).
+- `conv`: Y = conv(X) without im2col (§6.2), X and Y NCHW in the number format (float32, or the N:M
+  kernel's fp16/bf16); parameters (X, Y, batch).
 - `proxy`: a search proxy (§5.1) of one M1, for timing: parameters (B, C, N, cluster_of), its N1
   and grid given at launch.
 """
@@ -75,7 +76,8 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: a conv kernel, and only one, has a convolution geometry")
         if self.form == "conv" and not self.design.serves_conv:
             raise KernelSpecError(f"{where}: design {self.design.label}: a conv kernel takes only the grid's order, walks "
-                                  f"and baked or streamed values, a staged blocking or the fp32 N:M kernel's own")
+                                  f"and baked or streamed fp32 values, a staged blocking or the N:M kernel's own "
+                                  f"on CUDA cores")
         if self.form == "conv" and self.conv.k != self.k:
             raise KernelSpecError(f"{where}: K={self.k}, the conv geometry needs cin·kh·kw = {self.conv.k}")
         if (self.design.a_values == "nm") != (self.nm is not None):
@@ -152,9 +154,9 @@ class KernelSpec:
     @property
     def params(self) -> tuple[str, ...]:
         """The C parameters in order."""
-        if self.form == "conv":
-            return "const float* X", "float* Y", "int batch"
         t = self.number.ctype
+        if self.form == "conv":
+            return f"const {t}* X", f"{t}* Y", "int batch"
         gemm = (f"const {t}* B", f"{t}* C", "int N")
         return gemm + ("const int* cluster_of",) if self.form == "proxy" else gemm
 
@@ -249,8 +251,9 @@ class KernelSpec:
         """kernel.json's `layout`: the arrays in words, for a reader in C++."""
         if self.form == "conv":
             g = self.conv
+            element = f"{self.dtype} (16-bit)" if self.number.is_half else "float32"
             return (f"X is NCHW ({g.cin}×{g.h}×{g.w} per image) and Y is NCHW ({self.m}×{g.h_out}×{g.w_out} per "
-                    f"image), float32; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"
+                    f"image), {element}; the batch is a runtime argument; A's column c is (ci·kh + ky)·kw + kx"
                     + ("" if self.nm is None else self._module_data_text()))
         if self.nm is not None:
             element = f"{self.dtype} (16-bit)" if self.number.is_half else "float32"

@@ -199,7 +199,7 @@ def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bo
     """The designs a layer's search spans: `designs`, each once; a convolution served by an
     implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
     (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid order and walks, a staged one's
-    blocking), the kernel it is served by; where no design has one (half) it stays an im2col GEMM
+    blocking, the N:M kernel's), the kernel it is served by; where no design has one (a tiled half run) it stays an im2col GEMM
     in the first design (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))
     if op == "conv" and implicit_conv:

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign, conv_served_implicitly
 from lospmm.stages.rank import RankParams
 from lospmm.status import Status
 
@@ -209,11 +209,21 @@ def check_column(where: str, result) -> tuple[float, str]:
 
 
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
-    """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry when params ask for
-    it and the kernel design has a conv kernel (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid
-    order and walks, a staged one's blocking, the fp32 N:M kernel), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched)."""
+    """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry
+    when params ask for it and an implicit-im2col kernel may serve it (design.conv_served_implicitly: the
+    design's conv form — a baked or streamed fp32 design's grid order and walks, a staged one's blocking —
+    or the N:M kernel's on CUDA cores, fp32 or half), else `gemm` (a linear layer, or a convolution on an
+    im2col B: the design the search searched). Each way to serve an `implicit-conv` layer takes its own
+    form (served_form): a tiled half kernel is the im2col GEMM's beside the N:M kernel's conv form."""
     conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
-    return "implicit-conv" if params.implicit_conv and conv and design.conv_kernel is not None else "gemm"
+    return ("implicit-conv" if params.implicit_conv and conv and conv_served_implicitly(design, params.nm_kernel)
+            else "gemm")
+
+
+def served_form(design: KernelDesign, conv: bool) -> str:
+    """The form of a layer's kernel in `design`: `implicit-conv` where the layer is a convolution given
+    its geometry (`conv`: kernel_form's implicit-conv) and the design is a conv kernel's, else `gemm`."""
+    return "implicit-conv" if conv and design.serves_conv else "gemm"
 
 
 def emit_failed(compile_status: str, check: str) -> bool:

@@ -260,6 +260,7 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     assert [p.layer.split(":")[0] for p in nm] == ["1", "2", "3", "4"] and set(baked) == {p.layer for p in nm}
     assert len(sets.conv_plan(batch=2, nm=False)) == 4 * len(sets.CONV_CASES)
     p = nm[2]
+    from lospmm.kernel.numbers import rounded_matrix
     assert (p.prune, p.sparsity, p.matrix) == ("nm:2:4", 0.5, baked[p.layer].matrix) and p.conv == baked[p.layer].conv
     a = sets.matrix_of(p)
     assert held_pattern(a) == (2, 4, 1) and (a != sets.matrix_of(baked[p.layer])).nnz == 0
@@ -268,10 +269,19 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     assert source.spec.form == "conv" and source.spec.nm.label.startswith("2:4") and source.spec.epilogue.bias
     assert 0 < job.launch["estimate_us"] < float("inf")
     assert sets.planned_job(baked[p.layer]).source().spec.nm is None
+    # the same A rounded to fp16, in the N:M kernel's fp16 conv form (a matrix of its own in the bundle)
+    half = {q.layer: q for q in plan if q.variant == "nm-fp16"}
+    assert set(half) == set(baked)
+    h = half[p.layer]
+    assert design_named(h.design).dtype == "fp16" and h.matrix != p.matrix and ":" not in h.matrix
+    assert (sets.matrix_of(h) != rounded_matrix(a, "fp16")[0]).nnz == 0
+    half_source = sets.planned_job(h).source()
+    assert half_source.spec.form == "conv" and half_source.spec.dtype == "fp16"
     rows = [dict(set="conv", layer=p.layer, variant=v, m=p.m, k=p.k, n=p.n, sparsity=0.5, ours_us=us, spread=0.01,
-                 cudnn_us=30.0) for v, us in (("nm", 10.0), ("nm-baked", 15.0))]
+                 cudnn_us=cudnn) for v, us, cudnn in (("nm", 10.0, 30.0), ("nm-baked", 15.0, 30.0), ("nm-fp16", 8.0, 16.0))]
     (summary,) = conv_summary(rows)
     assert summary["baked / N:M"] == 1.5 and summary["cuDNN / N:M"] == 3.0 and math.isnan(summary["implicit_us"])
+    assert summary["cuDNN fp16 / N:M fp16"] == 2.0 and summary["N:M fp32 / fp16"] == 1.25
     assert summary["nm_sparsity"] == 0.5 and math.isnan(summary["sparsity"])  # the unstructured kernels' own
     assert ":" not in p.matrix  # a bundle's file name
 

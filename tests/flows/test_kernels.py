@@ -478,3 +478,45 @@ def test_designs_priced_lists_each_design_once_at_its_best_tile_in_the_emit_stag
                Served("nm 2:4,a", 20.0, NM_DESIGN, nm=object()), Served("nm 2:4,b", 30.0, NM_DESIGN, nm=object())]
     assert fk.designs_priced(options) == ("8×128 chained: 10 / 9.5 µs; 4×128: 9 / 11 µs; nm 2:4,a: 20 / 20 µs; "
                                           "nm 2:4,b: 30 / 30 µs")
+
+
+def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_path):
+    """A convolution in an fp16 run whose A holds 8:32 in vectors of 8 (no sparse tensor-core form): the
+    N:M kernel's implicit-im2col form in fp16 is priced below the tiled im2col GEMM and served (form
+    implicit-conv); the loader runs it on an NCHW fp16 X, and its output is the exact model's of
+    A · im2col(X). Without the N:M kernel the layer is the tiled half kernel's im2col GEMM, as before."""
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.check import im2col, kernel_reference, nchw_as_gemm
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateTimer
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.numbers import rounded_matrix
+    from lospmm.loader import SpConv, load_kernel
+    from lospmm.stages.emit import EmitParams
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    geometry = ConvGeometry(cin=32, h=8, w=8, kh=3, kw=3, pad=1)
+    a = random_nm_pruned(64, geometry.k, NMPattern(8, 32, 8), np.random.default_rng(5))
+    tiles = {8: reordered_tiles(a, 8)}
+    timed = [{"model": "m", "layer": "conv", "op": "conv", "m": 64, "n": 2 * geometry.pixels, "k": geometry.k,
+              "repeat": 1, "sparsity": 0.75, "m1": 8, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]
+    timer, fp16 = EstimateTimer(DEVICES["h100"]), design_named("fp16")
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, tiles, timer, "sm_90", EmitParams(),
+                           logging.getLogger("test"), conv=geometry, design=fp16)
+    assert row["status"] == "ok", row["message"]
+    assert row["form"] == "implicit-conv" and row["design"].startswith("nm ") and row["check"] == "host-asan"
+    assert row["runner_up"] and "8×128: " in row["designs_priced"]  # the tiled im2col GEMM, priced beside it
+    conv = load_kernel(tmp_path / "k", backend="host")
+    assert isinstance(conv, SpConv) and conv.spec.dtype == "fp16"
+    x = np.random.default_rng(6).standard_normal((2, 32, 8, 8)).astype(np.float16)
+    y = conv(x)
+    assert y.dtype == np.float16 and y.shape == (2, 64, 8, 8)
+    want = kernel_reference(rounded_matrix(a, "fp16")[0], im2col(x.view(np.uint16), geometry), conv.spec.number)
+    np.testing.assert_array_equal(nchw_as_gemm(y.view(np.uint16)), want)
+    plain = fk.emitted_layer(str(tmp_path), tmp_path / "g", timed, a, tiles, timer, "sm_90", EmitParams(nm_kernel=False),
+                             logging.getLogger("test"), conv=geometry, design=fp16)
+    assert plain["status"] == "ok" and (plain["form"], plain["design"]) == ("gemm", "8×128")
+    assert load_kernel(tmp_path / "g", backend="host").spec.form == "gemm"

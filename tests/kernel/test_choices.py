@@ -141,8 +141,42 @@ def test_a_convolutions_nm_kernel_is_priced_beside_its_baked_conv_kernel():
     assert len(served_options(a, tiles, 256, 576, 12544, 128, BASELINE, H100, untiled=False, conv=True)) == 1
     forced = untiled_served(a, 12544, H100, NM_DESIGN, "conv", conv=True)
     assert forced.nm == min(conv[1:], key=lambda s: s.estimate_us).nm
-    with pytest.raises(ValueError, match="conv: design fp16,nm.* has no implicit-im2col form"):
-        untiled_served(a, 12544, H100, design_named("nm,fp16"), "conv", conv=True)
+    with pytest.raises(ValueError, match="conv: design fp16,acc=mma,nm.* has no implicit-im2col form"):
+        untiled_served(a, 12544, H100, design_named("nm,fp16,acc=mma"), "conv", conv=True)
+
+
+def test_a_half_convolution_is_served_by_the_nm_conv_kernel_or_an_im2col_gemm():
+    """A convolution in a half run: the tiled half kernel has no conv form and stays the im2col GEMM
+    (priced as before), the N:M kernel on CUDA cores is its implicit-im2col form in the run's number
+    format (priced with its gathers), and the sparse tensor cores' kernel is the im2col GEMM's; each
+    option's form is its design's (stages.emit.served_form)."""
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+    from lospmm.kernel.sparse_mma import MMATiling
+    from lospmm.stages.emit import served_form
+
+    run = design_named("fp16")
+    for pattern, tensor_cores in ((NMPattern(8, 32, 8), False), (NMPattern(2, 4, 1), True)):
+        a = rounded_matrix(random_nm_pruned(256, 576, pattern, np.random.default_rng(3)), "fp16")[0]
+        tiles = reordered_tiles(a, 8)
+        conv = served_options(a, tiles, 256, 576, 12544, 128, run, H100, conv=True)
+        gemm = served_options(a, tiles, 256, 576, 12544, 128, run, H100)
+        assert conv[0].design == run and served_form(conv[0].design, True) == "gemm"
+        assert conv[0].estimate_us == gemm[0].estimate_us
+        on_cuda_cores = [s for s in conv[1:] if not isinstance(s.nm, MMATiling)]
+        packed = design_in(NumberFormat.half("fp16", "packed"), NM_DESIGN)
+        assert on_cuda_cores and all(s.design == packed and served_form(s.design, True) == "implicit-conv"
+                                     for s in on_cuda_cores)
+        # priced as a convolution's (its gathers): never below the same blocking's GEMM, above it where the
+        # loop's issue bounds it (2:4 on CUDA cores is bound by B's traffic in most blockings)
+        as_gemm = {s.nm: s.estimate_us for s in gemm[1:]}
+        assert all(s.estimate_us >= as_gemm[s.nm] for s in on_cuda_cores)
+        assert any(s.estimate_us > as_gemm[s.nm] for s in on_cuda_cores)
+        on_tensor_cores = [s for s in conv[1:] if isinstance(s.nm, MMATiling)]
+        assert bool(on_tensor_cores) == tensor_cores
+        assert all(served_form(s.design, True) == "gemm" and s.estimate_us == as_gemm[s.nm] for s in on_tensor_cores)
+        forced = untiled_served(a, 12544, H100, packed, "conv", conv=True)
+        assert forced.nm == min(on_cuda_cores, key=lambda s: s.estimate_us).nm
 
 
 def test_a_forced_half_nm_design_takes_its_own_kernels_not_the_tensor_core_ones():

@@ -365,10 +365,75 @@ def test_the_implicit_conv_nm_kernel_reads_the_padding_as_zero():
     assert not result.ok
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pattern=st.sampled_from([(2, 4, 1), (1, 4, 1), (2, 8, 2), (8, 32, 8), (4, 32, 32)]),
+       dtype=st.sampled_from(["fp16", "bf16"]), accumulate=st.sampled_from(["packed", "f32"]),
+       cin=st.sampled_from([4, 8, 16, 32]), window=st.sampled_from([1, 3]), stride=st.integers(1, 2),
+       pad=st.integers(0, 1), blocking=st.integers(0, len(BLOCKINGS) * len(DEPTHS) - 1), batch=st.integers(1, 3),
+       epilogue=st.sampled_from(["", "bias", "relu", "gelu"]), seed=st.integers(0, 1000))
+# always: several chunks of K, padding on every border, a partial last block of pixels and of rows
+@example(pattern=(8, 32, 8), dtype="fp16", accumulate="packed", cin=32, window=3, stride=1, pad=1, blocking=4, batch=2,
+         epilogue="relu", seed=4)
+def test_the_half_implicit_conv_nm_kernel_is_its_exact_model_bit_for_bit(pattern, dtype, accumulate, cin, window,
+                                                                         stride, pad, blocking, batch, epilogue, seed):
+    """The N:M conv kernel in fp16/bf16 (X and Y NCHW 16-bit, each pixel's input loaded, not copied
+    asynchronously): its output is the exact model's of A · im2col(X) (the GEMM's slot order), bit for
+    bit, through the bias and activation (one rounding from fp32); the check judges it as that GEMM."""
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+
+    n, m, vector = pattern
+    geometry = ConvGeometry(cin=cin, h=7, w=6, kh=window, kw=window, stride=stride, pad=pad)
+    if geometry.k % m:
+        return
+    rng = np.random.default_rng(seed)
+    rows = 32 if vector == 32 else 37 - 37 % vector
+    design = design_in(NumberFormat.half(dtype, accumulate), NM)
+    a = rounded_matrix(random_nm_pruned(rows, geometry.k, NMPattern(n, m, vector), rng), dtype)[0]
+    tilings = nm_tilings(n, m, vector, number=design.number)
+    tiling = tilings[blocking % len(tilings)]
+    bias = tuple(float(v) for v in rng.standard_normal(rows).astype(np.float32)) if epilogue else ()
+    kernel = kernel_source(a, None, 0, CodegenParams(design=design), Epilogue(bias, epilogue if epilogue != "bias" else ""),
+                           geometry, nm=tiling)
+    spec = kernel.spec
+    assert spec.form == "conv" and spec.params == ("const lospmm_h16* X", "lospmm_h16* Y", "int batch")
+    assert KernelSpec.from_json(spec.to_json()) == spec and f"{dtype} (16-bit)" in spec.layout_text()
+    result = checked(HostKernel(kernel, True, spec.module_data(a)), a, batch, seed)
+    assert result.ok and result.metric == "normalised_error", (tiling.label, result.message)
+
+
+def test_a_half_conv_check_sees_a_wrong_padding_and_a_wrong_half_of_a_pair():
+    """The half conv check is the exact model's of the GEMM on im2col(X): reading beside the window's
+    edge instead of zeros, or storing the other half of a packed pair, fails it."""
+    from lospmm.kernel.design import design_in
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+
+    geometry = ConvGeometry(cin=8, h=6, w=6, kh=3, kw=3, pad=1)
+    design = design_in(NumberFormat.half("fp16", "packed"), NM)
+    a = rounded_matrix(random_nm_pruned(16, geometry.k, NMPattern(2, 4), np.random.default_rng(2)), "fp16")[0]
+    kernel = kernel_source(a, None, 0, CodegenParams(design=design), Epilogue(), geometry,
+                           nm=NMTiling(2, 4, 1, 16, 64, 4, 4))
+    data = kernel.spec.module_data(a)
+    assert checked(HostKernel(kernel, False, data), a, 2).ok
+    text = kernel.source
+    for wrong, right in (("inside = in && live; (void)", "inside = in && live && "),
+                         ("const float x = hi;", "const float x = lo;")):
+        assert right in text
+        broken = KernelSource(kernel.spec, (text.replace(right, wrong),))
+        try:
+            result = checked(HostKernel(broken, False, data), a, 2)
+        except Exception:  # the emulation stopped it: the read past the image
+            continue
+        assert not result.ok and "exact model" in result.message
+
+
 def test_an_implicit_conv_nm_spec_round_trips_and_refuses_what_it_is_not():
     from lospmm.kernel.geometry import ConvGeometry
     from lospmm.kernel.design import design_in
     from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+    from lospmm.kernel.sparse_mma import mma_tilings
 
     geometry = ConvGeometry(cin=16, h=9, w=9, kh=3, kw=3, stride=2, pad=1)
     a = random_nm_pruned(32, geometry.k, NMPattern(4, 16, 8), np.random.default_rng(0))
@@ -380,10 +445,14 @@ def test_an_implicit_conv_nm_spec_round_trips_and_refuses_what_it_is_not():
     assert facts["grid"] == {"x": 1, "y": f"ceil(batch * {geometry.pixels} / 64)", "z": 1}
     assert "fill the module's globals" in facts["layout"] and "NCHW" in facts["layout"]
     assert NM.serves_conv and NM.conv_kernel == NM
-    half = design_in(NumberFormat.half("fp16", "packed"), NM)
-    assert not half.serves_conv and half.conv_kernel is None
-    with pytest.raises(ValueError, match="is fp32"):
-        kernel_source(rounded_matrix(a, "fp16")[0], None, 0, CodegenParams(design=half), Epilogue(), geometry, nm=tiling)
+    for accumulate in ("packed", "f32"):  # on CUDA cores in a half format too
+        half = design_in(NumberFormat.half("fp16", accumulate), NM)
+        assert half.serves_conv and half.conv_kernel == half
+    mma = design_in(NumberFormat.half("fp16", "mma"), NM)  # the sparse tensor cores' kernel is a GEMM's
+    assert not mma.serves_conv and mma.conv_kernel is None
+    with pytest.raises(ValueError, match="is a GEMM kernel"):
+        kernel_source(rounded_matrix(a, "fp16")[0], None, 0, CodegenParams(design=mma), Epilogue(), geometry,
+                      nm=mma_tilings(2, 4)[0])
     with pytest.raises(ValueError, match="cin·kh·kw"):
         kernel_source(a[:, :72], None, 0, CodegenParams(design=NM), Epilogue(), geometry, nm=NMTiling(4, 16, 8))
 

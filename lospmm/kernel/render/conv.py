@@ -125,10 +125,12 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
 WINDOW_INSIDE = "((rows_ok >> ({0} & 0xffff)) & (cols_ok >> ({0} >> 16)) & 1u)"
 
 
-def window_entries(g: ConvGeometry, columns) -> list[int]:
-    """The entries of A's `columns` as a streamed or staged conv kernel reads them, two ints each: the
-    input's byte offset from the window's top-left pixel, its window row | its window column << 16."""
-    return [x for c in columns for off, ky, kx in [g.window_offset(int(c))] for x in (4 * off, ky | kx << 16)]
+def window_entries(g: ConvGeometry, columns, element_bytes: int = 4) -> list[int]:
+    """The entries of A's `columns` as a streamed, staged or N:M conv kernel reads them, two ints each:
+    the input's byte offset from the window's top-left pixel (elements of `element_bytes`), its window
+    row | its window column << 16."""
+    return [x for c in columns for off, ky, kx in [g.window_offset(int(c))]
+            for x in (element_bytes * off, ky | kx << 16)]
 
 
 def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:
@@ -136,18 +138,18 @@ def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:
     return f"Y + (long long)({pixel} / {g.pixels}) * {m * g.pixels} + {pixel} % {g.pixels}"
 
 
-def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True) -> str:
+def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True, ctype: str = "float") -> str:
     """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
-    channels), its window's top-left corner (iy0, ix0: outside the image where the window overhangs the
-    padding) and, with `window`, that corner's input pixel xp and which of its window rows and columns
-    lie inside (rows_ok, cols_ok)."""
+    channels, elements of C type `ctype`), its window's top-left corner (iy0, ix0: outside the image
+    where the window overhangs the padding) and, with `window`, that corner's input pixel xp and which
+    of its window rows and columns lie inside (rows_ok, cols_ok)."""
     lines = [f"const int b = n / {g.pixels};", f"const int p = n - b * {g.pixels};",
              f"const int oy = p / {g.w_out};", f"const int ox = p - oy * {g.w_out};",
-             f"const float* Xb = X + (long long)b * {g.cin * g.h * g.w};",
-             f"float* Yb = Y + (long long)b * {m * g.pixels} + p;",
+             f"const {ctype}* Xb = X + (long long)b * {g.cin * g.h * g.w};",
+             f"{ctype}* Yb = Y + (long long)b * {m * g.pixels} + p;",
              f"const int iy0 = oy * {g.stride} - {g.pad};", f"const int ix0 = ox * {g.stride} - {g.pad};"]
     if window:
-        lines += [f"const float* xp = Xb + (iy0 * {g.w} + ix0);",
+        lines += [f"const {ctype}* xp = Xb + (iy0 * {g.w} + ix0);",
                   f"const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});",
                   f"const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});"]
     return "".join(f"{indent}{line}\n" for line in lines)

@@ -13,11 +13,13 @@ columns multiply-adds. A thread's columns are vectors of 4 spaced 4·block_colum
 apart, so that a warp's shared-memory reads are consecutive. B and C are read and written as
 float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise.
 
-With a convolution's geometry (fp32) it is the implicit-im2col N:M kernel: B's column is an output
-pixel, and each thread of a block copies its one pixel's input at each staged row's window entry
-(the int2 table of render.conv.window_entries: an offset from the window's corner and its window row
-and column), zero in the padding or past the last pixel, 4 bytes a cp.async; each output goes to
-NCHW Y. The slots' loop is the GEMM's."""
+With a convolution's geometry it is the implicit-im2col N:M kernel: B's column is an output pixel,
+and each thread of a block copies its one pixel's input at each staged row's window entry (the int2
+table of render.conv.window_entries: an offset from the window's corner and its window row and
+column), zero in the padding or past the last pixel: 4 bytes a cp.async in fp32; a 16-bit input is
+loaded and stored (cp.async copies 4 bytes at least), so its copy is not overlapped with the
+multiply as the fp32 one is. Each output goes to NCHW Y, a half one rounded once from the fp32
+epilogue. The slots' loop is the GEMM's."""
 
 from __future__ import annotations
 
@@ -42,13 +44,13 @@ def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
               epilogue: Epilogue = Epilogue(), conv: ConvGeometry | None = None) -> KernelSource:
     """The N:M kernel of `matrix` (which must hold tiling's pattern: ValueError naming the group
     that does not) in `tiling`'s blocking, storing through `epilogue`; with `conv`, the convolution's
-    implicit-im2col N:M kernel (fp32)."""
+    implicit-im2col N:M kernel (in the design's number format)."""
     a = sp.csr_matrix(matrix, dtype=np.float32)
     a.sort_indices()
     t = tiling
     if conv is not None:
-        if design.half:
-            raise ValueError(f"design {design.label}: the implicit-im2col N:M kernel is fp32 (a half run's "
+        if not design.serves_conv:
+            raise ValueError(f"design {design.label}: no implicit-im2col N:M kernel (the sparse tensor cores' "
                              f"convolutions are im2col GEMMs)")
         if conv.k != a.shape[1]:
             raise ValueError(f"weight has K={a.shape[1]} columns, the conv geometry needs cin·kh·kw = {conv.k}")
@@ -112,18 +114,21 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         if threads != bn:  # each thread copies its one pixel's column of every staged row
             raise ValueError(f"N:M conv kernel {t.label}: {threads} threads for {bn} columns a block")
         globals_.append(f"__device__ __align__(8) const int {window}[{2 * k}] = "
-                        f"{{{', '.join(map(str, window_entries(geometry, range(k))))}}};\n")
-        head = (f"__device__ __forceinline__ void stage_{name}(float* Bs, float* As, unsigned char* Is, "
-                f"const float* __restrict__ X, const float* xp, const unsigned rows_ok, const unsigned cols_ok, "
+                        f"{{{', '.join(map(str, window_entries(geometry, range(k), spec.element_bytes)))}}};\n")
+        head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
+                f"const {ctype}* __restrict__ X, const {ctype}* xp, const unsigned rows_ok, const unsigned cols_ok, "
                 f"const bool live, const int k0, const long long slab) {{\n")
         # the thread's pixel's input at each staged row's window entry; zero in the padding, past the
         # last pixel, or past K
+        fill = (f"    Bs[r * {bn} + tid] = inside ? *(const lospmm_h16*)((const char*)xp + e.x) : (lospmm_h16)0;  "
+                f"// a 16-bit input: no asynchronous copy that small\n" if half else
+                f"    lospmm_cp4(Bs + r * {bn} + tid, inside ? (const void*)((const char*)xp + e.x) : (const void*)X, "
+                f"inside ? 4 : 0);\n")
         copy_b = [f"  for (int r = 0; r < {staged}; ++r) {{\n",
                   f"    {in_chunk('r')};\n",
                   f"    const int2 e = reinterpret_cast<const int2*>({window})[in ? kr : 0];\n",
                   f"    const bool inside = in && live && {WINDOW_INSIDE.format('e.y')};\n",
-                  f"    lospmm_cp4(Bs + r * {bn} + tid, inside ? (const void*)((const char*)xp + e.x) : (const void*)X, "
-                  f"inside ? 4 : 0);\n",
+                  fill,
                   "  }\n"]
     else:
         element_copy = (
@@ -222,11 +227,18 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         pixels = geometry.pixels
         for j in range(tn):
             stores.append(f"  {{ const int n = col0 + tx * 4 + {(j // 4) * span + j % 4};\n    if (n < N) {{\n"
-                          f"      float* y = {pixel_output(geometry, m, 'n')};\n")
+                          f"      {ctype}* y = {pixel_output(geometry, m, 'n')};\n")
             for i in range(tm):
                 bias = f" + {symbols['bias']}[row0 + {i}]" if epilogue.bias else ""
-                stores.append(f"      if (row0 + {i} < {m}) {{ const float x = {acc[i][j]}{bias}; "
-                              f"y[(long long)(row0 + {i}) * {pixels}] = {epilogue_scalar(epilogue, 'x')}; }}\n")
+                if packed:  # the column's half of its packed pair, exactly as a float
+                    total = (f"float lo, hi; lospmm_unpack_{dtype}({acc[i][j // 2]}, lo, hi); "
+                             f"const float x = {'hi' if j % 2 else 'lo'}{bias};")
+                else:
+                    total = f"const float x = {acc[i][j]}{bias};"
+                # a half output: the epilogue in fp32, then one rounding to the dtype (the low half of a pack)
+                value = (f"(lospmm_h16)(lospmm_pack_{dtype}({epilogue_scalar(epilogue, 'x')}, 0.0f) & 0xffffu)" if half
+                         else epilogue_scalar(epilogue, 'x'))
+                stores.append(f"      if (row0 + {i} < {m}) {{ {total} y[(long long)(row0 + {i}) * {pixels}] = {value}; }}\n")
             stores.append("    }\n  }\n")
     chunks, row_blocks = t.chunks(k), t.row_blocks(m)
     zero = "0u" if packed else "0.0f"
@@ -238,9 +250,9 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         setup = [f"  const bool vec = {vec};\n"]
         staged_from = "B, N, {k0}, col0, {slab}, vec"
     else:  # the thread's copy column is output pixel col0 + tid: its window found once
-        signature = "(const float* __restrict__ X, float* __restrict__ Y, const int batch)"
+        signature = f"(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, const int batch)"
         setup = [f"  const int N = batch * {geometry.pixels}, n = col0 + tid;\n", "  const bool live = n < N;\n",
-                 pixel_window(geometry, m)]
+                 pixel_window(geometry, m, ctype=ctype)]
         staged_from = "X, xp, rows_ok, cols_ok, live, {k0}, {slab}"
     body = "".join([
         f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}{signature} {{\n",
