@@ -391,12 +391,13 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     of the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel
     also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not),
     the streamed design's implicit-im2col kernel of the same tile, the staged design's (8 tiles of the
-    same M1 a block, 32 pixels), and cuDNN's dense convolution in fp32; where the case has them, the
+    same M1 a block, 32 pixels), the baked one of two pixels a thread (`v=2 / implicit`: below 1, V
+    pays), and cuDNN's dense convolution in fp32; where the case has them, the
     N:M conv kernel on its A pruned 2:4 (`nm_sparsity`) against the baked conv kernel of that A
     (`baked / N:M`: above 1, the N:M kernel is faster) and cuDNN, and in fp16 against cuDNN in fp16 and
     the fp32 N:M kernel (`N:M fp32 / fp16`)."""
     kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed", "staged": "staged", "nm": "nm", "nm-baked": "nm-baked",
-                "nm-fp16": "nm-fp16"}
+                "nm-fp16": "nm-fp16", "v2": "v2"}
     by: dict = {}
     for r in rows:
         if r.get("set") == "conv":
@@ -408,9 +409,9 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
-        conv, gemm, streamed, staged, nm, nm_baked, nm_half = (kinds.get(kind) for kind in (
-            "conv", "gemm", "streamed", "staged", "nm", "nm-baked", "nm-fp16"))
-        some = conv or gemm or streamed or staged or nm or nm_baked or nm_half
+        conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector = (kinds.get(kind) for kind in (
+            "conv", "gemm", "streamed", "staged", "nm", "nm-baked", "nm-fp16", "v2"))
+        some = conv or gemm or streamed or staged or nm or nm_baked or nm_half or vector
         cudnn = us(conv, "cudnn_us")
         if math.isnan(cudnn):
             cudnn = us(nm, "cudnn_us")
@@ -419,6 +420,7 @@ def conv_summary(rows: list[dict]) -> list[dict]:
                     "implicit_us": us(conv), "gemm_us": us(gemm), "implicit / gemm": ratio(us(conv), us(gemm)),
                     "streamed_us": us(streamed), "streamed / implicit": ratio(us(streamed), us(conv)),
                     "staged_us": us(staged), "staged / implicit": ratio(us(staged), us(conv)),
+                    "v2_us": us(vector), "v=2 / implicit": ratio(us(vector), us(conv)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
                     "nm_sparsity": (nm or nm_baked or {}).get("sparsity", float("nan")),
                     "nm_us": us(nm), "nm_baked_us": us(nm_baked), "baked / N:M": ratio(us(nm_baked), us(nm)),
@@ -426,7 +428,7 @@ def conv_summary(rows: list[dict]) -> list[dict]:
                     "nm_fp16_us": us(nm_half), "cuDNN fp16 / N:M fp16": ratio(us(nm_half, "cudnn_us"), us(nm_half)),
                     "N:M fp32 / fp16": ratio(us(nm), us(nm_half)),
                     "spread (max)": max(float((r or {}).get("spread") or 0.0)
-                                        for r in (conv, gemm, streamed, staged, nm, nm_baked, nm_half))})
+                                        for r in (conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector))})
     return out
 
 

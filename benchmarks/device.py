@@ -109,8 +109,9 @@ STEPS: tuple[Step, ...] = (
                  "with cuBLAS's error on the same data", "23, 30.2.5",
          (BundleSpec("half", "half", {"layers": AB_LAYERS}),),
          device_seconds=540),
-    Step("conv", "implicit-im2col convolutions, baked, streamed and staged, against the GEMM kernel of the same A "
-                 "and cuDNN; the N:M conv kernel against the baked one on the same 2:4 weights", "13, 22, 34, 35",
+    Step("conv", "implicit-im2col convolutions, baked (v=1 and v=2), streamed and staged, against the GEMM kernel of "
+                 "the same A and cuDNN; the N:M conv kernel (fp32, fp16) against the baked one on the same 2:4 weights",
+         "13, 22, 34, 35",
          (BundleSpec("conv", "conv", {}, ()),), device_seconds=320),
     Step("serving", "launch overhead of the registered operators, and whole models end to end (fp32, fp16)",
          "22, 30.2.6", runner=lambda *a: _serving(*a), device_seconds=540, needs=("wheels",)),

@@ -665,7 +665,9 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
     """Each conv case's implicit-im2col kernel (N = batch·h_out·w_out), the streamed design's
     implicit-im2col kernel of the same A and tile (issue 35: one loop whatever the layer, where the
     baked kernel's code grows with it), the staged design's (8 tiles of M1 rows a block over 32
-    pixels: each block gathers its tiles' union of window inputs once a chunk), and the GEMM kernel of
+    pixels: each block gathers its tiles' union of window inputs once a chunk), the baked conv kernel of
+    two pixels a thread (v=2: each literal feeds two multiply-adds, the code serves twice the pixels a
+    warp; issue 35, item 2), and the GEMM kernel of
     the same A and tile on the im2col matrix (what the search emits for the im2col GEMM); with `nm`,
     for each case whose K allows it, the N:M conv kernel in fp32 and fp16 and the baked conv kernel of
     its A pruned CONV_NM (issue 34: conv_nm_planned)."""
@@ -684,6 +686,8 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
         staged = design_named("staged,tiles=8")  # its tiles share one warp's pixels: N1 = 32
         out.append(Planned(_id("conv", i, "staged"), "conv", conv=conv, epilogue=epilogue, variant="staged",
                            **(common | {"design": staged.label, "n1": staged.fixed_n1})))
+        out.append(Planned(_id("conv", i, "v2"), "conv", conv=conv, epilogue=epilogue, variant="v2",
+                           **(common | {"design": design_named("v=2").label})))
         out.append(Planned(_id("conv", i, "gemm"), "conv", variant="im2col-gemm", **common))
         if nm and g.k % nm_pattern(CONV_NM).m == 0:
             out += conv_nm_planned(i, g, common, epilogue)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.epilogue import Epilogue, activated
 from lospmm.kernel.numbers import FP32_TOLERANCE, NumberFormat, from_dtype_bits, to_dtype_bits
 from lospmm.kernel.spec import KernelSpec
 
@@ -116,11 +116,16 @@ def judged(spec: KernelSpec, matrix: sp.csr_matrix, x: np.ndarray, y: np.ndarray
         if problem:
             return result(float("inf"), problem)
         error = normalised_error(values, matrix, from_dtype_bits(x, spec.dtype), absolute, spec.epilogue, spec.dtype)
-    elif spec.form == "conv":
-        weight = matrix.toarray().reshape(spec.m, spec.conv.cin, spec.conv.kh, spec.conv.kw)
-        error = relative_error(values, reference_conv2d(x, weight, spec.conv, spec.epilogue))
     else:
-        error = relative_error(values, spec.epilogue.reference(sp.csr_matrix(matrix).astype(np.float64) @ x.astype(np.float64)))
+        if spec.form == "conv":
+            weight = matrix.toarray().reshape(spec.m, spec.conv.cin, spec.conv.kh, spec.conv.kw)
+            pre = reference_conv2d(x, weight, spec.conv, Epilogue(spec.epilogue.bias))
+        else:
+            pre = Epilogue(spec.epilogue.bias).reference(sp.csr_matrix(matrix).astype(np.float64) @ x.astype(np.float64))
+        ref = activated(pre, spec.epilogue.activation)
+        # after an activation, errors are the sum's, at the scale of the values it activates: a GELU of
+        # a sum far below zero is about 0, and fp32's erff of it 0 (relative to that output, all error)
+        error = relative_error(values, ref, float(np.abs(pre).max(initial=0.0)) if spec.epilogue.activation else 0.0)
     if not error <= bound:
         return result(error, f"{metric_of(spec.number).replace('_', ' ')} {error:.3g} exceeds {bound:.3g}")
     return result(error)
@@ -162,13 +167,14 @@ def checked_paths(kernel, matrix: sp.csr_matrix, count: int, seed: int = 0) -> C
     return max(results, key=lambda r: (not r.ok, r.error))
 
 
-def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
-    """max |got − ref| / max |ref| (the fp32 metric); inf when an output is not finite."""
+def relative_error(got: np.ndarray, ref: np.ndarray, scale: float = 0.0) -> float:
+    """max |got − ref| / max(max |ref|, `scale`) (the fp32 metric; `scale`: the magnitude an activation's
+    input had, where its outputs may all be near zero); inf when an output is not finite."""
     if not np.isfinite(got).all():
         return float("inf")
     if got.size == 0:
         return 0.0
-    return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+    return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), scale, 1e-30))
 
 
 def im2col(x: np.ndarray, geometry) -> np.ndarray:

@@ -79,7 +79,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         if any(o.design == d for o in options):
             continue
         registers = predicted_registers(tiles.m1, design=d, conv=implicit)
-        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix))
+        timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix, conv=implicit))
         # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
         options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1, None if implicit else estimate.design_price(timing, d)))

@@ -161,8 +161,8 @@ class KernelDesign:
     @property
     def conv_kernel(self) -> "KernelDesign | None":
         """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of
-        the design such a kernel has (conv_design: the grid's order, the walks and whether A is baked or
-        streamed, the staged blocking, or the N:M kernel's own; its loads already take one instruction
+        the design such a kernel has (conv_design: the grid's order, the walks, whether A is baked or
+        streamed and a baked one's columns per thread, the staged blocking, or the N:M kernel's own; its loads already take one instruction
         from the pixel's pointer, so `chained` has nothing to add); None for a tiled half design and the
         N:M kernel on sparse tensor cores (their convolutions are im2col GEMMs)."""
         if (self.half and self.a_values != "nm") or self.accumulate == "mma":
@@ -296,17 +296,21 @@ def design_named(text: str) -> KernelDesign:
 
 
 def conv_design(design: KernelDesign) -> KernelDesign:
-    """The part of `design` an implicit-im2col conv kernel has: the grid's order, the column walks and
-    whether A's values are baked or streamed, or a staged design's blocking (its copy gathers the
+    """The part of `design` an implicit-im2col conv kernel has: the grid's order, the column walks,
+    whether A's values are baked or streamed, a baked one's columns per thread, or a staged design's blocking (its copy gathers the
     pixels' inputs), or the N:M kernel's in its number format; its loads already take one instruction
-    from the pixel's pointer; vector columns are not written yet: adjacent output pixels are not
-    adjacent inputs."""
+    from the pixel's pointer. A baked design keeps its columns per thread: V output pixels a thread
+    (n1 apart, so that a warp's loads of each stay consecutive), each literal feeding V multiply-adds,
+    each pixel's input its own load (adjacent output pixels are not adjacent inputs); a streamed one's
+    conv kernel is one column a thread so far."""
     if design.loads == "staged":
         return KernelDesign(loads="staged", tiles_per_block=design.tiles_per_block, tile_warps=design.tile_warps)
     if design.a_values == "nm":  # its own blocking: its copies gather the pixels' inputs
         return KernelDesign(a_values="nm", dtype=design.dtype, accumulate=design.accumulate)
+    if design.a_values == "streamed":
+        return KernelDesign(order=design.order, column_walks=design.column_walks, a_values="streamed")
     return KernelDesign(order=design.order, column_walks=design.column_walks,
-                        a_values="streamed" if design.a_values == "streamed" else "baked")
+                        columns_per_thread=design.columns_per_thread)
 
 
 def conv_served_implicitly(design: KernelDesign, nm_kernel: bool = True) -> bool:

@@ -150,6 +150,9 @@ class KernelWork:
     # kernel.staging.chunk_work); None where not known (the walk is then priced whole)
     chunk_loads: np.ndarray | None = None
     chunk_fmas: np.ndarray | None = None
+    # B loads per column of a tile and thread: 1 (one load of the thread's V columns), or a baked conv
+    # kernel's V (each lane loads its own pixel's input: adjacent output pixels are not adjacent inputs)
+    lane_loads: int = 1
 
     @property
     def row_blocks(self) -> int:
@@ -158,9 +161,11 @@ class KernelWork:
 
 
 def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spill_bytes: int = 0,
-                     prefetch: int = 1, design: KernelDesign = BASELINE, matrix=None) -> KernelWork:
+                     prefetch: int = 1, design: KernelDesign = BASELINE, matrix=None, conv: bool = False) -> KernelWork:
     """The full Alg. 2 kernel of `tiles` (a reorder.Tiles); a staged design's needs the A (`matrix`)
-    its blocks' copies are the unions of (ValueError without it)."""
+    its blocks' copies are the unions of (ValueError without it). `conv`: an implicit-im2col conv
+    kernel's (priced as the GEMM of its im2col shape in its design, but a baked one of V lanes loads V
+    times: KernelWork.lane_loads)."""
     zero = -(-len(tiles.empty_rows) // max(tiles.m1, 1)) if len(tiles.empty_rows) else 0
     staged, chunk_loads, chunk_fmas = None, None, None
     if design.loads == "staged":
@@ -168,8 +173,9 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
             raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
                              f"of their tiles' columns)")
         staged, chunk_loads, chunk_fmas = design_work(matrix, tiles, design)
+    lanes = design.columns_per_thread if conv and design.a_values == "baked" and design.loads != "staged" else 1
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
-                      registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas)
+                      registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas, lanes)
 
 
 def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
@@ -226,7 +232,7 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
         extra = params.promote_instr * fmas / d.promote_every
         per_row += params.pack_instr
     sections = tile_sections(work)
-    instr = (fmas * fma_instructions_per_nonzero(d) + per_load * work.tile_loads.astype(np.float64) + extra
+    instr = (fmas * fma_instructions_per_nonzero(d) + per_load * work.lane_loads * work.tile_loads.astype(np.float64) + extra
              + per_row * work.m1 + params.block_overhead_instr + params.call_instr
              + (params.loop_instr_per_walk * sections if d.looped else 0)
              + (sections - 1) * 2 * params.store_instr * work.m1)  # a section's partial store and resume
@@ -576,7 +582,8 @@ class EstimateTimer:
         else:
             try:
                 work = full_kernel_work(launch.tiles, launch.m, launch.k, launch.n, launch.n1, launch.registers,
-                                        launch.spill_bytes, design=launch.design, matrix=launch.matrix)
+                                        launch.spill_bytes, design=launch.design, matrix=launch.matrix,
+                                        conv=launch.conv)
             except ValueError as e:
                 return Timing(self.name, float("inf"), Status.ERROR, str(e))
         return estimated_timing(work, self.device, self.params)

@@ -21,7 +21,12 @@ class RegisterModel:
     it; a looped one's loop_regs cover it), split_regs_per_row=2 (a K split: ptxas keeps each row's
     64-bit offset in C live across the sections that store and resume it; NVRTC sm_90 on a 64×4096
     layer at 0.9, walks 4-16, M1 2-16: no spill at 2·M1 + 2 above the prediction, spills below
-    about 2·M1). ConstrainParams carries the same fields, these defaults, as run options."""
+    about 2·M1), lane_regs=12 (a baked conv kernel of V > 1 columns per thread keeps each lane's
+    window, input and output pointers, masks and whether it is a pixel, and ptxas keeps the lanes'
+    independent loads in flight: NVRTC sm_90 at ptxas -O2 on a 64-channel 3×3 layer at 0.9, M1 1-16,
+    V 2 and 4, walks 1 and 4, spilled at most 16 B at 8 a lane above the GEMM's prediction, none at 12
+    but one tile of V = 2, M1 = 4). ConstrainParams carries the same fields, these defaults, as run
+    options (lane_regs: the model's own)."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -32,6 +37,7 @@ class RegisterModel:
     staged_regs: int = 8
     window_regs: int = 8
     split_regs_per_row: int = 2
+    lane_regs: int = 12
 
 
 def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE, conv: bool = False) -> int:
@@ -64,5 +70,7 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
     staged = params.staged_regs if design.loads == "staged" else 0
     window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
+    if conv and design.a_values == "baked" and v > 1:  # each lane's window and loads
+        window = getattr(params, "lane_regs", RegisterModel.lane_regs) * v
     split = params.split_regs_per_row * m1 + 2 if design.section_fmas else 0
     return max(params.min_regs, regs) + staged + window + split

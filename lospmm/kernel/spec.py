@@ -183,8 +183,9 @@ class KernelSpec:
 
     @property
     def alignment(self) -> int:
-        """Bytes B and C must be aligned to (a vector access of the columns per thread)."""
-        return self.element_bytes * self.layout.columns_per_thread
+        """Bytes B and C must be aligned to (a vector access of the columns per thread; a conv kernel's
+        pixels are each their own access)."""
+        return self.element_bytes * (1 if self.form == "conv" else self.layout.columns_per_thread)
 
     def columns(self, count: int) -> int:
         """The GEMM columns of a launch over `count` (N, or a conv kernel's batch)."""

@@ -53,10 +53,12 @@ class LaunchUnderTest:
     design: KernelDesign = BASELINE
     module_data: Mapping | None = field(default=None, compare=False, hash=False)  # spec.module_data(A), if any
     matrix: object | None = field(default=None, compare=False, hash=False)  # the layer's A (a staged estimate's unions)
+    conv: bool = False  # an implicit-im2col conv kernel's launch (its V lanes each load their own pixel's input)
 
     def __post_init__(self):
         if self.spec is not None:
             object.__setattr__(self, "design", self.spec.design)
+            object.__setattr__(self, "conv", self.spec.form == "conv")
 
 
 class Timer(Protocol):

@@ -230,7 +230,7 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     from benchmarks.analysis import conv_summary
 
     plan = sets.conv_plan(batch=2)
-    assert len([p for p in plan if not p.prune]) == 4 * len(sets.CONV_CASES)
+    assert len([p for p in plan if not p.prune]) == 5 * len(sets.CONV_CASES)
     staged = [p for p in plan if p.variant == "staged"]
     assert len(staged) == len(sets.CONV_CASES) and all(p.n1 == 32 and p.m1 == plan[0].m1 for p in staged)
     assert sets.planned_job(staged[0]).source().spec.form == "conv"
@@ -240,12 +240,16 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     assert source.spec.form == "conv" and source.design.a_values == "streamed" and len(source.units) == 1
     baked = sets.planned_job(plan[0]).source()
     assert (baked.spec.epilogue, baked.layout.threads) == (source.spec.epilogue, source.layout.threads)
+    vector = [p for p in plan if p.variant == "v2"]  # issue 35 item 2: two pixels a thread, same A and tile
+    assert len(vector) == len(sets.CONV_CASES) and all(p.m1 == plan[0].m1 and p.n1 == plan[0].n1 for p in vector)
+    v2 = sets.planned_job(vector[0]).source()
+    assert v2.spec.form == "conv" and v2.layout.columns_per_thread == 2 and v2.spec.epilogue == baked.spec.epilogue
     rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
-                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "im2col-gemm": 12.0}[p.variant], spread=0.01,
-                 cudnn_us=30.0) for p in plan[:4]]
+                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "im2col-gemm": 12.0}[p.variant],
+                 spread=0.01, cudnn_us=30.0) for p in plan[:5]]
     (summary,) = conv_summary(rows)
     assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)
-    assert summary["staged / implicit"] == 0.8
+    assert summary["staged / implicit"] == 0.8 and summary["v=2 / implicit"] == 0.9
 
 
 def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same_2_4_weights():
@@ -258,7 +262,7 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     nm = [p for p in plan if p.variant == "nm"]
     baked = {p.layer: p for p in plan if p.variant == "nm-baked"}
     assert [p.layer.split(":")[0] for p in nm] == ["1", "2", "3", "4"] and set(baked) == {p.layer for p in nm}
-    assert len(sets.conv_plan(batch=2, nm=False)) == 4 * len(sets.CONV_CASES)
+    assert len(sets.conv_plan(batch=2, nm=False)) == 5 * len(sets.CONV_CASES)
     p = nm[2]
     from lospmm.kernel.numbers import rounded_matrix
     assert (p.prune, p.sparsity, p.matrix) == ("nm:2:4", 0.5, baked[p.layer].matrix) and p.conv == baked[p.layer].conv

@@ -64,11 +64,17 @@ def test_design_auto_prices_the_tile_in_every_candidate_that_can_serve_it():
     assert all(s.price_us is not None and s.design_price_us != s.estimate_us for s in found)
     a100 = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, DEVICES["a100"], designs=DESIGN_CANDIDATES)
     assert all(s.design_price_us == s.estimate_us for s in a100)  # no pricing fitted there: the estimate
-    # a convolution's implicit-im2col kernel takes the grid's order, the walks and baked or streamed values
+    # a convolution's implicit-im2col kernel takes the grid's order, the walks, a baked one's columns per
+    # thread and baked or streamed values
     conv = served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES, conv=True)
     assert all(s.design_price_us == s.estimate_us for s in conv)  # fitted on GEMM kernels: conv forms by the estimate
-    assert [s.design.label for s in conv] == [design_named(d).label for d in ("baseline", "column-x", "walks=4",
-                                                                                  "walks=16", "streamed")]
+    assert [s.design.label for s in conv] == [design_named(d).label for d in (
+        "baseline", "column-x", "walks=4", "walks=16", "v=2", "v=4", "v=4,walks=4", "streamed")]
+    # a lane loads its own pixel's input: V loads a column where the GEMM's V columns are one vector load
+    gemm = {s.design.label: s.estimate_us for s in served_options(a, tiles, 768, 768, 4096, 128, BASELINE, H100,
+                                                                  designs=("v=2", "v=4"))}
+    priced = {s.design.label: s.estimate_us for s in conv}
+    assert all(priced[label] > gemm[label] for label in (design_named("v=2").label, design_named("v=4").label))
     # a tile whose v=4 kernel needs more registers than the device has is not priced in it
     big = served_options(a, reordered_tiles(a, 64), 768, 768, 4096, 128, BASELINE, H100, designs=DESIGN_CANDIDATES)
     assert all(s.design.columns_per_thread < 4 for s in big)

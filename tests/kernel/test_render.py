@@ -239,11 +239,12 @@ def convolutions(draw):
 @given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
        relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]),
        design=st.sampled_from(["baseline", "column-x", "walks=3", "column-x,walks=2", "streamed",
-                               "streamed,column-x,walks=2"]))
+                               "streamed,column-x,walks=2", "v=2", "v=4", "v=2,column-x,walks=3", "v=4,walks=2"]))
 def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz, design):
     """In each grid order, once or walking its column blocks (a looped kernel finds each pixel's window
     again per walk; its zero blocks walk too), A baked or streamed (the loop reads each column's window
-    offset from data)."""
+    offset from data), one pixel a thread or V (each lane its own window and loads, n1 apart; a lane past
+    the last pixel loads and stores nothing)."""
     a, geometry, bias = conv
     epilogue = Epilogue(bias=bias, activation="relu" if relu else "")
     params = CodegenParams(shard_nnz=shard_nnz, design=design_named(design))
@@ -257,7 +258,7 @@ def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1,
     ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
     ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
 ])
-@pytest.mark.parametrize("design", ["baseline", "streamed"])
+@pytest.mark.parametrize("design", ["baseline", "streamed", "v=4,walks=2"])
 def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad, design):
     geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
     a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
@@ -272,8 +273,11 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
     # a streamed one keeps its pixel's window across its loop: at one walk 8 registers above the GEMM's
     # (RegisterModel.window_regs; 16 B spilled at M1 = 16 without them)
+    # a baked one of V lanes keeps each lane's window and loads (RegisterModel.lane_regs), compiled at
+    # ptxas -O2 (at -O1 it spilled kilobytes at any cap)
     for m1, design in ((1, "baseline"), (16, "baseline"), (16, "streamed"), (24, "streamed"),
-                       (16, "streamed,column-x,walks=4"), (8, "staged,tiles=4"), (16, "staged,tiles=2,warps=2")):
+                       (16, "streamed,column-x,walks=4"), (8, "staged,tiles=4"), (16, "staged,tiles=2,warps=2"),
+                       (1, "v=2"), (8, "v=2"), (2, "v=4"), (16, "v=4,walks=4,column-x")):
         d = design_named(design)
         kernel = conv_kernel_source(a, reordered_tiles(a, m1), d.fixed_n1 or 64, geometry, Epilogue((0.5,) * 32, "relu"),
                                     CodegenParams(design=d))
@@ -388,7 +392,7 @@ def test_design_names_read_back_and_bad_ones_are_named():
             design_named(bad)
 
 
-def test_a_conv_kernel_takes_the_grid_order_walks_and_baked_or_streamed_values_only():
+def test_a_conv_kernel_takes_the_grid_order_walks_columns_per_thread_and_baked_or_streamed_values_only():
     g = ConvGeometry(cin=2, h=5, w=5, kh=3, kw=3, pad=1)
     a = random_pruned(4, g.k, 0.5, np.random.default_rng(0))
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("column-x")))
@@ -396,7 +400,12 @@ def test_a_conv_kernel_takes_the_grid_order_walks_and_baked_or_streamed_values_o
     looped = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("walks=4")))
     assert looped.layout.column_walks == 4 and looped.grid(g.n(2))[1] == -(-g.n(2) // 8 // 4)  # 50 pixels: 7 blocks, 2 walkers
     with pytest.raises(ValueError, match="only the grid's order"):
-        conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=2")))
+        conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("chained,v=2")))
+    # V pixels a thread: a block covers n1·V pixels, lanes n1 apart; its arrays need no vector alignment
+    vector = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("v=4")))
+    assert vector.layout.columns_per_thread == 4 and vector.grid(g.n(2))[1] == -(-g.n(2) // 32)
+    assert vector.spec.alignment == 4 and "+ 24;" in vector.source  # lane 3: n + 3·8
+    assert design_named("chained,v=4,walks=4").conv_kernel == design_named("v=4,walks=4")
     # streamed: one small unit whatever the layer, its window offsets in data; launched as the baked one
     streamed = conv_kernel_source(a, reordered_tiles(a, 2), 8, g,
                                   params=CodegenParams(design=design_named("streamed,column-x,walks=4")))

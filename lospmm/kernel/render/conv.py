@@ -3,10 +3,13 @@ from the NCHW input X at its window offset (a literal byte offset from the pixel
 where the window leaves the image: two bit masks per tile function hold which window rows and
 columns are inside), and each output goes to NCHW Y through the epilogue. The input size, window,
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
-the designs, the grid's order and the column walks (a looped kernel's tile function walks its
-column blocks, each output pixel's window found again per walk); its loads already take one
-instruction from the pixel's pointer. A streamed design's conv kernel is render.streamed's, a staged
-design's render.staged's."""
+the designs, the grid's order, the column walks (a looped kernel's tile function walks its
+column blocks, each output pixel's window found again per walk) and the columns per thread (V
+output pixels a thread, n1 apart so that a warp's loads of each lane stay consecutive: each lane
+finds its own window and loads its own input, one literal feeds V multiply-adds, and the tile's
+code, fetched once a warp, serves V times the pixels); its loads already take one instruction from
+the pixel's pointer. A streamed design's conv kernel is render.streamed's, a staged design's
+render.staged's."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, design_parts, entry_unit, kernel_name,
                                          straight_line, tile_columns, tile_costs, units, zero_blocks)
-from lospmm.kernel.render.numbers import Fp32Code, epilogue_applied, epilogue_zero_literal
+from lospmm.kernel.render.numbers import LANES, VECTOR_TYPE, Fp32Code, epilogue_applied, epilogue_zero_literal
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
 
@@ -33,9 +36,11 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     design = params.design
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
-    if design != KernelDesign(order=design.order, column_walks=design.column_walks):
+    if design != KernelDesign(order=design.order, column_walks=design.column_walks,
+                              columns_per_thread=design.columns_per_thread):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
-                         f"(tile-x or column-x) and walks so far (a streamed or staged one is its renderer's)")
+                         f"(tile-x or column-x), walks and columns per thread (a streamed or staged one is its "
+                         f"renderer's)")
     if k != geometry.k:
         raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
     if epilogue.bias and len(epilogue.bias) != m:
@@ -51,11 +56,36 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
               f"M1={tiles.m1} N1={n1} tiles={tiles.num_tiles} bias={bool(epilogue.bias)} relu={epilogue.relu}"
               + (f" activation={epilogue.activation}" if epilogue.activation not in ("", "relu") else "")
               + (f" design={design.code_label}" if design != BASELINE else ""))
+    v = design.columns_per_thread
+    zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
+    tile_axis, column_axis = axes(design)
+    if v > 1:  # V output pixels a thread, each its own window and loads, every literal feeding V multiply-adds
+        code = Fp32Code(KernelDesign(columns_per_thread=v))
+        preamble = code.preamble()
+        functions = [_lanes_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m,
+                                          n1) for t in range(tiles.num_tiles)]
+        entry = entry_unit(
+            preamble, header, tiles.num_tiles,
+            "(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, const int total)",
+            [("(float* __restrict__ Y, int n, const int stride, const int total)",
+              _walked(design.looped, [*(line for lane in range(v) for line in _lane_output(g, m, n1, lane)),
+                                      *(f"  if (live{lane}) lospmm_st(Yb{lane}, {r}, {hwo}, "
+                                        f"{epilogue_zero_literal(epilogue, int(r))});\n"
+                                        for r in rows for lane in range(v))]))
+             for rows in zeros],
+            f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+            f"  const int n = blockIdx.{column_axis} * {n1 * v} + threadIdx.x;\n"
+            f"  const int total = batch * {hwo};\n"
+            f"  if (n >= total) return;\n"
+            f"  const int stride = gridDim.{column_axis} * {n1 * v};\n", "X, Y, n, stride, total",
+            "zero_{z}(Y, n, stride, total)", tile_axis)
+        layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, v, design.column_walks, design.order)
+        spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
+        return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
+                                        + [entry]))
     code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
     functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
                  for t in range(tiles.num_tiles)]
-    zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
-    tile_axis, column_axis = axes(design)
     preamble = included("preamble.cuh")
     if design.looped:  # each thread walks its column blocks: the tile function finds each pixel's window
         entry = entry_unit(
@@ -117,6 +147,62 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         *body,
         *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
           for i, r in enumerate(rows)),
+        "  LOSPMM_TILE_END\n}\n"])
+
+
+def _lane_output(g: ConvGeometry, m: int, n1: int, lane: int) -> list[str]:
+    """The lines that find a vector conv kernel's output pixel of `lane` (the thread's pixel n plus
+    lane·n1): whether it is one (live), its image and place, and its output Yb (M channels)."""
+    return [f"  const int n{lane} = n + {lane * n1};\n", f"  const bool live{lane} = n{lane} < total;\n",
+            f"  const int image{lane} = n{lane} / {g.pixels}, p{lane} = n{lane} - image{lane} * {g.pixels};\n",
+            f"  float* Yb{lane} = Y + (long long)image{lane} * {m * g.pixels} + p{lane};\n"]
+
+
+def _lane_window(g: ConvGeometry, lane: int) -> list[str]:
+    """The lines that find lane `lane`'s window (after _lane_output): its top-left input pixel xp and
+    which of its window rows and columns lie inside (none for a lane past the last pixel: it loads
+    nothing)."""
+    return [f"  const int oy{lane} = p{lane} / {g.w_out}, ox{lane} = p{lane} - oy{lane} * {g.w_out};\n",
+            f"  const int iy{lane} = oy{lane} * {g.stride} - {g.pad}, ix{lane} = ox{lane} * {g.stride} - {g.pad};\n",
+            f"  const float* xp{lane} = X + (long long)image{lane} * {g.cin * g.h * g.w} + (iy{lane} * {g.w} + ix{lane});\n",
+            f"  const unsigned rows_ok{lane} = live{lane} ? lospmm_window_bits(iy{lane}, {g.dilation}, {g.kh}, {g.h}) : 0u;\n",
+            f"  const unsigned cols_ok{lane} = lospmm_window_bits(ix{lane}, {g.dilation}, {g.kw}, {g.w});\n"]
+
+
+def _walked(looped: bool, body: list[str]) -> str:
+    """A vector conv kernel's body as its function runs it: once, or (looped) once per column block
+    the block walks."""
+    if not looped:
+        return "".join(body)
+    return "".join(["  do {\n", *body, "  n += stride;\n  } while (n < total);\n"])
+
+
+def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
+                         epilogue: Epilogue, looped: bool, m: int, n1: int) -> str:
+    """Tile t of a conv kernel of V columns per thread: each lane's window, each column's V window loads
+    into one vector (a lane past the last pixel loads zeros), V multiply-adds per literal, each lane's
+    outputs to NCHW Y."""
+    v = code.v
+    lanes = LANES[v]
+
+    def load(j: int, column: int, previous: int) -> str:
+        off, ky, kx = g.window_offset(column)
+        return (f"  {VECTOR_TYPE[v]} b{j};"
+                + "".join(f" LOSPMM_LDX(b{j}{lanes[lane]}, xp{lane}, {4 * off}, rows_ok{lane}, cols_ok{lane}, "
+                          f"{1 << ky}, {1 << kx});" for lane in range(v)) + "\n")
+
+    sub, cols = tile_columns(a, rows)
+    values = code.tile_values(sub.data)
+    nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
+    body, _ = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
+    windows = [line for lane in range(v) for line in (*_lane_output(g, m, n1, lane), *_lane_window(g, lane))]
+    stores = [f"  if (live{lane}) lospmm_st(Yb{lane}, {r}, {g.pixels}, "
+              f"{epilogue_applied(epilogue, f'acc{i}{lanes[lane]}', int(r))});\n"
+              for i, r in enumerate(rows) for lane in range(v)]
+    return "".join([
+        f"LOSPMM_TILE void tile_{t}(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, "
+        f"const int total) {{\n",
+        _walked(looped, [*windows, *body, *stores]),
         "  LOSPMM_TILE_END\n}\n"])
 
 
