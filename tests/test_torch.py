@@ -334,12 +334,14 @@ def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tm
     assert float((got - want).abs().max()) / float(want.abs().max()) < 1e-5
 
 
-@pytest.mark.parametrize("design, served", [("streamed,chained", "streamed"), ("staged,tiles=4", "staged,tiles=4")])
-def test_a_streamed_or_staged_conv_kernel_serves_its_convolution_with_its_bias_and_activation(searched, tmp_path,
-                                                                                             design, served):
-    # the streamed design's implicit-im2col kernel (one loop over the layer's data) and the staged one's (a
-    # block's copy gathers its tiles' window inputs) fuse the run's bias and ReLU of pw as the baked one does;
-    # served in place of the module, each computes the pruned model's output
+@pytest.mark.parametrize("design, served", [("streamed,chained", "streamed"), ("staged,tiles=4", "staged,tiles=4"),
+                                            ("chained,v=2", "v=2")])
+def test_a_streamed_staged_or_vector_conv_kernel_serves_its_convolution_with_its_bias_and_activation(
+        searched, tmp_path, design, served):
+    # the streamed design's implicit-im2col kernel (one loop over the layer's data), the staged one's (a
+    # block's copy gathers its tiles' window inputs) and a vector one's (two pixels a thread, each lane its
+    # own window) fuse the run's bias and ReLU of pw as the baked one does; served in place of the module,
+    # each computes the pruned model's output
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.storage.runs import run_record
     from lospmm.kernel.design import design_named
