@@ -259,6 +259,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 (r for (tm1, tn1, _), r in by_tile.items() if (tm1, tn1) == (m1, n1)), best)
         served, runner_up = cheapest_design(options)
         base["designs_priced"] = designs_priced(options)
+        base["form"] = served_form(served.design, conv is not None)  # a failed row names the form it tried
 
         dense_times: dict[str, float] = {}
 
@@ -359,7 +360,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
                 fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
                 served, runner_up = fallback, served
-                base |= _served_columns(served, runner_up)  # the failed row says what it tried to serve
+                # the failed row says what it tried to serve
+                base |= _served_columns(served, runner_up) | {"form": served_form(served.design, conv is not None)}
                 earlier = next((t for t in tried if t[0] is fallback), None)  # a contender already emitted
                 facts, why, error, where = earlier[1:] if earlier else (*attempt(fallback, out), out)
                 if error is not None:

@@ -170,6 +170,15 @@ class KernelDesign:
         return conv_design(self)
 
     @property
+    def conv_lanes(self) -> int:
+        """Output pixels a thread of its implicit-im2col conv kernel computes, each loading its own input:
+        a baked fp32 design's columns per thread (its conv form keeps them), 1 for every other (and for a
+        design whose convolutions are im2col GEMMs)."""
+        kernel = self.conv_kernel
+        return kernel.columns_per_thread if kernel is not None and kernel.a_values == "baked" and \
+            kernel.loads != "staged" else 1
+
+    @property
     def fixed_n1(self) -> int:
         """The N1 (threads per tile) its kernels must have, 0 for any multiple of the warp: a staged
         block's tiles each span tile_warps warps over the same 32·tile_warps columns."""

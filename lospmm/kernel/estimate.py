@@ -173,9 +173,15 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
             raise ValueError(f"design {design.label}: its estimate needs the layer's A (its blocks copy the unions "
                              f"of their tiles' columns)")
         staged, chunk_loads, chunk_fmas = design_work(matrix, tiles, design)
-    lanes = design.columns_per_thread if conv and design.a_values == "baked" and design.loads != "staged" else 1
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
-                      registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas, lanes)
+                      registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas,
+                      lane_loads(design, conv))
+
+
+def lane_loads(design: KernelDesign, conv: bool) -> int:
+    """B loads per column of a tile and thread (KernelWork.lane_loads): a conv kernel's lanes each load
+    their own input (KernelDesign.conv_lanes), every other kernel one load of its V columns."""
+    return design.conv_lanes if conv else 1
 
 
 def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,

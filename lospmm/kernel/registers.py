@@ -70,7 +70,7 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
     staged = params.staged_regs if design.loads == "staged" else 0
     window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
-    if conv and design.a_values == "baked" and v > 1:  # each lane's window and loads
-        window = getattr(params, "lane_regs", RegisterModel.lane_regs) * v
+    if conv and design.conv_lanes > 1:  # each lane's window and loads
+        window = getattr(params, "lane_regs", RegisterModel.lane_regs) * design.conv_lanes
     split = params.split_regs_per_row * m1 + 2 if design.section_fmas else 0
     return max(params.min_regs, regs) + staged + window + split

@@ -244,6 +244,14 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     assert len(vector) == len(sets.CONV_CASES) and all(p.m1 == plan[0].m1 and p.n1 == plan[0].n1 for p in vector)
     v2 = sets.planned_job(vector[0]).source()
     assert v2.spec.form == "conv" and v2.layout.columns_per_thread == 2 and v2.spec.epilogue == baked.spec.epilogue
+    # its launch row's estimate loads each lane's input apart (a review found it priced as the GEMM's v=2)
+    from benchmarks import analysis
+
+    work = dict(sets.planned_job(vector[0]).launch)
+    row = {**work, "m": vector[0].m, "k": vector[0].k, "n": vector[0].n, "m1": vector[0].m1, "n1": vector[0].n1,
+           "registers": 64, "spill_bytes": 0, "design": vector[0].design}
+    assert analysis.launch_work(row | {"form": "conv"}).lane_loads == 2
+    assert analysis.launch_work(row | {"form": "gemm"}).lane_loads == 1
     rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
                  ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "im2col-gemm": 12.0}[p.variant],
                  spread=0.01, cudnn_us=30.0) for p in plan[:5]]

@@ -406,6 +406,14 @@ def test_a_conv_kernel_takes_the_grid_order_walks_columns_per_thread_and_baked_o
     assert vector.layout.columns_per_thread == 4 and vector.grid(g.n(2))[1] == -(-g.n(2) // 32)
     assert vector.spec.alignment == 4 and "+ 24;" in vector.source  # lane 3: n + 3·8
     assert design_named("chained,v=4,walks=4").conv_kernel == design_named("v=4,walks=4")
+    # its lanes' registers are a conv kernel's only: a tiled half design's convolution is an im2col GEMM
+    # (a review found the search adding them to every half conv layer)
+    from lospmm.kernel.registers import predicted_registers
+
+    half, vector2 = design_named("fp16,chained"), design_named("chained,v=2")
+    assert (half.conv_lanes, vector2.conv_lanes, design_named("streamed,v=4").conv_lanes) == (1, 2, 1)
+    assert predicted_registers(4, design=half, conv=True) == predicted_registers(4, design=half)
+    assert predicted_registers(4, design=vector2, conv=True) == predicted_registers(4, design=vector2) + 24
     # streamed: one small unit whatever the layer, its window offsets in data; launched as the baked one
     streamed = conv_kernel_source(a, reordered_tiles(a, 2), 8, g,
                                   params=CodegenParams(design=design_named("streamed,column-x,walks=4")))
