@@ -268,6 +268,23 @@ def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, w
     assert host_error(kernel, a, 2, sanitize=True) < 1e-4
 
 
+@pytest.mark.parametrize("design", ["v=4", "v=2,walks=3"])
+def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design):
+    """Empty rows (zeroing blocks) and a last block of pixels that fills only some lanes: a lane past the
+    last pixel loads and stores nothing, in the tile functions and the zeroing ones (ASan sees a store
+    past Y)."""
+    geometry = ConvGeometry(cin=3, h=5, w=5, kh=3, kw=3, stride=1, pad=1)  # 25 pixels a image
+    a = random_pruned(6, geometry.k, 0.5, np.random.default_rng(1)).tolil()
+    a[1, :], a[4, :] = 0, 0
+    a = sp.csr_matrix(a)
+    a.eliminate_zeros()
+    kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, geometry, Epilogue(bias=(0.5,) * 6, activation="relu"),
+                                CodegenParams(design=design_named(design)))
+    assert kernel.num_tiles < kernel.grid_x  # zeroing blocks
+    for batch in (1, 3):  # 25 and 75 pixels over blocks of 8·V
+        assert host_error(kernel, a, batch, sanitize=True) < 1e-4
+
+
 def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     geometry = ConvGeometry(cin=16, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
     a = random_pruned(32, geometry.k, 0.8, np.random.default_rng(0))
