@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bundle import bundle_rows, matrix_of_row, package_of
+from lospmm.kernel.arrays import torch_dtype
 
 # What tells a set's kernels apart besides the design (a reorder kernel's row order, an N:M kernel's
 # pruning, a conv case's epilogue): the reports group by them.
@@ -279,7 +280,7 @@ def time_ours(kernel, count: int, options: RunOptions, threads: int | None = Non
 
     spec = kernel.spec
     launched = spec.launch_count(count)
-    element = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+    element = torch_dtype(spec.dtype)
     x = torch.randn(spec.input_shape(launched), device="cuda", dtype=element)
     y = torch.empty(spec.output_shape(launched), device="cuda", dtype=element)
     arrays = [torch.as_tensor(a, device="cuda") for a in (extra or {}).values()]
@@ -329,7 +330,7 @@ def time_library(name: str, row: dict, spec, options: RunOptions):
             fn = lambda: torch.matmul(a, b, out=c)  # noqa: E731
         elif name == "cudnn":  # in the kernel's dtype (TF32 off in fp32)
             g = spec.conv
-            element = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+            element = torch_dtype(spec.dtype)
             w = torch.randn(spec.m, g.cin, g.kh, g.kw, device="cuda", dtype=element)
             x = torch.randn(row["count"], g.cin, g.h, g.w, device="cuda", dtype=element)
             fn = lambda: torch.nn.functional.conv2d(x, w, None, g.stride, g.pad, g.dilation)  # noqa: E731

@@ -711,15 +711,16 @@ def conv_nm_planned(i: int, g: ConvGeometry, common: dict, epilogue: str, device
     nm_common = common | {"sparsity": pattern.sparsity, "matrix": _id("conv-case", i, CONV_NM)}
     conv = tuple(sorted(vars(g).items()))
 
-    def nm_kernel(variant: str, design: str) -> Planned:
-        number = design_named(design).number  # a half kernel's A is rounded: a matrix of its own in the bundle
+    def nm_kernel(variant: str, label: str) -> Planned:
+        design = design_named(label)
+        number = design.number  # a half kernel's A is rounded: a matrix of its own in the bundle
         matrix = nm_common["matrix"] if not number.is_half else _id("conv-case", i, CONV_NM, number.dtype)
         best = min(nm_options((pattern.n, pattern.m, pattern.vector), common["m"], g.k, common["n"],
-                              device_named(device), design_named(design), conv=True), key=lambda s: s.estimate_us).nm
+                              device_named(device), design, conv=True), key=lambda s: s.estimate_us).nm
         return Planned(_id("conv", i, variant), "conv", conv=conv, epilogue=epilogue, variant=variant, prune=CONV_NM,
                        nm=(best.block_rows, best.block_columns, best.thread_rows, best.thread_columns, best.depth,
                            int(best.gather)),
-                       **(nm_common | {"design": design_named(design).label, "m1": best.block_rows, "n1": best.threads,
+                       **(nm_common | {"design": design.label, "m1": best.block_rows, "n1": best.threads,
                                        "matrix": matrix,
                                        "chosen_by": f"the estimate's cheapest N:M conv blocking: {best.label}"}))
 

@@ -104,9 +104,11 @@ def _failure(facts: dict) -> str:
     return comp.get("log", "")[-300:] or f"{check} ({facts.get('check_message') or 'no message'})"
 
 
-def _served_columns(served, runner_up) -> dict:
-    """10_kernels' design, runner_up, their estimates and design prices (Served.design_price_us)."""
-    return {"design": served.label, "design_estimate_us": served.estimate_us, "design_price_us": served.design_price_us,
+def _served_columns(served, runner_up, conv: bool) -> dict:
+    """10_kernels' design, runner_up, their estimates and design prices (Served.design_price_us), and the
+    served kernel's form (`conv`: the layer is a convolution given its geometry; stages.emit.served_form)."""
+    return {"form": served_form(served.design, conv), "design": served.label, "design_estimate_us": served.estimate_us,
+            "design_price_us": served.design_price_us,
             "runner_up": runner_up.label if runner_up else "",
             "runner_up_estimate_us": runner_up.estimate_us if runner_up else float("nan"),
             "runner_up_price_us": runner_up.design_price_us if runner_up else float("nan")}
@@ -360,8 +362,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 logger.warning("%s: %s failed (%s); serving %s instead", layer, served.label, why[:300], fallback.label)
                 fell_back = f"{served.label} failed ({why[:300]}); served {fallback.label} instead"
                 served, runner_up = fallback, served
-                # the failed row says what it tried to serve
-                base |= _served_columns(served, runner_up) | {"form": served_form(served.design, conv is not None)}
+                base |= _served_columns(served, runner_up, conv is not None)  # the failed row says what it tried to serve
                 earlier = next((t for t in tried if t[0] is fallback), None)  # a contender already emitted
                 facts, why, error, where = earlier[1:] if earlier else (*attempt(fallback, out), out)
                 if error is not None:
@@ -373,7 +374,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
                 if spot != out:
                     shutil.rmtree(spot, ignore_errors=True)
         # after a fall back the runner-up is the cheaper choice that failed (the message says so)
-        base |= _served_columns(served, runner_up) | {"form": served_form(served.design, conv is not None)}
+        base |= _served_columns(served, runner_up, conv is not None)
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
         failed = emit_failed(comp["status"], check)

@@ -15,7 +15,8 @@ def library(x) -> str:
     return type(x).__module__.split(".")[0]
 
 
-def _torch_dtype(dtype: str):
+def torch_dtype(dtype: str):
+    """The torch dtype of a number format's dtype: fp32, fp16 or bf16."""
     import torch
 
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -28,7 +29,7 @@ def device_pointer(x, dtype: str, with_stream: bool = True):
     if mod == "torch":
         import torch
 
-        want = _torch_dtype(dtype)
+        want = torch_dtype(dtype)
         if not x.is_cuda or x.dtype != want or not x.is_contiguous():
             raise ValueError(f"need a contiguous {str(want).removeprefix('torch.')} CUDA tensor, got {x.dtype} on "
                              f"{x.device}")
@@ -62,7 +63,7 @@ def host_array(x, number: NumberFormat) -> np.ndarray:
     if library(x) == "torch":
         import torch
 
-        want = _torch_dtype(dtype)
+        want = torch_dtype(dtype)
         if x.device.type != "cpu" or x.dtype != want:
             raise ValueError(f"the host backend takes a CPU tensor of the kernel's dtype {want}, got {x.dtype} on "
                              f"{x.device}")
@@ -81,7 +82,7 @@ def stored(y, values: np.ndarray, number: NumberFormat):
         import torch
 
         if number.is_half:
-            y.copy_(torch.from_numpy(np.ascontiguousarray(values).view(np.int16)).view(_torch_dtype(number.dtype)))
+            y.copy_(torch.from_numpy(np.ascontiguousarray(values).view(np.int16)).view(torch_dtype(number.dtype)))
         else:
             y.copy_(torch.from_numpy(np.ascontiguousarray(values)))
     else:

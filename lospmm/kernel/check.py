@@ -182,14 +182,21 @@ def im2col(x: np.ndarray, geometry) -> np.ndarray:
     image·pixels + pixel, the input there or zero in the padding; written from the definition as
     reference_conv2d is."""
     g = geometry
-    xp = np.pad(x, ((0, 0), (0, 0), (g.pad, g.pad), (g.pad, g.pad)))
     cols = np.empty((g.cin, g.kh, g.kw, x.shape[0], g.h_out, g.w_out), x.dtype)
+    for ky, kx, window in _windows(x, g):
+        cols[:, ky, kx] = window.transpose(1, 0, 2, 3)
+    return cols.reshape(g.k, -1)
+
+
+def _windows(x: np.ndarray, g):
+    """(ky, kx, the input every output pixel reads at that kernel offset: batch × cin × h_out × w_out) of
+    NCHW `x` padded with zeros, one strided window per offset."""
+    xp = np.pad(x, ((0, 0), (0, 0), (g.pad, g.pad), (g.pad, g.pad)))
     for ky in range(g.kh):
         for kx in range(g.kw):
             y0, x0 = ky * g.dilation, kx * g.dilation
-            window = xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride, x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
-            cols[:, ky, kx] = window.transpose(1, 0, 2, 3)
-    return cols.reshape(g.k, -1)
+            yield ky, kx, xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride,
+                             x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
 
 
 def nchw_as_gemm(y: np.ndarray) -> np.ndarray:
@@ -201,13 +208,9 @@ def reference_conv2d(x: np.ndarray, weight: np.ndarray, geometry, epilogue: Epil
     """A plain numpy Conv2D (NCHW, groups = 1, float64): the reference the conv kernels are checked
     against, written from the definition (padding, then one strided window per kernel offset)."""
     g = geometry
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (g.pad, g.pad), (g.pad, g.pad)))
     out = np.zeros((x.shape[0], weight.shape[0], g.h_out, g.w_out))
-    for ky in range(g.kh):
-        for kx in range(g.kw):
-            y0, x0 = ky * g.dilation, kx * g.dilation
-            window = xp[:, :, y0:y0 + g.stride * (g.h_out - 1) + 1:g.stride, x0:x0 + g.stride * (g.w_out - 1) + 1:g.stride]
-            out += np.einsum("oc,bchw->bohw", weight[:, :, ky, kx].astype(np.float64), window)
+    for ky, kx, window in _windows(x.astype(np.float64), g):
+        out += np.einsum("oc,bchw->bohw", weight[:, :, ky, kx].astype(np.float64), window)
     return out if epilogue is None else epilogue.reference(out, row_axis=1)
 
 

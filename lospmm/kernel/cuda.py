@@ -412,7 +412,9 @@ def dense_sgemm_time(m: int, k: int, n: int, options: CudaTimerOptions = CudaTim
         return Timing(NAME, float("nan"), Status.SKIPPED, "no dense baseline: install the torch extra")
     try:
         torch.backends.cuda.matmul.allow_tf32 = False  # FP32 SGEMM, the precision our fp32 kernels compute in
-        kind = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        from lospmm.kernel.arrays import torch_dtype
+
+        kind = torch_dtype(dtype)
         a = torch.randn(m, k, device="cuda", dtype=kind)
         b = torch.randn(k, n, device="cuda", dtype=kind)
         us = torch_timed(lambda: torch.matmul(a, b), options)

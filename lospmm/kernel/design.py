@@ -174,9 +174,8 @@ class KernelDesign:
         """Output pixels a thread of its implicit-im2col conv kernel computes, each loading its own input:
         a baked fp32 design's columns per thread (its conv form keeps them), 1 for every other (and for a
         design whose convolutions are im2col GEMMs)."""
-        kernel = self.conv_kernel
-        return kernel.columns_per_thread if kernel is not None and kernel.a_values == "baked" and \
-            kernel.loads != "staged" else 1
+        kernel = self.conv_kernel  # conv_design keeps the columns per thread of a baked design only
+        return kernel.columns_per_thread if kernel is not None else 1
 
     @property
     def fixed_n1(self) -> int:

@@ -64,43 +64,31 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         preamble = code.preamble()
         functions = [_lanes_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m,
                                           n1) for t in range(tiles.num_tiles)]
+    else:
+        code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
+        preamble = included("preamble.cuh")
+        functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
+                     for t in range(tiles.num_tiles)]
+    if design.looped or v > 1:  # each thread's pixels from n, n1·V a block: the tile function finds each window
+        if v > 1:
+            zero_bodies = [_walked(design.looped, [  # each lane that is a pixel: its rows' zero outputs
+                f"  if (n + {lane * n1} < total) lospmm_st({pixel_output(g, m, f'(n + {lane * n1})')}, {r}, {hwo}, "
+                f"{epilogue_zero_literal(epilogue, int(r))});\n" for r in rows for lane in range(v)]) for rows in zeros]
+        else:
+            zero_bodies = [
+                "  do {\n"
+                f"    const int b = n / {hwo};\n    float* Yb = Y + (long long)b * {m * hwo} + (n - b * {hwo});\n"
+                + "".join(f"    lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n" for r in rows)
+                + "    n += stride;\n  } while (n < total);\n" for rows in zeros]
         entry = entry_unit(
             preamble, header, tiles.num_tiles,
             "(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, const int total)",
-            [("(float* __restrict__ Y, int n, const int stride, const int total)",
-              _walked(design.looped, [*(line for lane in range(v) for line in _lane_output(g, m, n1, lane)),
-                                      *(f"  if (live{lane}) lospmm_st(Yb{lane}, {r}, {hwo}, "
-                                        f"{epilogue_zero_literal(epilogue, int(r))});\n"
-                                        for r in rows for lane in range(v))]))
-             for rows in zeros],
+            [("(float* __restrict__ Y, int n, const int stride, const int total)", body) for body in zero_bodies],
             f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
             f"  const int n = blockIdx.{column_axis} * {n1 * v} + threadIdx.x;\n"
             f"  const int total = batch * {hwo};\n"
             f"  if (n >= total) return;\n"
             f"  const int stride = gridDim.{column_axis} * {n1 * v};\n", "X, Y, n, stride, total",
-            "zero_{z}(Y, n, stride, total)", tile_axis)
-        layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, v, design.column_walks, design.order)
-        spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
-        return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
-                                        + [entry]))
-    code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
-    functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
-                 for t in range(tiles.num_tiles)]
-    preamble = included("preamble.cuh")
-    if design.looped:  # each thread walks its column blocks: the tile function finds each pixel's window
-        entry = entry_unit(
-            preamble, header, tiles.num_tiles,
-            "(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, const int total)",
-            [("(float* __restrict__ Y, int n, const int stride, const int total)",
-              "  do {\n"
-              f"    const int b = n / {hwo};\n    float* Yb = Y + (long long)b * {m * hwo} + (n - b * {hwo});\n"
-              + "".join(f"    lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n" for r in rows)
-              + "    n += stride;\n  } while (n < total);\n") for rows in zeros],
-            f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
-            f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
-            f"  const int total = batch * {hwo};\n"
-            f"  if (n >= total) return;\n"
-            f"  const int stride = gridDim.{column_axis} * {n1};\n", "X, Y, n, stride, total",
             "zero_{z}(Y, n, stride, total)", tile_axis)
     else:
         entry = entry_unit(
@@ -111,7 +99,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         f"  const int n = blockIdx.{column_axis} * {n1} + threadIdx.x;\n"
         f"  if (n >= batch * {hwo}) return;\n" + pixel_window(g, m, window=False), "Xb, Yb, iy0, ix0", "zero_{z}(Yb)",
         tile_axis)
-    layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, 1, design.column_walks, design.order)
+    layout = LaunchLayout(tiles.num_tiles + len(zeros), n1, v, design.column_walks, design.order)
     spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
                                     + [entry]))
@@ -150,23 +138,12 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         "  LOSPMM_TILE_END\n}\n"])
 
 
-def _lane_output(g: ConvGeometry, m: int, n1: int, lane: int) -> list[str]:
+def _lane_pixel(g: ConvGeometry, m: int, n1: int, lane: int) -> list[str]:
     """The lines that find a vector conv kernel's output pixel of `lane` (the thread's pixel n plus
-    lane·n1): whether it is one (live), its image and place, and its output Yb (M channels)."""
-    return [f"  const int n{lane} = n + {lane * n1};\n", f"  const bool live{lane} = n{lane} < total;\n",
-            f"  const int image{lane} = n{lane} / {g.pixels}, p{lane} = n{lane} - image{lane} * {g.pixels};\n",
-            f"  float* Yb{lane} = Y + (long long)image{lane} * {m * g.pixels} + p{lane};\n"]
-
-
-def _lane_window(g: ConvGeometry, lane: int) -> list[str]:
-    """The lines that find lane `lane`'s window (after _lane_output): its top-left input pixel xp and
-    which of its window rows and columns lie inside (none for a lane past the last pixel: it loads
-    nothing)."""
-    return [f"  const int oy{lane} = p{lane} / {g.w_out}, ox{lane} = p{lane} - oy{lane} * {g.w_out};\n",
-            f"  const int iy{lane} = oy{lane} * {g.stride} - {g.pad}, ix{lane} = ox{lane} * {g.stride} - {g.pad};\n",
-            f"  const float* xp{lane} = X + (long long)image{lane} * {g.cin * g.h * g.w} + (iy{lane} * {g.w} + ix{lane});\n",
-            f"  const unsigned rows_ok{lane} = live{lane} ? lospmm_window_bits(iy{lane}, {g.dilation}, {g.kh}, {g.h}) : 0u;\n",
-            f"  const unsigned cols_ok{lane} = lospmm_window_bits(ix{lane}, {g.dilation}, {g.kw}, {g.w});\n"]
+    lane·n1): whether it is one (live_L) and, as pixel_window finds pixel n's (its names suffixed _L),
+    its image, place, output and window (none for a lane past the last pixel: it loads nothing)."""
+    return [f"  const int n_{lane} = n + {lane * n1};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
+            pixel_window(g, m, lane=lane)]
 
 
 def _walked(looped: bool, body: list[str]) -> str:
@@ -188,15 +165,15 @@ def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetc
     def load(j: int, column: int, previous: int) -> str:
         off, ky, kx = g.window_offset(column)
         return (f"  {VECTOR_TYPE[v]} b{j};"
-                + "".join(f" LOSPMM_LDX(b{j}{lanes[lane]}, xp{lane}, {4 * off}, rows_ok{lane}, cols_ok{lane}, "
+                + "".join(f" LOSPMM_LDX(b{j}{lanes[lane]}, xp_{lane}, {4 * off}, rows_ok_{lane}, cols_ok_{lane}, "
                           f"{1 << ky}, {1 << kx});" for lane in range(v)) + "\n")
 
     sub, cols = tile_columns(a, rows)
     values = code.tile_values(sub.data)
     nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
     body, _ = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
-    windows = [line for lane in range(v) for line in (*_lane_output(g, m, n1, lane), *_lane_window(g, lane))]
-    stores = [f"  if (live{lane}) lospmm_st(Yb{lane}, {r}, {g.pixels}, "
+    windows = [line for lane in range(v) for line in _lane_pixel(g, m, n1, lane)]
+    stores = [f"  if (live_{lane}) lospmm_st(Yb_{lane}, {r}, {g.pixels}, "
               f"{epilogue_applied(epilogue, f'acc{i}{lanes[lane]}', int(r))});\n"
               for i, r in enumerate(rows) for lane in range(v)]
     return "".join([
@@ -224,18 +201,22 @@ def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:
     return f"Y + (long long)({pixel} / {g.pixels}) * {m * g.pixels} + {pixel} % {g.pixels}"
 
 
-def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True, ctype: str = "float") -> str:
+def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True, ctype: str = "float",
+                 lane: int | None = None) -> str:
     """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
     channels, elements of C type `ctype`), its window's top-left corner (iy0, ix0: outside the image
     where the window overhangs the padding) and, with `window`, that corner's input pixel xp and which
-    of its window rows and columns lie inside (rows_ok, cols_ok)."""
-    lines = [f"const int b = n / {g.pixels};", f"const int p = n - b * {g.pixels};",
-             f"const int oy = p / {g.w_out};", f"const int ox = p - oy * {g.w_out};",
-             f"const {ctype}* Xb = X + (long long)b * {g.cin * g.h * g.w};",
-             f"{ctype}* Yb = Y + (long long)b * {m * g.pixels} + p;",
-             f"const int iy0 = oy * {g.stride} - {g.pad};", f"const int ix0 = ox * {g.stride} - {g.pad};"]
+    of its window rows and columns lie inside (rows_ok, cols_ok). With `lane` L, a vector conv kernel's
+    lane's: pixel n_L, every name suffixed _L, and no window rows inside where live_L is false."""
+    s = "" if lane is None else f"_{lane}"
+    rows = f"lospmm_window_bits(iy0{s}, {g.dilation}, {g.kh}, {g.h})"
+    lines = [f"const int b{s} = n{s} / {g.pixels};", f"const int p{s} = n{s} - b{s} * {g.pixels};",
+             f"const int oy{s} = p{s} / {g.w_out};", f"const int ox{s} = p{s} - oy{s} * {g.w_out};",
+             f"const {ctype}* Xb{s} = X + (long long)b{s} * {g.cin * g.h * g.w};",
+             f"{ctype}* Yb{s} = Y + (long long)b{s} * {m * g.pixels} + p{s};",
+             f"const int iy0{s} = oy{s} * {g.stride} - {g.pad};", f"const int ix0{s} = ox{s} * {g.stride} - {g.pad};"]
     if window:
-        lines += [f"const {ctype}* xp = Xb + (iy0 * {g.w} + ix0);",
-                  f"const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});",
-                  f"const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});"]
+        lines += [f"const {ctype}* xp{s} = Xb{s} + (iy0{s} * {g.w} + ix0{s});",
+                  f"const unsigned rows_ok{s} = {rows if lane is None else f'live{s} ? {rows} : 0u'};",
+                  f"const unsigned cols_ok{s} = lospmm_window_bits(ix0{s}, {g.dilation}, {g.kw}, {g.w});"]
     return "".join(f"{indent}{line}\n" for line in lines)
