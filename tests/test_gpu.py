@@ -371,6 +371,36 @@ def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the
     torch.testing.assert_close(load_kernel(package.dir)(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("design", ["fp16", "bf16,acc=f32", "fp16,promote=4"])
+def test_a_tiled_half_conv_kernel_is_its_exact_model_on_the_device(tmp_path, design):
+    """A tiled half design's implicit-im2col kernel (its pair two output pixels n1 apart, each lane's 16-bit
+    input its own predicated load and pack, its half of the pair stored to its pixel): the device's Y is
+    the exact model's of A · im2col(X) bit for bit (the check), at batches 1, 3 and 7 (lanes past the last
+    pixel), through a bias and ReLU; the loader serves it on torch tensors."""
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.numbers import rounded_matrix
+    from lospmm.loader import load_kernel
+    from lospmm.stages.prune import random_pruned
+
+    d = design_named(design)
+    g = ConvGeometry(cin=6, h=13, w=11, kh=3, kw=3, stride=2, pad=1)
+    a = rounded_matrix(random_pruned(20, g.k, 0.7, np.random.default_rng(4)), d.dtype)[0]
+    bias = tuple(float(v) for v in np.linspace(-1, 1, 20).astype(np.float32))
+    a, package = _package(tmp_path, m1=4, n1=32, conv=g, epilogue=Epilogue(bias, "relu"), a=a, design=design)
+    assert package.spec.form == "conv" and package.spec.design == d
+    _device_checked(package, a, (1, 3, 7))
+    torch = pytest.importorskip("torch")
+    kind = {"fp16": torch.float16, "bf16": torch.bfloat16}[d.dtype]
+    x = torch.randn(3, 6, 13, 11, device="cuda").to(kind)
+    weight = torch.from_numpy(a.toarray().reshape(20, 6, 3, 3)).float().cuda()
+    want = torch.relu(torch.nn.functional.conv2d(x.float(), weight, torch.tensor(bias, device="cuda"), 2, 1))
+    got = load_kernel(package.dir)(x)
+    assert got.dtype == kind
+    torch.testing.assert_close(got.float(), want, rtol=0.1, atol=0.1)
+
+
 @pytest.mark.parametrize("design", ["nm,fp16", "nm,bf16,acc=f32"])
 def test_the_half_implicit_conv_nm_kernel_is_its_exact_model_on_the_device(tmp_path, design):
     """The N:M conv kernel in fp16/bf16: its 16-bit gathers (loads and stores, zero in the padding and past

@@ -73,7 +73,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
-        implicit = conv and d.serves_conv  # else an im2col GEMM (a tiled half design's)
+        implicit = conv and d.serves_conv  # else an im2col GEMM
         if d != design and design_problem(d, tiles.m1, n1, n, device, implicit):
             continue
         if any(o.design == d for o in options):
@@ -88,8 +88,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
 
 def tiled_designs(design: KernelDesign, designs: tuple[str, ...], conv: bool = False) -> list[KernelDesign]:
     """`design` and each of `designs` in its number format (those with a form in it) and, for an
-    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel; a tiled half design has
-    none and stays the im2col GEMM's), each once, `design` first."""
+    implicit-im2col convolution, their conv form (KernelDesign.conv_kernel; a half one's pair is two
+    output pixels), each once, `design` first."""
     out = [design]
     for label in designs:
         try:

@@ -153,27 +153,28 @@ class KernelDesign:
     @property
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_kernel is itself: the grid's
-        order and walks of a baked or streamed fp32 design, a staged one's blocking, the N:M kernel on
-        CUDA cores in any number format); a convolution in another design is served by the GEMM kernel
-        on its im2col B."""
+        order, walks and columns per thread of a baked design in its number format, a streamed fp32
+        one's order and walks, a staged one's blocking, the N:M kernel on CUDA cores in any number
+        format); a convolution in another design is served by the GEMM kernel on its im2col B."""
         return self.conv_kernel == self
 
     @property
     def conv_kernel(self) -> "KernelDesign | None":
         """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of
         the design such a kernel has (conv_design: the grid's order, the walks, whether A is baked or
-        streamed and a baked one's columns per thread, the staged blocking, or the N:M kernel's own; its loads already take one instruction
-        from the pixel's pointer, so `chained` has nothing to add); None for a tiled half design and the
-        N:M kernel on sparse tensor cores (their convolutions are im2col GEMMs)."""
-        if (self.half and self.a_values != "nm") or self.accumulate == "mma":
+        streamed, a baked one's columns per thread and number format (a half one's pair: two output
+        pixels a thread), the staged blocking, or the N:M kernel's own; its loads already take one
+        instruction from the pixel's pointer, so `chained` has nothing to add); None for the N:M kernel
+        on sparse tensor cores (its convolutions are im2col GEMMs)."""
+        if self.accumulate == "mma":
             return None
         return conv_design(self)
 
     @property
     def conv_lanes(self) -> int:
         """Output pixels a thread of its implicit-im2col conv kernel computes, each loading its own input:
-        a baked fp32 design's columns per thread (its conv form keeps them), 1 for every other (and for a
-        design whose convolutions are im2col GEMMs)."""
+        a baked design's columns per thread (its conv form keeps them: a half one's pair is two pixels),
+        1 for every other (and for a design whose convolutions are im2col GEMMs)."""
         kernel = self.conv_kernel  # conv_design keeps the columns per thread of a baked design only
         return kernel.columns_per_thread if kernel is not None else 1
 
@@ -310,7 +311,9 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     from the pixel's pointer. A baked design keeps its columns per thread: V output pixels a thread
     (n1 apart, so that a warp's loads of each stay consecutive), each literal feeding V multiply-adds,
     each pixel's input its own load (adjacent output pixels are not adjacent inputs); a streamed one's
-    conv kernel is one column a thread so far."""
+    conv kernel is one column a thread so far. A half design's (fp16/bf16, baked) keeps its number
+    format: its pair is two output pixels, n1 apart, each lane's 16-bit input loaded into its half of
+    the pair."""
     if design.loads == "staged":
         return KernelDesign(loads="staged", tiles_per_block=design.tiles_per_block, tile_warps=design.tile_warps)
     if design.a_values == "nm":  # its own blocking: its copies gather the pixels' inputs
@@ -318,15 +321,15 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     if design.a_values == "streamed":
         return KernelDesign(order=design.order, column_walks=design.column_walks, a_values="streamed")
     return KernelDesign(order=design.order, column_walks=design.column_walks,
-                        columns_per_thread=design.columns_per_thread)
+                        columns_per_thread=design.columns_per_thread, dtype=design.dtype,
+                        accumulate=design.accumulate, promote_every=design.promote_every)
 
 
 def conv_served_implicitly(design: KernelDesign, nm_kernel: bool = True) -> bool:
     """Whether a convolution in a run of `design` may be served by an implicit-im2col kernel: in the
     design's conv form (KernelDesign.conv_kernel), or, with `nm_kernel`, by the N:M kernel's in the
-    design's number format where the layer holds an N:M pattern (a tiled half design has no conv
-    form, the N:M kernel has one in fp16 and bf16). Where neither serves a layer, its kernel is the
-    GEMM on the im2col B."""
+    design's number format where the layer holds an N:M pattern. Where neither serves a layer (a run
+    of the N:M kernel on sparse tensor cores), its kernel is the GEMM on the im2col B."""
     if design.conv_kernel is not None:
         return True
     if not nm_kernel:

@@ -1,5 +1,5 @@
 """The C++ a kernel's source and its host build include, as files under lospmm/kernel/include/: the
-device helpers every unit starts with (preamble.cuh, vector.cuh, half.cuh) and the host
+device helpers every unit starts with (preamble.cuh, vector.cuh, half.cuh, half_conv.cuh, …) and the host
 emulation's shim and driver (host_shim.h, host_harness.cpp). A file's `//!` lines document it and
 are left out of what is included, so that a kernel's text stays what it was."""
 

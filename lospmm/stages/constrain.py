@@ -198,9 +198,10 @@ def layer_candidates(n: int, tiles_by_m1: Mapping[int, TileStats], device: Devic
 def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bool = True) -> tuple[KernelDesign, ...]:
     """The designs a layer's search spans: `designs`, each once; a convolution served by an
     implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
-    (KernelDesign.conv_kernel: a baked or streamed fp32 design's grid order and walks, a staged one's
-    blocking, the N:M kernel's), the kernel it is served by; where no design has one (a tiled half run) it stays an im2col GEMM
-    in the first design (stages.emit.kernel_form)."""
+    (KernelDesign.conv_kernel: a baked design's grid order, walks and columns per thread in its number
+    format, a streamed one's order and walks, a staged one's blocking, the N:M kernel's), the kernel it is
+    served by; where no design has one (the N:M kernel on sparse tensor cores) it stays an im2col GEMM in
+    the first design (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))
     if op == "conv" and implicit_conv:
         return tuple(dict.fromkeys(d.conv_kernel for d in unique if d.conv_kernel is not None)) or unique[:1]

@@ -211,10 +211,11 @@ def check_column(where: str, result) -> tuple[float, str]:
 def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDesign = BASELINE) -> str:
     """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry
     when params ask for it and an implicit-im2col kernel may serve it (design.conv_served_implicitly: the
-    design's conv form — a baked or streamed fp32 design's grid order and walks, a staged one's blocking —
-    or the N:M kernel's on CUDA cores, fp32 or half), else `gemm` (a linear layer, or a convolution on an
-    im2col B: the design the search searched). Each way to serve an `implicit-conv` layer takes its own
-    form (served_form): a tiled half kernel is the im2col GEMM's beside the N:M kernel's conv form."""
+    design's conv form — a baked design's grid order, walks and columns per thread in its number format, a
+    streamed one's order and walks, a staged one's blocking — or the N:M kernel's on CUDA cores, fp32 or
+    half), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched).
+    Each way to serve an `implicit-conv` layer takes its own form (served_form): the N:M kernel on sparse
+    tensor cores is the im2col GEMM's beside the conv forms of the others."""
     conv = shape.get("op") == "conv" and shape.get("groups", 0) >= 1 and shape.get("h_in", 0) > 0
     return ("implicit-conv" if params.implicit_conv and conv and conv_served_implicitly(design, params.nm_kernel)
             else "gemm")

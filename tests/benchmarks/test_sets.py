@@ -230,7 +230,7 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     from benchmarks.analysis import conv_summary
 
     plan = sets.conv_plan(batch=2)
-    assert len([p for p in plan if not p.prune]) == 5 * len(sets.CONV_CASES)
+    assert len([p for p in plan if not p.prune]) == 6 * len(sets.CONV_CASES)
     staged = [p for p in plan if p.variant == "staged"]
     assert len(staged) == len(sets.CONV_CASES) and all(p.n1 == 32 and p.m1 == plan[0].m1 for p in staged)
     assert sets.planned_job(staged[0]).source().spec.form == "conv"
@@ -252,12 +252,23 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
            "registers": 64, "spill_bytes": 0, "design": vector[0].design}
     assert analysis.launch_work(row | {"form": "conv"}).lane_loads == 2
     assert analysis.launch_work(row | {"form": "gemm"}).lane_loads == 1
+    # the tiled half conv kernel: the same tile, the case's A rounded to fp16 (a matrix of its own in the bundle)
+    from lospmm.kernel.numbers import rounded_matrix
+
+    half = [p for p in plan if p.variant == "fp16"]
+    assert len(half) == len(sets.CONV_CASES) and all(p.m1 == plan[0].m1 and p.n1 == plan[0].n1 for p in half)
+    assert half[0].matrix != plan[0].matrix and ":" not in half[0].matrix
+    assert (sets.matrix_of(half[0]) != rounded_matrix(sets.matrix_of(plan[0]), "fp16")[0]).nnz == 0
+    pair = sets.planned_job(half[0]).source()
+    assert pair.spec.form == "conv" and pair.spec.dtype == "fp16" and pair.layout.columns_per_thread == 2
+    assert pair.spec.epilogue == baked.spec.epilogue
     rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
-                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "im2col-gemm": 12.0}[p.variant],
-                 spread=0.01, cudnn_us=30.0) for p in plan[:5]]
+                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "fp16": 4.0, "im2col-gemm": 12.0}[p.variant],
+                 spread=0.01, cudnn_us=30.0 if p.variant != "fp16" else 6.0) for p in plan[:6]]
     (summary,) = conv_summary(rows)
     assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)
     assert summary["staged / implicit"] == 0.8 and summary["v=2 / implicit"] == 0.9
+    assert summary["cuDNN fp16 / fp16"] == 1.5 and summary["implicit / fp16"] == 2.5 and summary["cuDNN / implicit"] == 3.0
 
 
 def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same_2_4_weights():
@@ -270,7 +281,7 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     nm = [p for p in plan if p.variant == "nm"]
     baked = {p.layer: p for p in plan if p.variant == "nm-baked"}
     assert [p.layer.split(":")[0] for p in nm] == ["1", "2", "3", "4"] and set(baked) == {p.layer for p in nm}
-    assert len(sets.conv_plan(batch=2, nm=False)) == 5 * len(sets.CONV_CASES)
+    assert len(sets.conv_plan(batch=2, nm=False)) == 6 * len(sets.CONV_CASES)
     p = nm[2]
     from lospmm.kernel.numbers import rounded_matrix
     assert (p.prune, p.sparsity, p.matrix) == ("nm:2:4", 0.5, baked[p.layer].matrix) and p.conv == baked[p.layer].conv

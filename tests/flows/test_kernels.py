@@ -484,7 +484,8 @@ def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_pa
     """A convolution in an fp16 run whose A holds 8:32 in vectors of 8 (no sparse tensor-core form): the
     N:M kernel's implicit-im2col form in fp16 is priced below the tiled im2col GEMM and served (form
     implicit-conv); the loader runs it on an NCHW fp16 X, and its output is the exact model's of
-    A · im2col(X). Without the N:M kernel the layer is the tiled half kernel's im2col GEMM, as before."""
+    A · im2col(X). Without the N:M kernel the layer is the tiled half kernel's implicit-im2col form, and
+    its output the same exact model's."""
     import logging
 
     import lospmm.flows.kernels as fk
@@ -518,5 +519,7 @@ def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_pa
     np.testing.assert_array_equal(nchw_as_gemm(y.view(np.uint16)), want)
     plain = fk.emitted_layer(str(tmp_path), tmp_path / "g", timed, a, tiles, timer, "sm_90", EmitParams(nm_kernel=False),
                              logging.getLogger("test"), conv=geometry, design=fp16)
-    assert plain["status"] == "ok" and (plain["form"], plain["design"]) == ("gemm", "8×128")
-    assert load_kernel(tmp_path / "g", backend="host").spec.form == "gemm"
+    assert plain["status"] == "ok" and (plain["form"], plain["design"]) == ("implicit-conv", "8×128")
+    tiled = load_kernel(tmp_path / "g", backend="host")  # the tiled half kernel's conv form: its pair two pixels
+    assert isinstance(tiled, SpConv) and tiled.spec.design == fp16 and tiled.spec.layout.columns_per_thread == 2
+    np.testing.assert_array_equal(nchw_as_gemm(tiled(x).view(np.uint16)), want)  # the same sums, in column order

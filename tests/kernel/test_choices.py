@@ -151,11 +151,11 @@ def test_a_convolutions_nm_kernel_is_priced_beside_its_baked_conv_kernel():
         untiled_served(a, 12544, H100, design_named("nm,fp16,acc=mma"), "conv", conv=True)
 
 
-def test_a_half_convolution_is_served_by_the_nm_conv_kernel_or_an_im2col_gemm():
-    """A convolution in a half run: the tiled half kernel has no conv form and stays the im2col GEMM
-    (priced as before), the N:M kernel on CUDA cores is its implicit-im2col form in the run's number
-    format (priced with its gathers), and the sparse tensor cores' kernel is the im2col GEMM's; each
-    option's form is its design's (stages.emit.served_form)."""
+def test_a_half_convolution_is_served_by_the_tiled_or_nm_conv_kernel_or_an_im2col_gemm():
+    """A convolution in a half run: the tiled half kernel in its implicit-im2col form (its pair two output
+    pixels, each lane's input its own load: priced above its GEMM), the N:M kernel on CUDA cores in its
+    conv form in the run's number format (priced with its gathers), and the sparse tensor cores' kernel as
+    the im2col GEMM's; each option's form is its design's (stages.emit.served_form)."""
     from lospmm.kernel.design import design_in
     from lospmm.kernel.numbers import NumberFormat, rounded_matrix
     from lospmm.kernel.sparse_mma import MMATiling
@@ -167,8 +167,8 @@ def test_a_half_convolution_is_served_by_the_nm_conv_kernel_or_an_im2col_gemm():
         tiles = reordered_tiles(a, 8)
         conv = served_options(a, tiles, 256, 576, 12544, 128, run, H100, conv=True)
         gemm = served_options(a, tiles, 256, 576, 12544, 128, run, H100)
-        assert conv[0].design == run and served_form(conv[0].design, True) == "gemm"
-        assert conv[0].estimate_us == gemm[0].estimate_us
+        assert conv[0].design == run == run.conv_kernel and served_form(conv[0].design, True) == "implicit-conv"
+        assert conv[0].estimate_us > gemm[0].estimate_us  # two 16-bit loads a column where the GEMM has one
         on_cuda_cores = [s for s in conv[1:] if not isinstance(s.nm, MMATiling)]
         packed = design_in(NumberFormat.half("fp16", "packed"), NM_DESIGN)
         assert on_cuda_cores and all(s.design == packed and served_form(s.design, True) == "implicit-conv"

@@ -181,13 +181,16 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     assert searched_designs(designs, "conv", implicit_conv=False) == designs
     assert searched_designs(designs, "linear") == designs
     # one design (the default chained): its conv kernel, the grid's order and walks (a streamed one's
-    # streamed); a design without one (half) leaves the convolution an im2col GEMM in it
+    # streamed, a half one's pair in its number format); the one design without one (the sparse tensor
+    # cores' N:M kernel) leaves the convolution an im2col GEMM in it
     assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
     streamed, half = design_named("streamed,chained,v=4"), design_named("fp16,chained")
     assert searched_designs((streamed,), "conv") == (design_named("streamed"),)
     staged = design_named("staged,tiles=4,warps=2")  # its conv kernel is its own: the copy gathers the windows
     assert searched_designs((staged,), "conv") == (staged,)
-    assert searched_designs((half,), "conv") == (half,)
+    assert searched_designs((half,), "conv") == (design_named("fp16"),)
+    mma = design_named("nm,fp16,acc=mma")
+    assert searched_designs((mma,), "conv") == (mma,)
 
 
 def test_a_staged_design_is_tiled_at_n1_32_in_blocks_of_its_tiles():

@@ -65,16 +65,15 @@ def test_a_dense_convolution_with_its_geometry_gets_an_implicit_conv_kernel():
     assert kernel_form({**conv, "groups": 32}) == "implicit-conv"  # grouped: its block-diagonal dense form
     assert kernel_form({**conv, "h_in": 0}) == "gemm"  # no geometry (a plain checkpoint)
     assert kernel_form({"op": "linear", "groups": 0, "h_in": 0}) == "gemm"
-    # a design with no conv kernel and no N:M kernel on CUDA cores in its number format (the sparse tensor
-    # cores', a promoted half sum), or a tiled half design with --no-nm-kernel: the im2col GEMM the search
-    # searched; a baked or streamed one (chained, vector columns too) serves it by its conv form (the grid's
-    # order, the walks, baked or streamed values), a staged one by its blocking, the N:M kernel (fp32 or
-    # half) by its own, and a tiled half run's convolution may be served by the half N:M kernel's
-    for design in ("nm,fp16,acc=mma", "fp16,promote=4"):
-        assert kernel_form(conv, design=design_named(design)) == "gemm"
-    assert kernel_form(conv, EmitParams(nm_kernel=False), design_named("fp16")) == "gemm"
+    # the one design with no conv kernel and no N:M kernel on CUDA cores in its number format (the sparse
+    # tensor cores'): the im2col GEMM the search searched; a baked or streamed one (chained, vector columns,
+    # a half pair, a promoted half sum too) serves it by its conv form (the grid's order, the walks, baked or
+    # streamed values), a staged one by its blocking, the N:M kernel (fp32 or half) by its own
+    assert kernel_form(conv, design=design_named("nm,fp16,acc=mma")) == "gemm"
+    assert kernel_form(conv, EmitParams(nm_kernel=False), design_named("fp16")) == "implicit-conv"
     for design in ("column-x", "chained", "chained,v=4,walks=4", "streamed,chained", "streamed,v=4,walks=4",
-                   "staged,tiles=4,warps=2", "nm", "nm,fp16", "nm,bf16,acc=f32", "fp16", "bf16,chained"):
+                   "staged,tiles=4,warps=2", "nm", "nm,fp16", "nm,bf16,acc=f32", "fp16", "bf16,chained",
+                   "fp16,promote=4"):
         assert kernel_form(conv, design=design_named(design)) == "implicit-conv"
     assert emit_params(RankParams(), implicit_conv=False).implicit_conv is False
 

@@ -93,6 +93,12 @@ static inline unsigned lospmm_ldh2(const lospmm_h16* base, int off2, int n) {
   const lospmm_h16* q = (const lospmm_h16*)lospmm_aligned((const float*)(const void*)(base + (long long)(off2 / 2) * n), 4);
   return (unsigned)q[0] | ((unsigned)q[1] << 16);
 }
+#define LOSPMM_LDXH2(v, xp0, xp1, OFF2, rows0, cols0, rows1, cols1, RBIT, CBIT)                           \
+  v = ((((rows0) & (RBIT)) && ((cols0) & (CBIT))) ? (unsigned)(xp0)[(OFF2) / 2] : 0u)                    \
+      | ((((rows1) & (RBIT)) && ((cols1) & (CBIT))) ? (unsigned)(xp1)[(OFF2) / 2] : 0u) << 16
+static inline void lospmm_sth(lospmm_h16* base, int row, int n, unsigned v) {
+  base[(long long)row * n] = (lospmm_h16)(v & 0xffffu);
+}
 #define LOSPMM_LDCH2(v, p, n, DELTA2) (p += (long long)((DELTA2) / 2) * (n), v = lospmm_ldh2(p, 0, n))
 static inline void lospmm_sth2(lospmm_h16* base, int row, int n, unsigned v) {
   lospmm_h16* q = (lospmm_h16*)(void*)lospmm_aligned((const float*)(const void*)(base + (long long)row * n), 4);

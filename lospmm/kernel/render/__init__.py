@@ -30,7 +30,7 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                   nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
-    is given (baked, staged, streamed or N:M), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
+    is given (baked in any number format, staged, streamed or N:M), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
     its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
     blocking `nm` (its tiles and N1 are not used): the sparse tensor-core kernel for a blocking of
     sparse_mma (mma sums). ValueError naming what no renderer can do."""
@@ -49,9 +49,6 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
             return sparse_mma_kernel(matrix, nm, design, epilogue)
         return nm_kernel(matrix, nm, design, epilogue, conv)
     if conv is not None:
-        if design.half:
-            raise ValueError(f"design {design.label}: a half kernel is a GEMM kernel so far (no implicit-im2col "
-                             f"convolution)")
         if design.a_values == "streamed":
             return streamed_conv_kernel(matrix, tiles, n1, conv, epilogue, params)
         if design.loads == "staged":

@@ -8,39 +8,42 @@ column blocks, each output pixel's window found again per walk) and the columns 
 output pixels a thread, n1 apart so that a warp's loads of each lane stay consecutive: each lane
 finds its own window and loads its own input, one literal feeds V multiply-adds, and the tile's
 code, fetched once a warp, serves V times the pixels); its loads already take one instruction from
-the pixel's pointer. A streamed design's conv kernel is render.streamed's, a staged design's
-render.staged's."""
+the pixel's pointer. In fp16/bf16 (a half design's pair) a thread's two output pixels are its two
+lanes: each lane's 16-bit input goes into its half of the pair B value, one packed multiply-add
+(or two fp32 ones) per nonzero as the GEMM's, and each lane's half of the stored pair to its
+pixel (the epilogue in fp32, rounded once). A streamed design's conv kernel is render.streamed's,
+a staged design's render.staged's."""
 
 from __future__ import annotations
 
 import scipy.sparse as sp
 
-from lospmm.kernel.design import BASELINE, KernelDesign
+from lospmm.kernel.design import BASELINE, KernelDesign, conv_design
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, design_parts, entry_unit, kernel_name,
                                          straight_line, tile_columns, tile_costs, units, zero_blocks)
-from lospmm.kernel.render.numbers import LANES, VECTOR_TYPE, Fp32Code, epilogue_applied, epilogue_zero_literal
+from lospmm.kernel.render.numbers import Fp32Code, HalfCode, epilogue_applied, epilogue_zero_literal, number_code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
 
 def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, epilogue: Epilogue = Epilogue(),
                 params: CodegenParams = CodegenParams()) -> KernelSource:
     """Parameters (X, Y, batch); launch with grid(geometry.n(batch)). Same tiles, units and shards as
-    the GEMM kernel: the search's shapes are the im2col GEMM's."""
-    a = sp.csr_matrix(matrix)
-    a.sort_indices()
-    m, k = a.shape
+    the GEMM kernel: the search's shapes are the im2col GEMM's. A half design's A must hold its
+    dtype's values already (numbers.rounded_matrix)."""
     design = params.design
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
-    if design != KernelDesign(order=design.order, column_walks=design.column_walks,
-                              columns_per_thread=design.columns_per_thread):
+    if design.a_values != "baked" or design.loads == "staged" or design != conv_design(design):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
-                         f"(tile-x or column-x), walks and columns per thread (a streamed or staged one is its "
-                         f"renderer's)")
+                         f"(tile-x or column-x), walks, columns per thread and number format (a streamed or "
+                         f"staged one is its renderer's)")
+    a = HalfCode(design).matrix(matrix) if design.half else sp.csr_matrix(matrix)
+    a.sort_indices()
+    m, k = a.shape
     if k != geometry.k:
         raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
     if epilogue.bias and len(epilogue.bias) != m:
@@ -48,7 +51,8 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     checked_tile(n1)
     g = geometry
     hwo = g.pixels
-    name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+    values = HalfCode(design).value_bytes(a) if design.half else a.data.tobytes()
+    name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), values,
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
                        tuple(vars(g).values()), *epilogue.name_parts(), *design_parts(design))
     header = (f"// lospmm conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
@@ -60,8 +64,9 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     tile_axis, column_axis = axes(design)
     if v > 1:  # V output pixels a thread, each its own window and loads, every literal feeding V multiply-adds
-        code = Fp32Code(KernelDesign(columns_per_thread=v))
-        preamble = code.preamble()
+        code = number_code(KernelDesign(columns_per_thread=v, dtype=design.dtype, accumulate=design.accumulate,
+                                        promote_every=design.promote_every))
+        preamble = code.preamble() + (included("half_conv.cuh") if design.half else "")
         functions = [_lanes_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m,
                                           n1) for t in range(tiles.num_tiles)]
     else:
@@ -72,19 +77,21 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     if design.looped or v > 1:  # each thread's pixels from n, n1·V a block: the tile function finds each window
         if v > 1:
             zero_bodies = [_walked(design.looped, [  # each lane that is a pixel: its rows' zero outputs
-                f"  if (n + {lane * n1} < total) lospmm_st({pixel_output(g, m, f'(n + {lane * n1})')}, {r}, {hwo}, "
-                f"{epilogue_zero_literal(epilogue, int(r))});\n" for r in rows for lane in range(v)]) for rows in zeros]
+                f"  if (n + {lane * n1} < total) "
+                f"{code.pixel_zero_store(pixel_output(g, m, f'(n + {lane * n1})'), int(r), epilogue, hwo)}\n"
+                for r in rows for lane in range(v)]) for rows in zeros]
         else:
             zero_bodies = [
                 "  do {\n"
                 f"    const int b = n / {hwo};\n    float* Yb = Y + (long long)b * {m * hwo} + (n - b * {hwo});\n"
                 + "".join(f"    lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n" for r in rows)
                 + "    n += stride;\n  } while (n < total);\n" for rows in zeros]
+        ctype = code.ctype if v > 1 else "float"
         entry = entry_unit(
             preamble, header, tiles.num_tiles,
-            "(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, const int total)",
-            [("(float* __restrict__ Y, int n, const int stride, const int total)", body) for body in zero_bodies],
-            f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+            f"(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, int n, const int stride, const int total)",
+            [(f"({ctype}* __restrict__ Y, int n, const int stride, const int total)", body) for body in zero_bodies],
+            f"LOSPMM_KERNEL void {name}(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, const int batch) {{\n"
             f"  const int n = blockIdx.{column_axis} * {n1 * v} + threadIdx.x;\n"
             f"  const int total = batch * {hwo};\n"
             f"  if (n >= total) return;\n"
@@ -138,12 +145,12 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         "  LOSPMM_TILE_END\n}\n"])
 
 
-def _lane_pixel(g: ConvGeometry, m: int, n1: int, lane: int) -> list[str]:
+def _lane_pixel(g: ConvGeometry, m: int, n1: int, lane: int, ctype: str = "float") -> list[str]:
     """The lines that find a vector conv kernel's output pixel of `lane` (the thread's pixel n plus
     lane·n1): whether it is one (live_L) and, as pixel_window finds pixel n's (its names suffixed _L),
     its image, place, output and window (none for a lane past the last pixel: it loads nothing)."""
     return [f"  const int n_{lane} = n + {lane * n1};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
-            pixel_window(g, m, lane=lane)]
+            pixel_window(g, m, ctype=ctype, lane=lane)]
 
 
 def _walked(looped: bool, body: list[str]) -> str:
@@ -154,30 +161,26 @@ def _walked(looped: bool, body: list[str]) -> str:
     return "".join(["  do {\n", *body, "  n += stride;\n  } while (n < total);\n"])
 
 
-def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
+def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code | HalfCode, t: int, rows, prefetch: int, g: ConvGeometry,
                          epilogue: Epilogue, looped: bool, m: int, n1: int) -> str:
-    """Tile t of a conv kernel of V columns per thread: each lane's window, each column's V window loads
-    into one vector (a lane past the last pixel loads zeros), V multiply-adds per literal, each lane's
-    outputs to NCHW Y."""
+    """Tile t of a conv kernel of V lanes a thread (fp32's columns, a half design's pair): each lane's
+    window, each column's V window loads into one value (a lane past the last pixel loads zeros), the
+    multiply-adds of its literals in the number format `code`, each lane's outputs to NCHW Y."""
     v = code.v
-    lanes = LANES[v]
 
     def load(j: int, column: int, previous: int) -> str:
         off, ky, kx = g.window_offset(column)
-        return (f"  {VECTOR_TYPE[v]} b{j};"
-                + "".join(f" LOSPMM_LDX(b{j}{lanes[lane]}, xp_{lane}, {4 * off}, rows_ok_{lane}, cols_ok_{lane}, "
-                          f"{1 << ky}, {1 << kx});" for lane in range(v)) + "\n")
+        return code.window_load(j, off, 1 << ky, 1 << kx)
 
     sub, cols = tile_columns(a, rows)
     values = code.tile_values(sub.data)
     nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
-    body, _ = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
-    windows = [line for lane in range(v) for line in _lane_pixel(g, m, n1, lane)]
-    stores = [f"  if (live_{lane}) lospmm_st(Yb_{lane}, {r}, {g.pixels}, "
-              f"{epilogue_applied(epilogue, f'acc{i}{lanes[lane]}', int(r))});\n"
-              for i, r in enumerate(rows) for lane in range(v)]
+    body, finish = straight_line(code, [int(c) for c in cols], nonzeros, len(rows), prefetch, load)
+    windows = [line for lane in range(v) for line in _lane_pixel(g, m, n1, lane, code.ctype)]
+    stores = [code.pixel_stores(f, int(r), epilogue, g.pixels) for f, r in zip(finish, rows)]
+    ctype = code.ctype
     return "".join([
-        f"LOSPMM_TILE void tile_{t}(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, "
+        f"LOSPMM_TILE void tile_{t}(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, int n, const int stride, "
         f"const int total) {{\n",
         _walked(looped, [*windows, *body, *stores]),
         "  LOSPMM_TILE_END\n}\n"])

@@ -124,6 +124,26 @@ class Fp32Code:
         where = f"if ({guard}) " if guard else ""
         return f"  {where}acc{finish} = lospmm_ldp{SUFFIX[self.v]}(Cn, {target}, N);\n"
 
+    # --- an implicit-im2col conv kernel of V lanes (render.conv: V output pixels a thread, n1 apart, lane
+    # L's pixel window at xp_L, rows_ok_L and cols_ok_L, its output at Yb_L where live_L) ---
+    def window_load(self, j: int, offset: int, row_bit: int, column_bit: int) -> str:
+        """The statement that defines b{j}: each lane's input at element `offset` from its window's corner,
+        0 where the entry's window row or column (`row_bit`, `column_bit`) lies outside that lane's image."""
+        return (f"  {self.vector} b{j};" + "".join(
+            f" LOSPMM_LDX(b{j}{lane}, xp_{index}, {4 * offset}, rows_ok_{index}, cols_ok_{index}, {row_bit}, "
+            f"{column_bit});" for index, lane in enumerate(self.lanes)) + "\n")
+
+    def pixel_stores(self, finish, row: int, epilogue: Epilogue, stride: int) -> str:
+        """Row `row`'s output of each live lane (accumulator `finish`) through `epilogue`, to its pixel's
+        NCHW Y (rows `stride` apart)."""
+        return "".join(f"  if (live_{index}) lospmm_st(Yb_{index}, {row}, {stride}, "
+                       f"{epilogue_applied(epilogue, f'acc{finish}{lane}', row)});\n"
+                       for index, lane in enumerate(self.lanes))
+
+    def pixel_zero_store(self, out: str, row: int, epilogue: Epilogue, stride: int) -> str:
+        """The statement that stores a row with no nonzero to one pixel's output `out` (rows `stride` apart)."""
+        return f"lospmm_st({out}, {row}, {stride}, {epilogue_zero_literal(epilogue, row)});"
+
 
 def epilogue_zero_literal(epilogue: Epilogue, row: int, v: int = 1) -> str:
     """The fp32 output of a row with no nonzero, as a literal (`v` columns)."""
@@ -141,6 +161,7 @@ class HalfCode:
 
     def __init__(self, design: KernelDesign):
         self.design, self.number, self.dtype = design, design.number, design.dtype
+        self.v = design.columns_per_thread  # the pair: two columns, or a conv kernel's two output pixels
 
     def matrix(self, matrix: sp.csr_matrix) -> sp.csr_matrix:
         a = sp.csr_matrix(matrix, dtype=np.float64)
@@ -182,9 +203,11 @@ class HalfCode:
             text = f"  unsigned b{j}; LOSPMM_LDCH2(b{j}, p, N, {2 * (column - previous)});\n"
         else:
             text = f"  const unsigned b{j} = lospmm_ldh2(Bn, {2 * column}, N);\n"
-        if not self.number.packed:
-            text += f"  float bl{j}, bh{j}; lospmm_unpack_{self.dtype}(b{j}, bl{j}, bh{j});\n"
-        return text
+        return text + self._unpacked(j)
+
+    def _unpacked(self, j: int) -> str:
+        """The lines that unpack pair b{j} into fp32 (bl{j}, bh{j}) where the sums are fp32."""
+        return "" if self.number.packed else f"  float bl{j}, bh{j}; lospmm_unpack_{self.dtype}(b{j}, bl{j}, bh{j});\n"
 
     def multiply_adds(self, j: int, nonzeros, counts) -> list[str]:
         out = []
@@ -221,21 +244,45 @@ class HalfCode:
         """The lines that store one row's pair to C's row `target` (default: `row`), through
         `epilogue` (row `row`'s bias): the pair as two floats, the bias added and the activation
         applied in fp32, rounded once to the dtype at the pack. `guard`: a condition the store is under."""
-        pending, packed, floats = finish
-        epilogue = epilogue or Epilogue()
+        pending, unpack, value = self._pair(finish, row, epilogue)
         where = f"if ({guard}) " if guard else ""
         target = target or str(row)
-        if epilogue.empty:
-            value = packed if packed else f"lospmm_pack_{self.dtype}({floats[0]}, {floats[1]})"
+        if not unpack and (epilogue is None or epilogue.empty):
             return f"{pending}  {where}{self.store_fn}(Cn, {target}, N, {value});\n"
+        return f"{pending}  {where}{{ {unpack}{self.store_fn}(Cn, {target}, N, {value}); }}\n"
+
+    def _pair(self, finish, row: int, epilogue: Epilogue | None) -> tuple[str, str, str]:
+        """(the lines that finish row `row`'s sum, a statement that unpacks it for the epilogue or "", the
+        stored pair's expression): as it is, or through `epilogue` in fp32, rounded once at the pack."""
+        pending, packed, floats = finish
+        epilogue = epilogue or Epilogue()
+        if epilogue.empty:
+            return pending, "", packed if packed else f"lospmm_pack_{self.dtype}({floats[0]}, {floats[1]})"
         lo, hi = floats or ("l", "h")
         unpack = f"float l, h; lospmm_unpack_{self.dtype}({packed}, l, h); " if packed else ""
-        value = (f"lospmm_pack_{self.dtype}({epilogue_applied(epilogue, lo, row)}, "
-                 f"{epilogue_applied(epilogue, hi, row)})")
-        return f"{pending}  {where}{{ {unpack}{self.store_fn}(Cn, {target}, N, {value}); }}\n"
+        return pending, unpack, (f"lospmm_pack_{self.dtype}({epilogue_applied(epilogue, lo, row)}, "
+                                 f"{epilogue_applied(epilogue, hi, row)})")
 
     def zero_store(self, row: int, epilogue: Epilogue) -> str:
         return f"  {self.store_fn}(Cn, {row}, N, {zero_pair(epilogue, row, self.dtype)});\n"
+
+    # --- an implicit-im2col conv kernel's pair: two output pixels, lane 0 the low half (Fp32Code's names) ---
+    def window_load(self, j: int, offset: int, row_bit: int, column_bit: int) -> str:
+        """The statements that define pair b{j}: each lane's 16-bit input at element `offset` from its
+        window's corner (0 where outside its image) in its half (and the pair unpacked for fp32 sums)."""
+        return (f"  unsigned b{j}; LOSPMM_LDXH2(b{j}, xp_0, xp_1, {2 * offset}, rows_ok_0, cols_ok_0, rows_ok_1, "
+                f"cols_ok_1, {row_bit}, {column_bit});\n" + self._unpacked(j))
+
+    def pixel_stores(self, finish, row: int, epilogue: Epilogue, stride: int) -> str:
+        """Row `row`'s pair (`finish`) through `epilogue`, rounded once, each live lane's half to its
+        pixel's NCHW Y (rows `stride` apart)."""
+        pending, unpack, value = self._pair(finish, row, epilogue)
+        return (f"{pending}  {{ {unpack}const unsigned y = {value}; if (live_0) lospmm_sth(Yb_0, {row}, {stride}, y); "
+                f"if (live_1) lospmm_sth(Yb_1, {row}, {stride}, y >> 16); }}\n")
+
+    def pixel_zero_store(self, out: str, row: int, epilogue: Epilogue, stride: int) -> str:
+        """The statement that stores a row with no nonzero to one pixel's output `out` (rows `stride` apart)."""
+        return f"lospmm_sth({out}, {row}, {stride}, {zero_pair(epilogue, row, self.dtype)});"
 
 
 def pair_literal(bits: int) -> str:
