@@ -50,6 +50,13 @@ class ConvGeometry:
         return conv_output_size(self.w, self.kw, self.stride, self.pad, self.dilation)
 
     @property
+    def windows_inside(self) -> bool:
+        """Whether every output pixel's window lies inside the image: without padding the last window ends
+        at (h_out - 1)·stride + (kh - 1)·dilation ≤ h - 1 (and alike along w), so a kernel's loads of it
+        need no bounds test."""
+        return self.pad == 0
+
+    @property
     def k(self) -> int:
         return self.cin * self.kh * self.kw
 

@@ -310,12 +310,14 @@ def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, w
     assert host_error(kernel, a, 2, sanitize=True) < 1e-4
 
 
+@pytest.mark.parametrize("pad", [1, 0])
 @pytest.mark.parametrize("design", ["v=4", "v=2,walks=3", "fp16", "bf16,acc=f32"])
-def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design):
+def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design, pad):
     """Empty rows (zeroing blocks) and a last block of pixels that fills only some lanes: a lane past the
     last pixel loads and stores nothing, in the tile functions and the zeroing ones (ASan sees a store
-    past Y); a half design's pair is two lanes."""
-    geometry = ConvGeometry(cin=3, h=5, w=5, kh=3, kw=3, stride=1, pad=1)  # 25 pixels a image
+    past Y); without padding (loads without a test) it reads pixel n's window instead (ASan sees a read
+    past X otherwise), and stores nothing; a half design's pair is two lanes."""
+    geometry = ConvGeometry(cin=3, h=5, w=5, kh=3, kw=3, stride=1, pad=pad)  # 25 pixels a image, 9 without padding
     a = random_pruned(6, geometry.k, 0.5, np.random.default_rng(1)).tolil()
     a[1, :], a[4, :] = 0, 0
     a = sp.csr_matrix(a)
@@ -325,7 +327,7 @@ def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design):
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, geometry, Epilogue(bias=(0.5,) * 6, activation="relu"),
                                 CodegenParams(design=design_named(design)))
     assert kernel.num_tiles < kernel.grid_x  # zeroing blocks
-    for batch in (1, 3):  # 25 and 75 pixels over blocks of 8·V
+    for batch in (1, 3):  # 25 and 75 pixels (9 and 27 without padding) over blocks of 8·V
         error = host_error(kernel, a, batch, sanitize=True)  # a half kernel's: its exact model, bit for bit
         assert kernel.design.half or error < 1e-4
 
@@ -350,6 +352,40 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
         assert nv.entry_registers(out.cubin)[kernel.name] == out.registers  # the one entry point
         if d.half:  # the prediction the search constrains by is not below what ptxas gives (54-134 over these)
             assert out.registers <= predicted_registers(m1, design=d, conv=True), (design, out.registers)
+
+
+def test_a_convolution_without_padding_loads_its_windows_without_a_bounds_test():
+    """No padding: every window lies inside the image (ConvGeometry.windows_inside), so the baked conv
+    kernels load without the window masks' test or the zero before it (`__ldg` at the window offset; a
+    vector lane past the last pixel reads pixel n's window). A 1×1 layer at 0.8, the same A and tile with
+    and without a padding of 1: no spill at the prediction, and (SASS, where nvdisasm is installed) no
+    predicate work left in the tile functions, under 0.8 of the padded kernel's instructions."""
+    from lospmm.kernel.sass import NvdisasmMissing, opcodes_by_function
+
+    a = random_pruned(32, 144, 0.8, np.random.default_rng(0))
+    counts = {}
+    for design in ("baseline", "v=2", "fp16"):
+        d = design_named(design)
+        weight = rounded_matrix(a, d.dtype)[0] if d.half else a
+        for pad in (0, 1):
+            g = ConvGeometry(cin=144, h=14, w=14, kh=1, kw=1, pad=pad)
+            assert g.windows_inside == (pad == 0)
+            kernel = conv_kernel_source(weight, reordered_tiles(weight, 8), 64, g, Epilogue(), CodegenParams(design=d))
+            assert ("rows_ok" in kernel.source) == (pad == 1) and ("__ldg(xp" in kernel.source) == (pad == 0)
+            out = nv.compiled_kernel(kernel, nv.kernel_options("sm_90", 8, design=kernel.design, conv=True))
+            assert out.status == "ok" and out.thread_spill_bytes == 0, out.log[-2000:]
+            assert out.registers <= predicted_registers(8, design=d, conv=True)
+            try:
+                counts[design, pad] = [o for f, ops in opcodes_by_function(out.cubin).items() if f.startswith("tile_")
+                                       for o in ops]
+            except NvdisasmMissing:  # nvdisasm is the bench extra's
+                continue
+    if not counts:
+        pytest.skip("no nvdisasm (pip install 'lospmm[bench]')")
+    assert not {"ISETP", "PLOP3", "LOP3", "SEL"} & set(counts["baseline", 0])  # loads, FFMAs and stores
+    for design in ("baseline", "v=2", "fp16"):
+        assert len(counts[design, 0]) < 0.8 * len(counts[design, 1]), (design, len(counts[design, 0]),
+                                                                        len(counts[design, 1]))
 
 
 def test_bad_conv_geometry_is_named():

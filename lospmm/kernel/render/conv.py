@@ -1,7 +1,8 @@
 """The implicit-im2col convolution kernel (§6.2): Alg. 2's tiles and units, but each B value is read
 from the NCHW input X at its window offset (a literal byte offset from the pixel's pointer, zero
 where the window leaves the image: two bit masks per tile function hold which window rows and
-columns are inside), and each output goes to NCHW Y through the epilogue. The input size, window,
+columns are inside; without padding every window is inside the image, and a load is one `__ldg` with
+no test), and each output goes to NCHW Y through the epilogue. The input size, window,
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
 the designs, the grid's order, the column walks (a looped kernel's tile function walks its
 column blocks, each output pixel's window found again per walk) and the columns per thread (V
@@ -116,6 +117,8 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
                    epilogue: Epilogue, looped: bool = False, m: int = 0) -> str:
     def load(j: int, column: int, previous: int) -> str:
         off, ky, kx = g.window_offset(column)
+        if g.windows_inside:  # no padding: the window is inside the image, its load needs no test
+            return f"  const float b{j} = __ldg(xp + {off});\n"
         return f"  float b{j}; LOSPMM_LDX(b{j}, xp, {4 * off}, rows_ok, cols_ok, {1 << ky}, {1 << kx});\n"
 
     sub, cols = tile_columns(a, rows)
@@ -127,7 +130,7 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
             f"LOSPMM_TILE void tile_{t}(const float* __restrict__ X, float* __restrict__ Y, int n, const int stride, "
             f"const int total) {{\n",
             "  do {\n",
-            pixel_window(g, m),
+            pixel_window(g, m, bounds=not g.windows_inside),
             *body,
             *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
               for i, r in enumerate(rows)),
@@ -137,8 +140,9 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         f"LOSPMM_TILE void tile_{t}(const float* __restrict__ Xb, float* __restrict__ Yb, const int iy0, "
         f"const int ix0) {{\n",
         f"  const float* xp = Xb + (iy0 * {g.w} + ix0);  // the window's top-left input pixel\n",
-        f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
-        f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n",
+        *(() if g.windows_inside else (
+            f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
+            f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n")),
         *body,
         *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
           for i, r in enumerate(rows)),
@@ -148,7 +152,13 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
 def _lane_pixel(g: ConvGeometry, m: int, n1: int, lane: int, ctype: str = "float") -> list[str]:
     """The lines that find a vector conv kernel's output pixel of `lane` (the thread's pixel n plus
     lane·n1): whether it is one (live_L) and, as pixel_window finds pixel n's (its names suffixed _L),
-    its image, place, output and window (none for a lane past the last pixel: it loads nothing)."""
+    its image, place, output and window (none for a lane past the last pixel: it loads nothing). Where
+    every window is inside the image (no padding) its loads have no test: a lane past the last pixel
+    reads pixel n's window instead (n is one), and stores nothing."""
+    if g.windows_inside:
+        return [f"  const bool live_{lane} = n + {lane * n1} < total;\n",
+                f"  const int n_{lane} = live_{lane} ? n + {lane * n1} : n;\n",
+                pixel_window(g, m, ctype=ctype, lane=lane, bounds=False)]
     return [f"  const int n_{lane} = n + {lane * n1};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
             pixel_window(g, m, ctype=ctype, lane=lane)]
 
@@ -170,7 +180,7 @@ def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code | HalfCode, t: int, ro
 
     def load(j: int, column: int, previous: int) -> str:
         off, ky, kx = g.window_offset(column)
-        return code.window_load(j, off, 1 << ky, 1 << kx)
+        return code.window_load(j, off, 1 << ky, 1 << kx, g.windows_inside)
 
     sub, cols = tile_columns(a, rows)
     values = code.tile_values(sub.data)
@@ -205,12 +215,13 @@ def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:
 
 
 def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = True, ctype: str = "float",
-                 lane: int | None = None) -> str:
+                 lane: int | None = None, bounds: bool = True) -> str:
     """The lines that find output pixel `n`'s image b and place p, its input Xb and output Yb (M
     channels, elements of C type `ctype`), its window's top-left corner (iy0, ix0: outside the image
-    where the window overhangs the padding) and, with `window`, that corner's input pixel xp and which
-    of its window rows and columns lie inside (rows_ok, cols_ok). With `lane` L, a vector conv kernel's
-    lane's: pixel n_L, every name suffixed _L, and no window rows inside where live_L is false."""
+    where the window overhangs the padding) and, with `window`, that corner's input pixel xp and (with
+    `bounds`) which of its window rows and columns lie inside (rows_ok, cols_ok). With `lane` L, a
+    vector conv kernel's lane's: pixel n_L, every name suffixed _L, and no window rows inside where
+    live_L is false."""
     s = "" if lane is None else f"_{lane}"
     rows = f"lospmm_window_bits(iy0{s}, {g.dilation}, {g.kh}, {g.h})"
     lines = [f"const int b{s} = n{s} / {g.pixels};", f"const int p{s} = n{s} - b{s} * {g.pixels};",
@@ -219,7 +230,8 @@ def pixel_window(g: ConvGeometry, m: int, indent: str = "  ", window: bool = Tru
              f"{ctype}* Yb{s} = Y + (long long)b{s} * {m * g.pixels} + p{s};",
              f"const int iy0{s} = oy{s} * {g.stride} - {g.pad};", f"const int ix0{s} = ox{s} * {g.stride} - {g.pad};"]
     if window:
-        lines += [f"const {ctype}* xp{s} = Xb{s} + (iy0{s} * {g.w} + ix0{s});",
-                  f"const unsigned rows_ok{s} = {rows if lane is None else f'live{s} ? {rows} : 0u'};",
+        lines += [f"const {ctype}* xp{s} = Xb{s} + (iy0{s} * {g.w} + ix0{s});"]
+    if window and bounds:
+        lines += [f"const unsigned rows_ok{s} = {rows if lane is None else f'live{s} ? {rows} : 0u'};",
                   f"const unsigned cols_ok{s} = lospmm_window_bits(ix0{s}, {g.dilation}, {g.kw}, {g.w});"]
     return "".join(f"{indent}{line}\n" for line in lines)
