@@ -66,7 +66,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     `untiled`, the kernels that need no tiles and can serve this A in this number format
     (untiled_options; a convolution's in their conv form). A label names its design unless it is
     `named` (default: `design`; the run's, where the search spans designs). An option's form is its
-    design's (stages.emit.served_form); an im2col GEMM's estimate leaves out the unfolding of X."""
+    design's (stages.emit.served_form); in a convolution served by implicit-im2col kernels an im2col
+    GEMM's estimate adds the unfolding of X (EstimateTimer.unfold_us)."""
     named = design if named is None else named
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
         design, named = design.conv_kernel or design, named.conv_kernel or named
@@ -80,9 +81,10 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
             continue
         registers = predicted_registers(tiles.m1, design=d, conv=implicit)
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix, conv=implicit))
+        unfold = estimate.unfold_us(k, n, d.element_bytes) if conv and not implicit else 0.0
         # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
-        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
-                              None, tiles.m1, n1, None if implicit else estimate.design_price(timing, d)))
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us) + unfold,
+                              d, None, tiles.m1, n1, None if implicit or conv else estimate.design_price(timing, d)))
     return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 
 
@@ -126,7 +128,8 @@ def untiled_options(matrix, n: int, device, design: KernelDesign, conv: bool = F
     half format, also the N:M kernel on sparse tensor cores (fp32 sums, `mma`: at least as accurate as
     either) where the pattern keeps at most 2 of every 4 columns and `device` has sparse mma. `conv`:
     for a convolution's implicit-im2col kernel (the nm design's conv form: KernelDesign.conv_kernel, in
-    fp32 or half on CUDA cores; the sparse tensor cores' kernel stays the GEMM on the im2col B)."""
+    fp32 or half on CUDA cores; the sparse tensor cores' kernel stays the GEMM on the im2col B, its
+    estimate with the unfolding: EstimateTimer.unfold_us)."""
     try:
         nm_design = design_in(design.number, NM_DESIGN)
     except ValueError:  # a promoted half sum: no N:M kernel of it
@@ -141,19 +144,24 @@ def untiled_options(matrix, n: int, device, design: KernelDesign, conv: bool = F
     designs = [nm_design]
     if nm_design.half and nm_design.accumulate != "mma" and device.tensor_fma_per_sm_cycle:
         designs.append(replace(nm_design, accumulate="mma"))
-    # the sparse tensor cores' kernel is a GEMM's: a convolution's is the GEMM on its im2col B
-    return [s for d in designs for s in nm_options(pattern, *matrix.shape, n, device, d, conv and d.serves_conv)]
+    # the sparse tensor cores' kernel is a GEMM's: a convolution's is the GEMM on its im2col B, unfolded first
+    estimate = estimate_timer(device)
+    return [s for d in designs
+            for s in nm_options(pattern, *matrix.shape, n, device, d, conv and d.serves_conv,
+                                estimate.unfold_us(matrix.shape[1], n, d.element_bytes) if conv and not d.serves_conv
+                                else 0.0)]
 
 
 def nm_options(pattern: tuple[int, int, int], m: int, k: int, n: int, device,
-               design: KernelDesign = NM_DESIGN, conv: bool = False) -> list[Served]:
+               design: KernelDesign = NM_DESIGN, conv: bool = False, unfold_us: float = 0.0) -> list[Served]:
     """The N:M kernel of pattern (N, M, V) on an m × k A over N columns in each blocking that fits
     (nm.nm_tilings), in the nm `design` (its number format), each with its estimate on `device`;
-    `conv`: the implicit-im2col kernel's (its copies gather the pixels' inputs)."""
+    `conv`: the implicit-im2col kernel's (its copies gather the pixels' inputs); `unfold_us` added to
+    each (an im2col GEMM's unfolding, where a convolution's other options read X themselves)."""
     estimate = estimate_timer(device)
     number = design.number
     return [Served(f"nm {t.label}", float(nm_timing(NMWork(t, m, k, n, nm_registers(t, number), number, conv),
-                                                    estimate.device, estimate.params).time_us), design, t)
+                                                    estimate.device, estimate.params).time_us) + unfold_us, design, t)
             for t in nm_tilings(*pattern, number=number)]
 
 

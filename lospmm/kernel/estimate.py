@@ -578,6 +578,12 @@ class EstimateTimer:
         where the device has no fitted pricing or the design no factor."""
         return self.pricing.price(timing, design, self.params.launch_us) if self.pricing else None
 
+    def unfold_us(self, k: int, n: int, element_bytes: int) -> float:
+        """What serving a convolution's im2col GEMM adds before its kernel, at least (lospmm.torch
+        unfolds X, then makes the K × N B contiguous: two launches, B written, read and written again;
+        X's own read left out): for comparing it with the implicit-im2col kernels, which read X."""
+        return 2 * self.params.launch_us + 3.0 * k * n * element_bytes / (self.device.dram_gbps * 1e3)
+
     def time(self, launch: LaunchUnderTest) -> Timing:
         if launch.spec is not None and launch.spec.nm is not None:
             return nm_timing(NMWork(launch.spec.nm, launch.m, launch.k, launch.n, launch.registers,
