@@ -192,7 +192,7 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
     expression: the tile, or a proxy's cluster of it), `setup`, then per column block the M1 sums
     over the block's columns, stored by `stores`. With `conv` (its geometry and output channels) a
     column is an output pixel of a batch of images, each found with its window, and each load is the
-    window's, predicated on it."""
+    window's, predicated on it (none where every window is inside the image: no padding)."""
     v = design.columns_per_thread
     tile_axis, column_axis = axes(design)
     kind, suffix, lanes = VECTOR_TYPE[v], SUFFIX[v], LANES[v]
@@ -201,9 +201,10 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
         geometry, m = conv
         count, entries = "total", "  const int2* __restrict__ entries = reinterpret_cast<const int2*>(lospmm_cols_{})"
         head = [first_column(design, per_block, "n0"), f"  const int total = batch * {geometry.pixels};\n"]
-        column = [pixel_window(geometry, m, "    ")]
+        column = [pixel_window(geometry, m, "    ", bounds=not geometry.windows_inside)]
         load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from xp; its window row, column\n"
-                f"      float x; LOSPMM_LDXR(x, xp, e.x, {WINDOW_INSIDE.format('e.y')});")
+                + ("      const float x = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(xp) + e.x));"
+                   if geometry.windows_inside else f"      float x; LOSPMM_LDXR(x, xp, e.x, {WINDOW_INSIDE.format('e.y')});"))
         value = "x"  # not b: the pixel's image is b
     else:
         count, entries = "N", "  const int* __restrict__ cols = lospmm_cols_{}"
