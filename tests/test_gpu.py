@@ -352,7 +352,7 @@ def test_loader_on_torch_or_cupy(tmp_path):
 
 
 @pytest.mark.parametrize("design", ["baseline", "column-x,walks=3", "streamed", "streamed,column-x,walks=3",
-                                    "staged,tiles=4", "v=2", "v=4,walks=2"])
+                                    "staged,tiles=4", "v=2", "v=4,walks=2", "streamed,v=4", "streamed,v=2,walks=3"])
 def test_an_implicit_im2col_conv_kernel_matches_the_reference_convolution_on_the_device(tmp_path, design):
     from lospmm.kernel.epilogue import Epilogue
     from lospmm.kernel.geometry import ConvGeometry

@@ -173,9 +173,9 @@ class KernelDesign:
     @property
     def conv_lanes(self) -> int:
         """Output pixels a thread of its implicit-im2col conv kernel computes, each loading its own input:
-        a baked design's columns per thread (its conv form keeps them: a half one's pair is two pixels),
-        1 for every other (and for a design whose convolutions are im2col GEMMs)."""
-        kernel = self.conv_kernel  # conv_design keeps the columns per thread of a baked design only
+        a baked or streamed design's columns per thread (its conv form keeps them: a half one's pair is two
+        pixels), 1 for every other (and for a design whose convolutions are im2col GEMMs)."""
+        kernel = self.conv_kernel  # conv_design keeps the columns per thread of a baked or streamed design
         return kernel.columns_per_thread if kernel is not None else 1
 
     @property
@@ -310,8 +310,8 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     pixels' inputs), or the N:M kernel's in its number format; its loads already take one instruction
     from the pixel's pointer. A baked design keeps its columns per thread: V output pixels a thread
     (n1 apart, so that a warp's loads of each stay consecutive), each literal feeding V multiply-adds,
-    each pixel's input its own load (adjacent output pixels are not adjacent inputs); a streamed one's
-    conv kernel is one column a thread so far. A half design's (fp16/bf16, baked) keeps its number
+    each pixel's input its own load (adjacent output pixels are not adjacent inputs); a streamed one
+    keeps them alike (each value read from data feeds V multiply-adds). A half design's (fp16/bf16, baked) keeps its number
     format: its pair is two output pixels, n1 apart, each lane's 16-bit input loaded into its half of
     the pair."""
     if design.loads == "staged":
@@ -319,7 +319,8 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     if design.a_values == "nm":  # its own blocking: its copies gather the pixels' inputs
         return KernelDesign(a_values="nm", dtype=design.dtype, accumulate=design.accumulate)
     if design.a_values == "streamed":
-        return KernelDesign(order=design.order, column_walks=design.column_walks, a_values="streamed")
+        return KernelDesign(order=design.order, column_walks=design.column_walks, a_values="streamed",
+                            columns_per_thread=design.columns_per_thread)
     return KernelDesign(order=design.order, column_walks=design.column_walks,
                         columns_per_thread=design.columns_per_thread, dtype=design.dtype,
                         accumulate=design.accumulate, promote_every=design.promote_every)

@@ -252,11 +252,11 @@ STREAMED_LOOP_INSTR = 2
 
 def streamed_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
     """Instructions one warp of a streamed kernel executes per walk of each tile: per non-empty column
-    its offset and B load (with its address), M1 value loads and M1·V FFMAs (dense: the column's
-    rows without a nonzero multiply a zero), the loop; then the stores."""
+    its offset and B load (with its address; a conv kernel's V lanes one each), M1 value loads and
+    M1·V FFMAs (dense: the column's rows without a nonzero multiply a zero), the loop; then the stores."""
     d = work.design
     addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
-    per_column = 1 + (1 + addr) + work.m1 + work.m1 * d.columns_per_thread + STREAMED_LOOP_INSTR
+    per_column = 1 + work.lane_loads * (1 + addr) + work.m1 + work.m1 * d.columns_per_thread + STREAMED_LOOP_INSTR
     return (per_column * work.tile_loads.astype(np.float64) + params.store_instr * work.m1
             + params.block_overhead_instr + (params.loop_instr_per_walk if d.looped else 0) + work.spill_bytes / 4.0)
 

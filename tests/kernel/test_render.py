@@ -242,7 +242,8 @@ def convolutions(draw):
 @given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
        relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]),
        design=st.sampled_from(["baseline", "column-x", "walks=3", "column-x,walks=2", "streamed",
-                               "streamed,column-x,walks=2", "v=2", "v=4", "v=2,column-x,walks=3", "v=4,walks=2"]))
+                               "streamed,column-x,walks=2", "v=2", "v=4", "v=2,column-x,walks=3", "v=4,walks=2",
+                               "streamed,v=2", "streamed,v=4,column-x,walks=2"]))
 def test_the_conv_kernel_equals_a_reference_convolution_without_im2col(conv, m1, n1, batch, relu, shard_nnz, design):
     """In each grid order, once or walking its column blocks (a looped kernel finds each pixel's window
     again per walk; its zero blocks walk too), A baked or streamed (the loop reads each column's window
@@ -300,7 +301,7 @@ def test_a_half_conv_kernel_storing_the_wrong_half_or_reading_beside_the_window_
     ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
     ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
 ])
-@pytest.mark.parametrize("design", ["baseline", "streamed", "v=4,walks=2"])
+@pytest.mark.parametrize("design", ["baseline", "streamed", "v=4,walks=2", "streamed,v=4,walks=2"])
 def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad, design):
     geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
     a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))
@@ -311,7 +312,8 @@ def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, w
 
 
 @pytest.mark.parametrize("pad", [1, 0])
-@pytest.mark.parametrize("design", ["v=4", "v=2,walks=3", "fp16", "bf16,acc=f32"])
+@pytest.mark.parametrize("design", ["v=4", "v=2,walks=3", "fp16", "bf16,acc=f32", "streamed,v=2",
+                                    "streamed,v=4,walks=3"])
 def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design, pad):
     """Empty rows (zeroing blocks) and a last block of pixels that fills only some lanes: a lane past the
     last pixel loads and stores nothing, in the tile functions and the zeroing ones (ASan sees a store
@@ -326,7 +328,7 @@ def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design, p
         a = rounded_matrix(a, design_named(design).dtype)[0]
     kernel = conv_kernel_source(a, reordered_tiles(a, 2), 8, geometry, Epilogue(bias=(0.5,) * 6, activation="relu"),
                                 CodegenParams(design=design_named(design)))
-    assert kernel.num_tiles < kernel.grid_x  # zeroing blocks
+    assert kernel.num_tiles < kernel.grid_x  # zeroing blocks (a streamed kernel's: blocks with no column)
     for batch in (1, 3):  # 25 and 75 pixels (9 and 27 without padding) over blocks of 8·V
         error = host_error(kernel, a, batch, sanitize=True)  # a half kernel's: its exact model, bit for bit
         assert kernel.design.half or error < 1e-4
@@ -342,7 +344,8 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     for m1, design in ((1, "baseline"), (16, "baseline"), (16, "streamed"), (24, "streamed"),
                        (16, "streamed,column-x,walks=4"), (8, "staged,tiles=4"), (16, "staged,tiles=2,warps=2"),
                        (1, "v=2"), (8, "v=2"), (2, "v=4"), (16, "v=4,walks=4,column-x"), (16, "fp16"),
-                       (32, "bf16,acc=f32"), (16, "fp16,promote=4")):
+                       (32, "bf16,acc=f32"), (16, "fp16,promote=4"), (16, "streamed,v=2"), (4, "streamed,v=4"),
+                       (16, "streamed,v=4,walks=4")):
         d = design_named(design)
         weight = rounded_matrix(a, d.dtype)[0] if d.half else a
         kernel = conv_kernel_source(weight, reordered_tiles(weight, m1), d.fixed_n1 or 64, geometry,
@@ -515,7 +518,8 @@ def test_a_conv_kernel_takes_the_grid_order_walks_columns_per_thread_and_baked_o
     # layer once); a half design's pair is two lanes (two output pixels), the sparse tensor cores' kernel a GEMM
     half, vector2 = design_named("fp16,chained"), design_named("chained,v=2")
     mma = design_named("nm,fp16,acc=mma")
-    assert (half.conv_lanes, vector2.conv_lanes, design_named("streamed,v=4").conv_lanes, mma.conv_lanes) == (2, 2, 1, 1)
+    assert (half.conv_lanes, vector2.conv_lanes, design_named("streamed,v=4").conv_lanes, mma.conv_lanes) == (2, 2, 4, 1)
+    assert design_named("streamed,chained,v=4,walks=2").conv_kernel == design_named("streamed,v=4,walks=2")
     assert half.conv_kernel == design_named("fp16") and design_named("bf16,acc=f32").serves_conv
     assert predicted_registers(4, design=half, conv=True) == predicted_registers(4, design=half) + 24
     assert predicted_registers(4, design=vector2, conv=True) == predicted_registers(4, design=vector2) + 24
@@ -538,10 +542,14 @@ def test_a_conv_kernel_takes_the_grid_order_walks_columns_per_thread_and_baked_o
     assert staged.source.count("__device__ __align__(8) const int lospmm_staged_") == -(-staged.num_tiles // 2)
     tiles_along, walkers, _ = looped.grid(g.n(2))
     assert streamed.spec.form == "conv" and streamed.grid(g.n(2)) == (walkers, tiles_along, 1)  # column-x
-    for design in ("streamed,chained", "streamed,v=4"):  # its conv form (KernelDesign.conv_kernel) is what renders
-        with pytest.raises(ValueError, match="a streamed conv kernel takes the grid's order and walks"):
-            conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named(design)))
-        assert design_named(design).conv_kernel == design_named("streamed")
+    # its conv form (KernelDesign.conv_kernel) is what renders: chained loads have nothing to chain there
+    with pytest.raises(ValueError, match="a streamed conv kernel takes the grid's order, walks and columns per thread"):
+        conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("streamed,chained")))
+    assert design_named("streamed,chained").conv_kernel == design_named("streamed")
+    # V pixels a thread, blockDim.x apart (each lane its window), launched as the baked vector conv kernel
+    lanes = conv_kernel_source(a, reordered_tiles(a, 2), 8, g, params=CodegenParams(design=design_named("streamed,v=4")))
+    assert len(lanes.units) == 1 and lanes.layout.columns_per_thread == 4 and "3 * blockDim.x" in lanes.source
+    assert lanes.grid(g.n(2)) == vector.grid(g.n(2)) and lanes.spec.alignment == 4
 
 
 # --- fused epilogues (issue 22): a bias per row and an activation, in every design (streamed: its bias as data) ---

@@ -185,7 +185,7 @@ def test_a_convolution_searches_the_designs_its_conv_kernel_has():
     # cores' N:M kernel) leaves the convolution an im2col GEMM in it
     assert searched_designs((design_named("chained,walks=4"),), "conv") == (design_named("walks=4"),)
     streamed, half = design_named("streamed,chained,v=4"), design_named("fp16,chained")
-    assert searched_designs((streamed,), "conv") == (design_named("streamed"),)
+    assert searched_designs((streamed,), "conv") == (design_named("streamed,v=4"),)
     staged = design_named("staged,tiles=4,warps=2")  # its conv kernel is its own: the copy gathers the windows
     assert searched_designs((staged,), "conv") == (staged,)
     assert searched_designs((half,), "conv") == (design_named("fp16"),)

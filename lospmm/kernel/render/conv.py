@@ -149,18 +149,26 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         "  LOSPMM_TILE_END\n}\n"])
 
 
-def _lane_pixel(g: ConvGeometry, m: int, n1: int, lane: int, ctype: str = "float") -> list[str]:
+def _lane_pixel(g: ConvGeometry, m: int, n1: int | str, lane: int, ctype: str = "float") -> list[str]:
     """The lines that find a vector conv kernel's output pixel of `lane` (the thread's pixel n plus
     lane·n1): whether it is one (live_L) and, as pixel_window finds pixel n's (its names suffixed _L),
     its image, place, output and window (none for a lane past the last pixel: it loads nothing). Where
     every window is inside the image (no padding) its loads have no test: a lane past the last pixel
-    reads pixel n's window instead (n is one), and stores nothing."""
+    reads pixel n's window instead (n is one), and stores nothing. `n1`: the lanes' spacing, a number
+    or a C expression (a streamed kernel's block size is blockDim.x)."""
+    offset = lane * n1 if isinstance(n1, int) else f"{lane} * {n1}"
     if g.windows_inside:
-        return [f"  const bool live_{lane} = n + {lane * n1} < total;\n",
-                f"  const int n_{lane} = live_{lane} ? n + {lane * n1} : n;\n",
+        return [f"  const bool live_{lane} = n + {offset} < total;\n",
+                f"  const int n_{lane} = live_{lane} ? n + {offset} : n;\n",
                 pixel_window(g, m, ctype=ctype, lane=lane, bounds=False)]
-    return [f"  const int n_{lane} = n + {lane * n1};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
+    return [f"  const int n_{lane} = n + {offset};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
             pixel_window(g, m, ctype=ctype, lane=lane)]
+
+
+def lane_windows(g: ConvGeometry, m: int, n1: int | str, lanes: int, indent: str = "  ") -> str:
+    """The lines that find each of a vector conv kernel's `lanes` output pixels (n plus lane·n1) and
+    its window (_lane_pixel)."""
+    return "".join(indent[2:] + line for lane in range(lanes) for line in _lane_pixel(g, m, n1, lane))
 
 
 def _walked(looped: bool, body: list[str]) -> str:

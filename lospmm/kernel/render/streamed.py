@@ -7,9 +7,12 @@ an epilogue's bias is data beside the rows (one float a block's row), its activa
 The implicit-im2col convolution in a streamed design (`streamed_conv_kernel`) is the same loop over
 the same data with each column's entry the input's offset from the window's top-left pixel and its
 window row and column: a thread's pixel finds its window once, as the baked conv kernel's tile
-functions do, and each load is predicated on the two window masks (zero in the padding). It takes
-the design's grid order and walks; one column per thread (adjacent output pixels are not adjacent
-inputs at a stride), B addresses from the pixel's pointer (chaining has nothing to remove there).
+functions do, and each load is predicated on the two window masks (zero in the padding; no test
+without padding). It takes the design's grid order, walks and columns per thread: V output pixels a
+thread, blockDim.x apart as the baked vector conv kernel's lanes (adjacent output pixels are not
+adjacent inputs at a stride), each lane its own window and load of each column's entry, and each value
+read from the data feeding V multiply-adds; B addresses from the pixel's pointer (chaining has
+nothing to remove there).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name,
                                          sorted_matrix, zero_blocks)
-from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, lane_windows, pixel_window, window_entries
 from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, epilogue_applied, zero_value
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -62,8 +65,8 @@ def streamed_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGe
     search's shapes are the im2col GEMM's)."""
     design = params.design
     if design != conv_design(design) or design.a_values != "streamed":
-        raise ValueError(f"design {design.label}: a streamed conv kernel takes the grid's order and walks of a streamed "
-                         f"design (one column per thread, loads from the pixel's pointer)")
+        raise ValueError(f"design {design.label}: a streamed conv kernel takes the grid's order, walks and columns "
+                         f"per thread of a streamed design (loads from the pixel's pointer)")
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
     a = sorted_matrix(matrix, epilogue)
@@ -85,9 +88,10 @@ def streamed_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGe
         f"N1={n1} tiles={tiles.num_tiles} design={design.code_label}"
         + (f" epilogue={epilogue.label}" if not epilogue.empty else "") + "\n", data,
         f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n",
-        *_loop(design, name, m1, f"blockIdx.{axes(design)[0]}", _stores(epilogue, m1, 1, name, "Yb", str(g.pixels)),
+        *_loop(design, name, m1, f"blockIdx.{axes(design)[0]}", _pixel_stores(epilogue, m1, design.columns_per_thread,
+                                                                              str(g.pixels)),
                _rows_setup(name, m1, epilogue), (g, m))])
-    layout = LaunchLayout(len(blocks), n1, 1, design.column_walks, design.order)
+    layout = LaunchLayout(len(blocks), n1, design.columns_per_thread, design.column_walks, design.order)
     spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, (source,))
 
@@ -108,6 +112,31 @@ def _blocks(a: sp.csr_matrix, tiles, m1: int):
         colptr.append(colptr[-1] + len(nonempty))
         rows.extend([*map(int, block_rows), *([-1] * (m1 - len(block_rows)))])
     return blocks, colptr, cols, values, rows
+
+
+def _lane_load(g: ConvGeometry, lane: str, index: int) -> str:
+    """A vector streamed conv kernel's load of lane `index` (component `lane` of x): the entry's input from
+    its window's corner xp_L, predicated on its window masks (none without padding)."""
+    if g.windows_inside:
+        return f" x{lane} = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(xp_{index}) + e.x));"
+    inside = WINDOW_INSIDE.format("e.y").replace("rows_ok", f"rows_ok_{index}").replace("cols_ok", f"cols_ok_{index}")
+    return f" LOSPMM_LDXR(x{lane}, xp_{index}, e.x, {inside});"
+
+
+def _pixel_stores(epilogue: Epilogue, m1: int, v: int, stride: str) -> list[str]:
+    """A streamed conv kernel's stores: each of the block's M1 sums through the epilogue (its row's bias
+    from the data) to its row of each live lane's pixel (one pixel a thread: Yb; V lanes: Yb_L where
+    live_L), rows `stride` apart, skipped past the block's last row."""
+    if v == 1:
+        return _stores(epilogue, m1, 1, "", "Yb", stride)
+
+    def value(i: int, lane: str) -> str:
+        return (f"acc{i}{lane}" if epilogue.empty
+                else epilogue_applied(epilogue, f"acc{i}{lane}", 0, 1, f"__ldg(bias + {i})"))
+
+    return [f"    {{ const int r = __ldg(rows + {i}); if (r >= 0) {{"
+            + "".join(f" if (live_{index}) lospmm_st(Yb_{index}, r, {stride}, {value(i, lane)});"
+                      for index, lane in enumerate(LANES[v])) + " } }\n" for i in range(m1)]
 
 
 def _biases(epilogue: Epilogue, rows: list[int]) -> list[float] | None:
@@ -197,7 +226,16 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
     tile_axis, column_axis = axes(design)
     kind, suffix, lanes = VECTOR_TYPE[v], SUFFIX[v], LANES[v]
     per_block = "blockDim.x" if v == 1 else f"(blockDim.x * {v})"  # the block size is a launch argument
-    if conv is not None:
+    if conv is not None and v > 1:  # V output pixels a thread, blockDim.x apart: each lane its window and loads
+        geometry, m = conv
+        count, entries = "total", "  const int2* __restrict__ entries = reinterpret_cast<const int2*>(lospmm_cols_{})"
+        head = [f"  const int n0 = blockIdx.{column_axis} * {per_block} + threadIdx.x;\n",
+                f"  const int total = batch * {geometry.pixels};\n"]
+        column = [lane_windows(geometry, m, "blockDim.x", v, "    ")]
+        load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from each xp; its window row, column\n"
+                + f"      {kind} x;" + "".join(_lane_load(geometry, lane, index) for index, lane in enumerate(lanes)))
+        value = "x"
+    elif conv is not None:
         geometry, m = conv
         count, entries = "total", "  const int2* __restrict__ entries = reinterpret_cast<const int2*>(lospmm_cols_{})"
         head = [first_column(design, per_block, "n0"), f"  const int total = batch * {geometry.pixels};\n"]
