@@ -360,21 +360,22 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
 def test_a_convolution_without_padding_loads_its_windows_without_a_bounds_test():
     """No padding: every window lies inside the image (ConvGeometry.windows_inside), so the baked conv
     kernels load without the window masks' test or the zero before it (`__ldg` at the window offset; a
-    vector lane past the last pixel reads pixel n's window), and the streamed loop without its entry's
-    test. A 1×1 layer at 0.8, the same A and tile with
+    vector lane past the last pixel reads pixel n's window), the streamed loop and the staged copy without
+    their entry's window test (the staged copy's last-pixel test stays). A 1×1 layer at 0.8, the same A and tile with
     and without a padding of 1: no spill at the prediction, and (SASS, where nvdisasm is installed) no
     predicate work left in the tile functions, under 0.8 of the padded kernel's instructions."""
     from lospmm.kernel.sass import NvdisasmMissing, opcodes_by_function
 
     a = random_pruned(32, 144, 0.8, np.random.default_rng(0))
     counts = {}
-    for design in ("baseline", "v=2", "fp16", "streamed"):
+    for design in ("baseline", "v=2", "fp16", "streamed", "staged,tiles=2"):
         d = design_named(design)
         weight = rounded_matrix(a, d.dtype)[0] if d.half else a
         for pad in (0, 1):
             g = ConvGeometry(cin=144, h=14, w=14, kh=1, kw=1, pad=pad)
             assert g.windows_inside == (pad == 0)
-            kernel = conv_kernel_source(weight, reordered_tiles(weight, 8), 64, g, Epilogue(), CodegenParams(design=d))
+            kernel = conv_kernel_source(weight, reordered_tiles(weight, 8), d.fixed_n1 or 64, g, Epilogue(),
+                                        CodegenParams(design=d))
             tested = "LOSPMM_LDXR(x" if design == "streamed" else "rows_ok"  # the streamed loop's entries are data
             assert (tested in kernel.source) == (pad == 1)
             assert host_error(kernel, weight, 2) < 1e-4 or d.half  # (a half kernel's: its exact model)

@@ -127,7 +127,8 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         copy_b = [f"  for (int r = 0; r < {staged}; ++r) {{\n",
                   f"    {in_chunk('r')};\n",
                   f"    const int2 e = reinterpret_cast<const int2*>({window})[in ? kr : 0];\n",
-                  f"    const bool inside = in && live && {WINDOW_INSIDE.format('e.y')};\n",
+                  # no padding: every window is inside the image (ConvGeometry.windows_inside), no test
+                  f"    const bool inside = in && live{'' if geometry.windows_inside else ' && ' + WINDOW_INSIDE.format('e.y')};\n",
                   fill,
                   "  }\n"]
     else:

@@ -136,7 +136,7 @@ def _group(a: sp.csr_matrix, code: Fp32Code, tiles, group: list[int], epilogue: 
         else:  # each column's entry: its input's offset from the pixel's window corner, its window row and column
             start = len(entries) // 2
             entries += window_entries(geometry, union)
-            copy = _window_copy_loop(len(union), code.design.tiles_per_block, n1, table, start)
+            copy = _window_copy_loop(len(union), code.design.tiles_per_block, n1, table, start, geometry.windows_inside)
         out.append(f"  // rows {chunk0}..{chunk0 + rows_staged - 1} of K: {len(union)} columns of B staged\n"
                    f"  {copy}\n"
                    "  __syncthreads();\n")
@@ -259,7 +259,8 @@ def _thread_setup(n1: int, geometry: ConvGeometry | None = None, m: int = 0) -> 
     tile in the block) and column of the block's N1, its column's B and C (a convolution's output
     pixel: its window and Y, of M channels), its address in the chunk."""
     columns = ("  const bool live = n < N;\n  const float* Bn = B + n;\n  float* Cn = C + n;\n" if geometry is None else
-               f"  const bool live = n < batch * {geometry.pixels};\n" + pixel_window(geometry, m))
+               f"  const bool live = n < batch * {geometry.pixels};\n"
+               + pixel_window(geometry, m, bounds=not geometry.windows_inside))
     return (f"  const int slot = threadIdx.x / {n1}, lane = threadIdx.x % {n1};  // the block's tile, the thread's column\n"
             f"  const int n = blockIdx.y * {n1} + lane;\n" + columns
             + "  float* Bl = Bs + lane;  // the thread's column of the staged chunk\n"
@@ -273,13 +274,15 @@ def _copy_loop(count, per_block: int, n1: int, offset: str) -> str:
             f"LOSPMM_STS(mine, Bl, j * {4 * n1}, live ? lospmm_ld(Bn, {offset}, N) : 0.0f);")
 
 
-def _window_copy_loop(count: int, per_block: int, n1: int, table: str, start: int) -> str:
+def _window_copy_loop(count: int, per_block: int, n1: int, table: str, start: int, inside: bool = False) -> str:
     """A convolution's chunk copy: `count` union columns (entries `start`.. of `table`: an input offset
     from the pixel's window corner and its window row and column) shared out among the block's slots,
-    each the pixel's input there, zero in the padding or past the last pixel, stored at its place."""
+    each the pixel's input there, zero in the padding or past the last pixel, stored at its place
+    (`inside`: no padding, every window inside the image: only the last pixel's test)."""
+    test = "live ? 1u : 0u" if inside else f"(live ? 1u : 0u) & {WINDOW_INSIDE.format('e.y')}"
     return (f"for (int j = slot; j < {count}; j += {per_block}) {{ "
             f"const int2 e = reinterpret_cast<const int2*>({table})[{start} + j]; float x; "
-            f"LOSPMM_LDXR(x, xp, e.x, (live ? 1u : 0u) & {WINDOW_INSIDE.format('e.y')}); "
+            f"LOSPMM_LDXR(x, xp, e.x, {test}); "
             f"LOSPMM_STS(mine, Bl, j * {4 * n1}, x); }}")
 
 
