@@ -63,7 +63,7 @@ _DESIGN_HELP = ("Kernel design (issue 20), comma-separated tokens, each optional
                 "a block share B's columns through shared memory; N1 = 32·W; half kernels: --dtype); 'chained' "
                 "(default: it won the device's A/B) is "
                 "tile-x,walks=1,v=1,chained; 'baseline' the kernel measured before it, tile-x,walks=1,v=1,based. A "
-                "convolution takes its design's implicit-im2col kernel: the grid order and walks (and a baked one's v) of a baked or "
+                "convolution takes its design's implicit-im2col kernel: the grid order, walks and v of a baked or "
                 "streamed design (a half one's pair: two output pixels a thread), a staged design's blocking, the N:M kernel's own, "
                 "fp32 or half (the N:M kernel on sparse tensor cores: an im2col GEMM).")
 _RUN_DESIGN_HELP = _DESIGN_HELP + (" 'auto': the design is a search dimension: each layer's candidates span the "

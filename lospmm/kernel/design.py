@@ -153,8 +153,8 @@ class KernelDesign:
     @property
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_kernel is itself: the grid's
-        order, walks and columns per thread of a baked design in its number format, a streamed fp32
-        one's order and walks, a staged one's blocking, the N:M kernel on CUDA cores in any number
+        order, walks and columns per thread of a baked design in its number format or of a streamed
+        fp32 one, a staged one's blocking, the N:M kernel on CUDA cores in any number
         format); a convolution in another design is served by the GEMM kernel on its im2col B."""
         return self.conv_kernel == self
 

@@ -579,9 +579,10 @@ class EstimateTimer:
         return self.pricing.price(timing, design, self.params.launch_us) if self.pricing else None
 
     def unfold_us(self, k: int, n: int, element_bytes: int) -> float:
-        """What serving a convolution's im2col GEMM adds before its kernel, at least (lospmm.torch
-        unfolds X, then makes the K × N B contiguous: two launches, B written, read and written again;
-        X's own read left out): for comparing it with the implicit-im2col kernels, which read X."""
+        """What serving a convolution's im2col GEMM adds to its kernel, at least (lospmm.torch unfolds X,
+        then makes the K × N B contiguous: two launches, B written, read and written again; X's own read
+        and, at a batch above 1, the reorder of C into NCHW Y left out): for comparing it with the
+        implicit-im2col kernels, which read X and write Y themselves."""
         return 2 * self.params.launch_us + 3.0 * k * n * element_bytes / (self.device.dram_gbps * 1e3)
 
     def time(self, launch: LaunchUnderTest) -> Timing:

@@ -212,7 +212,7 @@ def kernel_form(shape: dict, params: EmitParams = EmitParams(), design: KernelDe
     """`implicit-conv` for a convolution (a grouped one as its block-diagonal dense form) with its geometry
     when params ask for it and an implicit-im2col kernel may serve it (design.conv_served_implicitly: the
     design's conv form — a baked design's grid order, walks and columns per thread in its number format, a
-    streamed one's order and walks, a staged one's blocking — or the N:M kernel's on CUDA cores, fp32 or
+    streamed one's order, walks and columns per thread, a staged one's blocking — or the N:M kernel's on CUDA cores, fp32 or
     half), else `gemm` (a linear layer, or a convolution on an im2col B: the design the search searched).
     Each way to serve an `implicit-conv` layer takes its own form (served_form): the N:M kernel on sparse
     tensor cores is the im2col GEMM's beside the conv forms of the others."""

@@ -523,3 +523,49 @@ def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_pa
     tiled = load_kernel(tmp_path / "g", backend="host")  # the tiled half kernel's conv form: its pair two pixels
     assert isinstance(tiled, SpConv) and tiled.spec.design == fp16 and tiled.spec.layout.columns_per_thread == 2
     np.testing.assert_array_equal(nchw_as_gemm(tiled(x).view(np.uint16)), want)  # the same sums, in column order
+
+
+def test_a_measured_im2col_gemm_of_a_convolution_is_compared_with_its_unfolding(tmp_path):
+    """Where the device decides among a convolution's ways to serve it, the sparse tensor cores' im2col GEMM
+    is timed as its kernel, but served after the unfolding that the implicit-im2col kernels beside it do
+    not pay: its estimated unfolding (EstimateTimer.unfold_us, the price it was ranked by) is added to its
+    measured time before the pick, and said in designs_measured. A kernel twice as fast as the implicit
+    ones is then not served for that alone."""
+    import dataclasses
+    import logging
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import EstimateTimer, estimate_timer
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.timing import Timing
+    from lospmm.stages.emit import EmitParams
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+    from lospmm.status import Status
+
+    geometry = ConvGeometry(cin=256, h=7, w=7, kh=1, kw=1)
+    a = random_nm_pruned(64, geometry.k, NMPattern(2, 4), np.random.default_rng(5))
+    n = 4 * geometry.pixels
+    timed = [{"model": "m", "layer": "conv", "op": "conv", "m": 64, "n": n, "k": geometry.k, "repeat": 1,
+              "sparsity": 0.5, "m1": 4, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]
+
+    @dataclasses.dataclass(frozen=True)
+    class Device(EstimateTimer):
+        name: str = "device"
+        measures: bool = True
+
+        def time(self, launch):  # the tensor cores' GEMM twice as fast as anything else
+            return Timing(self.name, 1.0 if launch.spec.design.accumulate == "mma" else 2.0, Status.OK)
+
+        def dense(self, m, k, n, dtype="fp32"):
+            return Timing(self.name, 50.0, Status.OK)
+
+    params = EmitParams(measure_designs=6, measure_within=100.0)
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, {4: reordered_tiles(a, 4)}, Device(DEVICES["h100"]),
+                           "sm_90", params, logging.getLogger("test"), conv=geometry, design=design_named("fp16"))
+    assert row["status"] == "ok", row["message"]
+    unfold = estimate_timer(DEVICES["h100"]).unfold_us(geometry.k, n, 2)
+    assert unfold > 1.0 and "mma" in row["designs_measured"]  # the GEMM was among those measured
+    assert f"{1.0 + unfold:.2f} µs (with {unfold:.2f} µs of unfolding, ESTIMATED)" in row["designs_measured"]
+    assert row["form"] == "implicit-conv" and row["full_time_us"] == 2.0 and "mma" not in row["design"]

@@ -3,8 +3,8 @@ from the NCHW input X at its window offset (a literal byte offset from the pixel
 where the window leaves the image: two bit masks per tile function hold which window rows and
 columns are inside; without padding every window is inside the image, and a load is one `__ldg` with
 no test), and each output goes to NCHW Y through the epilogue. The input size, window,
-stride, padding and dilation are fixed at emit time; the batch is a run-time argument. fp32; of
-the designs, the grid's order, the column walks (a looped kernel's tile function walks its
+stride, padding and dilation are fixed at emit time; the batch is a run-time argument. In fp32
+of the designs the grid's order, the column walks (a looped kernel's tile function walks its
 column blocks, each output pixel's window found again per walk) and the columns per thread (V
 output pixels a thread, n1 apart so that a warp's loads of each lane stay consecutive: each lane
 finds its own window and loads its own input, one literal feeds V multiply-adds, and the tile's
