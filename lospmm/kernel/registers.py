@@ -25,8 +25,10 @@ class RegisterModel:
     window, input and output pointers, masks and whether it is a pixel, and ptxas keeps the lanes'
     independent loads in flight: NVRTC sm_90 at ptxas -O2 on a 64-channel 3×3 layer at 0.9, M1 1-16,
     V 2 and 4, walks 1 and 4, spilled at most 16 B at 8 a lane above the GEMM's prediction, none at 12
-    but one tile of V = 2, M1 = 4). ConstrainParams carries the same fields, these defaults, as run
-    options (lane_regs: the model's own)."""
+    but one tile of V = 2, M1 = 4), mask_regs=2 (a baked conv kernel of one pixel a thread keeps its
+    window's mask of entries beside the sums: NVRTC sm_90, ptxas -O1, 3×3 and 7×7 layers at 0.8, M1
+    1-12, spilled 16 B at the floor of 32 at M1 = 4, none 2 above). ConstrainParams carries the same
+    fields, these defaults, as run options (lane_regs, mask_regs: the model's own)."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -38,6 +40,7 @@ class RegisterModel:
     window_regs: int = 8
     split_regs_per_row: int = 2
     lane_regs: int = 12
+    mask_regs: int = 2
 
 
 def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE, conv: bool = False) -> int:
@@ -72,5 +75,7 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
     if conv and design.conv_lanes > 1:  # each lane's window and loads
         window = getattr(params, "lane_regs", RegisterModel.lane_regs) * design.conv_lanes
+    elif conv and design.a_values == "baked" and design.loads != "staged":  # its pixel's window mask
+        window = getattr(params, "mask_regs", RegisterModel.mask_regs)
     split = params.split_regs_per_row * m1 + 2 if design.section_fmas else 0
     return max(params.min_regs, regs) + staged + window + split

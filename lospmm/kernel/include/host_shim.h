@@ -93,9 +93,6 @@ static inline unsigned lospmm_ldh2(const lospmm_h16* base, int off2, int n) {
   const lospmm_h16* q = (const lospmm_h16*)lospmm_aligned((const float*)(const void*)(base + (long long)(off2 / 2) * n), 4);
   return (unsigned)q[0] | ((unsigned)q[1] << 16);
 }
-#define LOSPMM_LDXH2(v, xp0, xp1, OFF2, rows0, cols0, rows1, cols1, RBIT, CBIT)                           \
-  v = ((((rows0) & (RBIT)) && ((cols0) & (CBIT))) ? (unsigned)(xp0)[(OFF2) / 2] : 0u)                    \
-      | ((((rows1) & (RBIT)) && ((cols1) & (CBIT))) ? (unsigned)(xp1)[(OFF2) / 2] : 0u) << 16
 static inline void lospmm_sth(lospmm_h16* base, int row, int n, unsigned v) {
   base[(long long)row * n] = (lospmm_h16)(v & 0xffffu);
 }
@@ -143,6 +140,9 @@ static inline unsigned lospmm_window_bits(int start, int step, int count, int li
   for (int i = 0; i < count; ++i) bits |= ((unsigned)(start + i * step) < (unsigned)limit ? 1u : 0u) << i;
   return bits;
 }
+#define LOSPMM_LDXM(v, xp, OFF4, ok, BIT) v = ((ok) & (BIT)) ? (xp)[(OFF4) / 4] : 0.0f
+#define LOSPMM_LDXH2M(v, xp0, xp1, OFF2, ok0, ok1, BIT)                                                     \
+  v = (((ok0) & (BIT)) ? (unsigned)(xp0)[(OFF2) / 2] : 0u) | (((ok1) & (BIT)) ? (unsigned)(xp1)[(OFF2) / 2] : 0u) << 16
 #define LOSPMM_LDX(v, xp, OFF4, rows, cols, RBIT, CBIT) \
   v = (((rows) & (RBIT)) && ((cols) & (CBIT))) ? (xp)[(OFF4) / 4] : 0.0f
 // the N:M kernel (include/nm.cuh): shared memory is a static of the kernel function (blocks run one

@@ -1,8 +1,9 @@
 """The implicit-im2col convolution kernel (§6.2): Alg. 2's tiles and units, but each B value is read
 from the NCHW input X at its window offset (a literal byte offset from the pixel's pointer, zero
 where the window leaves the image: two bit masks per tile function hold which window rows and
-columns are inside; without padding every window is inside the image, and a load is one `__ldg` with
-no test), and each output goes to NCHW Y through the epilogue. The input size, window,
+columns are inside, made into one mask of the window's entries so that a load tests one literal bit
+(include/window.cuh); without padding every window is inside the image, and a load is one `__ldg`
+with no test), and each output goes to NCHW Y through the epilogue. The input size, window,
 stride, padding and dilation are fixed at emit time; the batch is a run-time argument. In fp32
 of the designs the grid's order, the column walks (a looped kernel's tile function walks its
 column blocks, each output pixel's window found again per walk) and the columns per thread (V
@@ -67,12 +68,13 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     if v > 1:  # V output pixels a thread, each its own window and loads, every literal feeding V multiply-adds
         code = number_code(KernelDesign(columns_per_thread=v, dtype=design.dtype, accumulate=design.accumulate,
                                         promote_every=design.promote_every))
-        preamble = code.preamble() + (included("half_conv.cuh") if design.half else "")
+        preamble = (code.preamble() + ("" if g.windows_inside else included("window.cuh"))
+                    + (included("half_conv.cuh") if design.half else ""))
         functions = [_lanes_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m,
                                           n1) for t in range(tiles.num_tiles)]
     else:
         code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
-        preamble = included("preamble.cuh")
+        preamble = included("preamble.cuh") + ("" if g.windows_inside else included("window.cuh"))
         functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
                      for t in range(tiles.num_tiles)]
     if design.looped or v > 1:  # each thread's pixels from n, n1·V a block: the tile function finds each window
@@ -116,10 +118,11 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
 def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,
                    epilogue: Epilogue, looped: bool = False, m: int = 0) -> str:
     def load(j: int, column: int, previous: int) -> str:
-        off, ky, kx = g.window_offset(column)
+        off = g.window_offset(column)[0]
         if g.windows_inside:  # no padding: the window is inside the image, its load needs no test
             return f"  const float b{j} = __ldg(xp + {off});\n"
-        return f"  float b{j}; LOSPMM_LDX(b{j}, xp, {4 * off}, rows_ok, cols_ok, {1 << ky}, {1 << kx});\n"
+        word, bit = window_bit(g, column)
+        return f"  float b{j}; LOSPMM_LDXM(b{j}, xp, {4 * off}, ok{word}, {bit});\n"
 
     sub, cols = tile_columns(a, rows)
     values = code.tile_values(sub.data)
@@ -131,6 +134,7 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
             f"const int total) {{\n",
             "  do {\n",
             pixel_window(g, m, bounds=not g.windows_inside),
+            "" if g.windows_inside else window_mask_lines(g),
             *body,
             *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
               for i, r in enumerate(rows)),
@@ -142,7 +146,8 @@ def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int
         f"  const float* xp = Xb + (iy0 * {g.w} + ix0);  // the window's top-left input pixel\n",
         *(() if g.windows_inside else (
             f"  const unsigned rows_ok = lospmm_window_bits(iy0, {g.dilation}, {g.kh}, {g.h});\n",
-            f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n")),
+            f"  const unsigned cols_ok = lospmm_window_bits(ix0, {g.dilation}, {g.kw}, {g.w});\n",
+            window_mask_lines(g))),
         *body,
         *(f"  lospmm_st(Yb, {r}, {g.pixels}, {epilogue_applied(epilogue, f'acc{i}', int(r))});\n"
           for i, r in enumerate(rows)),
@@ -162,7 +167,7 @@ def _lane_pixel(g: ConvGeometry, m: int, n1: int | str, lane: int, ctype: str = 
                 f"  const int n_{lane} = live_{lane} ? n + {offset} : n;\n",
                 pixel_window(g, m, ctype=ctype, lane=lane, bounds=False)]
     return [f"  const int n_{lane} = n + {offset};\n", f"  const bool live_{lane} = n_{lane} < total;\n",
-            pixel_window(g, m, ctype=ctype, lane=lane)]
+            pixel_window(g, m, ctype=ctype, lane=lane), window_mask_lines(g, f"_{lane}")]
 
 
 def lane_windows(g: ConvGeometry, m: int, n1: int | str, lanes: int, indent: str = "  ") -> str:
@@ -187,8 +192,7 @@ def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code | HalfCode, t: int, ro
     v = code.v
 
     def load(j: int, column: int, previous: int) -> str:
-        off, ky, kx = g.window_offset(column)
-        return code.window_load(j, off, 1 << ky, 1 << kx, g.windows_inside)
+        return code.window_load(j, g.window_offset(column)[0], *window_bit(g, column), g.windows_inside)
 
     sub, cols = tile_columns(a, rows)
     values = code.tile_values(sub.data)
@@ -202,6 +206,27 @@ def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code | HalfCode, t: int, ro
         f"const int total) {{\n",
         _walked(looped, [*windows, *body, *stores]),
         "  LOSPMM_TILE_END\n}\n"])
+
+
+def window_mask_lines(g: ConvGeometry, suffix: str = "", indent: str = "  ") -> str:
+    """The lines that make a pixel's window mask from its row and column masks (rows_ok, cols_ok; names
+    suffixed `suffix`): bit ky·kw + kx set where that entry lies inside the image, in one 32-bit word
+    ok0 (two, ok0 and ok1, past 32 entries), so that each load tests one literal bit (window_bit)."""
+    rows, cols = f"rows_ok{suffix}", f"cols_ok{suffix}"
+    if g.kh * g.kw <= 32:
+        return (f"{indent}unsigned ok0{suffix} = 0u;\n"
+                + "".join(f"{indent}if ({rows} & {1 << ky}u) ok0{suffix} |= {cols} << {ky * g.kw};\n" for ky in range(g.kh)))
+    return (f"{indent}unsigned long long okm{suffix} = 0ull;\n"
+            + "".join(f"{indent}if ({rows} & {1 << ky}u) okm{suffix} |= (unsigned long long){cols} << {ky * g.kw};\n"
+                      for ky in range(g.kh))
+            + f"{indent}const unsigned ok0{suffix} = (unsigned)okm{suffix}, ok1{suffix} = (unsigned)(okm{suffix} >> 32);\n")
+
+
+def window_bit(g: ConvGeometry, column: int) -> tuple[int, int]:
+    """A column's entry in its pixel's window mask (window_mask_lines): (the word, its bit as a literal)."""
+    _, ky, kx = g.window_offset(column)
+    entry = ky * g.kw + kx
+    return entry // 32, 1 << (entry % 32)
 
 
 # a window entry's test in C: whether its window row and column (`{}`: row | column << 16) lie inside

@@ -126,16 +126,16 @@ class Fp32Code:
 
     # --- an implicit-im2col conv kernel of V lanes (render.conv: V output pixels a thread, n1 apart, lane
     # L's pixel window at xp_L, rows_ok_L and cols_ok_L, its output at Yb_L where live_L) ---
-    def window_load(self, j: int, offset: int, row_bit: int, column_bit: int, inside: bool = False) -> str:
+    def window_load(self, j: int, offset: int, word: int, bit: int, inside: bool = False) -> str:
         """The statement that defines b{j}: each lane's input at element `offset` from its window's corner,
-        0 where the entry's window row or column (`row_bit`, `column_bit`) lies outside that lane's image
-        (`inside`: every window is inside the image, and the loads have no test)."""
+        0 where the entry (bit `bit` of word `word` of the lane's window mask, render.conv.window_bit) lies
+        outside that lane's image (`inside`: every window is inside the image, and the loads have no test)."""
         if inside:
             return (f"  {self.vector} b{j};" + "".join(f" b{j}{lane} = __ldg(xp_{index} + {offset});"
                                                      for index, lane in enumerate(self.lanes)) + "\n")
         return (f"  {self.vector} b{j};" + "".join(
-            f" LOSPMM_LDX(b{j}{lane}, xp_{index}, {4 * offset}, rows_ok_{index}, cols_ok_{index}, {row_bit}, "
-            f"{column_bit});" for index, lane in enumerate(self.lanes)) + "\n")
+            f" LOSPMM_LDXM(b{j}{lane}, xp_{index}, {4 * offset}, ok{word}_{index}, {bit});"
+            for index, lane in enumerate(self.lanes)) + "\n")
 
     def pixel_stores(self, finish, row: int, epilogue: Epilogue, stride: int) -> str:
         """Row `row`'s output of each live lane (accumulator `finish`) through `epilogue`, to its pixel's
@@ -271,15 +271,15 @@ class HalfCode:
         return f"  {self.store_fn}(Cn, {row}, N, {zero_pair(epilogue, row, self.dtype)});\n"
 
     # --- an implicit-im2col conv kernel's pair: two output pixels, lane 0 the low half (Fp32Code's names) ---
-    def window_load(self, j: int, offset: int, row_bit: int, column_bit: int, inside: bool = False) -> str:
+    def window_load(self, j: int, offset: int, word: int, bit: int, inside: bool = False) -> str:
         """The statements that define pair b{j}: each lane's 16-bit input at element `offset` from its
-        window's corner (0 where outside its image; `inside`: every window is inside, no test) in its half
-        (and the pair unpacked for fp32 sums)."""
+        window's corner (0 where outside its image: bit `bit` of word `word` of its window mask; `inside`:
+        every window is inside, no test) in its half (and the pair unpacked for fp32 sums)."""
         if inside:
             return (f"  const unsigned b{j} = (unsigned)__ldg(xp_0 + {offset}) | (unsigned)__ldg(xp_1 + {offset}) << 16;\n"
                     + self._unpacked(j))
-        return (f"  unsigned b{j}; LOSPMM_LDXH2(b{j}, xp_0, xp_1, {2 * offset}, rows_ok_0, cols_ok_0, rows_ok_1, "
-                f"cols_ok_1, {row_bit}, {column_bit});\n" + self._unpacked(j))
+        return (f"  unsigned b{j}; LOSPMM_LDXH2M(b{j}, xp_0, xp_1, {2 * offset}, ok{word}_0, ok{word}_1, {bit});\n"
+                + self._unpacked(j))
 
     def pixel_stores(self, finish, row: int, epilogue: Epilogue, stride: int) -> str:
         """Row `row`'s pair (`finish`) through `epilogue`, rounded once, each live lane's half to its
