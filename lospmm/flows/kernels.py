@@ -349,7 +349,8 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
             if several:
                 # a convolution's im2col GEMM is served after its unfolding, which the implicit kernels beside
                 # it do not pay: its estimate (the price it was ranked by) is added to its measured time
-                unfolds = [estimate_timer(timer.device).unfold_us(best["k"], best["n"], c.design.element_bytes)
+                estimate = estimate_timer(timer.device)
+                unfolds = [estimate.unfold_us(best["k"], best["n"], c.design.element_bytes)
                            if conv is not None and served_form(c.design, True) == "gemm" else 0.0 for c, *_ in tried]
                 times = [f["full_time_us"] + u if f is not None and not why else None
                          for (_, f, why, _, _), u in zip(tried, unfolds)]

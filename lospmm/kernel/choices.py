@@ -66,8 +66,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     `untiled`, the kernels that need no tiles and can serve this A in this number format
     (untiled_options; a convolution's in their conv form). A label names its design unless it is
     `named` (default: `design`; the run's, where the search spans designs). An option's form is its
-    design's (stages.emit.served_form); in a convolution served by implicit-im2col kernels an im2col
-    GEMM's estimate adds the unfolding of X (EstimateTimer.unfold_us)."""
+    design's (stages.emit.served_form); every tiled design has a conv form, and an untiled im2col GEMM's
+    estimate adds the unfolding of X (untiled_options)."""
     named = design if named is None else named
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
         design, named = design.conv_kernel or design, named.conv_kernel or named
@@ -81,10 +81,9 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
             continue
         registers = predicted_registers(tiles.m1, design=d, conv=implicit)
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix, conv=implicit))
-        unfold = estimate.unfold_us(k, n, d.element_bytes) if conv and not implicit else 0.0
         # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
-        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us) + unfold,
-                              d, None, tiles.m1, n1, None if implicit or conv else estimate.design_price(timing, d)))
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
+                              None, tiles.m1, n1, None if implicit else estimate.design_price(timing, d)))
     return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 
 

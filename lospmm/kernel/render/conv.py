@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import scipy.sparse as sp
 
-from lospmm.kernel.design import BASELINE, KernelDesign, conv_design
+from lospmm.kernel.design import BASELINE, conv_design
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
@@ -43,7 +43,8 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
                          f"(tile-x or column-x), walks, columns per thread and number format (a streamed or "
                          f"staged one is its renderer's)")
-    a = HalfCode(design).matrix(matrix) if design.half else sp.csr_matrix(matrix)
+    code = number_code(design)  # one column a thread (baseline), V lanes, or a half design's pair
+    a = code.matrix(matrix)
     a.sort_indices()
     m, k = a.shape
     if k != geometry.k:
@@ -53,8 +54,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     checked_tile(n1)
     g = geometry
     hwo = g.pixels
-    values = HalfCode(design).value_bytes(a) if design.half else a.data.tobytes()
-    name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), values,
+    name = kernel_name("lospmm_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), code.value_bytes(a),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
                        tuple(vars(g).values()), *epilogue.name_parts(), *design_parts(design))
     header = (f"// lospmm conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
@@ -66,14 +66,11 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     zeros = zero_blocks(tiles.empty_rows, max(tiles.m1, 1))
     tile_axis, column_axis = axes(design)
     if v > 1:  # V output pixels a thread, each its own window and loads, every literal feeding V multiply-adds
-        code = number_code(KernelDesign(columns_per_thread=v, dtype=design.dtype, accumulate=design.accumulate,
-                                        promote_every=design.promote_every))
         preamble = (code.preamble() + ("" if g.windows_inside else included("window.cuh"))
                     + (included("half_conv.cuh") if design.half else ""))
         functions = [_lanes_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m,
                                           n1) for t in range(tiles.num_tiles)]
     else:
-        code = Fp32Code(BASELINE)  # one column per thread, its loads replaced by the window's
         preamble = included("preamble.cuh") + ("" if g.windows_inside else included("window.cuh"))
         functions = [_tile_function(a, code, t, tiles.tile(t), params.prefetch, g, epilogue, design.looped, m)
                      for t in range(tiles.num_tiles)]
@@ -89,7 +86,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
                 f"    const int b = n / {hwo};\n    float* Yb = Y + (long long)b * {m * hwo} + (n - b * {hwo});\n"
                 + "".join(f"    lospmm_st(Yb, {r}, {hwo}, {epilogue_zero_literal(epilogue, int(r))});\n" for r in rows)
                 + "    n += stride;\n  } while (n < total);\n" for rows in zeros]
-        ctype = code.ctype if v > 1 else "float"
+        ctype = code.ctype
         entry = entry_unit(
             preamble, header, tiles.num_tiles,
             f"(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, int n, const int stride, const int total)",
@@ -170,10 +167,10 @@ def _lane_pixel(g: ConvGeometry, m: int, n1: int | str, lane: int, ctype: str = 
             pixel_window(g, m, ctype=ctype, lane=lane), window_mask_lines(g, f"_{lane}")]
 
 
-def lane_windows(g: ConvGeometry, m: int, n1: int | str, lanes: int, indent: str = "  ") -> str:
+def lane_windows(g: ConvGeometry, m: int, n1: int | str, lanes: int) -> str:
     """The lines that find each of a vector conv kernel's `lanes` output pixels (n plus lane·n1) and
     its window (_lane_pixel)."""
-    return "".join(indent[2:] + line for lane in range(lanes) for line in _lane_pixel(g, m, n1, lane))
+    return "".join(line for lane in range(lanes) for line in _lane_pixel(g, m, n1, lane))
 
 
 def _walked(looped: bool, body: list[str]) -> str:

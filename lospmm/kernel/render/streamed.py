@@ -231,7 +231,7 @@ def _loop(design, name: str, m1: int, block: str, stores: list[str], setup: str,
         count, entries = "total", "  const int2* __restrict__ entries = reinterpret_cast<const int2*>(lospmm_cols_{})"
         head = [f"  const int n0 = blockIdx.{column_axis} * {per_block} + threadIdx.x;\n",
                 f"  const int total = batch * {geometry.pixels};\n"]
-        column = [lane_windows(geometry, m, "blockDim.x", v, "    ")]
+        column = [lane_windows(geometry, m, "blockDim.x", v)]
         load = ("const int2 e = __ldg(entries + j);  // the column's byte offset from each xp; its window row, column\n"
                 + f"      {kind} x;" + "".join(_lane_load(geometry, lane, index) for index, lane in enumerate(lanes)))
         value = "x"
