@@ -29,6 +29,9 @@ class Device:
     max_blocks_per_sm: int
     warp_size: int = 32
     reg_alloc_unit: int = 256  # registers are allocated per warp in units of this many
+    # an SM's register file is split among this many sub-partitions (one scheduler each); a warp's
+    # registers all come from one, and the launch check assumes a block's warps rounded up to them
+    sub_partitions: int = 4
     # Throughput facts for the `estimate` timer only (published boost clock and memory bandwidth;
     # L2 bandwidth and latency are approximate public microbenchmark figures).
     clock_ghz: float = 1.5
@@ -74,16 +77,42 @@ def device_named(name: str) -> Device:
 # --- occupancy ---------------------------------------------------------------------------------
 
 
+def warp_registers(regs_per_thread: int, device: Device) -> int:
+    """Registers a warp is allocated: a thread's times the warp, rounded up to the allocation unit."""
+    return -(-(max(regs_per_thread, 1) * device.warp_size) // device.reg_alloc_unit) * device.reg_alloc_unit
+
+
 def block_registers(regs_per_thread: int, threads: int, device: Device) -> int:
     """Registers a block occupies: per-warp allocation rounded up to the allocation unit."""
+    return -(-threads // device.warp_size) * warp_registers(regs_per_thread, device)
+
+
+def launch_block_registers(regs_per_thread: int, threads: int, device: Device) -> int:
+    """Registers the launch check assumes a block takes, which must not pass max_regs_per_block: its
+    warps rounded up to the SM's sub-partitions (cuda_occupancy.h's "hardware check"). 86 registers ×
+    736 threads occupy 64768 but are checked as 24 warps, 67584: on the H100 that launch failed with
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES."""
     warps = -(-threads // device.warp_size)
-    per_warp = -(-(max(regs_per_thread, 1) * device.warp_size) // device.reg_alloc_unit) * device.reg_alloc_unit
-    return warps * per_warp
+    return -(-warps // device.sub_partitions) * device.sub_partitions * warp_registers(regs_per_thread, device)
+
+
+def block_fits_registers(regs_per_thread: int, threads: int, device: Device) -> bool:
+    """Whether one block of `threads` at `regs_per_thread` can launch: the per-thread limit, the
+    launch check (launch_block_registers) and the registers it occupies under the block limit."""
+    return (regs_per_thread <= device.max_regs_per_thread
+            and launch_block_registers(regs_per_thread, threads, device) <= device.max_regs_per_block
+            and block_registers(regs_per_thread, threads, device) <= min(device.max_regs_per_block,
+                                                                         device.regs_per_sm))
 
 
 def resident_blocks(regs_per_thread: int, threads: int, smem_bytes: int, device: Device) -> int:
-    """Blocks per SM that registers, threads, the block limit and shared memory allow (0: none fits)."""
-    by_regs = device.regs_per_sm // block_registers(regs_per_thread, threads, device)
+    """Blocks per SM that registers, threads, the block limit and shared memory allow (0: none fits).
+    Registers as cuda_occupancy.h counts them: each sub-partition holds as many whole warps as its
+    share of the register file allows, and a block that fails the launch check fits nowhere."""
+    if not block_fits_registers(regs_per_thread, threads, device):
+        return 0
+    per_partition = device.regs_per_sm // device.sub_partitions // warp_registers(regs_per_thread, device)
+    by_regs = per_partition * device.sub_partitions // -(-threads // device.warp_size)
     by_threads = device.max_threads_per_sm // threads
     per_block_smem = smem_bytes + device.reserved_smem_per_block
     by_smem = device.smem_per_sm // per_block_smem if per_block_smem else device.max_blocks_per_sm

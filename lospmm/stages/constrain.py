@@ -43,7 +43,7 @@ import numpy as np
 
 from lospmm.kernel.design import BASELINE, KernelDesign, conv_design
 from lospmm.devices import Device
-from lospmm.devices import block_registers
+from lospmm.devices import block_fits_registers, block_registers
 from lospmm.kernel.registers import RegisterModel, predicted_registers
 from lospmm.stages.reorder import TileStats
 
@@ -138,8 +138,7 @@ def constrained_candidates(
             waste = (num_b * n1 * width - n) / (num_b * n1 * width)
             if stats.num_tiles == 0:
                 reason = "empty"
-            elif (regs > device.max_regs_per_thread or block_regs > device.regs_per_sm
-                  or block_regs > device.max_regs_per_block):
+            elif not block_fits_registers(regs, threads, device):
                 reason = "register"
             elif blocks < device.sms * params.min_blocks_per_sm:
                 reason = "utilisation"

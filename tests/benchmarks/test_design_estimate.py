@@ -43,10 +43,11 @@ def test_the_shipped_h100_design_pricing_is_what_its_measurements_fit_and_choose
     layers = de.ab_layers(AB_H100, timer)
     fitted = de.factors_from(layers, timer.params.launch_us, pricing.overlap, True)
     assert dict(pricing.factors) == pytest.approx({d: fitted[d] for d in dict(pricing.factors)}, abs=1e-4)
-    # the held-out claim of its `how`: 11 of 11 layers within 5% of the best measured design
+    # the held-out claim of its `how`: 10 of 11 layers within 5% of the best measured design (11 of 11
+    # before occupancy counted the register file's sub-partitions)
     held = de.held_out_choices(layers, timer.params.launch_us, pricing.overlap, True)
-    assert len(layers) == 11 and held["within 5% of the best"] == 1.0
-    # the shipped estimate alone (its maximum, no factors) chose 6 of 11
+    assert len(layers) == 11 and held["within 5% of the best"] == pytest.approx(10 / 11)
+    # the shipped estimate alone (its maximum, no factors) chose 5 of 11
     assert de.held_out_choices(layers, timer.params.launch_us, math.inf, False)["within 5% of the best"] < 0.6
 
 
@@ -66,5 +67,5 @@ def test_a_layer_with_one_design_is_no_choice_and_a_file_without_ab_rows_no_verd
 @pytest.mark.skipif(not AB_H100.is_file(), reason="the H100's committed A/B results")
 def test_the_report_prices_the_ab_with_the_shipped_factors_and_held_out():
     shipped, held = de.price_verdicts(AB_H100)
-    assert shipped["within 5% of the best"] == 1.0 and held["within 5% of the best"] == 1.0
-    assert shipped["gain over the best single design"] == pytest.approx(1.05, abs=0.01)
+    assert shipped["within 5% of the best"] == held["within 5% of the best"] == pytest.approx(10 / 11)
+    assert shipped["gain over the best single design"] == pytest.approx(1.02, abs=0.01)

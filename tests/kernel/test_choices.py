@@ -131,7 +131,7 @@ def test_a_design_whose_block_needs_more_registers_than_the_sm_has_cannot_serve_
     h100 = DEVICES["h100"]
     assert design_problem(BASELINE, 48, 512, 4096, h100) == ""
     # v=2: 174 registers a thread (the device's kernel had 174), allocated per warp in 256s: 90112; v=4: over 255
-    assert "174 registers predicted × 512 threads = 90112 a block, over 65536" in design_problem(
+    assert "174 registers predicted × 512 threads: the launch checks 90112 a block, over 65536" in design_problem(
         design_named("chained,v=2"), 48, 512, 4096, h100)
     assert "over 255" in design_problem(design_named("chained,v=4"), 48, 512, 4096, h100)
     assert design_problem(design_named("chained,v=2"), 48, 128, 4096, h100) == ""  # fewer threads: it fits

@@ -32,9 +32,10 @@ def test_register_constraint_removes_tall_tiles_and_big_blocks():
     cands = constrained_candidates(4096, {192: _stats(), 128: _stats(), 8: _stats()}, H100)
     assert predicted_registers(192) > 255
     assert all(c.removed_by == "register" for c in cands if c.m1 == 192)
-    # 208 registers: 208·32 = 6656 per warp, so 9 warps fit in 64K registers and 10 do not.
-    assert _one(cands, 128, 288).removed_by != "register"
-    assert _one(cands, 128, 320).removed_by == "register"
+    # 208 registers: 208·32 = 6656 per warp; 9 warps would occupy 59904 of the 64K, but the launch
+    # check rounds them to 12 (79872: the register file's 4 sub-partitions), so 8 warps is the most
+    assert _one(cands, 128, 256).removed_by != "register"
+    assert _one(cands, 128, 288).removed_by == "register"
     assert all(c.removed_by != "register" for c in cands if c.m1 == 8)
 
 
@@ -69,7 +70,10 @@ def test_every_candidate_is_kept_or_names_its_first_failing_constraint(n, tiles,
     assert len(cands) == len(m1s) * len(n1_choices(dev))
     for c in cands:
         assert c.removed_by is None or c.removed_by in REMOVED_BY
-        reg_fail = c.pred_regs > dev.max_regs_per_thread or c.block_regs > dev.regs_per_sm
+        warps = -(-c.threads // 32)
+        launch_checked = -(-warps // 4) * 4 * (c.block_regs // warps)  # warps rounded to 4 sub-partitions
+        reg_fail = (c.pred_regs > dev.max_regs_per_thread or c.block_regs > dev.regs_per_sm
+                    or launch_checked > dev.max_regs_per_block)
         util_fail = c.block_num < dev.sms / 2
         lb_fail = c.cov_row > 0.25 or c.waste_col > 0.25
         expected = ("empty" if tiles == 0 else "register" if reg_fail else "utilisation" if util_fail
