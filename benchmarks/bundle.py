@@ -43,11 +43,15 @@ HOME = Path(os.environ.get("LOSPMM_BUNDLES") or Path.home() / ".cache" / "lospmm
 def inputs_hash(set_name: str, options: dict) -> str:
     """What a bundle of `set_name` with `options` depends on: the options, and the code that plans,
     renders and compiles it (benchmarks.sets and benchmarks.bundle with every lospmm module they
-    import, the includes a kernel's text carries). A bundle whose recorded hash differs is stale."""
+    import, the includes a kernel's text carries) and the shipped rankers that choose its tiles (their
+    versions: a model retrained leaves the code alone). A bundle whose recorded hash differs is stale."""
+    from lospmm.flows.storage.ranker_store import SHIPPED, SHIPPED_DESIGNS, SHIPPED_HALF, ranker_metadata
     from lospmm.flows.storage.store import module_closure_hash
 
     code = [module_closure_hash(m, prefix="lospmm") for m in ("benchmarks.sets", "benchmarks.bundle")]
-    blob = json.dumps({"set": set_name, "options": options, "code": code}, sort_keys=True, default=str)
+    rankers = {p.name: ranker_metadata(p).get("version") for p in (SHIPPED, SHIPPED_HALF, SHIPPED_DESIGNS)}
+    blob = json.dumps({"set": set_name, "options": options, "code": code, "rankers": rankers}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

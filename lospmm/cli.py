@@ -151,7 +151,8 @@ def run(
 def train_ranker_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Model path stem: writes OUT.txt and OUT.json (default: "
                                        "ranker; with --measured, ranker-<device>-<driver> beside the results)."),
-    samples: int = typer.Option(500, "--samples", help="Synthetic kernels (groups) drawn from Table 3's ranges."),
+    samples: int = typer.Option(500, "--samples", help="Synthetic kernels (groups) drawn from Table 3's ranges, "
+                                "N's and M1's wider (SyntheticParams)."),
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help="Device table for constraints and the estimate timer."),
     timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
     seed: int = typer.Option(_RUN.seed, "--seed"),
@@ -200,7 +201,8 @@ def train_ranker_cmd(
             raise ConfigError(f"--dtype {dtype!r}: choose fp32, fp16 or bf16")
         if accumulate and dtype == "fp32":
             raise ConfigError("--accumulate is a half ranker's (--dtype fp16 or bf16)")
-        design = source_design(BASELINE, dtype, accumulate)
+        # fp32: the run's default design (what a run's ranker ranks); half: the baseline's half form
+        design = design_named(_RUN.design) if dtype == "fp32" else source_design(BASELINE, dtype, accumulate)
         searched = trained_designs(designs)
         if searched and dtype != "fp32":
             raise ConfigError("--designs ranks fp32 kernels' designs (a half kernel has one grid so far)")

@@ -95,6 +95,19 @@ def test_a_bundles_inputs_name_its_set_options_and_code():
     assert bundle.inputs_hash("ab", {}) != bundle.inputs_hash("micro", {})
 
 
+def test_a_retrained_ranker_makes_the_bundles_it_chose_for_stale(monkeypatch):
+    # the headline bundles' tiles are the search's, chosen by the shipped ranker: a model retrained
+    # (the code unchanged) must not leave the bundles built with the old one ready
+    from lospmm.flows.storage import ranker_store
+
+    before = bundle.inputs_hash("headline-resnet50", {})
+    real = ranker_store.ranker_metadata
+    monkeypatch.setattr(ranker_store, "ranker_metadata",
+                        lambda base=None: {**real(base), "version": "retrained"} if base == ranker_store.SHIPPED
+                        else real(base))
+    assert bundle.inputs_hash("headline-resnet50", {}) != before
+
+
 def test_a_package_that_fails_its_manifest_is_not_launched(tmp_path):
     folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
     (row,) = bundle.bundle_rows(folder)
