@@ -9,9 +9,13 @@ an ESTIMATE; the device's Table 4 step measures the same choice.
     python -m benchmarks.ranker_reach [--models resnet50 ...] [--sparsity 0.7 0.9 0.95]
         [--cnn-batch 4 32] [--ranker STEM ...] [--design chained|auto|LABEL] [--gpu h100] [--out FILE.parquet]
 
-With `--design auto` the candidates span every design `run --design auto` searches, each priced by
-the estimate in its own design (the raw estimate: emit compares designs by the device's design
-price on top of it), and the ranker must be a design-aware one (lospmm/models/ranker-designs).
+Every layer is its GEMM: a convolution's im2col form, whose candidates the ranker's features
+describe alike (a run serves most convolutions with implicit-im2col kernels, a register or two more,
+and one design fewer under `auto`: no conv form for v > 1). With `--design auto` the candidates span
+the GEMM designs `run --design auto` searches, each priced by the estimate in its own design (the
+raw estimate: emit compares designs by the device's design price on top of it). The default ranker
+is the shipped one for the design: lospmm/models/ranker, ranker-half for a half design,
+ranker-designs for `auto`.
 
 With several --ranker stems (default: the shipped model) each is scored on the same candidates and
 prices, so their rows compare directly. Layers are the zoo's synthetic pruned weights (stages.prune),
@@ -75,14 +79,16 @@ def reach_rows(models, sparsities, cnn_batches, rankers: dict, design_label: str
                     continue
                 for sparsity in sparsities:
                     kept, prices, k = layer_prices(shape, sparsity, device, timer, designs)
-                    if not kept or not np.isfinite(prices).any():
+                    if not kept or not np.isfinite(prices).any():  # said in the table: `skipped`
+                        rows.append({"model": model, "layer": shape.layer, "batch": batch or 0,
+                                     "sparsity": sparsity, "skipped": "no kept candidate with a price"})
                         continue
                     best = int(np.argmin(prices))
                     for name, (booster, features) in rankers.items():
                         feats = [feature_row(c, sparsity, k) for c in kept]
                         _, ranks, chosen = chosen_candidates(feats, booster, RankParams(top_k=top_k), features)
                         top = np.flatnonzero(chosen)
-                        pick = top[int(np.argmin(prices[top]))]
+                        pick = top[int(np.argmin(prices[top]))]  # inf when none of the top-K has a price
                         rows.append({"ranker": name, "model": model, "layer": shape.layer,
                                      "batch": batch or 0, "m": shape.m, "k": shape.k, "n": shape.n,
                                      "sparsity": sparsity, "kept": len(kept),
@@ -96,20 +102,27 @@ def reach_rows(models, sparsities, cnn_batches, rankers: dict, design_label: str
     return rows
 
 
-def loaded_rankers(stems) -> dict:
-    """{name: (booster, features)} of each ranker stem; None: the shipped model."""
-    from lospmm.flows.storage.ranker_store import load_ranker
+def loaded_rankers(stems, design_label: str = "chained") -> dict:
+    """{name: (booster, features)} of each ranker stem; none given: the shipped model for the design
+    (the design-aware one for `auto`, the half one for a half design)."""
+    from lospmm.flows.config import AUTO_DESIGN
+    from lospmm.flows.storage.ranker_store import SHIPPED_DESIGNS, load_ranker, shipped_ranker
 
+    if not stems:
+        half = design_label != AUTO_DESIGN and design_named(design_label).number.is_half
+        stems = [SHIPPED_DESIGNS if design_label == AUTO_DESIGN else shipped_ranker(half)]
     out = {}
-    for stem in stems or [None]:
-        booster, meta = load_ranker(Path(stem) if stem else None)
-        out[Path(stem).name if stem else "shipped"] = (booster, ranker_features(meta))
+    for stem in stems:
+        booster, meta = load_ranker(Path(stem))
+        out[Path(stem).name] = (booster, ranker_features(meta))
     return out
 
 
 def summary(rows: list[dict]) -> list[dict]:
     """Per ranker, model and batch: layers, mean and worst reach loss, the share beyond 2%, and how
     often the cheapest kept candidate's M1 is outside the top-K's M1s."""
+    skipped = [r for r in rows if r.get("skipped")]
+    rows = [r for r in rows if not r.get("skipped")]
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault((r["ranker"], r["model"], r["batch"]), []).append(r)
@@ -126,7 +139,8 @@ def summary(rows: list[dict]) -> list[dict]:
                     "mean loss": float(loss.mean()), "geomean top / best": float(np.exp(np.log1p(loss).mean())),
                     "worst loss": float(loss.max()), "beyond 2%": float((loss > 0.02).mean()),
                     "best M1 outside top-K": float(np.mean([r["best_m1"] not in r["top_m1s"]
-                                                            for r in rows if r["ranker"] == ranker]))})
+                                                            for r in rows if r["ranker"] == ranker])),
+                    "skipped": len(skipped)})
     return out
 
 
@@ -145,8 +159,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--out", type=Path, default=None, help="every layer's row as Parquet")
     args = p.parse_args(argv)
     started = time.perf_counter()
-    rows = reach_rows(args.models, args.sparsity, args.cnn_batch, loaded_rankers(args.ranker), args.design,
-                      args.gpu, args.top_k)
+    rankers = loaded_rankers(args.ranker, args.design)
+    rows = reach_rows(args.models, args.sparsity, args.cnn_batch, rankers, args.design, args.gpu, args.top_k)
     table = summary(rows)
     print_table(f"the ranker's top-{args.top_k} against every kept candidate, priced by the {args.gpu} estimate "
                 f"(ESTIMATES; design {args.design}; {time.perf_counter() - started:.0f} s)", table)

@@ -59,6 +59,9 @@ def test_the_launch_the_h100_refused_fits_nowhere():
     assert launch_block_registers(86, 736, H100) == 67584
     assert not block_fits_registers(86, 736, H100) and resident_blocks(86, 736, 0, H100) == 0
     assert block_fits_registers(80, 736, H100) and resident_blocks(80, 736, 0, H100) == 1
+    # whole warps per sub-partition: 208 registers (6656 a warp) fit 2 warps in each quarter of the file,
+    # 8 one-warp blocks an SM where the whole file's 65536 / 6656 would say 9
+    assert resident_blocks(208, 32, 0, H100) == 8
 
 
 def test_block_registers_round_per_warp_allocation():

@@ -102,10 +102,11 @@ def test_a_retrained_ranker_makes_the_bundles_it_chose_for_stale(monkeypatch):
 
     before = bundle.inputs_hash("headline-resnet50", {})
     real = ranker_store.ranker_metadata
-    monkeypatch.setattr(ranker_store, "ranker_metadata",
-                        lambda base=None: {**real(base), "version": "retrained"} if base == ranker_store.SHIPPED
-                        else real(base))
-    assert bundle.inputs_hash("headline-resnet50", {}) != before
+    for model in (ranker_store.SHIPPED, ranker_store.SHIPPED_HALF, ranker_store.SHIPPED_DESIGNS):
+        monkeypatch.setattr(ranker_store, "ranker_metadata",
+                            lambda base=None, model=model: {**real(base), "version": "retrained"} if base == model
+                            else real(base))
+        assert bundle.inputs_hash("headline-resnet50", {}) != before, model.name
 
 
 def test_a_package_that_fails_its_manifest_is_not_launched(tmp_path):
