@@ -84,8 +84,8 @@ def reach_rows(models, sparsities, cnn_batches, rankers: dict, design_label: str
                                      "sparsity": sparsity, "skipped": "no kept candidate with a price"})
                         continue
                     best = int(np.argmin(prices))
+                    feats = [feature_row(c, sparsity, k) for c in kept]
                     for name, (booster, features) in rankers.items():
-                        feats = [feature_row(c, sparsity, k) for c in kept]
                         _, ranks, chosen = chosen_candidates(feats, booster, RankParams(top_k=top_k), features)
                         top = np.flatnonzero(chosen)
                         pick = top[int(np.argmin(prices[top]))]  # inf when none of the top-K has a price
@@ -119,28 +119,26 @@ def loaded_rankers(stems, design_label: str = "chained") -> dict:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per ranker, model and batch: layers, mean and worst reach loss, the share beyond 2%, and how
-    often the cheapest kept candidate's M1 is outside the top-K's M1s."""
+    """Per ranker, model and batch, then per ranker over all: layers, mean and worst reach loss, the
+    share beyond 2%, and how often the cheapest kept candidate's M1 is outside the top-K's M1s."""
     skipped = [r for r in rows if r.get("skipped")]
     rows = [r for r in rows if not r.get("skipped")]
+
+    def stats(rs: list[dict]) -> dict:
+        loss = np.array([r["reach_loss"] for r in rs])
+        return {"layers": len(rs), "mean loss": float(loss.mean()),
+                "geomean top / best": float(np.exp(np.log1p(loss).mean())), "worst loss": float(loss.max()),
+                "beyond 2%": float((loss > 0.02).mean()),
+                "best M1 outside top-K": float(np.mean([r["best_m1"] not in r["top_m1s"] for r in rs]))}
+
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault((r["ranker"], r["model"], r["batch"]), []).append(r)
-    out = []
-    for (ranker, model, batch), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        loss = np.array([r["reach_loss"] for r in rs])
-        out.append({"ranker": ranker, "model": model, "batch": batch or "32x128", "layers": len(rs),
-                    "mean loss": float(loss.mean()), "geomean top / best": float(np.exp(np.log1p(loss).mean())),
-                    "worst loss": float(loss.max()), "beyond 2%": float((loss > 0.02).mean()),
-                    "best M1 outside top-K": float(np.mean([r["best_m1"] not in r["top_m1s"] for r in rs]))})
+    out = [{"ranker": ranker, "model": model, "batch": batch or "32x128", **stats(rs)}
+           for (ranker, model, batch), rs in sorted(groups.items())]
     for ranker in sorted({r["ranker"] for r in rows}):
-        loss = np.array([r["reach_loss"] for r in rows if r["ranker"] == ranker])
-        out.append({"ranker": ranker, "model": "all", "batch": "", "layers": len(loss),
-                    "mean loss": float(loss.mean()), "geomean top / best": float(np.exp(np.log1p(loss).mean())),
-                    "worst loss": float(loss.max()), "beyond 2%": float((loss > 0.02).mean()),
-                    "best M1 outside top-K": float(np.mean([r["best_m1"] not in r["top_m1s"]
-                                                            for r in rows if r["ranker"] == ranker])),
-                    "skipped": len(skipped)})
+        out.append({"ranker": ranker, "model": "all", "batch": "",
+                    **stats([r for r in rows if r["ranker"] == ranker]), "skipped": len(skipped)})
     return out
 
 
