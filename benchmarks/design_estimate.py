@@ -69,7 +69,7 @@ def choices(layers: dict, launch_us: float, overlap: float, factors_for) -> dict
     layers = {k: v for k, v in layers.items() if len(v) >= 2}
     complete = [d for d in {d for v in layers.values() for d in v} if all(d in v for v in layers.values())]
     if not layers:
-        return {"within 5% of the best": float("nan"), "gain over the best single design": float("nan"),
+        return {"layers": 0, "within 5% of the best": float("nan"), "gain over the best single design": float("nan"),
                 "best single design": ""}
     within, chosen = 0, {}
     for layer, designs in layers.items():
@@ -82,8 +82,8 @@ def choices(layers: dict, launch_us: float, overlap: float, factors_for) -> dict
     single = min(complete, key=lambda d: geomean([layers[k][d][0] for k in layers])) if complete else ""
     gain = (geomean([layers[k][single][0] for k in layers]) / geomean([chosen[k] for k in layers])
             if single else float("nan"))  # a cut-off run where no design reached every layer
-    return {"within 5% of the best": within / len(layers), "gain over the best single design": gain,
-            "best single design": single}
+    return {"layers": len(layers), "within 5% of the best": within / len(layers),
+            "gain over the best single design": gain, "best single design": single}
 
 
 def price_verdicts(path: Path, pricing=None) -> list[dict]:

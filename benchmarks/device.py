@@ -6,6 +6,7 @@ first. One entry point:
     python -m benchmarks.device run STEP [--budget-s S]   # on the GPU machine: one step, resumable
     python -m benchmarks.device next [--budget-s S]       # on the GPU machine: the next steps that fit the time left
     python -m benchmarks.device report [STEP]             # anywhere: a step's tables from its results
+    python -m benchmarks.device verdict [--device h100]   # anywhere: every open issue's device target, met or not
     python -m benchmarks.device wheels                    # here: the wheels the GPU image lacks, into .whl/
     python -m benchmarks.device window [--kind h100]      # here: a window's device calls, what each carries and runs
 
@@ -1058,6 +1059,10 @@ def main(argv=None) -> None:
     p = sub.add_parser("report", help="a step's tables from its results (every step's by default)")
     p.add_argument("step", nargs="?", choices=STEP_NAMES)
     p.add_argument("--markdown", action="store_true", help="the tables as GitHub Markdown (the README's)")
+    p = sub.add_parser("verdict", help="every open issue's device target against the committed results: "
+                                       "measured, met or not, or which step measures it")
+    p.add_argument("--device", default="h100", help="the results folder judged (the issues name the H100)")
+    p.add_argument("--markdown", action="store_true", help="the table as GitHub Markdown (the README's)")
     sub.add_parser("wheels", help="download the wheels the GPU image lacks into .whl/ (no GPU)")
     args = ap.parse_args(argv)
     if args.command == "status":
@@ -1080,6 +1085,16 @@ def main(argv=None) -> None:
 
         analysis.set_table_format("markdown" if args.markdown else "terminal")
         report(step_named(args.step) if args.step else None)
+    elif args.command == "verdict":
+        from benchmarks import analysis
+        from benchmarks.verdict import tally, verdict_rows
+
+        analysis.set_table_format("markdown" if args.markdown else "terminal")
+        rows = verdict_rows(RESULTS, args.device)
+        analysis.print_table(f"the open issues' device targets on {args.device}'s committed results "
+                             f"(benchmarks/results/{args.device}/): {tally(rows)}; work-bound: cuBLAS SGEMM "
+                             f"≥ {analysis.WORK_BOUND_US:g} µs (FP16 ≥ {analysis.HALF_WORK_BOUND_US:g} µs) at that N",
+                             rows)
     else:
         wheels()
 

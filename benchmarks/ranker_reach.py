@@ -112,9 +112,11 @@ def loaded_rankers(stems, design_label: str = "chained") -> dict:
         half = design_label != AUTO_DESIGN and design_named(design_label).number.is_half
         stems = [SHIPPED_DESIGNS if design_label == AUTO_DESIGN else shipped_ranker(half)]
     out = {}
-    for stem in stems:
+    names = [Path(stem).name for stem in stems]
+    for stem, name in zip(stems, names):
         booster, meta = load_ranker(Path(stem))
-        out[Path(stem).name] = (booster, ranker_features(meta))
+        # two stems of one name (a model and its copy elsewhere) keep apart by their path
+        out[str(stem) if names.count(name) > 1 else name] = (booster, ranker_features(meta))
     return out
 
 

@@ -62,3 +62,19 @@ def test_auto_prices_every_candidate_in_its_own_design_and_defaults_to_the_desig
     assert list(rr.loaded_rankers(None, "auto")) == ["ranker-designs"]
     assert list(rr.loaded_rankers(None, "fp16,baked,based,tile-x,walks=1,v=2")) == ["ranker-half"]
     assert list(rr.loaded_rankers(None, "chained")) == ["ranker"]
+
+
+def test_two_rankers_of_one_name_are_kept_apart(tmp_path):
+    """A model and its copy under another folder (before and after a retraining) are two rankers in
+    the table, not one that silently replaced the other."""
+    import shutil
+
+    from lospmm.flows.storage.ranker_store import SHIPPED
+
+    copy = tmp_path / "old" / SHIPPED.name
+    copy.parent.mkdir()
+    for suffix in (".txt", ".json"):
+        shutil.copy(SHIPPED.with_suffix(suffix), copy.with_suffix(suffix))
+    loaded = rr.loaded_rankers([str(copy), str(SHIPPED)], "chained")
+    assert len(loaded) == 2 and set(loaded) == {str(copy), str(SHIPPED)}
+    assert list(rr.loaded_rankers([str(SHIPPED)], "chained")) == ["ranker"]
