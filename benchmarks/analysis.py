@@ -336,6 +336,7 @@ def binding_terms(rows: list[dict], device, params=None) -> list[dict]:
 
 
 LATENCY_REFERENCE = "prefetch-1,regs+0,O1"  # sets.LATENCY_VARIANTS[0]'s label (a test ties the two)
+PREFETCH_REFERENCE = "prefetch-1"  # sets.prefetch_tiles_plan's flow kernel (a test ties the two)
 
 
 def latency_summary(rows: list[dict]) -> list[dict]:

@@ -101,6 +101,12 @@ STEPS: tuple[Step, ...] = (
     Step("staged", "the staged design on the A/B layers at 0.9: B through shared memory 4 and 8 tiles of a warp "
                    "and 4 tiles of 4 warps a block share, against the chained kernel on the same tiles", "30.3, 35",
          (BundleSpec("staged", "staged", {}, ("sgemm",)),), device_seconds=300),
+    # what both found: tiles too short to feed more than one multiply-add a B load, whose walks the
+    # latency A/B deepened only on the flow's own short tiles
+    Step("prefetch-tiles", "tall tiles fed by deep prefetch on the A/B layers at 0.9: for B loaded 4 and 8 "
+                           "columns ahead, the estimate's cheapest tile at that depth, against the flow's kernel "
+                           "and that tile at depth 1", "30.3, 35",
+         (BundleSpec("prefetch-tiles", "prefetch-tiles", {}, ("sgemm",)),), device_seconds=300),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -873,6 +879,11 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("latency A/B: each variant's time over the flow's kernel (prefetch 1, the "
                                      "predicted registers, -O1) on the same layer and tile; < 1 is faster",
                                      analysis.latency_summary(speed))
+            if any(r.get("set") == "prefetch-tiles" for r in speed):
+                analysis.print_table("tall tiles and deep prefetch: each kernel's time over the flow's (the "
+                                     "estimate's cheapest tile at depth 1) on the same layer; prefetch-P: the "
+                                     "cheapest tile at depth P, prefetch-P-tile: that tile at depth 1; < 1 is faster",
+                                     analysis.variant_summary(speed, "prefetch-tiles", analysis.PREFETCH_REFERENCE))
             if any(r.get("set") == "staged" for r in speed):
                 from lospmm.devices import device_named
                 from lospmm.kernel.estimate import estimate_timer

@@ -359,6 +359,86 @@ def latency_plan(layers=AB_LAYERS, sparsity: float = 0.9, design: str = "chained
     return out
 
 
+# the prefetch-tiles set's depths: B loaded P columns ahead with P more registers (the latency A/B's
+# variants), each on the tile the estimate prices lowest at that depth
+PREFETCH_DEPTHS = (4, 8)
+
+
+def cheapest_tile_at_depth(a: sp.csr_matrix, shape: LayerShape, prefetch: int, design, device, timer,
+                           tiles=None) -> tuple[int, int, float] | None:
+    """The kept candidate (M1, N1) the estimate prices lowest when B is loaded `prefetch` columns ahead
+    under `prefetch` more registers than the §3.2 prediction (0 more at depth 1, the flow's kernel),
+    with that price in µs; tiles in the flow's kept row order (search.layer_tiles). None for an
+    empty layer or where no candidate's block fits the registers at that depth."""
+    from lospmm.devices import block_fits_registers
+    from lospmm.kernel.estimate import estimated_timing, full_kernel_work
+    from lospmm.kernel.registers import predicted_registers
+    from lospmm.search import layer_tiles
+    from lospmm.stages.constrain import layer_candidates
+    from lospmm.stages.reorder import tile_stats
+
+    if a is None or a.nnz == 0:
+        return None
+    tiles = tiles or layer_tiles(a, shape.n)
+    extra = prefetch if prefetch > 1 else 0
+    best = None
+    for c in layer_candidates(shape.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, design=design):
+        registers = predicted_registers(c.m1, design=design) + extra
+        if not c.kept or not block_fits_registers(registers, design.block_threads(c.n1), device):
+            continue
+        work = full_kernel_work(tiles[c.m1], shape.m, shape.k, shape.n, c.n1, registers, prefetch=prefetch,
+                                design=design)
+        us = estimated_timing(work, device, timer.params).time_us
+        if best is None or us < best[2]:
+            best = (c.m1, c.n1, float(us))
+    return best
+
+
+def prefetch_tiles_plan(layers=AB_LAYERS, sparsity: float = 0.9, design: str = "chained",
+                        depths=PREFETCH_DEPTHS, gpu: str = "h100") -> list[Planned]:
+    """Tall tiles fed by deep prefetch (issue 30 item 3, issue 35): the headline found B's L2 traffic
+    binding at about one multiply-add a loaded element, which taller tiles cut, but a tall tile's
+    walk is one long chain of loads, each waiting a load's latency over (1 + prefetch), and the latency
+    A/B moved the prefetch depth on the flow's short tiles only. Here, per A/B layer in `design`:
+    the estimate's cheapest tile at depth 1 (`prefetch-1`, the flow's kernel), and for each depth P
+    its cheapest tile at depth P (`prefetch-P`, with P more registers) and that same tile at depth 1
+    (`prefetch-P-tile`: what the tile alone does). The H100 estimate prices the depth-8 tiles 0.59× the
+    depth-1 ones' time in geomean over ResNet-50 and BERT at batch 32; the launch rows carry each
+    kernel's estimate at its depth, so the step's table sets the measured ratio beside it."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.search import layer_tiles
+
+    device, kernel_design = device_named(gpu), design_named(design)
+    timer = estimate_timer(device)
+    out = []
+    for model, layer in layers:
+        shape = next(s for s in gemm_shapes(model) if s.layer == layer)
+        a = pruned(shape, sparsity)
+        tiles = layer_tiles(a, shape.n)
+        batch = 4 if model != "bert-base" else 32
+        matrix = _id(model, layer, sparsity)
+
+        def planned(label: str, tile, prefetch: int, why: str) -> Planned:
+            return Planned(_id("prefetch-tiles", model, layer, label), "prefetch-tiles", model, layer, shape.m,
+                           shape.k, shape.n, sparsity, batch, kernel_design.label, tile[0], tile[1], matrix,
+                           why, variant=label, prefetch=prefetch, extra_registers=prefetch if prefetch > 1 else 0,
+                           order="kept")
+
+        flow = cheapest_tile_at_depth(a, shape, 1, kernel_design, device, timer, tiles)
+        if flow is None:
+            continue
+        out.append(planned("prefetch-1", flow, 1, f"the estimate's cheapest tile at depth 1 ({flow[2]:.1f} µs)"))
+        for depth in depths:
+            deep = cheapest_tile_at_depth(a, shape, depth, kernel_design, device, timer, tiles)
+            if deep is None:
+                continue
+            out.append(planned(f"prefetch-{depth}", deep, depth,
+                               f"the estimate's cheapest tile at depth {depth} ({deep[2]:.1f} µs), {depth} more registers"))
+            out.append(planned(f"prefetch-{depth}-tile", deep, 1, f"the depth-{depth} tile at depth 1"))
+    return out
+
+
 # (tiles a block, warps a tile): one warp a tile, and four (a tile's code fetched once for 128 columns:
 # what the calibrated estimate's instruction supply asks for)
 STAGED_VARIANTS = ((4, 1), (8, 1), (4, 4))
@@ -847,12 +927,12 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
 
 def set_jobs(name: str, **options) -> list[Job]:
     """The jobs of a set by name (the device program's bundles): ab, micro, headline, half, conv,
-    reorder, nm, nm-spmm, latency, staged, sample; `options` are its plan's parameters."""
+    reorder, nm, nm-spmm, latency, staged, prefetch-tiles, sample; `options` are its plan's parameters."""
     if name == "sample":
         return sample_jobs(SampleParams(**options))
     plans = {"ab": ab_plan, "micro": micro_plan, "headline": headline_plan, "half": half_plan, "conv": conv_plan,
              "reorder": reorder_plan, "nm": nm_plan, "nm-spmm": nm_spmm_plan, "latency": latency_plan,
-             "staged": staged_plan}
+             "staged": staged_plan, "prefetch-tiles": prefetch_tiles_plan}
     if name not in plans:
         raise ValueError(f"no kernel set {name!r}: choose one of {', '.join([*plans, 'sample'])}")
     return [planned_job(p) for p in plans[name](**options)]

@@ -317,3 +317,46 @@ def test_the_micro_sweep_walks_the_footprint_tiles_past_the_cache_in_a_k_split_t
                for p in split)
     kernel = sets.planned_job(split[0]).source()
     assert "n = n0;" in "".join(kernel.units) and kernel.spec.design.section_fmas == sets.MICRO_SPLIT
+
+
+def test_the_prefetch_tiles_set_prices_each_depths_tile_and_builds_it_at_that_depth(tmp_path):
+    from benchmarks import analysis, bundle
+    from lospmm.devices import device_named
+    from lospmm.kernel.estimate import estimate_timer, estimated_timing, full_kernel_work
+    from lospmm.kernel.registers import predicted_registers
+    from lospmm.search import layer_tiles
+    from lospmm.stages.constrain import layer_candidates
+    from lospmm.stages.reorder import tile_stats
+
+    layer = ("bert-base", "encoder.layer.0.attention.self.query")
+    plan = sets.prefetch_tiles_plan(layers=(layer,))
+    assert [p.variant for p in plan] == ["prefetch-1", "prefetch-4", "prefetch-4-tile", "prefetch-8",
+                                         "prefetch-8-tile"]
+    assert plan[0].variant == analysis.PREFETCH_REFERENCE
+    assert [(p.prefetch, p.extra_registers) for p in plan] == [(1, 0), (4, 4), (1, 0), (8, 8), (1, 0)]
+    assert all(p.order == "kept" and p.design == design_named("chained").label for p in plan)
+    # each depth's tile and its depth-1 twin are one tile
+    assert (plan[1].m1, plan[1].n1) == (plan[2].m1, plan[2].n1) and (plan[3].m1, plan[3].n1) == (plan[4].m1, plan[4].n1)
+    # the depth-8 tile is the cheapest kept candidate at depth 8, found here by hand
+    shape = next(s for s in sets.gemm_shapes(layer[0]) if s.layer == layer[1])
+    a, device, design = sets.pruned(shape, 0.9), device_named("h100"), design_named("chained")
+    timer, tiles = estimate_timer(device), layer_tiles(sets.pruned(shape, 0.9), shape.n)
+    prices = {(c.m1, c.n1): estimated_timing(full_kernel_work(tiles[c.m1], shape.m, shape.k, shape.n, c.n1,
+                                                              predicted_registers(c.m1, design=design) + 8,
+                                                              prefetch=8, design=design), device, timer.params).time_us
+              for c in layer_candidates(shape.n, {m1: tile_stats(t) for m1, t in tiles.items()}, device, design=design)
+              if c.kept}
+    assert (plan[3].m1, plan[3].n1) == min(prices, key=prices.get)
+    # the estimate prices that tile lower at depth 8 than at depth 1, and taller than the flow's
+    assert sets.cheapest_tile_at_depth(a, shape, 8, design, device, timer)[2] < \
+        sets.cheapest_tile_at_depth(a, shape, 1, design, device, timer)[2]
+    assert plan[3].m1 > plan[0].m1
+    # built: the deep kernel loads B 8 columns ahead under 8 more registers, its twin at depth 1
+    folder = bundle.build("pt", [sets.planned_job(p) for p in (plan[3], plan[4])], tmp_path, cache=tmp_path / "cache",
+                          sass=False, say=lambda *_: None)
+    rows = {r["variant"]: r for r in bundle.bundle_rows(folder)}
+    assert rows["prefetch-8"]["status"] == rows["prefetch-8-tile"]["status"] == "ok"
+    assert rows["prefetch-8"]["kernel"] != rows["prefetch-8-tile"]["kernel"]
+    assert rows["prefetch-8"]["prefetch"] == 8 and rows["prefetch-8"]["extra_registers"] == 8
+    # each launch row carries the estimate at its own depth: deeper is cheaper on the same tile
+    assert rows["prefetch-8"]["estimate_us"] < rows["prefetch-8-tile"]["estimate_us"]
