@@ -5,8 +5,11 @@ Candidates: every M1 the reorder stage tiled, × N1 ∈ {32, 64, …, 1024} (mul
 size up to the per-block thread limit). Constraints apply in the paper's order and a candidate
 records the first one it fails:
 
-- register: the predicted registers per thread exceed the per-thread limit, or the block's
-  registers (allocated per warp in units of `reg_alloc_unit`) exceed the SM's or the block limit;
+- register: the predicted registers per thread exceed the per-thread limit, or the block fails
+  the launch check (devices.block_fits_registers: its warps rounded up to the register file's 4
+  sub-partitions, each warp's registers allocated in units of `reg_alloc_unit`, against the block
+  limit; cuda_occupancy.h's count, under which a block of 23 warps at 86 registers does not launch
+  on an H100 though its own registers fit);
 - utilisation: block_num = num_A_tiles · ceil(N/N1) < SMs/2 (Eq. 1 with the relaxed bound);
 - load_balance: COV_row (coefficient of variation of nnz across A_tiles) > TH_row, or
   WASTE_col (padded share of the ceil(N/N1)·N1 columns) > TH_col;
