@@ -695,6 +695,8 @@ def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, un
                                                    "bundles": {b.name: b.inputs for b in step.bundles}}, indent=1))
         say(f"step {step.name}: done")
     else:
+        # a done step measured again (its kernels changed) and cut off is partial again
+        (out / "done.json").unlink(missing_ok=True)
         say(f"step {step.name}: not finished in the budget; run it again to go on from here")
     return out
 

@@ -456,3 +456,19 @@ def test_every_committed_steps_report_prints_its_tables(capsys):
                   "A/B: each design's time", "each design against the baseline", "the default: ", "against cuBLAS", "by the estimate's largest term",
                   "implicit-im2col convolutions", "row orders, same tile and design", "NM-SpMM's shapes"):
         assert title in printed, title
+
+
+def test_a_done_step_measured_again_and_cut_off_is_partial_again(tmp_path, monkeypatch):
+    """A step run again (its kernels changed: window --again) keeps done.json only if it finishes:
+    cut off, its folder holds old and new launches, and the verdict must not read it as finished."""
+    monkeypatch.setattr(device, "env_facts", lambda: {"name": "NVIDIA H100 80GB HBM3"})
+    finished = {"value": False}
+    step = device.Step("again", "a step", "30", runner=lambda *a: finished["value"])
+    folder = tmp_path / "h100" / "again"
+    folder.mkdir(parents=True)
+    (folder / "done.json").write_text("{}")
+    device.run_step(step, budget_s=5, results=tmp_path)
+    assert not (folder / "done.json").exists()
+    finished["value"] = True
+    device.run_step(step, budget_s=5, results=tmp_path)
+    assert (folder / "done.json").exists()
