@@ -878,9 +878,15 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                 analysis.print_table("NM-SpMM's shapes: our N:M kernel against SGEMM (target: NM-SpMM's A100 ratios)",
                                      analysis.nm_spmm_summary(speed))
             if any(r.get("set") == "latency" for r in speed):
+                from lospmm.devices import device_named
+                from lospmm.kernel.estimate import estimate_timer
+
+                # beside the bundle's estimate, today's (the bundle's came before the occupancy fix)
+                today = {"today's estimate": estimate_timer(device_named("h100"))}
                 analysis.print_table("latency A/B: each variant's time over the flow's kernel (prefetch 1, the "
                                      "predicted registers, -O1) on the same layer and tile; < 1 is faster",
-                                     analysis.latency_summary(speed))
+                                     analysis.variant_summary(speed, "latency", analysis.LATENCY_REFERENCE, True,
+                                                              today))
             if any(r.get("set") == "prefetch-tiles" for r in speed):
                 analysis.print_table("tall tiles and deep prefetch: each kernel's time over the flow's (the "
                                      "estimate's cheapest tile at depth 1) on the same layer; prefetch-P: the "
