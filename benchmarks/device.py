@@ -240,6 +240,9 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
                 f"machine: python -m benchmarks.device run {r['step']}")
     if next_step is None:
         say("every step is done")
+    from benchmarks.verdict import tally, verdict_rows
+
+    say(f"the issues' targets on the H100: {tally(verdict_rows(results, 'h100'))} (python -m benchmarks.device verdict)")
     return rows
 
 
