@@ -76,6 +76,12 @@ def main(argv=None) -> None:
     step = step_named(args.step)
     folder = RESULTS / args.device / step.name
     measured = [r for f in sorted(folder.glob("kernel-speed-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    missing = [spec.name for spec in step.bundles if not (bundles.HOME / spec.name / "launches.parquet").is_file()]
+    if missing:
+        raise SystemExit(f"{step.name}: no prepared bundle {', '.join(missing)} under {bundles.HOME} "
+                         f"(python -m benchmarks.device prepare {step.name})")
+    if not measured:
+        raise SystemExit(f"{step.name}: no measured launches under {folder}")
     prepared = [r for spec in step.bundles for r in bundles.bundle_rows(bundles.HOME / spec.name)]
     pairs = paired(prepared, measured)
     analysis.set_table_format("markdown" if args.markdown else "terminal")

@@ -40,3 +40,11 @@ def test_the_summary_scales_each_new_estimate_by_its_old_kernels_error():
     # a's new kernel: 10 µs estimated, its old one measured 1.25x its estimate -> 12.5 µs
     assert row["vs SGEMM, new scaled"] == pytest.approx(math.sqrt(40 / 12.5 * 40 / 10))
     assert row["new / old estimate (changed tiles)"] == pytest.approx(0.5)
+
+
+def test_without_a_prepared_bundle_it_says_what_to_prepare(tmp_path, monkeypatch):
+    from benchmarks import bundle
+
+    monkeypatch.setattr(bundle, "HOME", tmp_path)
+    with pytest.raises(SystemExit, match="no prepared bundle headline-resnet50 under .*device prepare headline-resnet50"):
+        pvm.main(["headline-resnet50"])
