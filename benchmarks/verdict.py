@@ -1,7 +1,9 @@
 """Every device target of the open issues against the committed results: one row per target, what
 it asks, the figure measured (with how many kernels, layers or models it rests on, and the step
 folder it comes from) and whether it is met. A target no committed result covers says `not
-measured` and names the step that measures it: nothing here is estimated.
+measured` and names the step that measures it: nothing here is estimated. A figure from a step cut
+off before its last launch (`[partial]`: no done.json) or from the layers a model was fitted on
+(`in-sample`) is provisional: its yes is counted apart from a met target.
 
     python -m benchmarks.device verdict [--device h100] [--markdown]
 
