@@ -117,6 +117,16 @@ def measured_us(row: dict | None, key: str = "ours_us") -> float:
     return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else float("nan")
 
 
+def fp32_peak_flops(device) -> float:
+    """The device's FP32 peak in FLOP/s: an FMA (two FLOPs) on every lane each cycle."""
+    return device.sms * device.fp32_lanes_per_sm * 2 * device.clock_ghz * 1e9
+
+
+def useful_flops(r: dict) -> float:
+    """A launch's useful FLOP/s: two for each nonzero of A and column of B, over its measured time."""
+    return 2.0 * r["nnz"] * r["n"] / (float(r["ours_us"]) * 1e-6)
+
+
 def work_bound_kernel(r: dict) -> bool:
     """A measured full kernel (with its tiles' work) of a layer where SGEMM takes WORK_BOUND_US or more."""
     return (r.get("status") == "ok" and r.get("role", "full") == "full" and r.get("tile_loads") is not None
@@ -139,7 +149,7 @@ def headline_summary(rows: list[dict], peak_tflops: float = 66.9) -> list[dict]:
             xs = [r for r in best.values() if r["sparsity"] == s and keep(r)]
             if not xs:
                 continue
-            useful = [2 * r["nnz"] * r["n"] / (r["ours_us"] * 1e-6) / 1e12 for r in xs]
+            useful = [useful_flops(r) / 1e12 for r in xs]
             out.append({"scope": scope, "sparsity": s, "layers": len(xs),
                         "efficiency (median)": float(np.median([efficiency(r) for r in xs])),
                         "vs SGEMM (geomean)": geomean([r["sgemm_us"] / r["ours_us"] for r in xs]),
@@ -287,13 +297,13 @@ def reuse_summary(rows: list[dict], device) -> list[dict]:
     (Σ tile_fmas / Σ tile_loads): their useful FLOP/s as a share of `device`'s FP32 peak, beside the
     share B's 4-byte loads allow through L2 at `device.l2_gbps` (every load from L2: a block's B
     columns, K × N1 floats, do not fit L1) and through L1 at 128 B per SM-cycle."""
-    peak = device.sms * device.fp32_lanes_per_sm * 2 * device.clock_ghz * 1e9
+    peak = fp32_peak_flops(device)
     buckets = ((0.0, 1.1), (1.1, 1.5), (1.5, 2.5), (2.5, float("inf")))
     by: dict = {b: [] for b in buckets}
     for r in filter(work_bound_kernel, rows):
         loads, fmas = float(np.sum(r["tile_loads"])), float(np.sum(r["tile_fmas"]))
         if loads > 0:
-            share = 2.0 * r["nnz"] * r["n"] / (float(r["ours_us"]) * 1e-6) / peak
+            share = useful_flops(r) / peak
             by[next(b for b in buckets if b[0] <= fmas / loads < b[1])].append((share, fmas / loads))
     out = []
     for (low, high), values in by.items():
