@@ -7,6 +7,7 @@ The ideal is 1, 1, 0.
     python -m benchmarks.sass_efficiency [--sparsity 0.9] [--m1 8 16 32]
     python -m benchmarks.sass_efficiency --calibrate   # spills at the prediction over 30 layer × M1 cases
     python -m benchmarks.sass_efficiency --conv        # implicit-im2col conv kernels against the GEMM kernels
+    python -m benchmarks.sass_efficiency --nm          # the N:M kernels' chunk loop: instructions a stage
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ def main() -> None:
                          "0.5/0.7/0.9, two layers each")
     ap.add_argument("--conv", action="store_true",
                     help="ResNet-50 conv1 and layer1.0.conv2 at --sparsity: implicit-im2col conv kernel vs GEMM kernel")
+    ap.add_argument("--nm", action="store_true",
+                    help="the N:M kernels' (CUDA cores, fp32 and fp16; sparse tensor cores) instructions per chunk of K")
     args = ap.parse_args()
+    if args.nm:
+        return nm_loops()
     if args.conv:
         return conv_cost(args.sparsity, args.m1 if args.m1 != [8, 16, 32] else [1, 8, 16, 32])
     if args.calibrate:
@@ -107,6 +112,65 @@ def conv_cost(sparsity: float, m1s: list[int]) -> None:
                 c = sass_counts(out.cubin, kernel.name)
                 table.add_row(label, str(m1), kind, f"{seconds:.1f}", str(out.registers), str(out.thread_spill_bytes),
                               f"{c['total'] / a.nnz:.2f}", f"{c['FFMA'] / a.nnz:.3f}", f"{c['LDG'] / cols:.3f}")
+    Console(width=160).print(table)
+
+
+def nm_loops(rows: int = 1024, k: int = 1024) -> None:
+    """The N:M kernels' chunk loop on their 16-byte path, per warp: its instructions (straight code, so
+    each runs once a chunk), how many are multiply-adds (FFMA, HFMA2 or HMMA), cp.async copies and
+    shared-memory loads, and what is left (addresses, the barriers, the loop). Compiled with the
+    launch's path test fixed to the 16-byte path, which a launch with N a multiple of 4 (8 for 16-bit
+    B) and aligned B and C takes, so that the element-wise path's loop is not counted; a convolution's
+    implicit-im2col form has one path, a 4-byte gather a staged row. Beside each, the estimate's count
+    (estimate.nm_chunk_instructions)."""
+    from lospmm.kernel.design import design_named, half_design
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.kernel.nm import NMTiling
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+    from lospmm.kernel.estimate import nm_chunk_instructions
+    from lospmm.kernel.render import CodegenParams, kernel_source
+    from lospmm.kernel.sass import FMA_PIPE, disassembled, fma_loop
+    from lospmm.kernel.sparse_mma import MMATiling
+    from lospmm.stages.compile import compiled, kernel_options
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    nm = design_named("nm")
+    fp16 = half_design(NumberFormat.half("fp16", "packed", 0), nm)
+    mma = half_design(NumberFormat.half("fp16", "mma", 0), nm)
+    cases = [("fp32", nm, NMTiling(16, 32, 32)), ("fp32", nm, NMTiling(12, 32, 32)),
+             ("fp32", nm, NMTiling(8, 32, 32)), ("fp32", nm, NMTiling(8, 32, 32, depth=64)),
+             ("fp32", nm, NMTiling(4, 32, 32)), ("fp32", nm, NMTiling(4, 32, 32, depth=128)),
+             ("fp32", nm, NMTiling(2, 4, 1)), ("fp32", nm, NMTiling(2, 4, 1, 16, 64, 4, 4)),
+             ("fp16 packed", fp16, NMTiling(16, 32, 32)), ("fp16 packed", fp16, NMTiling(2, 4, 1)),
+             ("fp16 mma.sp", mma, MMATiling(2, 4, 1)), ("fp16 mma.sp", mma, MMATiling(2, 4, 1, 128, 128, 64, 64)),
+             ("fp32 conv", nm, NMTiling(2, 4, 1)), ("fp32 conv", nm, NMTiling(2, 4, 1, 16, 64, 4, 4)),
+             ("fp32 conv", nm, NMTiling(8, 32, 8))]
+    # a 3×3 convolution (64 channels, 14×14): its implicit-im2col form gathers 4 bytes a staged row and pixel
+    geometry = ConvGeometry(cin=64, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
+    table = Table(title=f"N:M kernels' chunk loop, per warp, on the 16-byte path ({rows}×{k}, sm_90, NVRTC; SASS counts)")
+    for c in ("numbers", "tiling", "registers", "instructions a chunk", "the estimate's", "multiply-adds", "share",
+              "cp.async", "shared loads", "other"):
+        table.add_column(c)
+    for numbers, design, tiling in cases:
+        conv = geometry if numbers.endswith("conv") else None
+        a = random_nm_pruned(rows, conv.k if conv else k, NMPattern(tiling.n, tiling.m, tiling.vector),
+                             np.random.default_rng(0))
+        if design.half:
+            a, _ = rounded_matrix(a, design.dtype)
+        kernel = kernel_source(a, None, 0, CodegenParams(design=design), Epilogue(), conv, nm=tiling)
+        (text,) = kernel.units
+        vector_path = text.replace("const bool vec = N %", "const bool vec = true || N %")
+        if vector_path == text and not conv:  # a conv kernel has one path: its gathers
+            raise SystemExit(f"{tiling.label}: the kernel's path test has changed; this benchmark fixes it to the 16-byte path")
+        out = compiled(vector_path, kernel.name, kernel_options("sm_90", tiling.block_rows, design=design,
+                                                                conv=conv is not None))
+        loop = fma_loop(disassembled(out.cubin))
+        fmas = sum(o in FMA_PIPE for o in loop)
+        copies, loads = loop.count("LDGSTS"), loop.count("LDS") + loop.count("LDSM")
+        estimate = "-" if isinstance(tiling, MMATiling) else f"{nm_chunk_instructions(tiling, design.number, conv is not None):.0f}"
+        table.add_row(numbers, tiling.label, str(out.registers), str(len(loop)), estimate, str(fmas), f"{fmas / len(loop):.3f}",
+                      str(copies), str(loads), str(len(loop) - fmas - copies - loads))
     Console(width=160).print(table)
 
 

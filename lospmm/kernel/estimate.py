@@ -85,7 +85,17 @@ class EstimateParams:
     loop (fitted to the H200's nm-spmm step, 24 launches, 2026-11-26: `python -m benchmarks.calibrate
     --nm`): nm_issue_efficiency=0.51 (the share of the issue bound its loop reaches: a shared-memory
     load's latency per slot and a barrier per chunk) and nm_warps_to_fill=1.77 (resident warps per
-    scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it). The staged
+    scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it); a stage's copies
+    (read from its SASS, sm_90, NVRTC 13, 2026-11-27: the chunk loop is straight code on the 16-byte
+    path, `python -m benchmarks.sass_efficiency --nm`): nm_copy_instr=6 (a 16-byte copy, its share of
+    the loop's set-up included: 69 instructions a chunk past the slots' at 16:32 for 11 copies) and
+    nm_gather_instr=12 (an implicit-im2col kernel's 4-byte gather: its window entry's load, one shift and
+    test of the pixel's window mask, the address; 347 and 353 more instructions a chunk than the GEMM
+    form's at 2:4 in 64×128 and 16×64 blocks, for 32 gathers in place of 8 copies; 21 before the mask)
+    and nm_half_gather_instr=9 (a 16-bit one: a load and a store to shared memory, no cp.async; 266-278
+    more a chunk than the fp16 GEMM form's at 8:32:8 and 2:4 in 16×64 and 64×128 blocks). The rate was fitted when a copy
+    took 28-31 instructions (a loop of divisions and bounds) though priced at 6, so it absorbed that
+    cost: until the nm-spmm step measures the straight copies, it prices the N:M kernel high. The staged
     kernel's (read from its SASS, sm_90, NVRTC 13, 8 tiles a block; not yet fitted to a measured
     launch): staged_copy_instr=10 (a column's copy: its offset from the table, B's address, the
     load, the st.shared, the loop's share: 38-41 instructions per 4 copies, ptxas unrolling the copy
@@ -116,6 +126,9 @@ class EstimateParams:
     promote_instr: int = 4
     nm_issue_efficiency: float = 0.51
     nm_warps_to_fill: float = 1.77
+    nm_copy_instr: int = 6
+    nm_gather_instr: int = 12
+    nm_half_gather_instr: int = 9
     mma_efficiency: float = 0.5
     staged_copy_instr: int = 10
     staged_chunk_instr: int = 24
@@ -437,18 +450,19 @@ class NMWork:
 
 def nm_registers(tiling, number=None) -> int:
     """Registers per thread of the N:M kernel before it is compiled: its accumulators, a row of A's
-    values and B's vectors, addresses, and an index per group of rows that share none (NVRTC on sm_90
-    gave 152-155 for 8×8 in vectors of 8 rows, 180 element-wise, 120-125 for 8×4, 89-96 for 4×4 over
-    N:M 2:4 to 4:32; this gives 152 and 180, 116 and 144, 96 and 108; its implicit-im2col form took 63-143,
-    fewer than the GEMM's: one copy path, no vector one). The sparse tensor-core kernel's: mma_registers."""
+    values and B's vectors, addresses, and B's vectors for each group of rows that share no index
+    (NVRTC on sm_90, 2026-11-27, 2:4, 16:32:8 and 4:32:32 over the five blockings: 124-128 for 8×8 in
+    vectors, 150-151 element-wise, 89-93 and 93-95 for 8×4, 61-64 and 63 for 4×4; this gives 129 and
+    157, 93 and 100, 73 and 76. fp16 with packed sums 78-90, 56-60 and 47-54; this gives 90, 72 and 60.
+    Its implicit-im2col form took 64-147, within these). The element-wise copy loop is kept rolled
+    (`#pragma unroll 1`), or the kernel held 152-180. The sparse tensor-core kernel's: mma_registers."""
     if isinstance(tiling, MMATiling):
         return mma_registers(tiling)
-    groups = tiling.thread_rows // tiling.index_rows
-    if number is not None and number.is_half and number.packed:  # a register holds a pair of sums (fp16 gave 106-110)
-        return (tiling.thread_rows * tiling.thread_columns // 2 + tiling.thread_rows + tiling.thread_columns // 2 + 64
-                + 4 * (groups - 1))
-    return (tiling.thread_rows * tiling.thread_columns + tiling.thread_rows + tiling.thread_columns + 72
-            + 4 * (groups - 1))
+    rows, columns = tiling.thread_rows, tiling.thread_columns
+    groups = rows // tiling.index_rows
+    if number is not None and number.is_half and number.packed:  # a register holds a pair of sums
+        return rows * columns // 2 + rows + columns // 2 + 46
+    return rows * columns + rows + columns + 49 + (groups - 1) * columns * columns // 16
 
 
 def mma_registers(tiling) -> int:
@@ -499,6 +513,24 @@ def mma_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePa
                   latency_s * 1e6, atb, 0, 0.0)
 
 
+def nm_chunk_instructions(t, number=None, conv: bool = False, params: EstimateParams = EstimateParams()) -> float:
+    """Instructions a warp of the N:M kernel in tiling `t` issues per chunk of K (a stage): its slots
+    (A's values in vectors of 4, per group of rows its index, address and B vectors, the multiply-adds,
+    a half kernel's unpacking), its share of the stage's copies (16-byte copies of B's rows, or a
+    convolution's 4-byte gathers, and A's values and index), the barriers and the loop."""
+    groups = t.thread_rows // t.index_rows
+    half = number is not None and number.is_half
+    packed = half and number.packed
+    element = 2.0 if half else 4.0
+    fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
+    unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
+    slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
+    b_copies = t.staged * t.block_columns * (1 if conv else element / 16) / t.threads
+    copies = (t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
+    b_copy_instr = (params.nm_half_gather_instr if half else params.nm_gather_instr) if conv else params.nm_copy_instr
+    return t.kept * slot_instr + b_copy_instr * b_copies + params.nm_copy_instr * copies + 12
+
+
 def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:
     """The estimate of one launch of the N:M kernel (the module docstring's model): on CUDA cores, or
     on sparse tensor cores for a sparse_mma tiling (mma_timing)."""
@@ -515,19 +547,12 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     chunks, row_blocks, column_blocks = t.chunks(work.k), t.row_blocks(work.m), -(-work.n // t.block_columns)
     blocks = row_blocks * column_blocks
     groups = t.thread_rows // t.index_rows
-    # per warp and slot: A's values (vectors of 4), per row group its index, address and B vectors, the FFMAs
     half = work.number is not None and work.number.is_half
     packed = half and work.number.packed
     element = 2.0 if half else 4.0
     # FMA-pipe instructions per slot: an FFMA per output, or one packed fma per pair of outputs
     fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
-    unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
-    slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
-    # 16-byte copies of B's rows, or a convolution's one-element gathers (each its window entry's load and test too)
-    b_copies = t.staged * t.block_columns * (1 if work.conv else element / 16) / t.threads
-    copies = b_copies + (t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
-    # the copies' addresses, the barriers and the loop
-    chunk_instr = t.kept * slot_instr + 6 * copies + (4 * b_copies if work.conv else 0) + 12
+    chunk_instr = nm_chunk_instructions(t, work.number, work.conv, params)
     block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
                            + t.thread_rows * t.thread_columns / 4 * 4)  # the stores
     block_ffma = warps * chunks * t.kept * fmas

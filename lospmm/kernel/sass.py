@@ -37,10 +37,7 @@ BYTES_PER_INSTRUCTION = 16  # sm_70 and later
 
 def opcodes_by_function(cubin: bytes) -> dict[str, list[str]]:
     """Each function's opcodes, in order (without their modifiers)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
+    sass = disassembled(cubin)
     by_function = {}
     for chunk in re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)[1:]:
         name = chunk.split(",", 1)[0].strip()
@@ -63,3 +60,39 @@ def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
             "LDG": base.count("LDG"), "STG": base.count("STG"),
             "LDL": base.count("LDL"), "STL": base.count("STL"), "total": len(base),
             "entry": len(by_function.get(entry, [])), "tile_other": tile_other}
+
+
+LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*)")
+FMA_PIPE = ("FFMA", "HFMA2", "HMMA")  # a multiply-add of fp32, of a packed half pair, or of the tensor cores
+
+
+def fma_loop(sass: str) -> list[str]:
+    """The opcodes (without modifiers) of the longest loop of `sass` (one function's nvdisasm text) that
+    holds multiply-adds: from a label to the branch back to it. A kernel whose loop body is straight code
+    (the N:M kernels' chunk loop on one path) executes exactly these once an iteration. [] when none."""
+    ops, labels, best = [], {}, []
+    for line in sass.splitlines():
+        label = LABEL.match(line)
+        if label:
+            labels[label.group(1)] = len(ops)
+            continue
+        found = INSTRUCTION.match(line)
+        if not found:
+            continue
+        op, operands = found.group(1).split(".")[0], found.group(2)
+        ops.append(op)
+        target = re.search(r"\((\.L_x_\d+)\)", operands) if op == "BRA" else None
+        if target and labels.get(target.group(1), len(ops)) < len(ops) - 1:
+            body = ops[labels[target.group(1)]:]
+            if any(o in FMA_PIPE for o in body) and len(body) > len(best):
+                best = body
+    return list(best)
+
+
+def disassembled(cubin: bytes) -> str:
+    """nvdisasm's text of a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout

@@ -344,20 +344,25 @@ def test_the_implicit_conv_nm_kernel_equals_a_reference_convolution(pattern, cin
     assert result.ok, (tiling.label, result.message)
 
 
-def test_the_implicit_conv_nm_kernel_reads_the_padding_as_zero():
+@pytest.mark.parametrize("window, test, without", [
+    (3, "((window_ok >> e.y) & 1)", "live"),  # one mask of 9 places (live in it)
+    (7, "((window_ok >> e.y) & 1)", "live"),  # 49 places: a 64-bit mask
+    # 81 places: a row and a column mask, tested apart
+    (9, "live && ((rows_ok >> (e.y & 0xffff)) & (cols_ok >> (e.y >> 16)) & 1u)", "live"),
+])
+def test_the_implicit_conv_nm_kernel_reads_the_padding_as_zero(window, test, without):
     """Without its window test the copy reads the input beside the window's edge, not zeros: the check
     against the reference convolution fails (ASan may stop it first)."""
     from lospmm.kernel.geometry import ConvGeometry
 
-    geometry = ConvGeometry(cin=8, h=6, w=6, kh=3, kw=3, pad=1)
+    geometry = ConvGeometry(cin=4, h=10, w=10, kh=window, kw=window, pad=window // 2)
     a = random_nm_pruned(16, geometry.k, NMPattern(2, 4), np.random.default_rng(2))
     kernel = kernel_source(a, None, 0, CodegenParams(design=NM), Epilogue(), geometry, nm=NMTiling(2, 4, 1, 16, 64, 4, 4))
     data = kernel.spec.module_data(a)
     assert checked(HostKernel(kernel, False, data), a, 2).ok
     text = kernel.source
-    test = "inside = in && live && "
     assert text.count(test) == 1
-    broken = KernelSource(kernel.spec, (text.replace(test, "inside = in && live; (void)"),))
+    broken = KernelSource(kernel.spec, (text.replace(test, without),))
     try:
         result = checked(HostKernel(broken, False, data), a, 2)
     except Exception:  # the emulation stopped it: the read past the image
@@ -418,7 +423,7 @@ def test_a_half_conv_check_sees_a_wrong_padding_and_a_wrong_half_of_a_pair():
     data = kernel.spec.module_data(a)
     assert checked(HostKernel(kernel, False, data), a, 2).ok
     text = kernel.source
-    for wrong, right in (("inside = in && live; (void)", "inside = in && live && "),
+    for wrong, right in (("live", "((window_ok >> e.y) & 1)"),
                          ("const float x = hi;", "const float x = lo;")):
         assert right in text
         broken = KernelSource(kernel.spec, (text.replace(right, wrong),))
@@ -465,3 +470,82 @@ def test_a_convolutions_nm_kernel_is_priced_above_the_gemms_for_its_gathers():
     t = nm_tilings(8, 32, 8)[0]
     gemm, conv = (nm_timing(NMWork(t, 256, 2304, 50176, nm_registers(t), None, c), h100) for c in (False, True))
     assert conv.time_us > gemm.time_us * 1.05 and conv.compute_us > gemm.compute_us
+
+
+@pytest.mark.parametrize("pattern, k, tiling, dtype, count, construct", [
+    # the whole chunk, K a multiple of it; N = 8 of a block's 128 columns: most threads copy zeros
+    ((16, 32, 1), 64, dict(), "fp32", 8, "p + 4ull * kbytes"),
+    # the whole chunk, K past the last stage's end
+    ((3, 8, 1), 40, dict(), "fp32", 136, "< left ?"),
+    # a chunk of 35 rows (M = 5): the last pass copies 3 of its 4 rows; K past the last stage's end
+    ((2, 5, 1), 45, dict(), "fp32", 132, "if (r0 + 32 < 35)"),
+    # a gathering stage of 6 rows (3:32 in vectors of 32): the last pass copies 2 of 4
+    ((3, 32, 32), 96, dict(), "fp32", 68, "if (r0 + 4 < 6)"),
+    # a gathering stage of 12 rows at 64 columns, K past the last stage, 16-bit B: passes of 8 rows
+    ((3, 32, 32), 96, dict(depth=64), "fp16", 16, "if (r0 + 8 < 12)"),
+    ((16, 32, 8), 96, dict(block_rows=16, block_columns=64, thread_rows=4, thread_columns=4), "bf16", 24, "p + 8ull"),
+    # the sparse tensor-core kernel's stages (rows padded in shared memory), K past the last stage's end
+    ((2, 4, 1), 40, dict(mma=True), "fp16", 16, "< left ?"),
+    ((1, 4, 1), 96, dict(mma=True, block_rows=16, block_columns=32, warp_rows=16, warp_columns=32, depth=64), "bf16",
+     40, "< left ?"),
+])
+def test_the_16_byte_copies_of_b_cover_every_edge_of_a_stage(pattern, k, tiling, dtype, count, construct):
+    """The straight-line copies of the vector path (N a multiple of 4, or 8 for a 16-bit B): every
+    staged row of B arrives, rows past K and a gathering stage's unused entries arrive as zeros, and
+    no copy writes past the stage (a partial last pass) or reads past B (AddressSanitizer)."""
+    from lospmm.kernel.design import half_design
+    from lospmm.kernel.numbers import NumberFormat, rounded_matrix
+    from lospmm.kernel.sparse_mma import MMATiling
+
+    n, m, vector = pattern
+    a = random_nm_pruned(64, k, NMPattern(n, m, vector), np.random.default_rng(k + n))
+    tiling = dict(tiling)
+    mma = tiling.pop("mma", False)
+    t = MMATiling(n, m, vector, **tiling) if mma else NMTiling(n, m, vector, **tiling)
+    design = NM
+    if dtype != "fp32":
+        a, _ = rounded_matrix(a, dtype)
+        design = half_design(NumberFormat.half(dtype, "mma" if mma else "packed", 0), NM)
+    kernel = kernel_source(a, None, 0, CodegenParams(design=design), nm=t)
+    assert construct in kernel.source
+    assert kernel.spec.path_counts(count) == (count,)  # the vector path
+    result = checked(HostKernel(kernel, True, kernel.spec.module_data(a)), a, count)
+    assert result.ok, (t.label, result.message)
+
+
+def _chunk_loop(kernel, tiling, design, conv=False) -> int:
+    """Instructions of the compiled kernel's chunk loop on its 16-byte path (straight code: each runs
+    once a chunk), as benchmarks.sass_efficiency --nm counts them."""
+    from lospmm.kernel.sass import NvdisasmMissing, disassembled, fma_loop
+    from lospmm.stages.compile import compiled, kernel_options
+
+    (text,) = kernel.units
+    text = text.replace("const bool vec = N %", "const bool vec = true || N %")
+    out = compiled(text, kernel.name, kernel_options("sm_90", tiling.block_rows, design=design, conv=conv))
+    try:
+        return len(fma_loop(disassembled(out.cubin)))
+    except NvdisasmMissing:  # the bench extra's
+        pytest.skip("no nvdisasm (pip install 'lospmm[bench]')")
+
+
+def test_the_estimate_counts_a_chunk_as_the_sass_does():
+    """nm_chunk_instructions against the compiled chunk loop (sm_90): the GEMM form within 12% (its
+    slots, copies and loop), and what a convolution's 4-byte gathers add over the GEMM's 16-byte copies
+    within 10%: the estimate's copy prices are the SASS's, so its choice between the two forms and the
+    baked kernels sees what each stage costs."""
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.kernel.estimate import nm_chunk_instructions
+    from lospmm.kernel.geometry import ConvGeometry
+
+    geometry = ConvGeometry(cin=64, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
+    for tiling in (NMTiling(16, 32, 32), NMTiling(4, 32, 32, depth=128), NMTiling(2, 4, 1, 16, 64, 4, 4),
+                   NMTiling(2, 4, 1)):
+        a = random_nm_pruned(128, geometry.k, NMPattern(tiling.n, tiling.m, tiling.vector), np.random.default_rng(1))
+        gemm = _chunk_loop(nm_source(a, tiling), tiling, NM)
+        estimate = nm_chunk_instructions(tiling)
+        assert abs(estimate / gemm - 1) < 0.12, (tiling.label, estimate, gemm)
+        if tiling.vector == 1:  # the conv form: a gather a staged row, for each thread's pixel
+            conv = _chunk_loop(kernel_source(a, None, 0, CodegenParams(design=NM), Epilogue(), geometry, nm=tiling),
+                               tiling, NM, conv=True)
+            added = nm_chunk_instructions(tiling, conv=True) - estimate
+            assert abs(added / (conv - gemm) - 1) < 0.10, (tiling.label, added, conv - gemm)

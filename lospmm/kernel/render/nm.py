@@ -11,12 +11,15 @@ then per slot each thread reads its rows' values (vectors of 4) and, per group o
 the slot's column, one B vector of its columns from that row of the chunk, and does rows ×
 columns multiply-adds. A thread's columns are vectors of 4 spaced 4·block_columns/thread_columns
 apart, so that a warp's shared-memory reads are consecutive. B and C are read and written as
-float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise.
+float4 where N is a multiple of 4 and both are 16-byte aligned, element by element otherwise. A
+stage's copies are straight code (copy_setup, vector_copies, block_copies): a block has one thread a
+column, so the renderer knows each thread's share, and a copy is an address and a cp.async.
 
 With a convolution's geometry it is the implicit-im2col N:M kernel: B's column is an output pixel,
 and each thread of a block copies its one pixel's input at each staged row's window entry (the int2
-table of render.conv.window_entries: an offset from the window's corner and its window row and
-column), zero in the padding or past the last pixel: 4 bytes a cp.async in fp32; a 16-bit input is
+table of render.conv.window_entries: an offset from the window's corner and its place in the
+window, whose bit in the pixel's window mask says whether it lies inside the image; a window of more
+than 64 places keeps a row and a column mask), zero in the padding or past the last pixel: 4 bytes a cp.async in fp32; a 16-bit input is
 loaded and stored (cp.async copies 4 bytes at least), so its copy is not overlapped with the
 multiply as the fp32 one is. Each output goes to NCHW Y, a half one rounded once from the fp32
 epilogue. The slots' loop is the GEMM's."""
@@ -33,7 +36,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
-from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_output, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, mask_type, pixel_output, pixel_window, window_entries, window_mask
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -113,51 +116,64 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     if geometry is not None:
         if threads != bn:  # each thread copies its one pixel's column of every staged row
             raise ValueError(f"N:M conv kernel {t.label}: {threads} threads for {bn} columns a block")
+        # one mask of the pixel's window places inside the image (render.conv.window_mask), tested with one
+        # shift a gather; no padding: every window is inside (ConvGeometry.windows_inside), no test
+        flat = not geometry.windows_inside and mask_type(geometry) is not None
         globals_.append(f"__device__ __align__(8) const int {window}[{2 * k}] = "
-                        f"{{{', '.join(map(str, window_entries(geometry, range(k), spec.element_bytes)))}}};\n")
+                        f"{{{', '.join(map(str, window_entries(geometry, range(k), spec.element_bytes, flat)))}}};\n")
         head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
                 f"const {ctype}* __restrict__ X, const {ctype}* xp, const unsigned rows_ok, const unsigned cols_ok, "
-                f"const bool live, const int k0, const long long slab) {{\n")
+                f"const {mask_type(geometry) or 'unsigned'} window_ok, const bool live, const int k0, "
+                f"const long long slab) {{\n")
         # the thread's pixel's input at each staged row's window entry; zero in the padding, past the
-        # last pixel, or past K
+        # last pixel, or past K (tested only where a stage can run past K, or a list can end early)
         fill = (f"    Bs[r * {bn} + tid] = inside ? *(const lospmm_h16*)((const char*)xp + e.x) : (lospmm_h16)0;  "
                 f"// a 16-bit input: no asynchronous copy that small\n" if half else
                 f"    lospmm_cp4(Bs + r * {bn} + tid, inside ? (const void*)((const char*)xp + e.x) : (const void*)X, "
                 f"inside ? 4 : 0);\n")
-        copy_b = [f"  for (int r = 0; r < {staged}; ++r) {{\n",
-                  f"    {in_chunk('r')};\n",
-                  f"    const int2 e = reinterpret_cast<const int2*>({window})[in ? kr : 0];\n",
-                  # no padding: every window is inside the image (ConvGeometry.windows_inside), no test
-                  f"    const bool inside = in && live{'' if geometry.windows_inside else ' && ' + WINDOW_INSIDE.format('e.y')};\n",
+        ragged = k % kc != 0
+        if t.gathers:
+            row = [f"    const int lr = listed[r], kr = k0 + lr; const bool in = lr < {kc}{f' && kr < {k}' if ragged else ''};\n"]
+        elif ragged:
+            row = [f"    const int kr = k0 + r; const bool in = kr < {k};\n"]
+        else:
+            row = ["    const int kr = k0 + r;\n"]
+        bounded = t.gathers or ragged
+        if geometry.windows_inside:
+            test = "live"
+        elif flat:  # live is in the mask
+            test = "((window_ok >> e.y) & 1)"
+        else:
+            test = "live && " + WINDOW_INSIDE.format("e.y")
+        copy_b = ["#pragma unroll\n", f"  for (int r = 0; r < {staged}; ++r) {{\n", *row,
+                  f"    const int2 e = reinterpret_cast<const int2*>({window})[{'in ? kr : 0' if bounded else 'kr'}];\n",
+                  f"    const bool inside = {'in && ' if bounded else ''}{test};\n",
                   fill,
                   "  }\n"]
     else:
         element_copy = (
-            [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
+            ["    #pragma unroll 1\n", f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
              f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
              f"      Bs[r * {bn} + q] = in ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
             if half else
-            [f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
+            ["    #pragma unroll 1\n", f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
              f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
              f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
         head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
                 f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
-                f"const bool vec) {{\n")
-        copy_b = ["  if (vec) {\n",
-                  f"    for (int i = tid; i < {staged * bn // per_copy}; i += {threads}) {{\n",
-                  f"      const int r = i / {bn // per_copy}, q = (i % {bn // per_copy}) * {per_copy}, col = col0 + q;\n",
-                  f"      {in_chunk('r')} && col < N;\n",
-                  f"      lospmm_cp16(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
-                  "    }\n  } else {\n", *element_copy, "  }\n"]
+                f"const bool vec, const {ctype}* bcol, const unsigned kbytes, const int live) {{\n")
+        copy_b = ["  if (vec) {\n", *(f"    {line}" for line in vector_copies(
+            staged, k, kc, bn, bn, threads, per_copy, ctype, t.gathers)),
+                  "  } else {\n", *element_copy, "  }\n"]
     stage = "".join([
         head,
         "  const int tid = threadIdx.x;\n",
         *(f"  {line}" for line in row_of),
         *copy_b,
         f"  const float* av = {symbols['values']} + slab * {kept * bm};\n",
-        f"  for (int i = tid; i < {kept * bm // 4}; i += {threads}) lospmm_cp16(As + 4 * i, av + 4 * i, 16);\n",
+        *block_copies(kept * bm // 4, threads, "As", "av", 4),
         f"  const unsigned char* ai = {symbols['index']} + slab * {t.slab};\n",
-        f"  for (int i = tid; i < {t.slab // 16}; i += {threads}) lospmm_cp16(Is + 16 * i, ai + 16 * i, 16);\n",
+        *block_copies(t.slab // 16, threads, "Is", "ai", 16),
         "}\n"])
     # the sums: per row and column a float, or per row and pair of columns a packed pair
     columns = tn // 2 if packed else tn
@@ -248,13 +264,14 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         # is 16-byte aligned when N is a multiple of 8
         vec = f"N % {per_copy} == 0 && (unsigned long long)B % 16 == 0 && (unsigned long long)C % 16 == 0"
         signature = f"(const {ctype}* __restrict__ B, {ctype}* __restrict__ C, const int N)"
-        setup = [f"  const bool vec = {vec};\n"]
-        staged_from = "B, N, {k0}, col0, {slab}, vec"
+        setup = [f"  const bool vec = {vec};\n", *copy_setup(bn, per_copy, ctype, spec.element_bytes, t.gathers)]
+        staged_from = "B, N, {k0}, col0, {slab}, vec, bcol, kbytes, live"
     else:  # the thread's copy column is output pixel col0 + tid: its window found once
         signature = f"(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, const int batch)"
         setup = [f"  const int N = batch * {geometry.pixels}, n = col0 + tid;\n", "  const bool live = n < N;\n",
-                 pixel_window(geometry, m, ctype=ctype)]
-        staged_from = "X, xp, rows_ok, cols_ok, live, {k0}, {slab}"
+                 pixel_window(geometry, m, ctype=ctype),
+                 window_mask(geometry) if flat else f"  const {mask_type(geometry) or 'unsigned'} window_ok = 0;\n"]
+        staged_from = "X, xp, rows_ok, cols_ok, window_ok, live, {k0}, {slab}"
     body = "".join([
         f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}{signature} {{\n",
         f"  __shared__ __align__(16) {ctype} Bs[2][{(staged + 1) * bn}];\n",
@@ -289,3 +306,74 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     return "".join([included("preamble.cuh"), included("vector.cuh"), *([included("half.cuh")] if half else []),
                     *([included("conv.cuh")] if geometry is not None else []),
                     included("nm.cuh"), header, *globals_, stage, body])
+
+
+def copy_setup(bn: int, per_copy: int, ctype: str, element_bytes: int, gathers: bool = False,
+               col0: str = "col0") -> list[str]:
+    """The kernel's lines that find its threads' 16-byte copies of B once (vector_copies reads them): the
+    column vector cq of its block's columns a thread copies (a block's columns are 16-byte vectors
+    `per_copy` elements wide, `bn` // `per_copy` a row), `bcol` where its first staged row's vector
+    starts in B (a gathering stage's rows are listed: then row 0), `kbytes` a row of B in bytes and
+    `live` a copy's size; a thread whose vector lies past N copies zeros (live 0), from B itself. N is a
+    multiple of `per_copy` on the vector path, so a vector is wholly inside or past N. `col0`: the
+    kernel's name for its block's first column."""
+    per_row = bn // per_copy
+    first_row = "" if gathers else f"(long long)(tid / {per_row}) * N + "
+    return [f"  const int cq = tid % {per_row} * {per_copy};\n",
+            f"  const bool col_in = {col0} + cq < N;\n",
+            f"  const {ctype}* bcol = col_in ? B + {first_row}{col0} + cq : B;\n",
+            f"  const unsigned kbytes = col_in ? (unsigned)N * {element_bytes}u : 0u;  // a row of B, in bytes\n",
+            "  const int live = col_in ? 16 : 0;\n"]
+
+
+def vector_copies(staged: int, k: int, chunk: int, bn: int, pitch: int, threads: int, per_copy: int, ctype: str,
+                  gathers: bool = False) -> list[str]:
+    """A stage's 16-byte copies of B's rows into `Bs` (rows `pitch` elements apart), as straight code
+    on what copy_setup found once: thread tid copies the column vector cq of staged rows
+    tid / F + P·j (F vectors a row of `bn` columns, P = threads / F rows a pass, j = 0, 1, …) — the
+    chunk's rows from k0, or where the stage `gathers`, the rows its block's list (`listed`) names. A
+    copy is then an address and a cp.async; the loop this replaced (a division, a remainder and the
+    bounds per copy) took 28-31 instructions a copy in sm_90 SASS. Rows past K (the last stage of a K
+    that is no multiple of `chunk`) and a list's unused entries copy zeros, from an address inside B;
+    a pass past the staged rows (when they are no multiple of P) is not copied."""
+    per_row = bn // per_copy
+    if threads % per_row:
+        raise ValueError(f"{threads} threads do not copy whole rows of {per_row} vectors")
+    passes = threads // per_row
+    copies = -(-staged // passes)
+    ragged = k % chunk != 0
+    lines = [f"const int r0 = tid / {per_row};\n",
+             f"{ctype}* dst = Bs + r0 * {pitch} + tid % {per_row} * {per_copy};\n"]
+    if gathers:
+        lines.append("const unsigned char* lp = listed + r0;\n")
+    else:
+        lines.append("const char* p = (const char*)bcol + (unsigned long long)(unsigned)k0 * kbytes;\n")
+        if ragged:
+            lines.append(f"const int left = {k} - k0 - r0;  // rows of B left at the thread's first staged row\n")
+    for j in range(copies):
+        row = passes * j
+        # only the last pass can run past the staged rows
+        guard = f"if (r0 + {row} < {staged}) " if j == copies - 1 and staged % passes else ""
+        if gathers:
+            in_k = f" && k0 + l{j} < {k}" if ragged else ""
+            lines.append(f"{guard}{{ const int l{j} = lp[{row}]; const bool in{j} = l{j} < {chunk}{in_k}; "
+                         f"lospmm_cp16(dst + {row * pitch}, (const char*)bcol + (unsigned long long)(unsigned)(in{j} ? k0 + l{j} : 0) * kbytes, "
+                         f"in{j} ? live : 0); }}\n")
+        elif ragged:
+            lines.append(f"{guard}lospmm_cp16(dst + {row * pitch}, {row} < left ? (const void*)(p + {row}ull * kbytes) : (const void*)B, "
+                         f"{row} < left ? live : 0);\n")
+        else:
+            lines.append(f"{guard}lospmm_cp16(dst + {row * pitch}, p + {row}ull * kbytes, live);\n")
+    return lines
+
+
+def block_copies(count: int, threads: int, dst: str, src: str, unit: int, src_unit: int = 0) -> list[str]:
+    """`count` 16-byte copies from `src` to `dst` shared by the block's threads, as straight code (the
+    trip count is the renderer's to know): copy i at `dst` + unit·i from `src` + src_unit·i (elements
+    of each pointer's type; src_unit 0: `unit`)."""
+    full, rest = divmod(count, threads)
+    src_unit = src_unit or unit
+
+    def copy(j: int) -> str:
+        return f"lospmm_cp16({dst} + {unit} * (tid + {threads * j}), {src} + {src_unit} * (tid + {threads * j}), 16);\n"
+    return [f"  {copy(j)}" for j in range(full)] + ([f"  if (tid < {rest}) {copy(full)}"] if rest else [])

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from lospmm.kernel.design import KernelDesign
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.includes import included
-from lospmm.kernel.render.nm import untiled_spec
+from lospmm.kernel.render.nm import block_copies, copy_setup, untiled_spec, vector_copies
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.sparse_mma import STEP, MMATiling, mma_operands
 from lospmm.kernel.spec import KernelSource, KernelSpec
@@ -55,22 +55,20 @@ def _source(spec: KernelSpec, t: MMATiling, sizes: dict[str, int], epilogue: Epi
     stage = "".join([
         f"__device__ __forceinline__ void stage_{name}(lospmm_h16* Bs, unsigned* As, unsigned* Es, "
         f"const lospmm_h16* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
-        f"const bool vec) {{\n",
+        f"const bool vec, const lospmm_h16* bcol, const unsigned kbytes, const int live) {{\n",
         "  const int tid = threadIdx.x;\n",
         "  if (vec) {  // 8 columns a copy: N is a multiple of 8, so a copy is wholly inside or past N\n",
-        f"    for (int i = tid; i < {depth * bn // 8}; i += {threads}) {{\n",
-        f"      const int r = i / {bn // 8}, q = (i % {bn // 8}) * 8, kr = k0 + r, col = col0 + q;\n",
-        f"      const bool in = kr < {k} && col < N;\n",
-        f"      lospmm_cp16(Bs + r * {pitch} + q, in ? B + (long long)kr * N + col : B, in ? 16 : 0);\n",
-        "    }\n  } else {  // a 16-bit element: no asynchronous copy that small\n",
+        *(f"    {line}" for line in vector_copies(depth, k, depth, bn, pitch, threads, 8, "lospmm_h16")),
+        "  } else {  // a 16-bit element: no asynchronous copy that small\n",
+        "    #pragma unroll 1\n",
         f"    for (int i = tid; i < {depth * bn}; i += {threads}) {{\n",
         f"      const int r = i / {bn}, q = i % {bn}, kr = k0 + r, col = col0 + q;\n",
         f"      Bs[r * {pitch} + q] = kr < {k} && col < N ? B[(long long)kr * N + col] : (lospmm_h16)0;\n",
         "    }\n  }\n",
         f"  const float* av = {values} + slab * {a_words};\n",
-        f"  for (int i = tid; i < {a_words // 4}; i += {threads}) lospmm_cp16(As + 4 * i, av + 4 * i, 16);\n",
+        *block_copies(a_words // 4, threads, "As", "av", 4),
         f"  const unsigned char* ev = {index} + slab * {4 * e_words};\n",
-        f"  for (int i = tid; i < {e_words // 4}; i += {threads}) lospmm_cp16(Es + 4 * i, ev + 16 * i, 16);\n",
+        *block_copies(e_words // 4, threads, "Es", "ev", 4, 16),
         "}\n"])
     acc = [[[f"c{i}_{j}_{r}" for r in range(4)] for j in range(nt)] for i in range(mt)]
     step = []
@@ -106,14 +104,15 @@ def _source(spec: KernelSpec, t: MMATiling, sizes: dict[str, int], epilogue: Epi
         f"  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / {warps_n}, wn = warp % {warps_n};\n",
         f"  const int row_block = blockIdx.x, col_block = blockIdx.y * {bn};\n",
         "  const bool vec = N % 8 == 0 && (unsigned long long)B % 16 == 0;\n",
+        *copy_setup(bn, 8, "lospmm_h16", 2, col0="col_block"),
         "  const bool pair = N % 2 == 0 && (unsigned long long)C % 4 == 0;\n",
         *(f"  float {', '.join(f'{c} = 0.0f' for c in tile)};\n" for row in acc for tile in row),
-        f"  stage_{name}(Bs[0], As[0], Es[0], B, N, 0, col_block, row_block, vec);\n",
+        f"  stage_{name}(Bs[0], As[0], Es[0], B, N, 0, col_block, row_block, vec, bcol, kbytes, live);\n",
         "  lospmm_cp_commit();\n",
         f"  for (int c = 0; c < {chunks}; ++c) {{\n",
         f"    if (c + 1 < {chunks}) {{\n",
         f"      stage_{name}(Bs[(c + 1) & 1], As[(c + 1) & 1], Es[(c + 1) & 1], B, N, (c + 1) * {depth}, col_block, "
-        f"(long long)(c + 1) * {row_blocks} + row_block, vec);\n",
+        f"(long long)(c + 1) * {row_blocks} + row_block, vec, bcol, kbytes, live);\n",
         "      lospmm_cp_commit();\n      lospmm_cp_wait_one();\n    } else {\n      lospmm_cp_wait_all();\n    }\n",
         "    __syncthreads();\n",
         "    // lane l names row l of the step (ldmatrix's matrix l / 8, its row l % 8) at the warp's columns\n",
