@@ -122,7 +122,8 @@ def nm_loops(rows: int = 1024, k: int = 1024) -> None:
     launch's path test fixed to the 16-byte path, which a launch with N a multiple of 4 (8 for 16-bit
     B) and aligned B and C takes, so that the element-wise path's loop is not counted; a convolution's
     implicit-im2col form has one path, a 4-byte gather a staged row. Beside each, the estimate's count
-    (estimate.nm_chunk_instructions)."""
+    (estimate.nm_chunk_instructions); the registers are the kernel's as a run compiles it (both paths).
+    Where ptxas unrolls the chunk loop, its counts are divided by the chunks it holds (two barriers each)."""
     from lospmm.kernel.design import design_named, half_design
     from lospmm.kernel.epilogue import Epilogue
     from lospmm.kernel.geometry import ConvGeometry
@@ -143,14 +144,18 @@ def nm_loops(rows: int = 1024, k: int = 1024) -> None:
              ("fp32", nm, NMTiling(4, 32, 32)), ("fp32", nm, NMTiling(4, 32, 32, depth=128)),
              ("fp32", nm, NMTiling(2, 4, 1)), ("fp32", nm, NMTiling(2, 4, 1, 16, 64, 4, 4)),
              ("fp16 packed", fp16, NMTiling(16, 32, 32)), ("fp16 packed", fp16, NMTiling(2, 4, 1)),
+             ("fp16 packed", fp16, NMTiling(8, 32, 8)), ("fp16 packed", fp16, NMTiling(8, 32, 8, 16, 64, 4, 4)),
+             ("fp16 packed", fp16, NMTiling(2, 4, 1, 16, 64, 4, 4)),
              ("fp16 mma.sp", mma, MMATiling(2, 4, 1)), ("fp16 mma.sp", mma, MMATiling(2, 4, 1, 128, 128, 64, 64)),
              ("fp32 conv", nm, NMTiling(2, 4, 1)), ("fp32 conv", nm, NMTiling(2, 4, 1, 16, 64, 4, 4)),
-             ("fp32 conv", nm, NMTiling(8, 32, 8))]
+             ("fp32 conv", nm, NMTiling(8, 32, 8)), ("fp16 packed conv", fp16, NMTiling(8, 32, 8)),
+             ("fp16 packed conv", fp16, NMTiling(8, 32, 8, 16, 64, 4, 4)),
+             ("fp16 packed conv", fp16, NMTiling(2, 4, 1, 16, 64, 4, 4))]
     # a 3×3 convolution (64 channels, 14×14): its implicit-im2col form gathers 4 bytes a staged row and pixel
     geometry = ConvGeometry(cin=64, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
     table = Table(title=f"N:M kernels' chunk loop, per warp, on the 16-byte path ({rows}×{k}, sm_90, NVRTC; SASS counts)")
-    for c in ("numbers", "tiling", "registers", "instructions a chunk", "the estimate's", "multiply-adds", "share",
-              "cp.async", "shared loads", "other"):
+    for c in ("numbers", "tiling", "registers (as shipped)", "instructions a chunk", "the estimate's", "multiply-adds",
+              "share", "cp.async", "shared loads", "other"):
         table.add_column(c)
     for numbers, design, tiling in cases:
         conv = geometry if numbers.endswith("conv") else None
@@ -163,15 +168,19 @@ def nm_loops(rows: int = 1024, k: int = 1024) -> None:
         vector_path = text.replace("const bool vec = N %", "const bool vec = true || N %")
         if vector_path == text and not conv:  # a conv kernel has one path: its gathers
             raise SystemExit(f"{tiling.label}: the kernel's path test has changed; this benchmark fixes it to the 16-byte path")
-        out = compiled(vector_path, kernel.name, kernel_options("sm_90", tiling.block_rows, design=design,
-                                                                conv=conv is not None))
+        options = kernel_options("sm_90", tiling.block_rows, design=design, conv=conv is not None)
+        out, shipped = compiled(vector_path, kernel.name, options), compiled(text, kernel.name, options)
         loop = fma_loop(disassembled(out.cubin))
-        fmas = sum(o in FMA_PIPE for o in loop)
-        copies, loads = loop.count("LDGSTS"), loop.count("LDS") + loop.count("LDSM")
+        # ptxas may unroll the chunk loop: a chunk has two barriers (its stage in, its slots done)
+        chunks = max(1, loop.count("BAR") // 2)
+        fmas = sum(o in FMA_PIPE for o in loop) / chunks
+        copies, loads = loop.count("LDGSTS") / chunks, (loop.count("LDS") + loop.count("LDSM")) / chunks
+        instructions = len(loop) / chunks
         estimate = "-" if isinstance(tiling, MMATiling) else f"{nm_chunk_instructions(tiling, design.number, conv is not None):.0f}"
-        table.add_row(numbers, tiling.label, str(out.registers), str(len(loop)), estimate, str(fmas), f"{fmas / len(loop):.3f}",
-                      str(copies), str(loads), str(len(loop) - fmas - copies - loads))
-    Console(width=160).print(table)
+        table.add_row(numbers, tiling.label, str(shipped.registers), f"{instructions:.0f}", estimate, f"{fmas:.0f}",
+                      f"{fmas / instructions:.3f}", f"{copies:.0f}", f"{loads:.0f}",
+                      f"{instructions - fmas - copies - loads:.0f}")
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,11 @@ class EstimateParams:
     scheduler it needs for that; one block of 4 warps an SM issues at 1/1.77 of it); a stage's copies
     (read from its SASS, sm_90, NVRTC 13, 2026-11-27: the chunk loop is straight code on the 16-byte
     path, `python -m benchmarks.sass_efficiency --nm`): nm_copy_instr=6 (a 16-byte copy, its share of
-    the loop's set-up included: 69 instructions a chunk past the slots' at 16:32 for 11 copies) and
+    the loop's set-up included: 69 instructions a chunk past the slots' at 16:32 for 11 copies),
+    nm_listed_copy_instr=12 (a copy of a row a gathering stage's list names: the entry's load, its test
+    and the row's address too; 139 past the slots' at 4:32:32 in stages of 128 for 8 such and 3 plain),
+    nm_chunk_instr=40 (a stage's set-up, its commit and wait, two barriers and the loop: what is left of
+    the SASS's count past slots and copies, 13-44 over eight tilings) and
     nm_gather_instr=12 (an implicit-im2col kernel's 4-byte gather: its window entry's load, one shift and
     test of the pixel's window mask, the address; 347 and 353 more instructions a chunk than the GEMM
     form's at 2:4 in 64×128 and 16×64 blocks, for 32 gathers in place of 8 copies; 21 before the mask)
@@ -127,6 +131,8 @@ class EstimateParams:
     nm_issue_efficiency: float = 0.51
     nm_warps_to_fill: float = 1.77
     nm_copy_instr: int = 6
+    nm_listed_copy_instr: int = 12
+    nm_chunk_instr: int = 40
     nm_gather_instr: int = 12
     nm_half_gather_instr: int = 9
     mma_efficiency: float = 0.5
@@ -527,8 +533,13 @@ def nm_chunk_instructions(t, number=None, conv: bool = False, params: EstimatePa
     slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
     b_copies = t.staged * t.block_columns * (1 if conv else element / 16) / t.threads
     copies = (t.kept * t.block_rows / 4 + t.slab / 16) / t.threads
-    b_copy_instr = (params.nm_half_gather_instr if half else params.nm_gather_instr) if conv else params.nm_copy_instr
-    return t.kept * slot_instr + b_copy_instr * b_copies + params.nm_copy_instr * copies + 12
+    # a gathering stage's row costs its list entry's load and test besides
+    listed = params.nm_listed_copy_instr - params.nm_copy_instr if t.gathers else 0
+    if conv:
+        b_copy_instr = (params.nm_half_gather_instr if half else params.nm_gather_instr) + listed
+    else:
+        b_copy_instr = params.nm_copy_instr + listed
+    return t.kept * slot_instr + b_copy_instr * b_copies + params.nm_copy_instr * copies + params.nm_chunk_instr
 
 
 def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimateParams()) -> Timing:

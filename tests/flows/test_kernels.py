@@ -481,7 +481,7 @@ def test_designs_priced_lists_each_design_once_at_its_best_tile_in_the_emit_stag
 
 
 def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_path):
-    """A convolution in an fp16 run whose A holds 8:32 in vectors of 8 (no sparse tensor-core form): the
+    """A convolution in an fp16 run whose A holds 8:32 in vectors of 32 (no sparse tensor-core form): the
     N:M kernel's implicit-im2col form in fp16 is priced below the tiled im2col GEMM and served (form
     implicit-conv); the loader runs it on an NCHW fp16 X, and its output is the exact model's of
     A · im2col(X). Without the N:M kernel the layer is the tiled half kernel's implicit-im2col form, and
@@ -500,7 +500,7 @@ def test_a_half_runs_nm_convolution_is_served_by_its_implicit_conv_kernel(tmp_pa
     from lospmm.stages.prune import NMPattern, random_nm_pruned
 
     geometry = ConvGeometry(cin=32, h=8, w=8, kh=3, kw=3, pad=1)
-    a = random_nm_pruned(64, geometry.k, NMPattern(8, 32, 8), np.random.default_rng(5))
+    a = random_nm_pruned(64, geometry.k, NMPattern(8, 32, 32), np.random.default_rng(5))
     tiles = {8: reordered_tiles(a, 8)}
     timed = [{"model": "m", "layer": "conv", "op": "conv", "m": 64, "n": 2 * geometry.pixels, "k": geometry.k,
               "repeat": 1, "sparsity": 0.75, "m1": 8, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]

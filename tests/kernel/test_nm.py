@@ -479,6 +479,8 @@ def test_a_convolutions_nm_kernel_is_priced_above_the_gemms_for_its_gathers():
     ((3, 8, 1), 40, dict(), "fp32", 136, "< left ?"),
     # a chunk of 35 rows (M = 5): the last pass copies 3 of its 4 rows; K past the last stage's end
     ((2, 5, 1), 45, dict(), "fp32", 132, "if (r0 + 32 < 35)"),
+    # a chunk of 33 rows (M = 3): the last pass copies 1 of 4, the others would land past the zero row
+    ((2, 3, 1), 66, dict(), "fp32", 40, "if (r0 + 32 < 33)"),
     # a gathering stage of 6 rows (3:32 in vectors of 32): the last pass copies 2 of 4
     ((3, 32, 32), 96, dict(), "fp32", 68, "if (r0 + 4 < 6)"),
     # a gathering stage of 12 rows at 64 columns, K past the last stage, 16-bit B: passes of 8 rows
@@ -538,8 +540,8 @@ def test_the_estimate_counts_a_chunk_as_the_sass_does():
     from lospmm.kernel.geometry import ConvGeometry
 
     geometry = ConvGeometry(cin=64, h=14, w=14, kh=3, kw=3, stride=1, pad=1)
-    for tiling in (NMTiling(16, 32, 32), NMTiling(4, 32, 32, depth=128), NMTiling(2, 4, 1, 16, 64, 4, 4),
-                   NMTiling(2, 4, 1)):
+    for tiling in (NMTiling(16, 32, 32), NMTiling(4, 32, 32), NMTiling(4, 32, 32, depth=128),
+                   NMTiling(2, 4, 1, 16, 64, 4, 4), NMTiling(2, 4, 1)):
         a = random_nm_pruned(128, geometry.k, NMPattern(tiling.n, tiling.m, tiling.vector), np.random.default_rng(1))
         gemm = _chunk_loop(nm_source(a, tiling), tiling, NM)
         estimate = nm_chunk_instructions(tiling)

@@ -234,26 +234,15 @@ WINDOW_INSIDE = "((rows_ok >> ({0} & 0xffff)) & (cols_ok >> ({0} >> 16)) & 1u)"
 def window_entries(g: ConvGeometry, columns, element_bytes: int = 4, flat: bool = False) -> list[int]:
     """The entries of A's `columns` as a streamed, staged or N:M conv kernel reads them, two ints each:
     the input's byte offset from the window's top-left pixel (elements of `element_bytes`), its window
-    row | its window column << 16, or with `flat` its place in the window, row · kw + column (the bit
-    of window_mask that says whether it lies inside the image)."""
+    row | its window column << 16, or with `flat` its place in the window, row · kw + column (its bit in
+    the pixel's window mask, window_mask_lines)."""
     return [x for c in columns for off, ky, kx in [g.window_offset(int(c))]
             for x in (element_bytes * off, ky * g.kw + kx if flat else ky | kx << 16)]
 
 
-def window_mask(g: ConvGeometry, indent: str = "  ") -> str:
-    """The lines that make `window_ok` of a pixel whose rows_ok and cols_ok pixel_window found: bit
-    row · kw + column set where that place of its window lies inside the image (none where `live` is
-    false), so that one shift and test per gather replaces two (window_entries with `flat`); for a
-    window of at most 64 places (mask_type)."""
-    mask = mask_type(g)
-    return "".join(f"{indent}{line}\n" for line in [
-        f"{mask} window_ok = 0;",
-        f"if (live) for (int ky = 0; ky < {g.kh}; ++ky) for (int kx = 0; kx < {g.kw}; ++kx)",
-        f"  window_ok |= ({mask})((rows_ok >> ky) & (cols_ok >> kx) & 1u) << (ky * {g.kw} + kx);"])
-
-
 def mask_type(g: ConvGeometry) -> str | None:
-    """The C type of window_mask's bits (one a place of the window), None for a window of more than 64."""
+    """The C type of a pixel's whole window mask (window_mask_lines: one bit a place of the window): ok0,
+    or okm past 32 places; None for a window of more than 64."""
     places = g.kh * g.kw
     return "unsigned" if places <= 32 else "unsigned long long" if places <= 64 else None
 

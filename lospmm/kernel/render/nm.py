@@ -19,9 +19,9 @@ With a convolution's geometry it is the implicit-im2col N:M kernel: B's column i
 and each thread of a block copies its one pixel's input at each staged row's window entry (the int2
 table of render.conv.window_entries: an offset from the window's corner and its place in the
 window, whose bit in the pixel's window mask says whether it lies inside the image; a window of more
-than 64 places keeps a row and a column mask), zero in the padding or past the last pixel: 4 bytes a cp.async in fp32; a 16-bit input is
-loaded and stored (cp.async copies 4 bytes at least), so its copy is not overlapped with the
-multiply as the fp32 one is. Each output goes to NCHW Y, a half one rounded once from the fp32
+than 64 places keeps a row and a column mask), zero in the padding or past the last pixel: 4 bytes a
+cp.async in fp32; a 16-bit input is loaded and stored (cp.async copies 4 bytes at least), so its copy
+is not overlapped with the multiply as the fp32 one is. Each output goes to NCHW Y, a half one rounded once from the fp32
 epilogue. The slots' loop is the GEMM's."""
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
-from lospmm.kernel.render.conv import WINDOW_INSIDE, mask_type, pixel_output, pixel_window, window_entries, window_mask
+from lospmm.kernel.render.conv import (WINDOW_INSIDE, mask_type, pixel_output, pixel_window, window_entries,
+                                       window_mask_lines)
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -116,14 +117,16 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     if geometry is not None:
         if threads != bn:  # each thread copies its one pixel's column of every staged row
             raise ValueError(f"N:M conv kernel {t.label}: {threads} threads for {bn} columns a block")
-        # one mask of the pixel's window places inside the image (render.conv.window_mask), tested with one
-        # shift a gather; no padding: every window is inside (ConvGeometry.windows_inside), no test
+        # one mask of the pixel's window places inside the image (render.conv.window_mask_lines, none where
+        # the pixel is past N), tested with one shift a gather; no padding: every window is inside
+        # (ConvGeometry.windows_inside), no test; past 64 places, its row and column masks apart
         flat = not geometry.windows_inside and mask_type(geometry) is not None
+        mask = mask_type(geometry) or "unsigned"
         globals_.append(f"__device__ __align__(8) const int {window}[{2 * k}] = "
                         f"{{{', '.join(map(str, window_entries(geometry, range(k), spec.element_bytes, flat)))}}};\n")
         head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
                 f"const {ctype}* __restrict__ X, const {ctype}* xp, const unsigned rows_ok, const unsigned cols_ok, "
-                f"const {mask_type(geometry) or 'unsigned'} window_ok, const bool live, const int k0, "
+                f"const {mask} window_ok, const bool live, const int k0, "
                 f"const long long slab) {{\n")
         # the thread's pixel's input at each staged row's window entry; zero in the padding, past the
         # last pixel, or past K (tested only where a stage can run past K, or a list can end early)
@@ -270,7 +273,9 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         signature = f"(const {ctype}* __restrict__ X, {ctype}* __restrict__ Y, const int batch)"
         setup = [f"  const int N = batch * {geometry.pixels}, n = col0 + tid;\n", "  const bool live = n < N;\n",
                  pixel_window(geometry, m, ctype=ctype),
-                 window_mask(geometry) if flat else f"  const {mask_type(geometry) or 'unsigned'} window_ok = 0;\n"]
+                 *([window_mask_lines(geometry), f"  const {mask} window_ok = live ? "
+                    f"{'ok0' if geometry.kh * geometry.kw <= 32 else 'okm'} : 0;\n"] if flat
+                   else [f"  const {mask} window_ok = 0;\n"])]
         staged_from = "X, xp, rows_ok, cols_ok, window_ok, live, {k0}, {slab}"
     body = "".join([
         f"LOSPMM_KERNEL void __launch_bounds__({threads}) {name}{signature} {{\n",
@@ -322,7 +327,8 @@ def copy_setup(bn: int, per_copy: int, ctype: str, element_bytes: int, gathers: 
     return [f"  const int cq = tid % {per_row} * {per_copy};\n",
             f"  const bool col_in = {col0} + cq < N;\n",
             f"  const {ctype}* bcol = col_in ? B + {first_row}{col0} + cq : B;\n",
-            f"  const unsigned kbytes = col_in ? (unsigned)N * {element_bytes}u : 0u;  // a row of B, in bytes\n",
+            # a row of B in bytes, in 32 bits: N below 2^30 (2^31 for 16-bit B), as the launch's int N is
+            f"  const unsigned kbytes = col_in ? (unsigned)N * {element_bytes}u : 0u;\n",
             "  const int live = col_in ? 16 : 0;\n"]
 
 
@@ -334,11 +340,12 @@ def vector_copies(staged: int, k: int, chunk: int, bn: int, pitch: int, threads:
     chunk's rows from k0, or where the stage `gathers`, the rows its block's list (`listed`) names. A
     copy is then an address and a cp.async; the loop this replaced (a division, a remainder and the
     bounds per copy) took 28-31 instructions a copy in sm_90 SASS. Rows past K (the last stage of a K
-    that is no multiple of `chunk`) and a list's unused entries copy zeros, from an address inside B;
-    a pass past the staged rows (when they are no multiple of P) is not copied."""
+    that is no multiple of `chunk`) and a list's unused entries (`chunk`) copy zeros, from an address
+    inside B; a pass past the staged rows (when they are no multiple of P) is not copied."""
     per_row = bn // per_copy
-    if threads % per_row:
-        raise ValueError(f"{threads} threads do not copy whole rows of {per_row} vectors")
+    if bn % per_copy or threads % per_row:
+        raise ValueError(f"a stage's 16-byte copies: {bn} columns a block are not whole vectors of {per_copy}, or "
+                         f"{threads} threads do not copy whole rows of them")
     passes = threads // per_row
     copies = -(-staged // passes)
     ragged = k % chunk != 0
@@ -354,9 +361,8 @@ def vector_copies(staged: int, k: int, chunk: int, bn: int, pitch: int, threads:
         row = passes * j
         # only the last pass can run past the staged rows
         guard = f"if (r0 + {row} < {staged}) " if j == copies - 1 and staged % passes else ""
-        if gathers:
-            in_k = f" && k0 + l{j} < {k}" if ragged else ""
-            lines.append(f"{guard}{{ const int l{j} = lp[{row}]; const bool in{j} = l{j} < {chunk}{in_k}; "
+        if gathers:  # a list names only A's columns (nm_operands): a listed row is inside K
+            lines.append(f"{guard}{{ const int l{j} = lp[{row}]; const bool in{j} = l{j} < {chunk}; "
                          f"lospmm_cp16(dst + {row * pitch}, (const char*)bcol + (unsigned long long)(unsigned)(in{j} ? k0 + l{j} : 0) * kbytes, "
                          f"in{j} ? live : 0); }}\n")
         elif ragged:
