@@ -114,7 +114,7 @@ def run(
     dtype: str = typer.Option(_RUN.dtype, "--dtype", help="The emitted kernels' B and C: fp32, fp16 or bf16 "
                               "(default: the weights' own; fp32 for the zoo and ONNX). Half kernels are searched as "
                               "half kernels (their own constraints, proxies, estimate and ranker); GEMM form with "
-                              "the bias and activation fused, no implicit-im2col convolution so far."),
+                              "the bias and activation fused; convolutions in implicit-im2col form too."),
     accumulate: str = typer.Option(_RUN.accumulate, "--accumulate", help="A half run's sums: packed (in the dtype, "
                                    "the default) or f32 (B converted, fp32 FMAs, rounded once at the store). A layer "
                                    "pruned 2:4 (at most 2 of every 4 columns) is also priced on sparse tensor cores "
@@ -296,8 +296,9 @@ def inspect(
 def kernel(
     run_id: Optional[str] = typer.Argument(None, help="Run (default: the latest)."),
     layer: str = typer.Option(..., "--layer", help="Layer name as in the run's artifacts."),
-    m1: int = typer.Option(..., "--m1", help="Rows per thread (an M1 the run reordered for)."),
-    n1: int = typer.Option(..., "--n1", help="Threads per block."),
+    m1: Optional[int] = typer.Option(None, "--m1", help="Rows per thread (an M1 the run reordered for); a baked "
+                                     "kernel's tile, with --n1."),
+    n1: Optional[int] = typer.Option(None, "--n1", help="Threads per block."),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Needed when the run has several."),
     out: Path = typer.Option(Path("kernel"), "--out", help="Kernel directory to write."),
     compile_: bool = typer.Option(True, "--compile/--no-compile", help="Compile with NVRTC (compile cache)."),
@@ -308,7 +309,7 @@ def kernel(
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `nm` too: the N:M kernel "
                                "of a layer pruned N:M (A compressed, B through shared memory; its blocking the "
-                               "estimate's cheapest, --m1/--n1 not used)."),
+                               "estimate's cheapest, no --m1/--n1)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
                               "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
     accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype), "
@@ -341,6 +342,12 @@ def kernel(
             raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
                              f"and --promote-every")
         kernel_design = source_design(kernel_design, dtype, accumulate, promote_every)
+        if kernel_design.tiled and (m1 is None or n1 is None):
+            raise ValueError("--m1 and --n1: the tile of the kernel (an M1 the run reordered for, and threads per "
+                             "block; `lospmm inspect RUN --stage emit` shows each layer's)")
+        if not kernel_design.tiled and (m1 is not None or n1 is not None):
+            raise ValueError(f"--design {design}: its kernel picks its own blocking; leave out --m1 and --n1")
+        m1, n1 = m1 or 0, n1 or 0
         record = run_record(artifacts, run_id)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
                                   implicit_conv, relu, kernel_design)
@@ -357,7 +364,8 @@ def kernel(
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
                   + (f"N:M {facts['nm']['label']}" if facts.get("nm") else f"tile=({m1},{n1})")
-                  + f" design {facts['design']['label']} grid {facts['grid']}")
+                  + f" design {facts['design']['label']} grid " + (" × ".join(str(facts['grid'][a]) for a in "xyz")
+                                                                      if isinstance(facts['grid'], dict) else str(facts['grid'])))
     if c:
         console.print(f"compile: {c['status']}, {c['registers']} registers, {c['spill_stores']} B spilled, "
                       f"{c['seconds']:.1f} s{' (from cache)' if c['from_cache'] else ''}")

@@ -240,6 +240,18 @@ def test_kernel_out_naming_an_existing_file_says_so(tmp_path):
     assert existing.read_text() == "mine"
 
 
+def test_kernel_asks_for_a_tile_only_where_the_design_has_one(tmp_path):
+    """A baked kernel needs --m1 and --n1 (its tile); the nm design picks its own blocking, so a tile given
+    with it is refused rather than silently ignored. Both before any run is read."""
+    art = str(tmp_path / "art")
+    baked = runner.invoke(app, ["kernel", "--layer", "a", "--out", str(tmp_path / "k"), "--artifacts", art])
+    assert baked.exit_code == 2 and "--m1 and --n1: the tile of the kernel" in baked.output
+    nm = runner.invoke(app, ["kernel", "--layer", "a", "--design", "nm", "--m1", "4", "--n1", "32",
+                             "--out", str(tmp_path / "k"), "--artifacts", art])
+    assert nm.exit_code == 2 and "picks its own blocking; leave out --m1 and --n1" in nm.output
+    assert not (tmp_path / "k").exists()
+
+
 def test_an_overflowing_weight_fails_its_check_saying_which_weight_and_why():
     from lospmm.kernel.check import check_input, judged
     from lospmm.kernel.render import kernel_source

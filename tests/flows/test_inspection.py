@@ -84,3 +84,18 @@ def test_a_stage_view_shows_paths_and_timers_short_and_missing_values_empty():
     assert _cell("timer", "estimate:h100-2026-11-23") == "estimate" and _cell("timer", "cuda") == "cuda"
     assert _cell("runner_up_estimate_us", float("nan")) == "" and _cell("full_time_us", 9.47612) == "9.476"
     assert _cell("designs_measured", None) == ""
+
+
+def test_a_layer_the_nm_kernel_serves_is_no_fallback():
+    """A layer whose kept candidates all failed a constraint is a fallback when one of them serves it,
+    but not when the N:M kernel does (the constraints judged tiles, not it); nothing emitted is said as
+    such."""
+    from lospmm.flows.reports.summary import layer_status
+    from lospmm.status import Status
+
+    baked, nm = {"status": Status.OK, "design": "4×32"}, {"status": Status.OK, "design": "nm 2:4,mma,64x128,w32x64"}
+    assert layer_status(baked, True, True, True) == Status.FALLBACK
+    assert layer_status(nm, True, True, True) == Status.OK
+    assert layer_status(baked, True, False, True) == Status.OK
+    assert layer_status({}, False, False, True) == Status.NO_CANDIDATE
+    assert layer_status({}, True, False, True) == Status.NOT_EMITTED

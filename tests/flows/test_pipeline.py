@@ -334,6 +334,9 @@ def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
         write_full_kernel(str(root), record, "enc.0.ffn.weight", 5, 64, str(out))
     with pytest.raises(LookupError, match="not in the run"):
         write_full_kernel(str(root), record, "nope", 8, 64, str(out))
+    # a layer the run refused (a NaN in its weights): its reason, not a failure to read an A it never had
+    with pytest.raises(ValueError, match=r"^enc\.0\.broken\.weight: .*NaN.*refused this layer at prune"):
+        write_full_kernel(str(root), record, "enc.0.broken.weight", 8, 64, str(out))
 
 
 def test_an_implicit_im2col_kernel_for_a_convolution_of_a_run(tmp_path):

@@ -60,10 +60,7 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
         for lay in (r for r in arts.get("prune", []) if r["status"] == Status.OK):
             name = lay["layer"]
             em = emitted.get(name, {})
-            status = em.get("status") or (Status.NO_CANDIDATE if not kept[name] and "constrain" in arts
-                                          else Status.NOT_EMITTED)
-            if status == Status.OK and name in fell_back:
-                status = Status.FALLBACK
+            status = layer_status(em, kept[name] > 0, name in fell_back, "constrain" in arts)
             row = {**layer_fields(lay), "sparsity": sparsity, "status": status, "candidates": total[name],
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
@@ -80,6 +77,17 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
     write_artifact(path, schemas.table_from_rows(rows, SUMMARY),
                    {"stage": "summary", "key": record["run_id"], "label": record["run_id"], "seconds": 0.0})
     return str(path.relative_to(root)), rows
+
+
+def layer_status(emitted: dict, kept: bool, fell_back: bool, constrained: bool) -> str:
+    """A layer's status in the summary from its emit row (`emitted`, {} when none): emit's own, or
+    no_candidate (nothing kept by constrain) / not_emitted; an emitted layer whose kept candidates
+    failed a constraint (`fell_back`) is a fallback, unless what serves it is no candidate's tile but
+    the N:M kernel (design "nm …"), which the constraints did not judge."""
+    status = emitted.get("status") or (Status.NO_CANDIDATE if not kept and constrained else Status.NOT_EMITTED)
+    if status == Status.OK and fell_back and not str(emitted.get("design") or "").startswith("nm "):
+        return Status.FALLBACK
+    return status
 
 
 def publish_layer_summary(record: dict, rows: list[dict]) -> None:
