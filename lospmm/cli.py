@@ -26,8 +26,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(help="Sparsity-specialised SpMM kernels for pruned networks (LO-SpMM).",
                   no_args_is_help=True, add_completion=False)
-# piped output: 160 columns unless COLUMNS says otherwise (rich reads it when width is None)
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+# piped output (a log, a file): 240 columns, wide enough for the run summary's kernel column and caption, unless
+# COLUMNS says otherwise (rich reads it when width is None)
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
 # an error is one line, however long: never wrapped; its text as it is (a layer "a[0]" or "nm:x:4" no markup, no emoji)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
