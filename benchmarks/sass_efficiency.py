@@ -115,6 +115,27 @@ def conv_cost(sparsity: float, m1s: list[int]) -> None:
     Console(width=160).print(table)
 
 
+def chunk_counts(kernel, block_rows: int, design, conv: bool = False) -> dict[str, float]:
+    """An N:M kernel's chunk loop per warp and chunk, from its sm_90 SASS on the 16-byte path (the launch's
+    path test fixed to it, so that the element-wise path's loop is not counted; a convolution's form has
+    one path, its gathers): instructions, multiply-adds (FFMA, HFMA2, HMMA), cp.async copies and
+    shared-memory loads, each divided by the chunks the loop holds where ptxas unrolled it (two barriers a
+    chunk: its stage in, its slots done); and the registers of the kernel as a run compiles it."""
+    from lospmm.kernel.sass import FMA_PIPE, disassembled, fma_loop
+    from lospmm.stages.compile import compiled, kernel_options
+
+    (text,) = kernel.units
+    vector_path = text.replace("const bool vec = N %", "const bool vec = true || N %")
+    if vector_path == text and not conv:
+        raise SystemExit(f"{kernel.name}: the kernel's path test has changed; fixing it to the 16-byte path failed")
+    options = kernel_options("sm_90", block_rows, design=design, conv=conv)
+    loop = fma_loop(disassembled(compiled(vector_path, kernel.name, options).cubin))
+    chunks = max(1, loop.count("BAR") // 2)
+    return {"instructions": len(loop) / chunks, "fmas": sum(o in FMA_PIPE for o in loop) / chunks,
+            "copies": loop.count("LDGSTS") / chunks, "loads": (loop.count("LDS") + loop.count("LDSM")) / chunks,
+            "registers": compiled(text, kernel.name, options).registers}
+
+
 def nm_loops(rows: int = 1024, k: int = 1024) -> None:
     """The N:M kernels' chunk loop on their 16-byte path, per warp: its instructions (straight code, so
     each runs once a chunk), how many are multiply-adds (FFMA, HFMA2 or HMMA), cp.async copies and
@@ -131,9 +152,7 @@ def nm_loops(rows: int = 1024, k: int = 1024) -> None:
     from lospmm.kernel.numbers import NumberFormat, rounded_matrix
     from lospmm.kernel.estimate import nm_chunk_instructions
     from lospmm.kernel.render import CodegenParams, kernel_source
-    from lospmm.kernel.sass import FMA_PIPE, disassembled, fma_loop
     from lospmm.kernel.sparse_mma import MMATiling
-    from lospmm.stages.compile import compiled, kernel_options
     from lospmm.stages.prune import NMPattern, random_nm_pruned
 
     nm = design_named("nm")
@@ -164,20 +183,10 @@ def nm_loops(rows: int = 1024, k: int = 1024) -> None:
         if design.half:
             a, _ = rounded_matrix(a, design.dtype)
         kernel = kernel_source(a, None, 0, CodegenParams(design=design), Epilogue(), conv, nm=tiling)
-        (text,) = kernel.units
-        vector_path = text.replace("const bool vec = N %", "const bool vec = true || N %")
-        if vector_path == text and not conv:  # a conv kernel has one path: its gathers
-            raise SystemExit(f"{tiling.label}: the kernel's path test has changed; this benchmark fixes it to the 16-byte path")
-        options = kernel_options("sm_90", tiling.block_rows, design=design, conv=conv is not None)
-        out, shipped = compiled(vector_path, kernel.name, options), compiled(text, kernel.name, options)
-        loop = fma_loop(disassembled(out.cubin))
-        # ptxas may unroll the chunk loop: a chunk has two barriers (its stage in, its slots done)
-        chunks = max(1, loop.count("BAR") // 2)
-        fmas = sum(o in FMA_PIPE for o in loop) / chunks
-        copies, loads = loop.count("LDGSTS") / chunks, (loop.count("LDS") + loop.count("LDSM")) / chunks
-        instructions = len(loop) / chunks
+        counts = chunk_counts(kernel, tiling.block_rows, design, conv is not None)
+        instructions, fmas, copies, loads = (counts[c] for c in ("instructions", "fmas", "copies", "loads"))
         estimate = "-" if isinstance(tiling, MMATiling) else f"{nm_chunk_instructions(tiling, design.number, conv is not None):.0f}"
-        table.add_row(numbers, tiling.label, str(shipped.registers), f"{instructions:.0f}", estimate, f"{fmas:.0f}",
+        table.add_row(numbers, tiling.label, str(counts["registers"]), f"{instructions:.0f}", estimate, f"{fmas:.0f}",
                       f"{fmas / instructions:.3f}", f"{copies:.0f}", f"{loads:.0f}",
                       f"{instructions - fmas - copies - loads:.0f}")
     Console(width=200).print(table)

@@ -66,12 +66,13 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     layers = pruned.column("layer").to_pylist()
     if layer not in layers:
         raise LookupError(f"layer {layer!r} is not in the run; layers: {', '.join(layers)}")
-    at_prune = pruned.slice(layers.index(layer), 1).to_pylist()[0]
-    if at_prune.get("status", "ok") != "ok":  # refused at prune: it has no A to render
-        why = at_prune.get("message") or at_prune["status"]
+    pruned_row = layers.index(layer)
+    status = pruned.column("status")[pruned_row].as_py()
+    if status != "ok":  # refused at prune: it has no A to render
+        why = pruned.column("message")[pruned_row].as_py() or status
         raise ValueError(f"{why if why.startswith(layer) else f'{layer}: {why}'}; the run refused this layer at prune, "
                          f"so it has no kernel to write")
-    matrix = csr_from_row(pruned, layers.index(layer))
+    matrix = csr_from_row(pruned, pruned_row)
     shape = next(r for r in read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
                  if r["layer"] == layer)
     device = device_named(record["config"]["gpu"])

@@ -515,17 +515,14 @@ def test_the_16_byte_copies_of_b_cover_every_edge_of_a_stage(pattern, k, tiling,
     assert result.ok, (t.label, result.message)
 
 
-def _chunk_loop(kernel, tiling, design, conv=False) -> int:
-    """Instructions of the compiled kernel's chunk loop on its 16-byte path (straight code: each runs
-    once a chunk), as benchmarks.sass_efficiency --nm counts them."""
-    from lospmm.kernel.sass import NvdisasmMissing, disassembled, fma_loop
-    from lospmm.stages.compile import compiled, kernel_options
+def _chunk_loop(kernel, tiling, design, conv=False) -> float:
+    """Instructions of the compiled kernel's chunk loop on its 16-byte path, per chunk, as
+    benchmarks.sass_efficiency --nm counts them (that benchmark's chunk_counts)."""
+    from benchmarks.sass_efficiency import chunk_counts
+    from lospmm.kernel.sass import NvdisasmMissing
 
-    (text,) = kernel.units
-    text = text.replace("const bool vec = N %", "const bool vec = true || N %")
-    out = compiled(text, kernel.name, kernel_options("sm_90", tiling.block_rows, design=design, conv=conv))
     try:
-        return len(fma_loop(disassembled(out.cubin)))
+        return chunk_counts(kernel, tiling.block_rows, design, conv)["instructions"]
     except NvdisasmMissing:  # the bench extra's
         pytest.skip("no nvdisasm (pip install 'lospmm[bench]')")
 
