@@ -19,11 +19,26 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    # the umask is only read by setting it: once, at import, before a thread writes a file
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp makes its file 0600; a file we write gets the mode a plain open would give it, so that the
+# account that serves a kernel reads what the account that searched wrote
+FILE_MODE = 0o666 & ~_umask()
+
+
 def atomic_write(path: Path, write) -> None:
+    """`write(tmp)` writes the whole file at a temporary path beside `path`; it becomes `path` (mode
+    FILE_MODE) only once synced, so `path` is the old file or the new one, never a part."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, FILE_MODE)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

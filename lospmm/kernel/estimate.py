@@ -519,16 +519,33 @@ def mma_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePa
                   latency_s * 1e6, atb, 0, 0.0)
 
 
+@dataclass(frozen=True)
+class NMSlot:
+    """What one slot (a kept column of a chunk) of the N:M kernel in tiling `t` is made of, per thread:
+    `groups` of rows with an index each, B's `element` bytes, its FMA-pipe instructions (`fmas`: an
+    FFMA per output, or one packed fma per pair of outputs)."""
+
+    groups: int
+    half: bool
+    packed: bool
+    element: float
+    fmas: float
+
+    @classmethod
+    def of(cls, t, number=None) -> "NMSlot":
+        half = number is not None and number.is_half
+        packed = half and number.packed
+        return cls(t.thread_rows // t.index_rows, half, packed, 2.0 if half else 4.0,
+                   t.thread_rows * t.thread_columns / (2 if packed else 1))
+
+
 def nm_chunk_instructions(t, number=None, conv: bool = False, params: EstimateParams = EstimateParams()) -> float:
     """Instructions a warp of the N:M kernel in tiling `t` issues per chunk of K (a stage): its slots
     (A's values in vectors of 4, per group of rows its index, address and B vectors, the multiply-adds,
     a half kernel's unpacking), its share of the stage's copies (16-byte copies of B's rows, or a
     convolution's 4-byte gathers, and A's values and index), the barriers and the loop."""
-    groups = t.thread_rows // t.index_rows
-    half = number is not None and number.is_half
-    packed = half and number.packed
-    element = 2.0 if half else 4.0
-    fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
+    slot = NMSlot.of(t, number)
+    groups, half, packed, element, fmas = slot.groups, slot.half, slot.packed, slot.element, slot.fmas
     unpack = groups * t.thread_columns if half and not packed else 0  # two conversions per pair of B
     slot_instr = t.thread_rows / 4 + groups * (3 + t.thread_columns / 4) + fmas + unpack
     b_copies = t.staged * t.block_columns * (1 if conv else element / 16) / t.threads
@@ -550,19 +567,14 @@ def nm_timing(work: NMWork, device: Device, params: EstimateParams = EstimatePar
     t, ws = work.tiling, device.warp_size
     if work.n < 1:
         return Timing("estimate", float("inf"), Status.ERROR, f"cannot launch N={work.n}")
-    atb = resident_blocks(work.registers, t.threads, t.shared_bytes_of(2 if work.number is not None
-                                                                         and work.number.is_half else 4), device)
+    slot = NMSlot.of(t, work.number)
+    groups, half, element, fmas = slot.groups, slot.half, slot.element, slot.fmas
+    atb = resident_blocks(work.registers, t.threads, t.shared_bytes_of(int(element)), device)
     if atb < 1:
         return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
     warps = -(-t.threads // ws)
     chunks, row_blocks, column_blocks = t.chunks(work.k), t.row_blocks(work.m), -(-work.n // t.block_columns)
     blocks = row_blocks * column_blocks
-    groups = t.thread_rows // t.index_rows
-    half = work.number is not None and work.number.is_half
-    packed = half and work.number.packed
-    element = 2.0 if half else 4.0
-    # FMA-pipe instructions per slot: an FFMA per output, or one packed fma per pair of outputs
-    fmas = t.thread_rows * t.thread_columns / (2 if packed else 1)
     chunk_instr = nm_chunk_instructions(t, work.number, work.conv, params)
     block_instr = warps * (chunks * chunk_instr + params.block_overhead_instr
                            + t.thread_rows * t.thread_columns / 4 * 4)  # the stores

@@ -63,7 +63,7 @@ def sass_counts(cubin: bytes, entry: str) -> dict[str, int]:
 
 
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*)")
+INSTRUCTION = re.compile(OPCODE + r"([^;]*)")  # an opcode with its operands
 FMA_PIPE = ("FFMA", "HFMA2", "HMMA")  # a multiply-add of fp32, of a packed half pair, or of the tensor cores
 
 

@@ -569,3 +569,48 @@ def test_a_measured_im2col_gemm_of_a_convolution_is_compared_with_its_unfolding(
     assert unfold > 1.0 and "mma" in row["designs_measured"]  # the GEMM was among those measured
     assert f"{1.0 + unfold:.2f} µs (with {unfold:.2f} µs of unfolding, ESTIMATED)" in row["designs_measured"]
     assert row["form"] == "implicit-conv" and row["full_time_us"] == 2.0 and "mma" not in row["design"]
+    assert np.isnan(row["unfold_us"])  # served in its implicit form: nothing to unfold
+
+
+def test_a_convolution_served_as_its_im2col_gemm_shows_the_unfolding_it_was_chosen_with(tmp_path):
+    """The estimate serves a 1×1 convolution's 2:4 A in fp16 by the sparse tensor cores' im2col GEMM,
+    priced with X's unfolding. The kernel's time stays the kernel's; the unfolding goes beside it
+    (10_kernels' unfold_us), and the run summary shows both, the unfolding marked as estimated."""
+    import io
+    import logging
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    import lospmm.flows.kernels as fk
+    from lospmm.devices import DEVICES
+    from lospmm.flows.reports.inspection import summary_table
+    from lospmm.flows.storage.store import write_artifact
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.estimate import estimate_timer
+    from lospmm.kernel.geometry import ConvGeometry
+    from lospmm.stages.emit import EmitParams
+    from lospmm.stages.prune import NMPattern, random_nm_pruned
+
+    geometry = ConvGeometry(cin=464, h=7, w=7, kh=1, kw=1)
+    a = random_nm_pruned(1024, geometry.k, NMPattern(2, 4), np.random.default_rng(5))
+    n = 4 * geometry.pixels
+    timed = [{"model": "m", "layer": "conv5", "op": "conv", "m": 1024, "n": n, "k": geometry.k, "repeat": 1,
+              "sparsity": 0.5, "m1": 4, "n1": 128, "time_us": 10.0, "status": "ok", "message": ""}]
+    estimate = estimate_timer(DEVICES["h100"])
+    row = fk.emitted_layer(str(tmp_path), tmp_path / "k", timed, a, {4: reordered_tiles(a, 4)}, estimate, "sm_90",
+                           EmitParams(), logging.getLogger("test"), conv=geometry, design=design_named("fp16"))
+    assert row["status"] == "ok", row["message"]
+    unfold = estimate.unfold_us(geometry.k, n, 2)
+    assert (row["form"], row["unfold_us"]) == ("gemm", pytest.approx(unfold)) and "mma" in row["design"]
+    assert row["full_time_us"] < row["design_estimate_us"] == pytest.approx(row["full_time_us"] + unfold)
+
+    summary = {"model": "m", "layer": "conv5", "sparsity": 0.5, "status": "ok", "candidates": 1, "after_constrain": 1,
+               "after_rank": 1, "timed": 1, "m1": 4, "n1": 128, "dtype": "fp16", "timer": "estimate",
+               "time_us": row["full_time_us"], "unfold_us": row["unfold_us"], "speedup_vs_dense": float("nan"),
+               "compile_seconds": 0.5, "emit_seconds": 2.0, "search_seconds": 4.0}
+    write_artifact(tmp_path / "summary" / "r.parquet", pa.Table.from_pylist([summary]), {"stage": "summary"})
+    out = io.StringIO()
+    Console(file=out, width=250).print(summary_table(str(tmp_path), {"summary": "summary/r.parquet"}))
+    line = next(l for l in out.getvalue().splitlines() if l.startswith("│") and "conv5" in l)
+    assert line.split("│")[12].strip() == f"{row['full_time_us']:.1f} +{unfold:.1f} unfold (est.)"

@@ -287,21 +287,22 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
             t.add_column(c, overflow="fold")
         for g in grouped_summary(rows):
             t.add_row(g["model"], f"{g['sparsity']:g}", g["status"], str(g["layers"]), g["tiles"] or "-",
-                      fmt(g["dtype"]), fmt(g["timer"]), fmt(g["time_us"], "{:.1f}"), _speedup(g["speedup_vs_dense"]),
-                      f"{g['search_seconds']:.1f}")
+                      fmt(g["dtype"]), fmt(g["timer"]), _time_cell(g["time_us"], g.get("unfold_us")),
+                      _speedup(g["speedup_vs_dense"]), f"{g['search_seconds']:.1f}")
         return t
     t = Table(title="per layer: candidates after each step, the kernel served (its tile M1×N1, with its design when "
                     "not the run's, or the N:M kernel's blocking), its dtype, time (timer named per row; 'estimate' = "
-                    "analytic model, not a measurement; vs cuBLAS in the kernel's dtype), search seconds")
+                    "analytic model, not a measurement; '+… unfold (est.)': a convolution served as its im2col GEMM, "
+                    "and the estimated unfolding of X it pays first; vs cuBLAS in the kernel's dtype), search seconds")
     for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "kernel", "dtype", "timer",
               "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
-        # a long layer name wraps: cut short it would name no layer (other cells may shorten)
-        t.add_column(c, overflow="fold" if c == "layer" else "ellipsis", min_width=12 if c == "layer" else None)
+        # a long layer name wraps: cut short it would name no layer; a time keeps its unfolding (others may shorten)
+        t.add_column(c, overflow="fold" if c in ("layer", "time µs") else "ellipsis", min_width=12 if c == "layer" else None)
     for r in rows:
         t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
                   fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
                   _served(r), fmt(r.get("dtype")), fmt(r["timer"]),
-                  fmt(r["time_us"], "{:.1f}"),
+                  _time_cell(r["time_us"], r.get("unfold_us")),
                   _speedup(r.get("speedup_vs_dense")), fmt(r["compile_seconds"], "{:.1f}"),
                   fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
     return t
@@ -313,6 +314,15 @@ def _served(r: dict) -> str:
     if r.get("design"):
         return r["design"]
     return f"{r['m1']}×{r['n1']}" if r["m1"] else "-"
+
+
+def _time_cell(time_us, unfold_us) -> str:
+    """A kernel's time, with the estimated unfolding of X after it where a convolution is served as
+    its im2col GEMM (10_kernels' unfold_us: the choice paid it, the kernel's time does not hold it)."""
+    if time_us is None:
+        return "-"
+    extra = f" +{unfold_us:.1f} unfold (est.)" if unfold_us is not None and unfold_us == unfold_us else ""
+    return f"{time_us:.1f}{extra}"
 
 
 def _speedup(v) -> str:

@@ -21,7 +21,7 @@ SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit
 SUMMARY = pa.schema(
     LAYER + [("sparsity", F64), ("status", STR), ("candidates", I32), ("after_constrain", I32),
              ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("dtype", STR), ("timer", STR),
-             ("time_us", F64), ("speedup_vs_dense", F64)]
+             ("time_us", F64), ("unfold_us", F64), ("speedup_vs_dense", F64)]
     + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
     + [("search_seconds", F64), ("kernel_dir", STR), ("design", STR)]
 )
@@ -65,7 +65,7 @@ def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
                    "after_constrain": kept[name], "after_rank": chosen.get(name) if "rank" in arts else None,
                    "timed": timed.get(name) if "time" in arts else None, "m1": em.get("m1"), "n1": em.get("n1"),
                    "dtype": em.get("dtype"),
-                   "timer": em.get("timer"), "time_us": em.get("full_time_us"),
+                   "timer": em.get("timer"), "time_us": em.get("full_time_us"), "unfold_us": em.get("unfold_us"),
                    "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir"),
                    "design": em.get("design")}
             row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
@@ -116,7 +116,8 @@ ARTIFACT_LAYERS = 1000  # layers published one row each in the Prefect table art
 def grouped_summary(rows: list[dict]) -> list[dict]:
     """The summary of a run of many layers on one screen: its rows grouped by model, sparsity,
     status, dtype and timer, with the count of layers, the tiles most chosen, the summed kernel time
-    (a model's time per pass where each layer runs once), the median speedup over cuBLAS where it
+    (a model's time per pass where each layer runs once) and apart from it the summed estimated
+    unfolding of the convolutions served as im2col GEMMs, the median speedup over cuBLAS where it
     was measured, and the summed search seconds. First-seen order."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -125,12 +126,14 @@ def grouped_summary(rows: list[dict]) -> list[dict]:
     for (model, sparsity, status, dtype, timer), group in groups.items():
         tiles = Counter(f"{r['m1']}×{r['n1']}" for r in group if r.get("m1"))
         times = [r["time_us"] for r in group if r.get("time_us") is not None and np.isfinite(r["time_us"])]
+        unfolds = [r["unfold_us"] for r in group if r.get("unfold_us") is not None and np.isfinite(r["unfold_us"])]
         speedups = [r["speedup_vs_dense"] for r in group
                     if r.get("speedup_vs_dense") is not None and np.isfinite(r["speedup_vs_dense"])]
         out.append({"model": model, "sparsity": sparsity, "status": status, "layers": len(group),
                     "tiles": ", ".join(f"{t} ({n})" for t, n in tiles.most_common(3))
                              + (f", {len(tiles) - 3} more" if len(tiles) > 3 else ""),
                     "dtype": dtype, "timer": timer, "time_us": float(sum(times)) if times else None,
+                    "unfold_us": float(sum(unfolds)) if unfolds else None,
                     "speedup_vs_dense": float(np.median(speedups)) if speedups else None,
                     "search_seconds": float(sum(r["search_seconds"] for r in group))})
     return out

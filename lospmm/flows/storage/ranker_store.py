@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from lospmm.files import atomic_write
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "ranker"  # lospmm/models/ranker.{txt,json}
 # the half designs' (fp16/bf16: one packed pair per thread): trained on their own candidates and estimate
@@ -40,11 +40,7 @@ def save_ranker(base: Path, booster, metadata: dict) -> dict:
     text = booster.model_to_string()
     meta = {**metadata, "version": hashlib.sha256(text.encode()).hexdigest()[:12]}
     for path, content in ((model_path, text), (meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))
     return meta
 
 
