@@ -82,7 +82,9 @@ def run(
     weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
     tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
     sparsity: list[float] = typer.Option([], "--sparsity", help=f"One or more sparsities in (0, 1) (default: "
-                                         f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M)."),
+                                         f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M; with --prune keep, "
+                                         f"the share of zeros the file's searched layers hold: the run's name, "
+                                         f"as keep prunes nothing)."),
     until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
@@ -145,7 +147,23 @@ def run(
                     implicit_conv=not im2col, nm_kernel=not no_nm_kernel, design=design, input_shapes=tuple(input_shape), dtype=dtype,
                     accumulate=accumulate, promote_every=promote_every,
                     reorder=tuple(s.strip() for s in reorder.split(",") if s.strip()), reorder_budget=reorder_budget)
+    if prune == "keep" and not sparsity and weights is not None:
+        cfg = _kept(cfg)
     _run(cfg, refresh=[])
+
+
+def _kept(cfg: RunConfig) -> RunConfig:
+    """--prune keep without --sparsity: the run is named for the share of zeros the file's layers hold
+    (as lt.search names it), not a default it does not hold."""
+    from dataclasses import replace
+
+    from lospmm.flows.inputs.layers import kept_sparsity
+
+    try:
+        source = next(s for s in resolved(cfg).sources if s.kind == "weights")
+        return replace(cfg, sparsities=(kept_sparsity(source),))
+    except (ConfigError, ValueError) as e:
+        _fail(str(e))
 
 
 @app.command("train-ranker")
@@ -277,11 +295,10 @@ def inspect(
     if stage is not None and stage not in STAGES:
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
     try:
-        if stage is None:
-            summary = inspection.summary_table(artifacts, record, limit, layer)
-            console.print(inspection.run_table(record, root=artifacts))
-            if summary is not None:
-                console.print(summary)
+        if stage is None:  # as the run ended, with what failed said (its exit code is the run's, not this one's)
+            _show_run(record, artifacts, root=artifacts, limit=limit, layer=layer)
+            if layer is None and record.get("status") == RunStatus.COMPLETED:
+                _exit_code(record, console)
             return
         for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):
             console.print(table)
@@ -390,7 +407,6 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
         plan = resolved(cfg)  # the one validation: the flow gets the typed plan
     except ConfigError as e:
         _fail(str(e))
-    from lospmm.flows.reports import inspection
     from lospmm.flows.pipeline import new_run_id, run_plan
 
     from prefect.exceptions import TerminationSignal
@@ -424,46 +440,43 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     from lospmm.flows.storage.runs import run_record
 
     record = run_record(cfg.artifacts, result["run_id"])
-    console.print(inspection.run_table(record))
-    problems = inspection.problems_table(record)
-    if problems is not None:
-        console.print(problems)
-    skipped = inspection.skipped_line(record)  # expected, on a clean run too: a line, not a problem table
-    if skipped is not None:
-        console.print(skipped, style="dim", soft_wrap=True)
-    summary = inspection.summary_table(cfg.artifacts, record)
-    if summary is not None:
-        console.print(summary)
+    _show_run(record, cfg.artifacts)
     raise typer.Exit(_exit_code(record))
 
 
-def _exit_code(record: dict) -> int:
+def _show_run(record: dict, artifacts: str, root: str | None = None, limit: int | None = None,
+              layer: str | None = None) -> None:
+    """A run as `run` ends and `inspect RUN` shows it: its tasks, the layers with problems, the tensors
+    skipped and the per-layer summary (`layer`: its rows only; `root`: each artifact checked since)."""
+    from lospmm.flows.reports import inspection
+
+    summary = inspection.summary_table(artifacts, record, **({} if limit is None else {"limit": limit}), layer=layer)
+    console.print(inspection.run_table(record, root=root))
+    if layer is None:
+        problems = inspection.problems_table(record)
+        if problems is not None:
+            console.print(problems)
+        skipped = inspection.skipped_line(record)  # expected, on a clean run too: a line, not a problem table
+        if skipped is not None:
+            console.print(skipped, style="dim", soft_wrap=True)
+    if summary is not None:
+        console.print(summary)
+
+
+# a run's outcome (inspection.run_outcome) as `run`'s exit code, and the colour of its line
+_OUTCOMES = {"ok": (EXIT_OK, ""), "layers": (EXIT_LAYERS_FAILED, "yellow"), "failed": (EXIT_RUN_FAILED, "red")}
+
+
+def _exit_code(record: dict, console_: Console | None = None) -> int:
     """0: every requested layer produced what was asked; 3: some (or all) did not, the rest are
-    kept; 1: the run itself failed (a task crashed)."""
-    if record["status"] != RunStatus.COMPLETED:
-        failed = [e for e in record["entries"] if e["state"] not in ("Completed", "Cached")]
-        why = (f"{failed[0]['stage']} {failed[0]['label']}: {_first_line(failed[0].get('error') or failed[0]['state'])}"
-               if failed else record.get("error", "see the table above"))
-        err.print(f"[red]run {record['run_id']} failed[/]: {why}")
-        return EXIT_RUN_FAILED
-    if record.get("summary_error") or "layers" not in record:
-        err.print(f"[red]run {record['run_id']}: its summary could not be written[/]: {record.get('summary_error')}")
-        return EXIT_RUN_FAILED
-    layers = record["layers"]
-    if not layers["total"]:
-        err.print(f"[red]run {record['run_id']}: no layer to search[/] (every tensor was skipped)")
-        return EXIT_LAYERS_FAILED
-    if layers["failed"]:
-        names = ", ".join(f"{f['layer']} ({f['status']})" for f in layers["failed"][:8])
-        more = f" and {len(layers['failed']) - 8} more" if len(layers["failed"]) > 8 else ""
-        err.print(f"[yellow]{len(layers['failed'])} of {layers['total']} layers did not produce what was asked:[/] "
-                  f"{names}{more}")
-        return EXIT_LAYERS_FAILED
-    return EXIT_OK
+    kept; 1: the run itself failed (a task crashed). The reason goes to `console_` (stderr)."""
+    from lospmm.flows.reports.inspection import run_outcome
 
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
+    outcome, line = run_outcome(record)
+    code, colour = _OUTCOMES[outcome]
+    if line:
+        (console_ or err).print(line, style=colour, soft_wrap=True, markup=False)
+    return code
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:

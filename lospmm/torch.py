@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import secrets
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -61,7 +62,9 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
     from torch.fx.experimental.optimization import fuse
 
     try:
-        return fuse(copy.deepcopy(model).eval(), inplace=True)
+        folded = fuse(copy.deepcopy(model).eval(), inplace=True)
+        # named as the model (lt.search names its files and artifacts by the class), not "GraphModule"
+        return torch.fx.GraphModule(folded, folded.graph, class_name=type(model).__name__).eval()
     except Exception as e:  # data-dependent control flow and the like: fx cannot trace it
         raise ValueError(f"fold_batchnorm: torch.fx cannot trace the model ({type(e).__name__}: {e}); fold "
                          f"each Conv2d/BatchNorm2d pair with torch.nn.utils.fusion.fuse_conv_bn_eval") from None
@@ -316,7 +319,7 @@ def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None
     first_name = {id(m): n for n, m in modules.items()}
     activations = {path: act for path, (act, _) in fusable.items()}
     out = []
-    for name, tensor in [*model.state_dict(keep_vars=True).items()]:
+    for name, tensor in model_tensors(model).items():
         owner, _, leaf = name.rpartition(".")
         module = every_name.get(owner)
         if module is not None and first_name.get(id(module), owner) != owner:
@@ -329,6 +332,28 @@ def layer_weights(model: nn.Module, example_input, kwargs: Mapping | None = None
             bias = f"{owner}.bias" if getattr(module, "bias", None) is not None else ""
             found = dataclasses.replace(found, bias=bias, activation=activations.get(owner, ""))
         out.append(found)
+    return out
+
+
+def model_tensors(model: nn.Module) -> dict[str, "torch.Tensor"]:
+    """The model's state_dict (its tensors, not detached), with each tensor that torch.nn.utils.prune
+    reparametrized as the model computes with it: `fc.weight` = `fc.weight_orig` · `fc.weight_mask`, in
+    place of the two (a model pruned with torch's pruning and `prune.remove` not yet called)."""
+    state = model.state_dict(keep_vars=True)
+    folded = {}
+    for owner, module in model.named_modules():
+        for leaf in ("weight", "bias"):
+            orig, mask = getattr(module, f"{leaf}_orig", None), getattr(module, f"{leaf}_mask", None)
+            if isinstance(orig, torch.Tensor) and isinstance(mask, torch.Tensor):
+                prefix = f"{owner}." if owner else ""
+                folded[f"{prefix}{leaf}_orig"] = (f"{prefix}{leaf}", orig * mask)
+                folded[f"{prefix}{leaf}_mask"] = None
+    out = {}
+    for name, tensor in state.items():
+        if name not in folded:
+            out[name] = tensor
+        elif folded[name] is not None:
+            out[folded[name][0]] = folded[name][1]
     return out
 
 
@@ -402,7 +427,7 @@ def save_model(model: nn.Module, example_input, path: str | Path, kwargs: Mappin
     from lospmm.files import atomic_write
 
     weights = layer_weights(model, example_input, kwargs)
-    state = model.state_dict()
+    state = {name: tensor.detach() for name, tensor in model_tensors(model).items()}
     names = [w.name for w in weights if w.op] + [w.bias for w in weights if w.op and w.bias]
     kept = (torch.float32, torch.float16, torch.bfloat16)
     tensors = {name: state[name].detach().to("cpu", state[name].dtype if state[name].dtype in kept else torch.float32)
@@ -453,11 +478,16 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    if sparsity is None:  # keep: the model's own zeros; nm:N:M: 1 - N/M
-        sparsity = _zero_share(path) if prune == "keep" else run_sparsities((), prune, (0.9,))[0]
     try:
+        if sparsity is None and prune == "keep":  # the share of zeros its layers hold (kept_sparsity)
+            from lospmm.flows.inputs.layers import kept_sparsity
+
+            planned = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (0.5,)}))
+            sparsity = kept_sparsity(next(s for s in planned.sources if s.kind == "weights"))
+        elif sparsity is None:  # nm:N:M: 1 - N/M
+            sparsity = run_sparsities((), prune, (0.9,))[0]
         plan = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (sparsity,)}))
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         raise ValueError(_as_keywords(str(e))) from None
     from prefect.exceptions import TerminationSignal
 
@@ -476,7 +506,21 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
                                 f"again resumes from them") from None
     if result.get("error"):
         raise RuntimeError(f"lt.search: run {run_id} failed: {result['error']}")
+    from lospmm.flows.reports.inspection import run_outcome
+    from lospmm.flows.storage.runs import run_record
+
+    # as `lospmm run` exits 1 or 3: a failed run raises, layers that got no kernel are a warning naming them
+    # (the others' kernels are served; lt.sparsify(strict=False) takes what there is)
+    outcome, line = run_outcome(run_record(plan.root, result["run_id"]))
+    if outcome == "failed":
+        raise RuntimeError(f"lt.search: {line}")
+    if outcome == "layers":
+        warnings.warn(f"lt.search: {line} (`lospmm inspect {result['run_id']}` shows why)", SearchWarning, stacklevel=2)
     return result["run_id"]
+
+
+class SearchWarning(UserWarning):
+    """lt.search finished, but some of the model's layers got no kernel (each named, with its status)."""
 
 
 # a CLI flag in a ConfigError -> the keyword a Python caller gives (the rest: dashes to underscores)
@@ -495,15 +539,6 @@ def _search_options() -> list[str]:
     from lospmm.flows.config import RunConfig
 
     return [f.name for f in fields(RunConfig) if f.name not in ("zoo", "weights", "sparsities", "prune", "artifacts")]
-
-
-def _zero_share(path: Path) -> float:
-    """The share of zeros over the GEMM weights of a saved model file (not its biases), to 3 decimals."""
-    from lospmm.flows.inputs.weights import load_tensor, saved_graph
-
-    weights = [load_tensor(path, w.name) for w in saved_graph(path) or () if w.op]
-    zeros, total = sum(int((w == 0).sum()) for w in weights), sum(w.size for w in weights)
-    return round(min(max(zeros / max(total, 1), 0.001), 0.999), 3)
 
 
 # --- the drop-in ---------------------------------------------------------------------------------
@@ -589,18 +624,38 @@ conv = torch.ops.lospmm.conv.default
 
 
 def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":
-    """A torch.nn.Module computing x @ W.T + bias with W the kernel's pruned weight (out × in)."""
+    """A torch.nn.Module computing x @ W.T with W the kernel's pruned weight (out × in), through what
+    the kernel fuses (kernel.json's `epilogue`: the layer's bias, and the activation the model applied
+    after it, as a run through lospmm.torch.search or save_model emits it), plus `bias` where the
+    kernel fuses none. A bias given for a kernel that adds its own is refused (ValueError): added
+    twice, it would be wrong without a sign. `extra_repr` says what the kernel fuses."""
     return SparseLinear(load_kernel(kernel_dir, backend), bias)
 
 
+def _own_bias(kernel: SpMM | SpConv, bias):
+    """`bias` as the module's own parameter, None when none is given; refused where the kernel adds one."""
+    if bias is None:
+        return None
+    if kernel.spec.epilogue.bias:
+        raise ValueError(f"{kernel.spec.layer or kernel.dir.name}: the kernel adds its layer's bias itself (kernel.json's "
+                         f"epilogue: {kernel.spec.epilogue.label}); give no bias, or it is added twice")
+    return nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+
+def _fuses(kernel: SpMM | SpConv) -> str:
+    label = kernel.spec.epilogue.label
+    return f", fuses {label}" if label else ""
+
+
 class SparseLinear(nn.Module):
-    """x @ A.T + bias with A baked into an emitted GEMM kernel (out × in)."""
+    """x @ A.T (+ bias) with A baked into an emitted GEMM kernel (out × in), through the kernel's
+    fused epilogue (its bias and activation, if any: then `bias` must be None)."""
 
     def __init__(self, kernel: SpMM, bias=None):
         super().__init__()
         self.kernel, self.in_features, self.out_features = kernel, kernel.k, kernel.m
         self.name = kernel_name(kernel)
-        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.bias = _own_bias(kernel, bias)
 
     def forward(self, x):  # (a grad-requiring x is refused by the operator it calls)
         if x.shape[-1] != self.in_features:
@@ -613,7 +668,8 @@ class SparseLinear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel.dir.name}, {self.kernel.backend}"
+        return (f"in={self.in_features}, out={self.out_features}, kernel={self.kernel.dir.name}, {self.kernel.backend}"
+                f"{_fuses(self.kernel)}")
 
 
 class SparseConv2d(nn.Module):
@@ -626,7 +682,7 @@ class SparseConv2d(nn.Module):
         self.kernel, self.geometry = kernel, geometry
         self.name = kernel_name(kernel)
         self.out_channels = conv.out_channels
-        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.bias = _own_bias(kernel, bias)
 
     def forward(self, x):  # (a grad-requiring x is refused by the operator it calls)
         g = self.geometry
@@ -645,7 +701,7 @@ class SparseConv2d(nn.Module):
 
     def extra_repr(self) -> str:
         form = "implicit-conv" if isinstance(self.kernel, SpConv) else "im2col gemm"
-        return f"out={self.out_channels}, {form}, kernel={self.kernel.dir.name}, {self.kernel.backend}"
+        return f"out={self.out_channels}, {form}, kernel={self.kernel.dir.name}, {self.kernel.backend}{_fuses(self.kernel)}"
 
 
 @dataclass(frozen=True)
@@ -793,6 +849,8 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
         reason = _matching(package.matrix(), package.spec, module, layer, lambda: activation_after(owner))
+        if reason.endswith("built from other weights") and any(isinstance(m, nn.BatchNorm2d) for m in modules.values()):
+            reason += " (a model searched as lt.fold_batchnorm(model) is served as that model too)"
         out.append(Replacement(layer, str(d), owner if not reason else "", reason, package.spec.epilogue.label))
     return out
 
@@ -850,7 +908,7 @@ def _refuse_mismatches(plan: list[Replacement], strict: bool) -> None:
     bad = [r.reason for r in plan if r.reason]
     if bad and strict:
         more = f"; and {len(bad) - 3} more (lospmm.torch.replacements lists them)" if len(bad) > 3 else ""
-        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels do not match the model: " + "; ".join(bad[:3]) + more)
+        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels cannot serve the model: " + "; ".join(bad[:3]) + more)
 
 
 def _put(model: nn.Module, path: str, module: nn.Module) -> None:

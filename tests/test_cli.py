@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -170,6 +172,13 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     # the bias is no problem: a line counts it, the problem table has `bad` only
     assert "1 tensor not searched: 1 × bias (1-D)" in result.output and "layers with problems" in result.output
     assert result.output.count("bias") == 1
+    # inspect shows the run as it ended: the failed layer (the summary leaves out a layer prune refused)
+    run_id = re.search(r"lospmm run (\S+)", result.output)[1]
+    shown = runner.invoke(app, ["inspect", run_id, "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0 and "layers with problems" in shown.output, shown.output
+    assert "1 of 2 layers did not produce what was asked: bad (error)" in shown.output
+    listed = runner.invoke(app, ["inspect", "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
+    assert "1 of 2 failed" in next(line for line in listed.output.splitlines() if run_id in line)
     ones = tmp_path / "ones.safetensors"
     save_file({"good": rng.standard_normal((32, 16)).astype(np.float32)}, str(ones))
     fine = runner.invoke(app, ["run", "--weights", str(ones), "--artifacts", str(tmp_path / "art"), "--m1", "2",
@@ -239,3 +248,28 @@ def test_an_interrupted_run_is_recorded_so_and_one_stopped_before_it_began_says_
     write_run_record(tmp_path, {"run_id": "20260101-000000-abcdef", "status": RunStatus.RUNNING, "config": {}})
     assert _record_ended(tmp_path, "20260101-000000-abcdef", RunStatus.CANCELLED) is True
     assert run_record(tmp_path)["status"] == RunStatus.CANCELLED
+
+
+def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_path):
+    """`--prune keep` keeps the file's zeros: without --sparsity the run is named for their share over
+    the searched layers (as lt.search names it), not the default 0.9; a file without zeros is refused
+    in one line before anything runs."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.cli import _kept
+    from lospmm.flows.config import RunConfig
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    w[rng.random(w.shape) < 0.8] = 0
+    pruned, dense = tmp_path / "pruned.safetensors", tmp_path / "dense.safetensors"
+    # the bias is not searched: its values do not count
+    save_file({"fc.weight": w, "fc.bias": np.ones(64, np.float32)}, str(pruned))
+    save_file({"fc.weight": rng.standard_normal((64, 32)).astype(np.float32)}, str(dense))
+    cfg = RunConfig(zoo=(), weights=str(pruned), prune="keep", artifacts=str(tmp_path / "art"))
+    assert _kept(cfg).sparsities == (round(float((w == 0).mean()), 3),)
+    result = runner.invoke(app, ["run", "--weights", str(dense), "--prune", "keep", "--artifacts", str(tmp_path / "art")])
+    assert result.exit_code == 2 and "dense.safetensors: --prune keep keeps the zeros its layers hold, and its " \
+                                      "2,048 weights searched hold none" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "art" / "runs").exists()

@@ -188,7 +188,8 @@ def test_the_host_loader_runs_a_kernel_directory_against_scipy(searched):
 def test_kernels_of_other_weights_are_refused_by_name(searched):
     root, run_id, _ = searched
     other = _model(seed=1)  # same architecture, other weights
-    with pytest.raises(KernelDirError, match="5 of 5 kernels do not match.*differ from the model's weight"):
+    with pytest.raises(KernelDirError, match="5 of 5 kernels cannot serve.*differ from the model's weight: the kernel was built "
+                                               "from other weights .a model searched as lt.fold_batchnorm.model. is served"):
         lt.sparsify(other, run_id, backend="host", artifacts=root)
     partly = _model()
     with torch.no_grad():
@@ -196,7 +197,7 @@ def test_kernels_of_other_weights_are_refused_by_name(searched):
     kept = lt.sparsify(partly, run_id, backend="host", artifacts=root, strict=False)
     assert isinstance(kept.fc, nn.Linear) and isinstance(kept.stem, lt.SparseConv2d)
     assert "fc.weight" in next(r.reason for r in kept.lospmm_replacements if r.layer == "fc.weight")
-    with pytest.raises(KernelDirError, match="1 of 5 kernels do not match"):  # the reference refuses alike
+    with pytest.raises(KernelDirError, match="1 of 5 kernels cannot serve"):  # the reference refuses alike
         lt.pruned(partly, run_id, artifacts=root)
     assert torch.equal(lt.pruned(partly, run_id, artifacts=root, strict=False).fc.weight, partly.fc.weight)
 
@@ -263,7 +264,20 @@ def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
         for m in (model.stem, model.pw, model.dilated, model.fc):
             m.weight.mul_((torch.rand(m.weight.shape, generator=torch.Generator().manual_seed(0)) > 0.7).float())
     path = lt.save_model(model, torch.randn(2, 3, 16, 16), tmp_path / "m.safetensors")
-    assert lt._zero_share(path) == pytest.approx(0.7, abs=0.02)
+    from lospmm.flows.config import RunConfig, resolved
+    from lospmm.flows.inputs.layers import kept_sparsity
+
+    def source(p):
+        return resolved(RunConfig(zoo=(), weights=str(p), prune="keep", sparsities=(0.5,),
+                                  artifacts=str(tmp_path))).sources[0]
+
+    # the searched layers' zeros: the depthwise conv, the biases and the table are not searched
+    assert kept_sparsity(source(path)) == pytest.approx(0.7, abs=0.02)
+    dense = lt.save_model(_model(), torch.randn(2, 3, 16, 16), tmp_path / "dense.safetensors")
+    with pytest.raises(ValueError, match="dense.safetensors: --prune keep keeps the zeros .* hold none"):
+        kept_sparsity(source(dense))
+    with pytest.raises(ValueError, match="^lt.search: .* prune keep keeps the zeros .* hold none: prune them first"):
+        lt.search(_model(), torch.randn(2, 3, 16, 16), prune="keep", artifacts=tmp_path)
 
 
 def test_kernels_that_compute_something_else_are_refused(searched, tmp_path):
@@ -428,6 +442,7 @@ def test_batchnorm_folds_into_the_preceding_convolution():
     x = torch.randn(2, 3, 5, 5)
     assert model.training  # the model itself is left as it was
     assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    assert type(folded).__name__ == "Sequential"  # lt.search names the model's files by it
     torch.testing.assert_close(folded(x), model.eval()(x), rtol=1e-5, atol=1e-5)
     convs = [m for m in folded.modules() if isinstance(m, nn.Conv2d)]
     assert len(convs) == 2 and all(c.bias is not None for c in convs)
@@ -700,6 +715,15 @@ def test_an_nm_pruned_model_is_served_by_nm_kernels(tmp_path, prefect_server):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_layer_that_gets_no_kernel_is_a_warning_naming_it(tmp_path, prefect_server):
+    """As `lospmm run` exits 3 naming it: a layer the pattern cannot take (K = 30, not a multiple of 4)
+    is named by lt.search in a SearchWarning, and the others go on."""
+    model = nn.Sequential(nn.Linear(32, 30), nn.ReLU(), nn.Linear(30, 8)).eval()
+    with pytest.warns(lt.SearchWarning, match="lt.search: 1 of 2 layers did not produce what was asked: 2.weight "
+                                              "\\(error\\) \\(`lospmm inspect "):
+        lt.search(model, torch.randn(16, 32), prune="nm:2:4", artifacts=tmp_path, until="prune")
+
+
 def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
     """Three layers in three designs (baked v=4 walking, streamed, the N:M kernel), each directory
     carrying its own: one nn.Sequential of SparseLinear serves them together, as the pruned model."""
@@ -810,3 +834,46 @@ def test_a_half_nm_convolution_is_served_by_the_half_implicit_conv_nm_kernel(tmp
         want = model.float()(x.float())  # the same rounded weights and X, in fp32
     assert got.dtype == kind and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, rtol=0.02 if dtype == "fp16" else 0.1, atol=0.02 if dtype == "fp16" else 0.1)
+
+
+def test_sparse_linear_refuses_a_second_bias_for_a_kernel_that_adds_its_own(tmp_path):
+    """A kernel emitted from a model's weights fuses its layer's bias (and the ReLU after it): given
+    the bias again, sparse_linear would add it twice without a sign; it refuses, and without it the
+    module is the linear layer and its ReLU, as its repr says."""
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.epilogue import Epilogue
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    rng = np.random.default_rng(3)
+    a = random_pruned(32, 48, 0.8, rng)
+    bias = rng.standard_normal(32).astype(np.float32)
+    out = tmp_path / "k"
+    facts = emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "fc", 0.8, 32, "sm_90", out, verify=False,
+                           epilogue=Epilogue(tuple(float(b) for b in bias), "relu"))
+    assert facts["compile"]["status"] == "ok"
+    with pytest.raises(ValueError, match="fc: the kernel adds its layer's bias itself .*bias\\+relu.*added twice"):
+        lt.sparse_linear(out, bias=torch.from_numpy(bias), backend="host")
+    layer = lt.sparse_linear(out, backend="host")
+    assert "fuses bias+relu" in repr(layer)
+    x = torch.randn(5, 48)
+    want = np.maximum(x.numpy() @ a.toarray().T + bias, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), torch.from_numpy(want.astype(np.float32)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_pruned_with_torchs_own_pruning_is_read_as_it_computes(tmp_path):
+    """torch.nn.utils.prune keeps `weight_orig` and `weight_mask` until prune.remove: the layer's
+    weight is their product, named `weight`, as sparsify and the model's forward see it."""
+    from safetensors.numpy import load_file
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    prune.l1_unstructured(model[0], "weight", amount=0.75)
+    found = {w.name: w for w in lt.layer_weights(model, torch.randn(4, 16))}
+    assert set(found) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert (found["0.weight"].op, found["0.weight"].bias, found["0.weight"].activation) == ("linear", "0.bias", "relu")
+    saved = load_file(str(lt.save_model(model, torch.randn(4, 16), tmp_path / "m.safetensors")))
+    np.testing.assert_array_equal(saved["0.weight"], model[0].weight.detach().numpy())
+    assert (saved["0.weight"] == 0).sum() == 384 and "0.weight_orig" not in saved

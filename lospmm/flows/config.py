@@ -530,9 +530,33 @@ def checked_settings(cfg: RunConfig) -> Device:
     return device
 
 
+def _cut_short(path: str) -> str:
+    """Why a safetensors file cannot hold the tensors its header lists ("" when it can): its last
+    tensor's bytes run past the file's end, as an interrupted copy or download leaves it."""
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        (header,) = struct.unpack("<Q", f.read(8))
+        entries = json.loads(f.read(header))
+    ends = []
+    for name, entry in entries.items():
+        try:
+            ends.append((8 + header + int(entry["data_offsets"][1]), name))
+        except (KeyError, TypeError, ValueError, IndexError):  # a header entry unreadable: its tensor's read says so
+            continue
+    end, name = max(ends, default=(0, ""))
+    if end <= size:
+        return ""
+    return (f"weights file {path} is cut short: {size:,} bytes, where its header puts tensor {name} up to byte {end:,} "
+            f"(an interrupted copy or download?)")
+
+
 def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
     """ConfigError naming a --weights file the run cannot search; else its config.json (or None)."""
     told = None
+    if cfg.weights and Path(cfg.weights).is_file() and Path(cfg.weights).stat().st_size == 0:
+        raise ConfigError(f"weights file {cfg.weights} is empty (0 bytes)")
     input_shapes = parsed_input_shapes(cfg.input_shapes)
     if input_shapes and not (cfg.weights and is_onnx(cfg.weights)):
         raise ConfigError(f"--input-shape {input_shapes[0][0]}: input shapes fix an ONNX model's inputs; "
@@ -556,6 +580,9 @@ def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
             graph = saved_graph(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
+        short = _cut_short(cfg.weights)
+        if short:
+            raise ConfigError(short)
         told = model_config(cfg.weights)
         if graph is not None:
             if not any(w.op for w in graph):

@@ -394,10 +394,11 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         base |= _served_columns(served, runner_up, conv is not None)
         m1, n1 = (served.m1, served.n1) if served.tiled else (best["m1"], best["n1"])
         comp, check = facts["compile"], facts.get("check", "not run")
-        # a convolution served as its im2col GEMM pays X's unfolding before the kernel: its price (an
-        # estimate, as the choice added it) goes beside the kernel's time, not into it
+        # a convolution served as its im2col GEMM (an --im2col run's, or where it was the cheapest way) pays
+        # X's unfolding before the kernel: its price (an estimate) goes beside the kernel's time, not into it
+        as_gemm = served_form(served.design, True) == "gemm" if conv is not None else best.get("op") == "conv"
         unfold_us = (estimate_timer(timer.device).unfold_us(best["k"], best["n"], served.design.element_bytes)
-                     if conv is not None and served_form(served.design, True) == "gemm" else float("nan"))
+                     if as_gemm else float("nan"))
         failed = emit_failed(comp["status"], check)
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,
                     n1, compile_summary(comp, comp["from_cache"]), check, timer.name,

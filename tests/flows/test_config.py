@@ -152,6 +152,23 @@ def test_weights_without_a_gemm_weight_are_refused_before_any_work(tmp_path):
         resolved(RunConfig(weights=str(path)))
 
 
+def test_an_empty_or_cut_short_weights_file_is_refused_before_any_work(tmp_path):
+    # a copy or download cut off keeps its header: every tensor is listed, the last ones' bytes are missing
+    whole = tmp_path / "whole.safetensors"
+    save_file({"a.weight": np.ones((32, 16), np.float32), "b.weight": np.ones((64, 32), np.float32)}, str(whole))
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:-100])
+    with pytest.raises(ConfigError, match=f"weights file {cut} is cut short: {len(data) - 100:,} bytes, where its "
+                                          f"header puts tensor b.weight up to byte {len(data):,}"):
+        resolved(RunConfig(weights=str(cut)))
+    assert [s.label for s in resolved(RunConfig(zoo=(), weights=str(whole))).sources] == ["whole"]
+    for name in ("empty.safetensors", "empty.onnx"):
+        (tmp_path / name).write_bytes(b"")
+        with pytest.raises(ConfigError, match=f"^weights file {tmp_path / name} is empty \\(0 bytes\\)$"):
+            resolved(RunConfig(weights=str(tmp_path / name)))
+
+
 def test_a_config_json_beside_the_checkpoint_is_read_and_keyed(tmp_path):
     import json
 

@@ -294,7 +294,7 @@ def test_inspect_marks_an_artifact_damaged_since_its_run(tmp_path):
     result = runner.invoke(app, ["inspect", run_record(root)["run_id"], "--artifacts", str(root)],
                            env={"COLUMNS": "250"})
     line = next(line for line in result.output.splitlines() if line.startswith("│ reorder"))
-    assert "DAMAGED since" in line and "Completed" not in line
+    assert "damaged since the run" in line and "Completed" not in line
     assert "lospmm rerun --stage reorder" in result.output
 
 

@@ -614,3 +614,15 @@ def test_a_convolution_served_as_its_im2col_gemm_shows_the_unfolding_it_was_chos
     Console(file=out, width=250).print(summary_table(str(tmp_path), {"summary": "summary/r.parquet"}))
     line = next(l for l in out.getvalue().splitlines() if l.startswith("│") and "conv5" in l)
     assert line.split("│")[12].strip() == f"{row['full_time_us']:.1f} +{unfold:.1f} unfold (est.)"
+
+    # an --im2col run gives emit no geometry: its convolutions are GEMMs, and pay the unfolding too; a linear layer none
+    from lospmm.stages.prune import random_pruned
+
+    small = random_pruned(32, 64, 0.8, np.random.default_rng(1))
+    for op, want in (("conv", estimate.unfold_us(64, 196, 4)), ("linear", None)):
+        timed = [{"model": "m", "layer": op, "op": op, "m": 32, "n": 196, "k": 64, "repeat": 1, "sparsity": 0.8,
+                  "m1": 4, "n1": 32, "time_us": 1.0, "status": "ok", "message": ""}]
+        row = fk.emitted_layer(str(tmp_path), tmp_path / op, timed, small, {4: reordered_tiles(small, 4)}, estimate,
+                               "sm_90", EmitParams(nm_kernel=False), logging.getLogger("test"))
+        assert row["status"] == "ok" and row["form"] == "gemm", row["message"]
+        assert row["unfold_us"] == pytest.approx(want) if want else np.isnan(row["unfold_us"])

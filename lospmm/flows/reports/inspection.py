@@ -12,7 +12,7 @@ from rich.table import Table
 
 from lospmm.flows.dag import list_columns
 from lospmm.flows.reports.summary import grouped_summary
-from lospmm.flows.storage.runs import shown_status
+from lospmm.flows.storage.runs import RunStatus, shown_status
 from lospmm.flows.storage.store import intact_sidecar, read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.status import Status
@@ -46,17 +46,50 @@ VIEW_COLUMNS = {
 
 def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Table:
     t = Table(title="runs")
-    for c in ("run", "status", "started", "wall s", "models", "sparsities", "until", "tasks", "cached"):
+    for c in ("run", "status", "layers", "started", "wall s", "models", "sparsities", "until", "tasks", "cached"):
         t.add_column(c)
     for path, why in damaged:  # a truncated record is listed, not taken for "no runs"
-        t.add_row(path.stem, f"damaged record: {why}", "", "", "", "", "", "", "")
+        t.add_row(path.stem, f"damaged record: {why}", "", "", "", "", "", "", "", "")
     for r in records:
         cfg, entries = r["config"], r.get("entries", [])
         models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])
-        t.add_row(r["run_id"], shown_status(r), r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
+        t.add_row(r["run_id"], shown_status(r), _layers_cell(r), r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
                   " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg["until"], str(len(entries)),
                   str(sum(e["state"] == "Cached" for e in entries)))
     return t
+
+
+def run_outcome(record: dict) -> tuple[str, str]:
+    """What a finished run gives, as `lospmm run`'s exit code and `lt.search` say it: ("ok", ""),
+    ("layers", why) when some or all layers did not produce what was asked (the rest are kept), or
+    ("failed", why) when the run itself failed (a task crashed, its summary not written)."""
+    if record["status"] != RunStatus.COMPLETED:
+        failed = [e for e in record["entries"] if e["state"] not in ("Completed", "Cached")]
+        why = (f"{failed[0]['stage']} {failed[0]['label']}: {_first_line(failed[0].get('error') or failed[0]['state'])}"
+               if failed else record.get("error", "see the table above"))
+        return "failed", f"run {record['run_id']} failed: {why}"
+    if record.get("summary_error") or "layers" not in record:
+        return "failed", f"run {record['run_id']}: its summary could not be written: {record.get('summary_error')}"
+    layers = record["layers"]
+    if not layers["total"]:
+        return "layers", f"run {record['run_id']}: no layer to search (every tensor was skipped)"
+    if layers["failed"]:
+        names = ", ".join(f"{f['layer']} ({f['status']})" for f in layers["failed"][:8])
+        more = f" and {len(layers['failed']) - 8} more" if len(layers["failed"]) > 8 else ""
+        return "layers", f"{len(layers['failed'])} of {layers['total']} layers did not produce what was asked: {names}{more}"
+    return "ok", ""
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _layers_cell(record: dict) -> str:
+    """The runs list's layers: how many the run was asked for, and how many did not produce what was asked."""
+    layers = record.get("layers")
+    if not layers:
+        return ""
+    return f"{len(layers['failed'])} of {layers['total']} failed" if layers["failed"] else str(layers["total"])
 
 
 def run_table(record: dict, root: str | None = None) -> Table:
@@ -74,7 +107,7 @@ def run_table(record: dict, root: str | None = None) -> Table:
         if root is not None and e.get("path"):
             artifact = Path(root) / e["path"]
             if not artifact.exists() or intact_sidecar(artifact) is None:
-                state = "deleted since" if not artifact.exists() else "DAMAGED since (fails its checksum)"
+                state = "deleted since the run" if not artifact.exists() else "damaged since the run (fails its checksum)"
                 changed.append(e["stage"])
         t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
                   _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
@@ -318,7 +351,7 @@ def _served(r: dict) -> str:
 
 def _time_cell(time_us, unfold_us) -> str:
     """A kernel's time, with the estimated unfolding of X after it where a convolution is served as
-    its im2col GEMM (10_kernels' unfold_us: the choice paid it, the kernel's time does not hold it)."""
+    its im2col GEMM (10_kernels' unfold_us: serving it pays that too, the kernel's time does not hold it)."""
     if time_us is None:
         return "-"
     extra = f" +{unfold_us:.1f} unfold (est.)" if unfold_us is not None and unfold_us == unfold_us else ""

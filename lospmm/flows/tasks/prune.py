@@ -8,7 +8,7 @@ from lospmm.flows.catalog.pruned import SCHEMA
 from lospmm.flows.catalog.shapes import shape_from_row
 from lospmm.flows.inputs.sources import Source
 from lospmm.flows.execution.taskio import RunContext, failed_row, layer_fields, run_stage, stage_task, stoppable
-from lospmm.flows.inputs.onnx_model import graph_weight_matrix, is_onnx
+from lospmm.flows.inputs.layers import layer_weight
 from lospmm.flows.inputs.weights import planned_weights
 from lospmm.stages.prune import PruneParams, global_magnitude_threshold, pruned_layer
 from lospmm.status import Status
@@ -18,12 +18,7 @@ from lospmm.status import Status
 def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, source: Source, sparsity: float,
           params: PruneParams) -> dict:
     def weight_of(shape, weights):
-        if not (source.path and shape.ok):
-            return None
-        if is_onnx(source.path):
-            return graph_weight_matrix(source.path, shape.layer, source.input_shapes)
-        w = weights.tensor(shape.layer)
-        return w.reshape(w.shape[0], -1) if w.ndim == 4 else w  # a conv weight [Cout, Cin, kh, kw] is A (Cout × K)
+        return layer_weight(source, shape, weights)
 
     def one(row: dict, threshold: float | None, weights) -> dict:
         shape = shape_from_row(row)
