@@ -157,9 +157,13 @@ def layer_epilogue(shape_row: dict, weights=None) -> Epilogue:
     name, activation = shape_row.get("bias") or "", shape_row.get("activation") or ""
     if not name:
         return Epilogue(activation=activation)
+    from lospmm.flows.inputs.onnx_model import graph_tensor, is_onnx
     from lospmm.flows.inputs.weights import load_tensor
 
-    bias = weights.tensor(name) if weights is not None else load_tensor(shape_row["source"], name)
+    if is_onnx(shape_row["source"]):  # an initializer of the graph (planned_weights opens no file for it)
+        bias = graph_tensor(shape_row["source"], name)
+    else:
+        bias = weights.tensor(name) if weights is not None else load_tensor(shape_row["source"], name)
     return Epilogue(tuple(bias.astype("float32").ravel().tolist()), activation)
 
 

@@ -64,13 +64,51 @@ def test_gemm_weights_come_with_the_graphs_shapes_and_every_other_initializer_wi
     assert found["pw.w"].op == "conv" and found["pw.w"].cols == 8 and found["dw.w"].conv["groups"] == 8
     assert (found["fc.w"].op, found["fc.w"].rows, found["fc.w"].cols) == ("linear", 10, 16)
     assert (found["proj.w"].rows, found["proj.w"].cols, found["proj.w"].n) == (12, 16, 10)  # N = 2·5 tokens
-    assert found["conv1.b"].reason == "bias of Conv conv1" and found["fc.b"].reason == "bias of Gemm fc"
+    fused = " (fused into its weight's kernel)"  # as lospmm.torch's importer: the bias and the Relu after conv1
+    assert found["conv1.b"].reason == "bias of Conv conv1" + fused and found["fc.b"].reason == "bias of Gemm fc" + fused
+    assert (conv.bias, conv.activation) == ("conv1.b", "relu") and (found["fc.w"].bias, found["fc.w"].activation) == (
+        "fc.b", "")
+    assert (found["pw.w"].bias, found["pw.w"].activation, found["proj.w"].bias) == ("", "", "")
     assert found["embed"].reason == "embedding/lookup table of Gather embedding"
     shapes = {s.layer: s for s in graph_shapes("m", found.values(), tokens=64, batch=4)}
     assert shapes["conv1.w"].n == 4 * 8 * 8 and shapes["fc.w"].n == 64  # the graph leaves both symbolic
     # the depthwise conv: its 8 × 1·3·3 weight searched block-diagonally over its 8 input channels
     assert (shapes["dw.w"].k, shapes["dw.w"].groups, shapes["dw.w"].cin) == (8 * 9, 8, 8)
     assert sorted(n for n, s in shapes.items() if s.ok) == ["conv1.w", "dw.w", "fc.w", "proj.w", "pw.w"]
+
+
+def test_an_onnx_layers_bias_and_the_activation_that_alone_reads_it_are_fused(tmp_path):
+    """A MatMul's bias is the Add of a 1-D initializer that alone reads its output, then the Relu or exact
+    Gelu that alone reads that; a scaled Gemm, a weight two nodes use, or an output read twice fuse nothing
+    (or no activation). The emit stage reads a fused bias from the graph (flows.kernels.layer_epilogue)."""
+    from lospmm.flows.inputs.onnx_model import graph_tensor
+    from lospmm.flows.kernels import layer_epilogue
+
+    w = {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in (
+        ("a.w", (16, 8)), ("a.b", (8,)), ("g.w", (8, 8)), ("g.b", (8,)), ("s.w", (8, 16)), ("s.b", (8,)),
+        ("t.w", (8, 8)), ("u.w", (8, 8)), ("u.b", (8,)))}
+    nodes = [helper.make_node("MatMul", ["x", "a.w"], ["a"], name="a"), helper.make_node("Add", ["a.b", "a"], ["ab"]),
+             helper.make_node("Relu", ["ab"], ["ar"]),
+             helper.make_node("MatMul", ["ar", "g.w"], ["g"], name="g"), helper.make_node("Add", ["g", "g.b"], ["gb"]),
+             helper.make_node("Gelu", ["gb"], ["gg"], domain=""),
+             helper.make_node("Gemm", ["gg", "s.w", "s.b"], ["s"], name="s", transB=1, alpha=2.0),
+             helper.make_node("Relu", ["s"], ["sr"]),
+             helper.make_node("MatMul", ["sr", "t.w"], ["t1"], name="t1"),
+             helper.make_node("MatMul", ["t1", "t.w"], ["t2"], name="t2"),  # t.w tied: used twice
+             helper.make_node("Relu", ["t2"], ["t2r"]),
+             helper.make_node("MatMul", ["t2r", "u.w"], ["u"], name="u"), helper.make_node("Add", ["u", "u.b"], ["ub"]),
+             helper.make_node("Relu", ["ub"], ["y"]), helper.make_node("Sigmoid", ["ub"], ["z"])]  # ub read twice
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("y", "z")],
+                              [numpy_helper.from_array(v, k) for k, v in w.items()])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    found = {g.name: g for g in graph_weights(path)}
+    assert {n: (found[n].bias, found[n].activation) for n in ("a.w", "g.w", "s.w", "t.w", "u.w")} == {
+        "a.w": ("a.b", "relu"), "g.w": ("g.b", "gelu"), "s.w": ("", ""), "t.w": ("", ""), "u.w": ("u.b", "")}
+    np.testing.assert_array_equal(graph_tensor(path, "g.b"), w["g.b"])
+    epilogue = layer_epilogue({"layer": "g.w", "bias": "g.b", "activation": "gelu", "source": str(path)})
+    assert epilogue.bias == tuple(w["g.b"].tolist()) and epilogue.activation == "gelu"
 
 
 def test_each_weight_reads_back_as_the_gemms_a(tmp_path):

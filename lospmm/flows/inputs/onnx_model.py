@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -246,11 +247,85 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
                 if name in inits:
                     kind = "embedding/lookup table" if node.op_type == "Gather" and i == 0 else "input"
                     why_not.setdefault(name, f"{kind} of {where}")
+    readers: dict[str, list] = {}  # value -> the nodes that read it (a graph output read by the caller too)
+    for node in model.graph.node:
+        for value in node.input:
+            readers.setdefault(value, []).append(node)
+    for value in model.graph.output:
+        readers.setdefault(value.name, []).append(None)
+    gemms = Counter(initializer(node.input[1]) for node in model.graph.node
+                    if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) >= 2)
+    for name, node in users.items():  # what each searched layer's kernel can fuse: its bias, the activation after it
+        # a weight two nodes multiply by (tied) has one kernel for both: it fuses neither's epilogue
+        fused = _fused(node, used[name], initializer, inits, readers) if gemms[name] == 1 else None
+        if fused is not None:
+            used[name] = replace(used[name], bias=fused[0], activation=fused[1])
+            if fused[0]:
+                why_not[fused[0]] = why_not.get(fused[0], "bias") + " (fused into its weight's kernel)"
     weights = {name: used.get(name) or GraphWeight(name, "", reason=why_not.get(name, "not an input of any node"))
                for name in inits}
     names = _layer_names(weights, users)
     return ({names[n]: replace(w, name=names[n]) for n, w in weights.items()},
             {names[n]: (tensors[n], n in transposed) for n in weights})
+
+
+def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -> tuple[str, str] | None:
+    """(bias, activation) a searched layer's kernel fuses, as lospmm.torch's importer finds them: the
+    bias a Gemm (alpha = beta = 1) or Conv adds, or the one Add of a 1-D initializer that alone reads a
+    MatMul's output; then the Relu, or the exact Gelu, that alone reads the result. Its bias name is the
+    initializer's own in the file (graph_tensor reads it). None where a bias is added another way (a
+    Gemm scaled, a bias not one value per output): nothing is fused, as the activation comes after it."""
+    def sole_reader(value: str):
+        found = readers.get(value, [])
+        return found[0] if len(found) == 1 else None
+
+    def one_per_output(value: str) -> str:
+        name = initializer(value)
+        return name if name in inits and tuple(d for d in inits[name] if d != 1) in ((weight.rows,), ()) \
+            and int(np.prod(inits[name])) == weight.rows else ""
+
+    attrs = {a.name: _attribute(a) for a in node.attribute}
+    bias, out = "", node.output[0]
+    if node.op_type in ("Gemm", "Conv") and len(node.input) > 2 and node.input[2]:
+        bias = one_per_output(node.input[2])
+        if not bias or (node.op_type == "Gemm" and (attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0)):
+            return None
+    elif node.op_type == "MatMul":
+        add = sole_reader(out)
+        if add is not None and add.op_type == "Add" and len(add.input) == 2:
+            other = add.input[1] if add.input[0] == out else add.input[0]
+            bias = one_per_output(other)
+            if bias:
+                out = add.output[0]
+    after = sole_reader(out)
+    activation = ""
+    if after is not None and after.op_type == "Relu":
+        activation = "relu"
+    elif after is not None and after.op_type == "Gelu" and \
+            {a.name: _attribute(a) for a in after.attribute}.get("approximate", "none") == "none":
+        activation = "gelu"
+    return bias, activation
+
+
+def graph_tensor(path: str | Path, name: str) -> np.ndarray:
+    """An initializer (or float Constant) of the model by its name in the file, as float32: a fused
+    bias (GraphWeight.bias)."""
+    from onnx import numpy_helper
+
+    p = Path(path)
+    stat = p.stat()
+    tensor = _tensors(str(p), stat.st_mtime_ns, stat.st_size).get(name)
+    if tensor is None:
+        raise ValueError(f"{name}: no such tensor in {path}")
+    return numpy_helper.to_array(tensor).astype(np.float32)
+
+
+@lru_cache(maxsize=2)
+def _tensors(path: str, mtime_ns: int, size: int) -> dict:
+    import onnx
+
+    model = onnx.load(path)
+    return {**{t.name: t for t in model.graph.initializer}, **_constants(model)}
 
 
 def _attribute(a):
