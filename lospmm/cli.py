@@ -297,7 +297,7 @@ def inspect(
     try:
         if stage is None:  # as the run ended, with what failed said (its exit code is the run's, not this one's)
             _show_run(record, artifacts, root=artifacts, limit=limit, layer=layer)
-            if layer is None and record.get("status") == RunStatus.COMPLETED:
+            if layer is None:
                 _exit_code(record, console)
             return
         for title, table in inspection.stage_tables(artifacts, record, stage, layer, rows, limit, all_columns):

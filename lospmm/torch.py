@@ -626,9 +626,11 @@ conv = torch.ops.lospmm.conv.default
 def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "SparseLinear":
     """A torch.nn.Module computing x @ W.T with W the kernel's pruned weight (out × in), through what
     the kernel fuses (kernel.json's `epilogue`: the layer's bias, and the activation the model applied
-    after it, as a run through lospmm.torch.search or save_model emits it), plus `bias` where the
-    kernel fuses none. A bias given for a kernel that adds its own is refused (ValueError): added
-    twice, it would be wrong without a sign. `extra_repr` says what the kernel fuses."""
+    after it, as a run of a model's own weights emits it: lt.search, save_model, ONNX), plus `bias` where the
+    kernel fuses none. A bias given for a kernel that adds its own, or that applies an activation
+    (which the bias must come before), is refused (ValueError): it would be wrong without a sign.
+    Kernels from an ONNX model fuse alike (the graph's bias and Relu / Gelu). `extra_repr` says what
+    the kernel fuses."""
     return SparseLinear(load_kernel(kernel_dir, backend), bias)
 
 
@@ -636,9 +638,13 @@ def _own_bias(kernel: SpMM | SpConv, bias):
     """`bias` as the module's own parameter, None when none is given; refused where the kernel adds one."""
     if bias is None:
         return None
-    if kernel.spec.epilogue.bias:
-        raise ValueError(f"{kernel.spec.layer or kernel.dir.name}: the kernel adds its layer's bias itself (kernel.json's "
-                         f"epilogue: {kernel.spec.epilogue.label}); give no bias, or it is added twice")
+    epilogue, layer = kernel.spec.epilogue, kernel.spec.layer or kernel.dir.name
+    if epilogue.bias:
+        raise ValueError(f"{layer}: the kernel adds its layer's bias itself (kernel.json's epilogue: {epilogue.label}); "
+                         f"give no bias, or it is added twice")
+    if epilogue.activation:  # act(A·B) + bias is not act(A·B + bias)
+        raise ValueError(f"{layer}: the kernel applies {epilogue.activation} to A·B itself, and a bias added after it "
+                         f"would come after the activation; emit the kernel with the bias fused (a model's own run)")
     return nn.Parameter(bias.detach().clone(), requires_grad=False)
 
 

@@ -860,6 +860,12 @@ def test_sparse_linear_refuses_a_second_bias_for_a_kernel_that_adds_its_own(tmp_
     want = np.maximum(x.numpy() @ a.toarray().T + bias, 0)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), torch.from_numpy(want.astype(np.float32)), rtol=1e-4, atol=1e-4)
+    # a kernel that applies the ReLU without a bias (an ONNX MatMul then Relu): a bias could only come after it
+    relu_only = tmp_path / "relu"
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 4), "fc", 0.8, 32, "sm_90", relu_only, verify=False,
+                   epilogue=Epilogue(activation="relu"))
+    with pytest.raises(ValueError, match="fc: the kernel applies relu to A·B itself, and a bias added after it"):
+        lt.sparse_linear(relu_only, bias=torch.from_numpy(bias), backend="host")
 
 
 def test_a_model_pruned_with_torchs_own_pruning_is_read_as_it_computes(tmp_path):

@@ -401,9 +401,9 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         # a convolution served as its im2col GEMM (an --im2col run's, or where it was the cheapest way) pays
         # X's unfolding before the kernel: its price (an estimate) goes beside the kernel's time, not into it
         as_gemm = served_form(served.design, True) == "gemm" if conv is not None else best.get("op") == "conv"
-        unfold_us = (estimate_timer(timer.device).unfold_us(best["k"], best["n"], served.design.element_bytes)
-                     if as_gemm else float("nan"))
         failed = emit_failed(comp["status"], check)
+        unfold_us = (estimate_timer(timer.device).unfold_us(best["k"], best["n"], served.design.element_bytes)
+                     if as_gemm and not failed else float("nan"))
         logger.info("emitted %s tile (%d,%d): compile %s, %s check, %s %.2f us, %.1f s in all", layer, m1,
                     n1, compile_summary(comp, comp["from_cache"]), check, timer.name,
                     facts.get("full_time_us", float("nan")), time.perf_counter() - t0)

@@ -99,3 +99,22 @@ def test_a_layer_the_nm_kernel_serves_is_no_fallback():
     assert layer_status(baked, True, False, True) == Status.OK
     assert layer_status({}, False, False, True) == Status.NO_CANDIDATE
     assert layer_status({}, True, False, True) == Status.NOT_EMITTED
+
+
+def test_a_runs_outcome_says_what_it_gave():
+    # as `lospmm run` exits and `lt.search` reports: layers failed, the run failed, cancelled, or a record older
+    # than the layers' outcomes (nothing to say of them)
+    from lospmm.flows.reports.inspection import run_outcome
+
+    base = {"run_id": "r1", "status": "completed", "entries": []}
+    assert run_outcome({**base, "layers": {"total": 2, "failed": []}}) == ("ok", "")
+    assert run_outcome({**base, "layers": {"total": 2, "failed": [{"layer": "fc", "status": "error"}]}}) == (
+        "layers", "1 of 2 layers did not produce what was asked: fc (error)")
+    assert run_outcome(base) == ("ok", "")
+    assert run_outcome({**base, "summary_error": "OSError: disk full"}) == (
+        "failed", "run r1: its summary could not be written: OSError: disk full")
+    assert run_outcome({**base, "status": "cancelled"}) == (
+        "failed", "run r1 was cancelled; its finished artifacts are kept")
+    failed = {**base, "status": "failed", "entries": [{"stage": "emit", "label": "m-s0.9", "state": "Failed",
+                                                        "error": "RuntimeError: boom\ntraceback"}]}
+    assert run_outcome(failed) == ("failed", "run r1 failed: emit m-s0.9: RuntimeError: boom")

@@ -86,26 +86,40 @@ def test_an_onnx_layers_bias_and_the_activation_that_alone_reads_it_are_fused(tm
 
     w = {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in (
         ("a.w", (16, 8)), ("a.b", (8,)), ("g.w", (8, 8)), ("g.b", (8,)), ("s.w", (8, 16)), ("s.b", (8,)),
-        ("t.w", (8, 8)), ("u.w", (8, 8)), ("u.b", (8,)))}
+        ("t.w", (8, 8)), ("u.w", (8, 8)), ("u.b", (8,)), ("v.w", (8, 8)), ("v.b", (8, 1)), ("n.w", (8, 8)),
+        ("k.w", (8, 8)))}
+    branch = helper.make_graph([helper.make_node("Identity", ["k"], ["k_seen"])], "branch", [],
+                               [helper.make_tensor_value_info("k_seen", TensorProto.FLOAT, None)])
     nodes = [helper.make_node("MatMul", ["x", "a.w"], ["a"], name="a"), helper.make_node("Add", ["a.b", "a"], ["ab"]),
              helper.make_node("Relu", ["ab"], ["ar"]),
              helper.make_node("MatMul", ["ar", "g.w"], ["g"], name="g"), helper.make_node("Add", ["g", "g.b"], ["gb"]),
              helper.make_node("Gelu", ["gb"], ["gg"], domain=""),
              helper.make_node("Gemm", ["gg", "s.w", "s.b"], ["s"], name="s", transB=1, alpha=2.0),
              helper.make_node("Relu", ["s"], ["sr"]),
-             helper.make_node("MatMul", ["sr", "t.w"], ["t1"], name="t1"),
-             helper.make_node("MatMul", ["t1", "t.w"], ["t2"], name="t2"),  # t.w tied: used twice
+             helper.make_node("MatMul", ["sr", "t.w"], ["t1"], name="t1"), helper.make_node("Relu", ["t1"], ["t1r"]),
+             helper.make_node("MatMul", ["t1r", "t.w"], ["t2"], name="t2"),  # t.w tied: used twice
              helper.make_node("Relu", ["t2"], ["t2r"]),
              helper.make_node("MatMul", ["t2r", "u.w"], ["u"], name="u"), helper.make_node("Add", ["u", "u.b"], ["ub"]),
-             helper.make_node("Relu", ["ub"], ["y"]), helper.make_node("Sigmoid", ["ub"], ["z"])]  # ub read twice
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-                              [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("y", "z")],
+             helper.make_node("Relu", ["ub"], ["yu"]), helper.make_node("Sigmoid", ["ub"], ["z"]),  # ub read twice
+             # a bias along the rows (8 × 1) is no bias of the outputs: nothing fused
+             helper.make_node("MatMul", ["yu", "v.w"], ["v"], name="v"), helper.make_node("Add", ["v", "v.b"], ["vb"]),
+             helper.make_node("Relu", ["vb"], ["vr"]),
+             # a Gemm that scales its product (alpha), without a bias: its Relu is not the kernel's to apply
+             helper.make_node("Gemm", ["vr", "n.w"], ["n"], name="n", transB=1, alpha=-1.0),
+             helper.make_node("Relu", ["n"], ["nr"]),
+             # an If's branch reads k's output: the Relu is not its only reader
+             helper.make_node("MatMul", ["nr", "k.w"], ["k"], name="k"), helper.make_node("Relu", ["k"], ["y"]),
+             helper.make_node("If", ["cond"], ["kept"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]),
+                                               helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("y", "z", "kept")],
                               [numpy_helper.from_array(v, k) for k, v in w.items()])
     path = tmp_path / "chain.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
     found = {g.name: g for g in graph_weights(path)}
-    assert {n: (found[n].bias, found[n].activation) for n in ("a.w", "g.w", "s.w", "t.w", "u.w")} == {
-        "a.w": ("a.b", "relu"), "g.w": ("g.b", "gelu"), "s.w": ("", ""), "t.w": ("", ""), "u.w": ("u.b", "")}
+    assert {n: (found[n].bias, found[n].activation) for n in ("a.w", "g.w", "s.w", "t.w", "u.w", "v.w", "n.w", "k.w")} \
+        == {"a.w": ("a.b", "relu"), "g.w": ("g.b", "gelu"), "s.w": ("", ""), "t.w": ("", ""), "u.w": ("u.b", ""),
+            "v.w": ("", ""), "n.w": ("", ""), "k.w": ("", "")}
     np.testing.assert_array_equal(graph_tensor(path, "g.b"), w["g.b"])
     epilogue = layer_epilogue({"layer": "g.w", "bias": "g.b", "activation": "gelu", "source": str(path)})
     assert epilogue.bias == tuple(w["g.b"].tolist()) and epilogue.activation == "gelu"

@@ -251,8 +251,8 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
     for node in model.graph.node:
         for value in node.input:
             readers.setdefault(value, []).append(node)
-    for value in model.graph.output:
-        readers.setdefault(value.name, []).append(None)
+    for value in [*model.graph.output, *_subgraph_reads(model.graph)]:  # read by the caller, or inside an If/Loop
+        readers.setdefault(getattr(value, "name", value), []).append(None)
     gemms = Counter(initializer(node.input[1]) for node in model.graph.node
                     if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) >= 2)
     for name, node in users.items():  # what each searched layer's kernel can fuse: its bias, the activation after it
@@ -260,8 +260,9 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
         fused = _fused(node, used[name], initializer, inits, readers) if gemms[name] == 1 else None
         if fused is not None:
             used[name] = replace(used[name], bias=fused[0], activation=fused[1])
-            if fused[0]:
-                why_not[fused[0]] = why_not.get(fused[0], "bias") + " (fused into its weight's kernel)"
+            note = " (fused into its weight's kernel)"
+            if fused[0] and not why_not.get(fused[0], "").endswith(note):  # a bias two layers add: said once
+                why_not[fused[0]] = why_not.get(fused[0], "bias") + note
     weights = {name: used.get(name) or GraphWeight(name, "", reason=why_not.get(name, "not an input of any node"))
                for name in inits}
     names = _layer_names(weights, users)
@@ -271,24 +272,29 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
 
 def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -> tuple[str, str] | None:
     """(bias, activation) a searched layer's kernel fuses, as lospmm.torch's importer finds them: the
-    bias a Gemm (alpha = beta = 1) or Conv adds, or the one Add of a 1-D initializer that alone reads a
-    MatMul's output; then the Relu, or the exact Gelu, that alone reads the result. Its bias name is the
-    initializer's own in the file (graph_tensor reads it). None where a bias is added another way (a
-    Gemm scaled, a bias not one value per output): nothing is fused, as the activation comes after it."""
+    bias a Gemm (alpha = beta = 1) or Conv adds, or the one Add of an (M) or (1, M) initializer that
+    alone reads a MatMul's output; then the Relu, or the exact Gelu, that alone reads the result (a
+    subgraph's read or a graph output counts as a reader). Its bias name is the initializer's own in
+    the file (graph_tensor reads it). None where the product is scaled (a Gemm's alpha) or a bias is
+    added another way (beta, a bias not one value per output): nothing is fused."""
+
     def sole_reader(value: str):
         found = readers.get(value, [])
         return found[0] if len(found) == 1 else None
 
     def one_per_output(value: str) -> str:
+        # broadcast along the last dim, which holds the outputs, without adding dims: (M,) or (1, M)
         name = initializer(value)
-        return name if name in inits and tuple(d for d in inits[name] if d != 1) in ((weight.rows,), ()) \
-            and int(np.prod(inits[name])) == weight.rows else ""
+        dims = inits.get(name)
+        return name if dims in ((weight.rows,), (1, weight.rows)) else ""
 
     attrs = {a.name: _attribute(a) for a in node.attribute}
+    if node.op_type == "Gemm" and attrs.get("alpha", 1.0) != 1.0:  # alpha·A·B: not the kernel's product to fuse after
+        return None
     bias, out = "", node.output[0]
     if node.op_type in ("Gemm", "Conv") and len(node.input) > 2 and node.input[2]:
         bias = one_per_output(node.input[2])
-        if not bias or (node.op_type == "Gemm" and (attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0)):
+        if not bias or (node.op_type == "Gemm" and attrs.get("beta", 1.0) != 1.0):
             return None
     elif node.op_type == "MatMul":
         add = sole_reader(out)
@@ -305,6 +311,19 @@ def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -
             {a.name: _attribute(a) for a in after.attribute}.get("approximate", "none") == "none":
         activation = "gelu"
     return bias, activation
+
+
+def _subgraph_reads(graph) -> set[str]:
+    """The values the subgraphs of `graph`'s nodes (an If's branches, a Loop's or Scan's body) read."""
+    from onnx import AttributeProto
+
+    reads: set[str] = set()
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS
+                        else []):
+                reads |= {value for inner in sub.node for value in inner.input} | _subgraph_reads(sub)
+    return reads
 
 
 def graph_tensor(path: str | Path, name: str) -> np.ndarray:

@@ -62,14 +62,23 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
 def run_outcome(record: dict) -> tuple[str, str]:
     """What a finished run gives, as `lospmm run`'s exit code and `lt.search` say it: ("ok", ""),
     ("layers", why) when some or all layers did not produce what was asked (the rest are kept), or
-    ("failed", why) when the run itself failed (a task crashed, its summary not written)."""
+    ("failed", why) when the run itself failed (a task crashed, its summary not written), was
+    cancelled or killed, or is still running (`inspect` on another process's run)."""
+    status = shown_status(record)
+    if status in (RunStatus.CANCELLED, RunStatus.KILLED, RunStatus.RUNNING):
+        what = {RunStatus.CANCELLED: "was cancelled; its finished artifacts are kept",
+                RunStatus.KILLED: "was killed (its process is gone); its finished artifacts are kept",
+                RunStatus.RUNNING: "is still running"}[status]
+        return "failed", f"run {record['run_id']} {what}"
     if record["status"] != RunStatus.COMPLETED:
         failed = [e for e in record["entries"] if e["state"] not in ("Completed", "Cached")]
         why = (f"{failed[0]['stage']} {failed[0]['label']}: {_first_line(failed[0].get('error') or failed[0]['state'])}"
                if failed else record.get("error", "see the table above"))
         return "failed", f"run {record['run_id']} failed: {why}"
-    if record.get("summary_error") or "layers" not in record:
-        return "failed", f"run {record['run_id']}: its summary could not be written: {record.get('summary_error')}"
+    if record.get("summary_error"):
+        return "failed", f"run {record['run_id']}: its summary could not be written: {record['summary_error']}"
+    if "layers" not in record:  # a record older than the layers' outcomes (2026-11): nothing to say of them
+        return "ok", ""
     layers = record["layers"]
     if not layers["total"]:
         return "layers", f"run {record['run_id']}: no layer to search (every tensor was skipped)"
