@@ -296,6 +296,8 @@ def inspect(
         _fail(f"--stage {stage!r}: choose one of {', '.join(STAGES)}")
     try:
         if stage is None:  # as the run ended, with what failed said (its exit code is the run's, not this one's)
+            if not record.get("entries") and record.get("status") != RunStatus.COMPLETED:
+                record = _with_artifacts_left(record, artifacts)
             _show_run(record, artifacts, root=artifacts, limit=limit, layer=layer)
             if layer is None:
                 _exit_code(record, console)
@@ -306,8 +308,34 @@ def inspect(
     except LookupError as e:  # --layer that names no layer of the run
         _fail(str(e))
     except ArtifactError as e:  # deleted or damaged since the run: say which, `lospmm rerun` recomputes it
-        where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
-        _fail(f"{e}; `lospmm rerun --stage {stage or 'extract'} {record['run_id']}{where}` recomputes it", code=1)
+        _fail(_rerun_hint(e, record["run_id"], artifacts, stage), code=1)
+
+
+def _with_artifacts_left(record: dict, artifacts: str) -> dict:
+    """A run that did not finish lists no tasks (its record gets them when its flow ends): its plan's
+    tasks instead, each with the artifact it left (pipeline.artifacts_left)."""
+    from lospmm.flows.pipeline import artifacts_left
+
+    entries = artifacts_left(record, artifacts)
+    if entries is None:
+        err.print(f"run {record['run_id']}: its tasks are not recorded (it did not finish) and its plan cannot be "
+                  f"made again here (its weights file moved or changed?)", style="yellow")
+        return record
+    kept = sum(e["state"] == "kept" for e in entries)
+    console.print(f"run {record['run_id']} did not finish, so its record lists no tasks; planned again: {kept} of "
+                  f"{len(entries)} tasks left their artifact (kept: running the same command again reuses them)",
+                  style="dim", soft_wrap=True)
+    return {**record, "entries": entries}
+
+
+def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None = None) -> str:
+    """An artifact deleted or damaged since its run (ArtifactError), and the `lospmm rerun` that
+    recomputes it: its stage `stage`, else the one whose folder the message names."""
+    from lospmm.stages import STAGE_TABLE
+
+    stage = stage or next((s.name for s in STAGE_TABLE if f"/{s.layer}/" in str(error)), "extract")
+    where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
+    return f"{error}; `lospmm rerun --stage {stage} {run_id}{where}` recomputes it"
 
 
 @app.command()
@@ -374,6 +402,8 @@ def kernel(
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel
         if not existed:  # no half-written kernel directory is left behind
             shutil.rmtree(out, ignore_errors=True)
+        if isinstance(e, ArtifactError):  # an artifact of the run deleted or damaged since: its rerun rebuilds it
+            _fail(_rerun_hint(e, record["run_id"], artifacts), code=EXIT_RUN_FAILED)
         in_cache = isinstance(e, OSError) and e.filename and \
             Path(e.filename).resolve().is_relative_to((Path(artifacts) / "compile-cache").resolve())
         _fail(f"{type(e).__name__}: {e}" + ("; the compile cache under --artifacts must be writable to build a "
@@ -419,7 +449,12 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     console.print(f"[bold]lospmm run {run_id}[/] → {Path(cfg.artifacts).resolve()}"
                   + (f"  (recomputing: {', '.join(refresh)})" if refresh else ""))
     try:
-        with stops_cleanly(exit_code_on_second=EXIT_INTERRUPTED):
+        def at_once() -> None:  # a second Ctrl-C: out now, the record saying cancelled (not killed), one line
+            ended = record_ended(plan.root, run_id, RunStatus.CANCELLED)
+            err.print(f"[yellow]cancelled at once:[/] run {run_id}" + ("; finished artifacts are kept and running the "
+                      "same command again resumes from them" if ended else ""))
+
+        with stops_cleanly(exit_code_on_second=EXIT_INTERRUPTED, on_second=at_once):
             result = run_plan(plan, refresh=refresh, run_id=run_id, before_flow=detach_embedded_api)
     # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
     except (KeyboardInterrupt, TerminationSignal, Interrupted):

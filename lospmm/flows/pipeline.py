@@ -98,6 +98,26 @@ def planned_tasks(plan: RunPlan) -> list[PlannedTask]:
     return out
 
 
+def artifacts_left(record: dict, root: str | Path) -> list[dict] | None:
+    """What a run that did not finish (cancelled, killed, or still running) has left under `root`: each
+    task of its plan (its config planned again) as a record entry, `state` "kept" with its artifact's
+    path, rows and seconds where that artifact is whole, else "not there". Its record lists tasks only
+    once its flow ends. None where the plan cannot be made again (its weights file moved or changed)."""
+    from dataclasses import replace
+
+    try:
+        plan = resolved(replace(RunConfig.from_dict(record["config"]), artifacts=str(root)))
+    except Exception:  # a ConfigError, or anything a changed environment raises: nothing to say
+        return None
+    entries = []
+    for t in planned_tasks(plan):
+        path = artifact_path(plan.root, t.node.stage, t.label, t.key)
+        meta = valid_sidecar(path)
+        entries.append(t.entry() | ({"state": "kept", "path": str(path.relative_to(plan.root)), "rows": meta["rows"],
+                                     "seconds": meta["seconds"]} if meta else {"state": "not there"}))
+    return entries
+
+
 def served_from_artifacts(plan: RunPlan, run_id: str) -> dict | None:
     """A run every artifact of which is already there and intact (valid_sidecar, kernel directories
     included): recorded as all Cached, with its summary, without starting Prefect's server (a

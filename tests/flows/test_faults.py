@@ -296,6 +296,13 @@ def test_inspect_marks_an_artifact_damaged_since_its_run(tmp_path):
     line = next(line for line in result.output.splitlines() if line.startswith("│ reorder"))
     assert "damaged since the run" in line and "Completed" not in line
     assert "lospmm rerun --stage reorder" in result.output
+    # a kernel written from it: the damaged artifact named, the rerun that mends it, nothing written
+    run_id = run_record(root)["run_id"]
+    kernel = runner.invoke(app, ["kernel", run_id, "--layer", "a", "--m1", "2", "--n1", "32", "--out",
+                                 str(tmp_path / "k"), "--artifacts", str(root)])
+    assert kernel.exit_code == 1 and "03_reordered" in kernel.output and "ArtifactError" not in kernel.output
+    assert f"lospmm rerun --stage reorder {run_id} --artifacts {root}` recomputes it" in " ".join(kernel.output.split())
+    assert not (tmp_path / "k").exists()
 
 
 @pytest.mark.parametrize("design", ["tile-x,column-x", "baked,streamed", "v=2,v=4"])

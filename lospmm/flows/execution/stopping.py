@@ -15,12 +15,13 @@ from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
 
 
 @contextmanager
-def stops_cleanly(exit_code_on_second: int | None = None):
+def stops_cleanly(exit_code_on_second: int | None = None, on_second=None):
     """While the block runs, SIGINT and SIGTERM stop the run: tasks stop at their next item (a stage
     that did not finish writes nothing), the flow leaves once they did, and KeyboardInterrupt comes
-    out of the block. A second signal exits the process at once with `exit_code_on_second` (the CLI)
-    or, where None, raises KeyboardInterrupt again (a notebook's second Ctrl-C). Off the main thread,
-    where handlers cannot be set, only STOP is managed."""
+    out of the block. A second signal exits the process at once with `exit_code_on_second` (the CLI),
+    after `on_second()` (the CLI records the run cancelled: else it would read as killed), or, where
+    None, raises KeyboardInterrupt again (a notebook's second Ctrl-C). Off the main thread, where
+    handlers cannot be set, only STOP is managed."""
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():
         try:
@@ -35,7 +36,11 @@ def stops_cleanly(exit_code_on_second: int | None = None):
         received.append(signum)
         if len(received) > 1:
             if exit_code_on_second is not None:
-                os._exit(exit_code_on_second)
+                try:
+                    if on_second is not None:
+                        on_second()
+                finally:
+                    os._exit(exit_code_on_second)
             raise KeyboardInterrupt
         STOP.set()
         if not POLLING_STOP.is_set():  # else the flow's wait sees STOP and stops from a safe place
