@@ -333,9 +333,16 @@ def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None
     recomputes it: its stage `stage`, else the one whose folder the message names."""
     from lospmm.stages import STAGE_TABLE
 
+    import re
+
+    from lospmm.flows.reports.inspection import artifact_problem
+
     stage = stage or next((s.name for s in STAGE_TABLE if f"/{s.layer}/" in str(error)), "extract")
     where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
-    return f"{error}; `lospmm rerun --stage {stage} {run_id}{where}` recomputes it"
+    named = re.match(r"artifact (\S+\.parquet) is missing", str(error))  # store.read_artifact's: say which file fails
+    why = artifact_problem(named[1]) if named else ""
+    return (f"artifact {named[1]}: {why}" if why else str(error)) + \
+        f"; `lospmm rerun --stage {stage} {run_id}{where}` recomputes it"
 
 
 @app.command()

@@ -239,9 +239,11 @@ def _reusable(path: Path, stage: str, label: str, logger) -> bool:
     if valid_sidecar(path) is not None:
         return True
     if sidecar_path(path).exists():
-        why = ("was written incomplete (a layer failed in a way a retry may fix)" if intact_sidecar(path) is not None
-               else "or a kernel directory it lists fails its checksum (damaged or edited)")
-        logger.warning("%s %s: the artifact %s; computing it again", stage, label, why)
+        from lospmm.flows.reports.inspection import artifact_problem
+
+        why = ("the artifact was written incomplete (a layer failed in a way a retry may fix)"
+               if intact_sidecar(path) is not None else f"{artifact_problem(path) or 'the artifact fails its checksum'}")
+        logger.warning("%s %s: %s; computing it again", stage, label, why)
     return False
 
 

@@ -294,8 +294,18 @@ def test_inspect_marks_an_artifact_damaged_since_its_run(tmp_path):
     result = runner.invoke(app, ["inspect", run_record(root)["run_id"], "--artifacts", str(root)],
                            env={"COLUMNS": "250"})
     line = next(line for line in result.output.splitlines() if line.startswith("│ reorder"))
-    assert "damaged since the run" in line and "Completed" not in line
+    assert "damaged since the run" in line and "does not match its checksum" in line and "Completed" not in line
     assert "lospmm rerun --stage reorder" in result.output
+    # a kernel directory's file edited: its emit artifact is damaged, and the file at fault is named
+    kernel_json = next((root / "10_kernels").glob("*/a-*/kernel.json"))
+    kernel_json.write_text(kernel_json.read_text() + " ")
+    shown = runner.invoke(app, ["inspect", run_record(root)["run_id"], "--artifacts", str(root)],
+                          env={"COLUMNS": "400"})
+    # (400 columns: the state cell on one line)
+    assert f"damaged since the run: {kernel_json.parent.parent.name}/{kernel_json.parent.name}/kernel.json does " \
+           "not match its checksum" in " ".join(shown.output.split()), shown.output
+    emit = runner.invoke(app, ["inspect", run_record(root)["run_id"], "--stage", "emit", "--artifacts", str(root)])
+    assert emit.exit_code == 1 and "kernel.json does not match its checksum" in " ".join(emit.output.split())
     # a kernel written from it: the damaged artifact named, the rerun that mends it, nothing written
     run_id = run_record(root)["run_id"]
     kernel = runner.invoke(app, ["kernel", run_id, "--layer", "a", "--m1", "2", "--n1", "32", "--out",

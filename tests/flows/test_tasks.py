@@ -69,8 +69,13 @@ def test_a_damaged_kernel_directory_is_rebuilt_not_served(colliding, damage):
     from lospmm.flows.pipeline import _reusable
 
     assert not _reusable(colliding.root / done["emit"]["path"], "emit", "w", logger)
-    assert warned == ["emit w: the artifact or a kernel directory it lists fails its checksum (damaged or edited); "
-                      "computing it again"]  # the flow says why it computes emit again
+    # the flow says why it computes emit again, naming the file at fault
+    at_fault = {"flip a cubin byte": "kernel.cubin does not match its checksum",
+                "edit kernel.json": "kernel.json does not match its checksum",
+                "delete the directory": "SHA256SUMS is missing"}[damage]
+    named = Path(row["kernel_dir"]).relative_to(Path(done["emit"]["path"]).parent)  # from the artifact's folder
+    assert len(warned) == 1 and warned[0].startswith(f"emit w: {named}/") and at_fault in warned[0] \
+        and warned[0].endswith("; computing it again"), warned
     again = run_directly(colliding, 0.7)
     assert again["emit"]["reused"] is False and again["time"]["reused"] is True  # only emit recomputes
     assert (d / "kernel.cubin").read_bytes() == good

@@ -59,6 +59,36 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
     return t
 
 
+def artifact_problem(path: str | Path) -> str:
+    """Why the artifact at `path` cannot be trusted, naming the file at fault ("" when it is whole):
+    its sidecar, the file itself, or a file of a kernel directory it lists. What store.intact_sidecar
+    decides, said (that function stays as it is while the prepared bundles hash its module)."""
+    import json
+
+    from lospmm.files import file_sha256, manifest_problem
+    from lospmm.flows.storage.store import sidecar_path
+
+    path = Path(path)
+    try:
+        meta = json.loads(sidecar_path(path).read_text(encoding="utf-8"))
+    except OSError:
+        return f"{path} is missing" if not path.exists() else f"its sidecar {sidecar_path(path).name} is missing"
+    except ValueError:
+        return f"its sidecar {sidecar_path(path).name} is not readable JSON"
+    if not path.exists():
+        return f"{path} is missing"
+    try:
+        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"]:
+            return f"{path.name} does not match its checksum (truncated or edited)"
+        for directory, digest in meta.get("attachments", {}).items():
+            problem = manifest_problem(path.parent / directory, digest)
+            if problem:  # the kernel directory's file, named from the artifact's folder
+                return problem.replace(f"{path.parent}/", "")
+    except (OSError, KeyError, TypeError) as e:
+        return f"its sidecar {sidecar_path(path).name} is not one lospmm wrote ({type(e).__name__}: {e})"
+    return ""
+
+
 def run_outcome(record: dict) -> tuple[str, str]:
     """What a finished run gives, as `lospmm run`'s exit code and `lt.search` say it: ("ok", ""),
     ("layers", why) when some or all layers did not produce what was asked (the rest are kept), or
@@ -116,7 +146,8 @@ def run_table(record: dict, root: str | None = None) -> Table:
         if root is not None and e.get("path"):
             artifact = Path(root) / e["path"]
             if not artifact.exists() or intact_sidecar(artifact) is None:
-                state = "deleted since the run" if not artifact.exists() else "damaged since the run (fails its checksum)"
+                state = ("deleted since the run" if not artifact.exists()
+                         else f"damaged since the run: {artifact_problem(artifact) or 'fails its checksum'}")
                 changed.append(e["stage"])
         t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
                   _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
