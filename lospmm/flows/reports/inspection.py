@@ -46,7 +46,8 @@ VIEW_COLUMNS = {
 
 def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Table:
     t = Table(title="runs")
-    for c in ("run", "status", "layers", "started", "wall s", "models", "sparsities", "until", "tasks", "cached"):
+    # the flow's own seconds: the embedded Prefect API's start (about 15–25 s) is before it
+    for c in ("run", "status", "layers", "started", "flow s", "models", "sparsities", "until", "tasks", "cached"):
         t.add_column(c)
     for path, why in damaged:  # a truncated record is listed, not taken for "no runs"
         t.add_row(path.stem, f"damaged record: {why}", "", "", "", "", "", "", "", "")
