@@ -331,13 +331,12 @@ def _with_artifacts_left(record: dict, artifacts: str) -> dict:
 def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None = None) -> str:
     """An artifact deleted or damaged since its run (ArtifactError), and the `lospmm rerun` that
     recomputes it: its stage `stage`, else the one whose folder the message names."""
-    from lospmm.stages import STAGE_TABLE
-
     import re
 
     from lospmm.flows.reports.inspection import artifact_problem
+    from lospmm.stages import STAGE_LAYERS
 
-    stage = stage or next((s.name for s in STAGE_TABLE if f"/{s.layer}/" in str(error)), "extract")
+    stage = stage or next((name for name, folder in STAGE_LAYERS.items() if f"/{folder}/" in str(error)), "extract")
     where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
     named = re.match(r"artifact (\S+\.parquet) is missing", str(error))  # store.read_artifact's: say which file fails
     why = artifact_problem(named[1]) if named else ""

@@ -629,8 +629,7 @@ def sparse_linear(kernel_dir: str | Path, bias=None, backend: str = "cuda") -> "
     after it, as a run of a model's own weights emits it: lt.search, save_model, ONNX), plus `bias` where the
     kernel fuses none. A bias given for a kernel that adds its own, or that applies an activation
     (which the bias must come before), is refused (ValueError): it would be wrong without a sign.
-    Kernels from an ONNX model fuse alike (the graph's bias and Relu / Gelu). `extra_repr` says what
-    the kernel fuses."""
+    `extra_repr` says what the kernel fuses."""
     return SparseLinear(load_kernel(kernel_dir, backend), bias)
 
 

@@ -242,7 +242,7 @@ def _reusable(path: Path, stage: str, label: str, logger) -> bool:
         from lospmm.flows.reports.inspection import artifact_problem
 
         why = ("the artifact was written incomplete (a layer failed in a way a retry may fix)"
-               if intact_sidecar(path) is not None else f"{artifact_problem(path) or 'the artifact fails its checksum'}")
+               if intact_sidecar(path) is not None else artifact_problem(path) or "the artifact fails its checksum")
         logger.warning("%s %s: %s; computing it again", stage, label, why)
     return False
 

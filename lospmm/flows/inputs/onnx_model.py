@@ -189,7 +189,7 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
     users: dict[str, object] = {}  # a GEMM weight's first MatMul, Gemm or Conv node
     why_not: dict[str, str] = {}
     for node in model.graph.node:
-        attrs = {a.name: _attribute(a) for a in node.attribute}
+        attrs = _attributes(node)
         where = f"{node.op_type} {node.name or node.output[0]}"
         if node.op_type == "Identity" and node.input and initializer(node.input[0]) in inits:
             continue  # judged by the node that consumes its output
@@ -288,7 +288,7 @@ def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -
         dims = inits.get(name)
         return name if dims in ((weight.rows,), (1, weight.rows)) else ""
 
-    attrs = {a.name: _attribute(a) for a in node.attribute}
+    attrs = _attributes(node)
     if node.op_type == "Gemm" and attrs.get("alpha", 1.0) != 1.0:  # alpha·A·B: not the kernel's product to fuse after
         return None
     bias, out = "", node.output[0]
@@ -308,7 +308,7 @@ def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -
     if after is not None and after.op_type == "Relu":
         activation = "relu"
     elif after is not None and after.op_type == "Gelu" and \
-            {a.name: _attribute(a) for a in after.attribute}.get("approximate", "none") == "none":
+            _attributes(after).get("approximate", "none") == "none":
         activation = "gelu"
     return bias, activation
 
@@ -345,6 +345,11 @@ def _tensors(path: str, mtime_ns: int, size: int) -> dict:
 
     model = onnx.load(path)
     return {**{t.name: t for t in model.graph.initializer}, **_constants(model)}
+
+
+def _attributes(node) -> dict:
+    """A node's attributes by name, as Python values."""
+    return {a.name: _attribute(a) for a in node.attribute}
 
 
 def _attribute(a):
