@@ -464,6 +464,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
             result = run_plan(plan, refresh=refresh, run_id=run_id, before_flow=detach_embedded_api)
     # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
+        _out_at_once_on_another_signal(at_once)
         if record_ended(plan.root, run_id, RunStatus.CANCELLED):
             err.print(f"[yellow]cancelled:[/] run {run_id} stopped; finished artifacts are kept and running the "
                       f"same command again resumes from them")
@@ -483,6 +484,22 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
     record = run_record(cfg.artifacts, result["run_id"])
     _show_run(record, cfg.artifacts)
     raise typer.Exit(_exit_code(record))
+
+
+def _out_at_once_on_another_signal(first) -> None:
+    """The run stopped, and the process is on its way out (Prefect's exit stops its API, up to
+    seconds): a second Ctrl-C now exits at once after `first()`, as one during the stop does, not
+    with a traceback of whatever the exit was doing."""
+    import signal
+
+    def out(signum, frame):
+        try:
+            first()
+        finally:
+            os._exit(EXIT_INTERRUPTED)
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, out)
 
 
 def _show_run(record: dict, artifacts: str, root: str | None = None, limit: int | None = None,

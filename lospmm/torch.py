@@ -491,6 +491,7 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         raise ValueError(_as_keywords(str(e))) from None
     from prefect.exceptions import TerminationSignal
 
+    from lospmm.flows.execution.server import detach_embedded_api
     from lospmm.flows.execution.stopping import record_ended, stops_cleanly
     from lospmm.flows.execution.taskio import Interrupted
     from lospmm.flows.pipeline import new_run_id
@@ -499,7 +500,7 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     run_id = new_run_id()
     try:  # Ctrl-C (or SIGTERM) stops the flow's tasks too, records the run cancelled, and raises
         with stops_cleanly():
-            result = run_plan(plan, run_id=run_id)
+            result = run_plan(plan, run_id=run_id, before_flow=detach_embedded_api)
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
         record_ended(plan.root, run_id, RunStatus.CANCELLED)
         raise KeyboardInterrupt(f"lt.search: run {run_id} cancelled; finished artifacts are kept and searching "

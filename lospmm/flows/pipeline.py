@@ -18,7 +18,9 @@ from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import CancelledRun
 from prefect.futures import wait
+from prefect.states import Cancelled
 
 from lospmm.flows.execution import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
@@ -26,7 +28,8 @@ from lospmm.flows.dag import DAG, Node, node_key
 from lospmm.flows.storage.runs import RunStatus, process_fields, release_reserve, reserve_space, write_run_record
 from lospmm.flows.storage.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
 from lospmm.flows.reports.summary import layer_outcomes, publish_layer_summary, write_summary
-from lospmm.flows.execution.taskio import POLLING_STOP, STOP, RunContext, quiet_disk_errors, run_failure
+from lospmm.flows.execution.stopping import stopped_quietly
+from lospmm.flows.execution.taskio import POLLING_STOP, STOP, Interrupted, RunContext, quiet_disk_errors, run_failure
 
 
 def new_run_id() -> str:
@@ -36,6 +39,7 @@ def new_run_id() -> str:
 # Plans the CLI validated, handed to the flow run of the same id (its Prefect parameters stay the
 # user's options, as a deployment would pass them).
 _PLANS: dict[str, RunPlan] = {}
+STOPPED = "the run was asked to stop; its finished artifacts are kept"
 
 
 def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None = None,
@@ -58,6 +62,8 @@ def run_plan(plan: RunPlan, refresh: list[str] | None = None, run_id: str | None
         flow_ = pipeline.with_options(task_runner=DaskTaskRunner(address=plan.config.dask))
     try:
         return flow_(config=plan.config.as_dict(), refresh=refresh, run_id=run_id)
+    except CancelledRun:  # the flow's Cancelled state, for a stop asked for (pipeline)
+        raise Interrupted(STOPPED) from None
     finally:
         _PLANS.pop(run_id, None)
 
@@ -154,6 +160,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
     plan = _PLANS.get(run_id) or resolved(RunConfig.from_dict(config))
     _stop_on_sigterm()
     quiet_disk_errors()
+    stopped_quietly()
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     refresh = set(refresh or ())
@@ -182,7 +189,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
         futures[(stage, t.label)] = future
         submitted.append((t.entry(), future))
 
-    _awaited(run_id, submitted)
+    if not _awaited(run_id, submitted):  # its caller records the run cancelled (run_plan raises Interrupted)
+        return Cancelled(message=STOPPED)
     for entry, fut in submitted:
         state = fut.state
         entry["state"] = state.name
@@ -268,23 +276,35 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> None:
-    """Wait for every task, publishing progress (Prefect progress artifact and log) as they go."""
+def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> bool:
+    """Wait for every task, publishing progress (Prefect progress artifact and log) as they go. False
+    when a stop was asked for: the tasks stopped at their next item, and the flow ends Cancelled
+    (not Crashed, as a KeyboardInterrupt out of it would)."""
     progress.started(run_id, [(e["stage"], e["label"]) for e, _ in submitted])
     publisher = progress.Publisher(run_id, get_run_logger())
     pending = list(submitted)
+    stopped = False
     POLLING_STOP.set()
     try:
-        while pending:
-            if STOP.is_set():  # a signal asked to stop: the tasks stop at their next item
-                raise KeyboardInterrupt
-            done = wait([f for _, f in pending], timeout=0.25).done
+        while pending and not stopped:
+            stopped = STOP.is_set()  # a signal asked to stop: the tasks stop at their next item
+            try:
+                done = wait([f for _, f in pending], timeout=0.25).done
+            except Interrupted:  # a task that stopped on request raises it out of its future
+                stopped = True
+                continue
             for entry, f in [p for p in pending if p[1] in done]:
                 progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
             pending = [p for p in pending if p[1] not in done]
             publisher.push()
-        wait([f for _, f in submitted])  # a timed wait may return a future before its final state is set
-        publisher.push(final=True)
+        for _, f in submitted:  # each to its end (a timed wait may return one before its final state is set)
+            try:
+                f.wait()
+            except Interrupted:
+                stopped = True
+        if not stopped:
+            publisher.push(final=True)
+        return not stopped
     finally:
         POLLING_STOP.clear()
         progress.finished(run_id)

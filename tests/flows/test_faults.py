@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -223,10 +224,39 @@ def test_ctrl_c_in_torch_search_stops_its_flow_and_records_it_cancelled(tmp_path
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert "INTERRUPTED" in out and "cancelled" in out and "FINISHED" not in out, out[-3000:]
+    assert "Crash detected" not in out and "Finished in state Cancelled" in out, out[-3000:]
     assert time.time() - t0 < 30  # the flow's tasks stopped; before, compile ran on to its end
     record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
     assert record["status"] == "cancelled"
     assert not list((root / "08_compiled").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("stop_asked", [True, False])
+def test_prefect_s_crash_report_of_a_stop_reads_stopped_on_request(stop_asked):
+    """A stop asked for is not reported as a crash; any other crash is, as Prefect has it."""
+    from lospmm.flows.execution.stopping import StoppedOnRequest
+
+    def record(message, level=logging.ERROR):
+        return logging.LogRecord("prefect.task_runs", level, __file__, 1, message, (), None)
+
+    stop = "Execution was interrupted by an unexpected exception: Interrupted: the run was asked to stop"
+    crash, finished = record(f"Crash detected! {stop}"), record(f"Finished in state Crashed('{stop}')")
+    other = record("Crash detected! Execution was interrupted by an unexpected exception: MemoryError: ")
+    flow = record("Finished in state Crashed('Execution was aborted by an interrupt signal.')")
+    quiet = StoppedOnRequest()
+    if stop_asked:
+        STOP.set()
+    try:
+        kept = [quiet.filter(r) for r in (crash, finished, other, flow)]
+    finally:
+        STOP.clear()
+    if stop_asked:
+        assert kept == [False, True, True, True]
+        assert (finished.getMessage(), finished.levelno) == ("stopped on request", logging.INFO)
+        assert (flow.getMessage(), flow.levelno) == ("stopped on request", logging.INFO)
+    else:
+        assert kept == [True] * 4 and finished.levelno == logging.ERROR and "Crashed" in finished.getMessage()
+    assert other.levelno == logging.ERROR and "MemoryError" in other.getMessage()
 
 
 # 5. Messages that name the file or layer and the problem.

@@ -5,8 +5,10 @@ Ctrl-C in the terminal kills the API at once while the run goes on against a dea
 SIGKILL of the run leaves the API running. `detach_embedded_api` has Prefect start it in a session
 of its own (the terminal's Ctrl-C reaches only lospmm, which stops its work, records the run as
 interrupted, and only then lets Prefect stop the API) and tells it to exit when its parent dies
-(Linux PR_SET_PDEATHSIG), so no server outlives its run. With PREFECT_API_URL set (a real server)
-nothing changes.
+(Linux PR_SET_PDEATHSIG), so no server outlives its run. Its own output goes to `api_log()` (in
+PREFECT_HOME), not the terminal: stopped while it flushes events (a run stopped on request), it
+printed some 170 lines of tracebacks of its cancelled database writes after the run's last line.
+With PREFECT_API_URL set (a real server) nothing changes.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import ctypes
 import signal
 import subprocess
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+API_LOG = "lospmm-embedded-api.log"
+API_LOG_LIMIT = 1 << 20  # bytes; past it the log starts afresh (the API logs only errors)
 try:  # resolved here, not in the forked child (where only async-signal-safe work belongs)
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: the API is still stopped on every exit but a SIGKILL
@@ -35,7 +40,23 @@ class _DetachedSubprocess:
 
     @staticmethod
     def Popen(*args, **kwargs):  # noqa: N802 (subprocess's own name)
-        return subprocess.Popen(*args, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+        detached = dict(start_new_session=True, preexec_fn=_die_with_parent)
+        log = api_log()
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not log.exists() or log.stat().st_size > API_LOG_LIMIT
+            out = open(log, "w" if fresh else "a", encoding="utf-8")
+        except OSError:  # an unwritable PREFECT_HOME: its output on the terminal, as Prefect has it
+            return subprocess.Popen(*args, **detached, **kwargs)
+        with out:  # the child holds its own copy
+            return subprocess.Popen(*args, **detached, **{"stdout": out, "stderr": subprocess.STDOUT, **kwargs})
+
+
+def api_log() -> Path:
+    """Where the embedded API's own output goes (its errors: it runs with --log-level error)."""
+    from prefect.settings import PREFECT_HOME
+
+    return Path(PREFECT_HOME.value()) / API_LOG
 
 
 def detach_embedded_api() -> bool:

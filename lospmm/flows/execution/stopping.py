@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -56,6 +57,36 @@ def stops_cleanly(exit_code_on_second: int | None = None, on_second=None):
         for s, h in previous.items():
             signal.signal(s, h)
         STOP.clear()  # a later run in this process (a notebook, a test session) starts afresh
+
+
+class StoppedOnRequest(logging.Filter):
+    """Prefect reports a run stopped on request as a crash: an ERROR `Crash detected!` for the flow and
+    for each task that stopped at its next item, then `Finished in state Crashed(…)`, also an ERROR.
+    While a stop is requested, the first is dropped and the second says `stopped on request` at INFO.
+    Any other crash is left as Prefect reports it."""
+
+    SIGNS = ("unexpected exception: Interrupted:",  # a task's stop (taskio.stop_requested)
+             "Execution was aborted by an interrupt signal")  # the flow's, a signal's KeyboardInterrupt
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not STOP.is_set():
+            return True
+        message = record.getMessage()
+        if not any(sign in message for sign in self.SIGNS):
+            return True
+        if message.startswith("Crash detected!"):
+            return False
+        record.msg, record.args, record.exc_info, record.exc_text = "stopped on request", (), None, None
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+def stopped_quietly() -> None:
+    """Install StoppedOnRequest on Prefect's flow- and task-run loggers (once)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, StoppedOnRequest) for f in logger.filters):
+            logger.addFilter(StoppedOnRequest())
 
 
 def record_ended(root: str | Path, run_id: str, status: RunStatus, error: str = "") -> bool:
