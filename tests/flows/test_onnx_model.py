@@ -125,6 +125,32 @@ def test_an_onnx_layers_bias_and_the_activation_that_alone_reads_it_are_fused(tm
     assert epilogue.bias == tuple(w["g.b"].tolist()) and epilogue.activation == "gelu"
 
 
+def test_a_bias_added_after_a_conv_without_one_is_fused_only_per_channel(tmp_path):
+    """TF's exporters write a Conv without a bias and an Add after it: an (M, 1, 1) or (1, M, 1, 1)
+    initializer is one value per output channel (fused, with the Relu after it); an (M) one broadcasts
+    along the image's width, no bias of the channels: nothing fused."""
+    w = {"c.w": RNG.standard_normal((4, 3, 3, 3)), "c.b": RNG.standard_normal((1, 4, 1, 1)),
+         "d.w": RNG.standard_normal((4, 4, 1, 1)), "d.b": RNG.standard_normal((4, 1, 1)),
+         "e.w": RNG.standard_normal((4, 4, 1, 1)), "e.b": RNG.standard_normal(4)}
+    nodes = [helper.make_node("Conv", ["x", "c.w"], ["c"], name="c", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "c.b"], ["cb"]), helper.make_node("Relu", ["cb"], ["cr"]),
+             helper.make_node("Conv", ["cr", "d.w"], ["d"], name="d"), helper.make_node("Add", ["d.b", "d"], ["db"]),
+             helper.make_node("Conv", ["db", "e.w"], ["e"], name="e"), helper.make_node("Add", ["e", "e.b"], ["eb"]),
+             helper.make_node("Relu", ["eb"], ["y"])]
+    graph = helper.make_graph(nodes, "tf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
+    path = tmp_path / "tf.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    found = {g.name: g for g in graph_weights(path)}
+    assert {n: (found[n].bias, found[n].activation) for n in ("c.w", "d.w", "e.w")} == {
+        "c.w": ("c.b", "relu"), "d.w": ("d.b", ""), "e.w": ("", "")}
+    from lospmm.flows.kernels import layer_epilogue
+
+    epilogue = layer_epilogue({"layer": "c.w", "bias": "c.b", "activation": "relu", "source": str(path)})
+    assert epilogue.bias == tuple(w["c.b"].astype(np.float32).ravel().tolist()) and epilogue.activation == "relu"
+
+
 def test_each_weight_reads_back_as_the_gemms_a(tmp_path):
     path = small_model(tmp_path / "m.onnx")
     assert np.array_equal(graph_weight_matrix(path, "conv1.w"), WEIGHTS["conv1.w"].reshape(8, 27))

@@ -273,7 +273,7 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
 def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -> tuple[str, str] | None:
     """(bias, activation) a searched layer's kernel fuses, as lospmm.torch's importer finds them: the
     bias a Gemm (alpha = beta = 1) or Conv adds, or the one Add of an (M) or (1, M) initializer that
-    alone reads a MatMul's output; then the Relu, or the exact Gelu, that alone reads the result (a
+    alone reads a MatMul's output (of an (M, 1, 1) or (1, M, 1, 1) one after a Conv without a bias); then the Relu, or the exact Gelu, that alone reads the result (a
     subgraph's read or a graph output counts as a reader). Its bias name is the initializer's own in
     the file (graph_tensor reads it). None where the product is scaled (a Gemm's alpha) or a bias is
     added another way (beta, a bias not one value per output): nothing is fused."""
@@ -282,11 +282,13 @@ def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -
         found = readers.get(value, [])
         return found[0] if len(found) == 1 else None
 
-    def one_per_output(value: str) -> str:
-        # broadcast along the last dim, which holds the outputs, without adding dims: (M,) or (1, M)
+    def one_per_output(value: str, added: bool = False) -> str:
+        # a Gemm's or Conv's own bias is (M); an Add broadcasts it along the dim that holds the outputs
+        # without adding dims: a MatMul's last, (M) or (1, M); a Conv's channels, (M, 1, 1) or (1, M, 1, 1)
         name = initializer(value)
-        dims = inits.get(name)
-        return name if dims in ((weight.rows,), (1, weight.rows)) else ""
+        m = weight.rows
+        shapes = ((m,),) if not added else ((m, 1, 1), (1, m, 1, 1)) if node.op_type == "Conv" else ((m,), (1, m))
+        return name if inits.get(name) in shapes else ""
 
     attrs = _attributes(node)
     if node.op_type == "Gemm" and attrs.get("alpha", 1.0) != 1.0:  # alpha·A·B: not the kernel's product to fuse after
@@ -296,11 +298,11 @@ def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -
         bias = one_per_output(node.input[2])
         if not bias or (node.op_type == "Gemm" and attrs.get("beta", 1.0) != 1.0):
             return None
-    elif node.op_type == "MatMul":
+    elif node.op_type in ("MatMul", "Conv"):  # (a Conv without a bias of its own: TF's exporters add it after)
         add = sole_reader(out)
         if add is not None and add.op_type == "Add" and len(add.input) == 2:
             other = add.input[1] if add.input[0] == out else add.input[0]
-            bias = one_per_output(other)
+            bias = one_per_output(other, added=True)
             if bias:
                 out = add.output[0]
     after = sole_reader(out)
