@@ -18,7 +18,19 @@ from lospmm.kernel.arrays import allocated, device_pointer, host_array, stored
 from lospmm.kernel.backend import checked_backend
 from lospmm.kernel.package import KernelDirError, KernelPackage, read_package, runs
 
-__all__ = ["KernelDirError", "SpConv", "SpMM", "checked_backend", "load_kernel", "kernel_package"]
+__all__ = ["KernelDirError", "SpConv", "SpMM", "backend_here", "checked_backend", "load_kernel", "kernel_package"]
+
+
+def backend_here(backend: str) -> str:
+    """`backend`, checked; RuntimeError in one line where it is `cuda` and this machine has no CUDA
+    device (rather than the driver library's own error from deep in the first launch's set-up)."""
+    if checked_backend(backend) == "cuda":
+        from lospmm.kernel.cuda import gpu_present
+
+        if not gpu_present():
+            raise RuntimeError("no CUDA device here for backend='cuda'; backend='host' runs the kernels on the CPU "
+                               "(the host emulation: slow, for checking)")
+    return backend
 
 
 def kernel_package(kernel_dir: str | Path, backend: str | None = None) -> KernelPackage:
@@ -98,5 +110,6 @@ class SpConv(_Kernel):
 def load_kernel(kernel_dir: str | Path, backend: str = "cuda") -> SpMM | SpConv:
     """The callable for one kernel directory: SpMM for a GEMM kernel, SpConv for an implicit-im2col
     convolution kernel. `backend`: `cuda` or `host` (see the module doc)."""
+    backend_here(backend)
     package = kernel_package(kernel_dir, backend)
     return (SpConv if package.spec.form == "conv" else SpMM)(kernel_dir, backend, package)

@@ -44,7 +44,7 @@ from lospmm.flows.inputs.weights import GRAPH_METADATA
 from lospmm.sparse_file import read_matrix
 from lospmm.kernel.package import read_package
 from lospmm.kernel.spec import KernelSpec
-from lospmm.loader import KernelDirError, SpConv, SpMM, checked_backend, kernel_package, load_kernel
+from lospmm.loader import KernelDirError, SpConv, SpMM, backend_here, kernel_package, load_kernel
 from lospmm.kernel.geometry import conv_output_size
 from lospmm.stages.extract import GraphWeight
 
@@ -512,9 +512,11 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
 
     # as `lospmm run` exits 1 or 3: a failed run raises, layers that got no kernel are a warning naming them
     # (the others' kernels are served; lt.sparsify(strict=False) takes what there is)
-    outcome, line = run_outcome(run_record(plan.root, result["run_id"]))
-    if outcome == "failed":
-        raise RuntimeError(f"lt.search: {line}")
+    record = run_record(plan.root, result["run_id"])
+    outcome, line = run_outcome(record)
+    layers = record.get("layers") or {}
+    if outcome == "failed" or (outcome == "layers" and len(layers.get("failed", ())) >= layers.get("total", 0)):
+        raise RuntimeError(f"lt.search: {line} (`lospmm inspect {result['run_id']}`)")  # no layer to serve
     if outcome == "layers":
         warnings.warn(f"lt.search: {line} (`lospmm inspect {result['run_id']}` shows why)", SearchWarning, stacklevel=2)
     return result["run_id"]
@@ -751,7 +753,11 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         raise KernelDirError(f"run {record['run_id']}: {len(emits)} emitted (model, sparsity) sets {found}; "
                              f"give one sparsity, or a kernel folder")
     table = read_artifact(Path(artifacts) / emits[0]["path"], columns=["kernel_dir", "status"]).to_pylist()
-    return [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
+    found = [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
+    if not found:  # as an empty folder: nothing to serve is no model served
+        raise KernelDirError(f"run {record['run_id']}: no layer got a kernel (`lospmm inspect {record['run_id']}` "
+                             f"says why)")
+    return found
 
 
 def _weight_matrix(module: nn.Module) -> np.ndarray:
@@ -858,7 +864,21 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
         if reason.endswith("built from other weights") and any(isinstance(m, nn.BatchNorm2d) for m in modules.values()):
             reason += " (a model searched as lt.fold_batchnorm(model) is served as that model too)"
         out.append(Replacement(layer, str(d), owner if not reason else "", reason, package.spec.epilogue.label))
-    return out
+    return _one_kernel_a_module(out)
+
+
+def _one_kernel_a_module(plan: list[Replacement]) -> list[Replacement]:
+    """The plan, where two kernel directories would serve one module (a folder holding a run's kernel
+    and another from `lospmm kernel --design …`) neither used, each saying so: which one to serve is
+    the user's choice, not the folder's order."""
+    dirs: dict[str, list[str]] = {}
+    for r in plan:
+        if r.module:
+            dirs.setdefault(r.module, []).append(Path(r.kernel_dir).name)
+    return [r if len(dirs.get(r.module, ())) < 2 else
+            dataclasses.replace(r, module="", reason=f"{r.layer}: {len(dirs[r.module])} kernels in the source serve "
+                                                   f"it ({', '.join(dirs[r.module])}): keep one")
+            for r in plan]
 
 
 def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifacts: str | Path = "artifacts",
@@ -877,12 +897,7 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
 
     The copy is for inference (an emitted kernel has no backward). A convolution's kernel reads the
     input size it was searched for (any batch); another size raises ValueError naming the layer."""
-    if checked_backend(backend) == "cuda":
-        from lospmm.kernel.cuda import gpu_present
-
-        if not gpu_present():
-            raise RuntimeError("no CUDA device here for backend='cuda'; backend='host' runs the kernels on the CPU "
-                               "(the host emulation: slow, for checking)")
+    backend_here(backend)  # before any work
     plan = replacements(model, source, artifacts, sparsity)
     _refuse_mismatches(plan, strict)
     out = copy.deepcopy(model)  # aliases stay aliases in the copy: replaced together below
@@ -913,8 +928,9 @@ def sparsify(model: nn.Module, source: str | Path, backend: str = "cuda", artifa
 def _refuse_mismatches(plan: list[Replacement], strict: bool) -> None:
     bad = [r.reason for r in plan if r.reason]
     if bad and strict:
-        more = f"; and {len(bad) - 3} more (lospmm.torch.replacements lists them)" if len(bad) > 3 else ""
-        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels cannot serve the model: " + "; ".join(bad[:3]) + more)
+        said = list(dict.fromkeys(bad))  # two kernels of one layer give one reason
+        more = f"; and {len(said) - 3} more (lospmm.torch.replacements lists them)" if len(said) > 3 else ""
+        raise KernelDirError(f"{len(bad)} of {len(plan)} kernels cannot serve the model: " + "; ".join(said[:3]) + more)
 
 
 def _put(model: nn.Module, path: str, module: nn.Module) -> None:

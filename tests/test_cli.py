@@ -168,7 +168,7 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     common = ["run", "--weights", str(weights), "--artifacts", str(tmp_path / "art"), "--m1", "2"]
     result = runner.invoke(app, [*common, "--until", "constrain", "--tokens", "256"])
     assert result.exit_code == 3, result.output  # `bad` has a NaN: the others complete, the run says so
-    assert "1 of 2 layers did not produce what was asked" in result.output and "bad (error)" in result.output
+    assert "1 of 2 layers did not produce what was asked: bad: weight has 1 NaN/Inf value(s)" in result.output
     # the bias is no problem: a line counts it, the problem table has `bad` only
     assert "1 tensor not searched: 1 × bias (1-D)" in result.output and "layers with problems" in result.output
     assert result.output.count("bias") == 1
@@ -176,7 +176,7 @@ def test_exit_codes_say_whether_every_layer_produced_what_was_asked(tmp_path):
     run_id = re.search(r"lospmm run (\S+)", result.output)[1]
     shown = runner.invoke(app, ["inspect", run_id, "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
     assert shown.exit_code == 0 and "layers with problems" in shown.output, shown.output
-    assert "1 of 2 layers did not produce what was asked: bad (error)" in shown.output
+    assert "1 of 2 layers did not produce what was asked: bad: weight has 1 NaN/Inf value(s)" in shown.output
     listed = runner.invoke(app, ["inspect", "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
     assert "1 of 2 failed" in next(line for line in listed.output.splitlines() if run_id in line)
     ones = tmp_path / "ones.safetensors"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -213,9 +215,34 @@ def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
         fast.fc(torch.randn(2, 31))
     from lospmm.kernel.cuda import gpu_present
 
-    if not gpu_present():
-        with pytest.raises(RuntimeError, match="no CUDA device here for backend='cuda'; backend='host'"):
-            lt.sparsify(_model(), run_id, artifacts=root)
+    if not gpu_present():  # said before any work, by every way of loading a kernel
+        kernel = lt.kernel_dirs(run_id, root)[0]
+        for load in (lambda: lt.sparsify(_model(), run_id, artifacts=root), lambda: lt.sparse_linear(kernel),
+                     lambda: load_kernel(kernel)):
+            with pytest.raises(RuntimeError, match="no CUDA device here for backend='cuda'; backend='host'"):
+                load()
+
+
+def test_two_kernels_for_one_layer_serve_neither(searched, tmp_path):
+    """A folder holding a run's kernels and a second one of a layer (`lospmm kernel --design …` beside
+    them): which to serve is the user's choice, so that layer is refused by name, both directories
+    named; strict=False serves the others and leaves it as it was."""
+    root, run_id, x = searched
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for d in lt.kernel_dirs(run_id, root):
+        shutil.copytree(d, folder / d.name)
+    fc = next(d for d in folder.iterdir() if d.name.startswith("fc"))
+    shutil.copytree(fc, folder / "fc-again")
+    plan = {r.kernel_dir: r for r in lt.replacements(_model(), folder)}
+    for d in (fc, folder / "fc-again"):
+        assert plan[str(d)].module == "" and plan[str(d)].reason == (
+            f"fc.weight: 2 kernels in the source serve it (fc-again, {fc.name}): keep one")
+    with pytest.raises(KernelDirError, match="2 of 6 kernels cannot serve the model: fc.weight: 2 kernels in the "
+                                             "source serve it \\(fc-again, fc[^)]*\\): keep one$"):
+        lt.sparsify(_model(), folder, backend="host")
+    served = lt.sparsify(_model(), folder, backend="host", strict=False)
+    assert isinstance(served.fc, nn.Linear) and isinstance(served.stem, lt.SparseConv2d)
 
 
 class Keyworded(nn.Module):
@@ -717,11 +744,19 @@ def test_an_nm_pruned_model_is_served_by_nm_kernels(tmp_path, prefect_server):
 
 def test_a_layer_that_gets_no_kernel_is_a_warning_naming_it(tmp_path, prefect_server):
     """As `lospmm run` exits 3 naming it: a layer the pattern cannot take (K = 30, not a multiple of 4)
-    is named by lt.search in a SearchWarning, and the others go on."""
+    is named by lt.search in a SearchWarning with its reason, and the others go on. Where no layer
+    gets one, there is nothing to serve: RuntimeError, and the run's kernels are no source."""
     model = nn.Sequential(nn.Linear(32, 30), nn.ReLU(), nn.Linear(30, 8)).eval()
-    with pytest.warns(lt.SearchWarning, match="lt.search: 1 of 2 layers did not produce what was asked: 2.weight "
-                                              "\\(error\\) \\(`lospmm inspect "):
+    with pytest.warns(lt.SearchWarning, match="lt.search: 1 of 2 layers did not produce what was asked: 2.weight: "
+                                              "K=30 is not a multiple of M=4 .* \\(`lospmm inspect "):
         lt.search(model, torch.randn(16, 32), prune="nm:2:4", artifacts=tmp_path, until="prune")
+    narrow = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6)).eval()
+    with pytest.raises(RuntimeError, match="lt.search: 2 of 2 layers did not produce what was asked: 0.weight: "
+                                           "K=6 is not a multiple of M=4") as failed:
+        lt.search(narrow, torch.randn(16, 6), prune="nm:2:4", artifacts=tmp_path)
+    run_id = re.search(r"`lospmm inspect (\S+)`", str(failed.value))[1]
+    with pytest.raises(KernelDirError, match=f"run {run_id}: no layer got a kernel"):
+        lt.sparsify(narrow, run_id, backend="host", artifacts=tmp_path, strict=False)
 
 
 def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):

@@ -110,6 +110,12 @@ def test_a_runs_outcome_says_what_it_gave():
     assert run_outcome({**base, "layers": {"total": 2, "failed": []}}) == ("ok", "")
     assert run_outcome({**base, "layers": {"total": 2, "failed": [{"layer": "fc", "status": "error"}]}}) == (
         "layers", "1 of 2 layers did not produce what was asked: fc (error)")
+    # a layer's reason, where it has one (its message names it); one reason said once
+    failed = [{"layer": f"l{i}", "status": "error", "message": f"l{i}: K=36 is not a multiple of M=8\nmore"}
+              for i in range(5)] + [{"layer": "fc", "status": "empty", "message": ""}]
+    assert run_outcome({**base, "layers": {"total": 9, "failed": failed}}) == (
+        "layers", "6 of 9 layers did not produce what was asked: l0: K=36 is not a multiple of M=8; "
+                  "l1: K=36 is not a multiple of M=8; l2: K=36 is not a multiple of M=8; and 3 more")
     assert run_outcome(base) == ("ok", "")
     assert run_outcome({**base, "summary_error": "OSError: disk full"}) == (
         "failed", "run r1: its summary could not be written: OSError: disk full")

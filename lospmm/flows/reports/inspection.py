@@ -114,9 +114,12 @@ def run_outcome(record: dict) -> tuple[str, str]:
     if not layers["total"]:
         return "layers", f"run {record['run_id']}: no layer to search (every tensor was skipped)"
     if layers["failed"]:
-        names = ", ".join(f"{f['layer']} ({f['status']})" for f in layers["failed"][:8])
-        more = f" and {len(layers['failed']) - 8} more" if len(layers["failed"]) > 8 else ""
-        return "layers", f"{len(layers['failed'])} of {layers['total']} layers did not produce what was asked: {names}{more}"
+        # each with its reason where it has one (its message names the layer), as the problems table says it
+        said = list(dict.fromkeys(_first_line(f.get("message") or "") or f"{f['layer']} ({f['status']})"
+                                  for f in layers["failed"]))
+        more = f"; and {len(said) - 3} more" if len(said) > 3 else ""
+        return "layers", (f"{len(layers['failed'])} of {layers['total']} layers did not produce what was asked: "
+                          f"{'; '.join(said[:3])}{more}")
     return "ok", ""
 
 
