@@ -83,8 +83,8 @@ def run(
     tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
     sparsity: list[float] = typer.Option([], "--sparsity", help=f"One or more sparsities in (0, 1) (default: "
                                          f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M; with --prune keep, "
-                                         f"the share of zeros the file's searched layers hold: the run's name, "
-                                         f"as keep prunes nothing)."),
+                                         f"the share of zeros the file's searched layers hold, the only one it "
+                                         f"takes: keep prunes nothing)."),
     until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
@@ -147,21 +147,21 @@ def run(
                     implicit_conv=not im2col, nm_kernel=not no_nm_kernel, design=design, input_shapes=tuple(input_shape), dtype=dtype,
                     accumulate=accumulate, promote_every=promote_every,
                     reorder=tuple(s.strip() for s in reorder.split(",") if s.strip()), reorder_budget=reorder_budget)
-    if prune == "keep" and not sparsity and weights is not None:
-        cfg = _kept(cfg)
+    if prune == "keep" and weights is not None:
+        cfg = _kept(cfg, tuple(sparsity))
     _run(cfg, refresh=[])
 
 
-def _kept(cfg: RunConfig) -> RunConfig:
-    """--prune keep without --sparsity: the run is named for the share of zeros the file's layers hold
-    (as lt.search names it), not a default it does not hold."""
+def _kept(cfg: RunConfig, given: tuple[float, ...]) -> RunConfig:
+    """--prune keep: the run is named for the share of zeros the file's layers hold (as lt.search
+    names it), not a default it does not hold; a --sparsity given must be that share."""
     from dataclasses import replace
 
-    from lospmm.flows.inputs.layers import kept_sparsity
+    from lospmm.flows.inputs.layers import kept_run_sparsity
 
     try:
         source = next(s for s in resolved(cfg).sources if s.kind == "weights")
-        return replace(cfg, sparsities=(kept_sparsity(source),))
+        return replace(cfg, sparsities=(kept_run_sparsity(source, given),))
     except (ConfigError, ValueError) as e:
         _fail(str(e))
 

@@ -479,11 +479,12 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     finally:
         tmp.unlink(missing_ok=True)
     try:
-        if sparsity is None and prune == "keep":  # the share of zeros its layers hold (kept_sparsity)
-            from lospmm.flows.inputs.layers import kept_sparsity
+        if prune == "keep":  # the share of zeros its layers hold (kept_run_sparsity), or that share given
+            from lospmm.flows.inputs.layers import kept_run_sparsity
 
             planned = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (0.5,)}))
-            sparsity = kept_sparsity(next(s for s in planned.sources if s.kind == "weights"))
+            sparsity = kept_run_sparsity(next(s for s in planned.sources if s.kind == "weights"),
+                                         () if sparsity is None else (sparsity,))
         elif sparsity is None:  # nm:N:M: 1 - N/M
             sparsity = run_sparsities((), prune, (0.9,))[0]
         plan = resolved(RunConfig.from_dict({**settings, "weights": str(path.resolve()), "sparsities": (sparsity,)}))

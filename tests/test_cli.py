@@ -268,8 +268,17 @@ def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_
     save_file({"fc.weight": w, "fc.bias": np.ones(64, np.float32)}, str(pruned))
     save_file({"fc.weight": rng.standard_normal((64, 32)).astype(np.float32)}, str(dense))
     cfg = RunConfig(zoo=(), weights=str(pruned), prune="keep", artifacts=str(tmp_path / "art"))
-    assert _kept(cfg).sparsities == (round(float((w == 0).mean()), 3),)
-    result = runner.invoke(app, ["run", "--weights", str(dense), "--prune", "keep", "--artifacts", str(tmp_path / "art")])
-    assert result.exit_code == 2 and "dense.safetensors: --prune keep keeps the zeros its layers hold, and its " \
-                                      "2,048 weights searched hold none" in result.output, result.output
-    assert "Traceback" not in result.output and not (tmp_path / "art" / "runs").exists()
+    held = round(float((w == 0).mean()), 3)
+    assert _kept(cfg, ()).sparsities == (held,) and _kept(cfg, (round(held, 2),)).sparsities == (round(held, 2),)
+    for given in (["--sparsity", "0.9"], [], ["--sparsity", "0.5"], ["--sparsity", str(held), "--sparsity", "0.9"]):
+        result = runner.invoke(app, ["run", "--weights", str(dense if not given else pruned), "--prune", "keep",
+                                     *given, "--artifacts", str(tmp_path / "art")])
+        # keep prunes nothing: no file without zeros, and no run named for a sparsity its file does not hold
+        said = (f"pruned.safetensors: --prune keep keeps the zeros its layers hold, a share of {held:g}, and prunes "
+                f"nothing: leave --sparsity out, or give {held:g}, not {' '.join(given[1::2])}") if given else (
+                "dense.safetensors: --prune keep keeps the zeros its layers hold, and its 2,048 weights searched hold none")
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+        assert "Traceback" not in result.output and not (tmp_path / "art" / "runs").exists()
+    result = runner.invoke(app, ["run", "--weights", str(dense), "--prune", "keep", "--sparsity", "0.9",
+                                 "--artifacts", str(tmp_path / "art")])
+    assert result.exit_code == 2 and "hold none" in result.output  # a sparsity given is no way past it

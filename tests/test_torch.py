@@ -303,8 +303,11 @@ def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
     dense = lt.save_model(_model(), torch.randn(2, 3, 16, 16), tmp_path / "dense.safetensors")
     with pytest.raises(ValueError, match="dense.safetensors: --prune keep keeps the zeros .* hold none"):
         kept_sparsity(source(dense))
-    with pytest.raises(ValueError, match="^lt.search: .* prune keep keeps the zeros .* hold none: prune them first"):
-        lt.search(_model(), torch.randn(2, 3, 16, 16), prune="keep", artifacts=tmp_path)
+    for sparsity in (None, 0.9):  # a sparsity given does not make a dense model pruned
+        with pytest.raises(ValueError, match="^lt.search: .* prune keep keeps the zeros .* hold none: prune them first"):
+            lt.search(_model(), torch.randn(2, 3, 16, 16), prune="keep", sparsity=sparsity, artifacts=tmp_path)
+    with pytest.raises(ValueError, match="^lt.search: .* a share of 0.[67][0-9]*, and prunes nothing: leave sparsity out"):
+        lt.search(model, torch.randn(2, 3, 16, 16), prune="keep", sparsity=0.9, artifacts=tmp_path)
 
 
 def test_kernels_that_compute_something_else_are_refused(searched, tmp_path):

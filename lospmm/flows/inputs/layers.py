@@ -45,3 +45,21 @@ def kept_sparsity(source: Source) -> float:
         raise ValueError(f"{source.path}: --prune keep keeps the zeros its layers hold, and its {total:,} weights "
                          f"searched hold none: prune them first, or give --prune magnitude with a --sparsity")
     return round(min(max(zeros / total, 0.001), 0.999), 3)
+
+
+KEPT_TOLERANCE = 0.005  # a --sparsity given with keep names the run where it is the file's share to this
+
+
+def kept_run_sparsity(source: Source, given: tuple[float, ...] = ()) -> float:
+    """The sparsity a `--prune keep` run of `source` is named for: the share of zeros its layers hold
+    (kept_sparsity), or the one sparsity given where it is that share (to KEPT_TOLERANCE). ValueError
+    in one line where the layers hold no zero, or the sparsity given is not theirs: keep prunes
+    nothing, so a run named for another sparsity would say what its kernels do not hold."""
+    held = kept_sparsity(source)
+    if not given:
+        return held
+    if len(given) > 1 or abs(given[0] - held) > KEPT_TOLERANCE + 1e-9:  # (0.81 for 0.805 in floats)
+        asked = " ".join(map(str, given))
+        raise ValueError(f"{source.path}: --prune keep keeps the zeros its layers hold, a share of {held:g}, and "
+                         f"prunes nothing: leave --sparsity out, or give {held:g}, not {asked}")
+    return given[0]
