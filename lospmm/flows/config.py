@@ -247,15 +247,29 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
     return designs
 
 
+# KernelDesign's fields as the --design tokens that set them: its checks name the fields
+_DESIGN_TOKENS = {"column_walks": "walks=W", "columns_per_thread": "v=V", "tiles_per_block": "tiles=G",
+                  "tile_warps": "warps=W", "section_fmas": "split=S"}
+
+
+def _as_tokens(message: str) -> str:
+    """design_named's error in the words of --design: its tokens, and `auto` beside them."""
+    for name, token in _DESIGN_TOKENS.items():
+        message = message.replace(f"design {name} ", f"{token} ").replace(f"{name}=", f"{token.split('=')[0]}=")
+    return message.replace("(tokens: ", f"(`{AUTO_DESIGN}`, `baseline`, or tokens: ")
+
+
 def run_design(text: str) -> KernelDesign:
     """The kernel design of a run (`--design`; `auto`: the baseline, the first of the designs its
     search spans, run_designs), or ConfigError naming what cannot be read or searched."""
     if text == AUTO_DESIGN:
         return BASELINE
+    if not text.strip():  # design_named reads "" as the baseline: a flag given empty is more likely a slip
+        raise ConfigError(f"--design is empty: give a design ({AUTO_DESIGN}, baseline, chained, chained,v=4, …)")
     try:
         design = design_named(text)
     except ValueError as e:
-        raise ConfigError(f"--design: {e}") from None
+        raise ConfigError(f"--design: {_as_tokens(str(e))}") from None
     if design.half:
         raise ConfigError(f"--design {text}: a run's kernels take their dtype from --dtype (or the weights), and a "
                           f"half run's sums from --accumulate and --promote-every")

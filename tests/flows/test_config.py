@@ -397,3 +397,17 @@ def test_a_ranker_over_staged_designs_is_trained_on_their_blocking_and_auto_name
     assert feature_value({"design": ""}, "tiles_per_block") == 1
     with pytest.raises(ConfigError, match="name two or more designs"):
         trained_designs("staged,tiles=4")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "--design is empty: give a design (auto, baseline, chained"),
+    ("walks=0", "--design: walks=W must be >= 1, got 0"),
+    ("v=3", "--design: v=V must be one of (1, 2, 4), got 3"),
+    ("AUTO", "(`auto`, `baseline`, or tokens: baked|streamed"),
+])
+def test_a_design_that_cannot_be_read_is_said_in_the_flags_words(tmp_path, text, said):
+    """--design's errors name its tokens (walks=W, v=V), not KernelDesign's fields, list `auto` and
+    `baseline` beside them, and an empty one is refused rather than read as the baseline."""
+    with pytest.raises(ConfigError) as refused:
+        resolved(RunConfig(zoo=("shufflenetv2",), design=text, artifacts=str(tmp_path)))
+    assert said in str(refused.value) and "column_walks" not in str(refused.value)
