@@ -532,11 +532,16 @@ _KEYWORD_OF_FLAG = {"sparsity": "sparsity", "m1": "m1s", "weights": "model", "zo
 
 
 def _as_keywords(message: str) -> str:
-    """A ConfigError's line as a Python caller reads it: `--top-k` becomes `top_k`."""
+    """A ConfigError's line as a Python caller reads it: --top-k becomes top_k, except in a command it
+    quotes (`lospmm kernel --design nm` stays a command)."""
     import re
 
-    return "lt.search: " + re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)",
-                                  lambda m: _KEYWORD_OF_FLAG.get(m[1], m[1].replace("-", "_")), message)
+    def keywords(text: str) -> str:
+        return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", lambda m: _KEYWORD_OF_FLAG.get(m[1], m[1].replace("-", "_")),
+                      text)
+
+    parts = message.split("`")  # the odd parts are quoted
+    return "lt.search: " + "`".join(keywords(part) if i % 2 == 0 else part for i, part in enumerate(parts))
 
 
 def _search_options() -> list[str]:

@@ -223,6 +223,11 @@ def test_what_a_user_gets_wrong_is_named(searched, tmp_path):
                 load()
 
 
+def test_a_config_error_reads_in_keywords_but_a_command_it_quotes_keeps_its_flags():
+    assert lt._as_keywords("--top-k must be >= 1; `lospmm kernel --design nm` writes it; --no-nm-kernel") == (
+        "lt.search: top_k must be >= 1; `lospmm kernel --design nm` writes it; no_nm_kernel")
+
+
 def test_two_kernels_for_one_layer_serve_neither(searched, tmp_path):
     """A folder holding a run's kernels and a second one of a layer (`lospmm kernel --design …` beside
     them): which to serve is the user's choice, so that layer is refused by name, both directories

@@ -32,6 +32,11 @@ def test_failed_layers_get_a_row_each_and_skipped_tensors_are_one_line_counted_b
                                     "1 × embedding/lookup table (by its name) (`lospmm inspect r1 --stage extract` "
                                     "lists them)")
     assert problems_table({"entries": [{"stage": "prune", "problems": []}]}) is None
+    assert "(the other layers completed)" in text
+    # where no layer completed, the title does not say the others did
+    failed = [{"layer": "broken", "status": "error", "message": ""}, {"layer": "fc", "status": "error", "message": ""}]
+    assert "(no layer completed)" in _text(problems_table({**record, "layers": {"total": 2, "failed": failed}}))
+    assert "(the other layers completed)" in _text(problems_table({**record, "layers": {"total": 3, "failed": failed}}))
 
 
 def test_a_clean_run_has_no_problem_table_and_its_depthwise_skips_group_across_models():

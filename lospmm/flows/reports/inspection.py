@@ -22,8 +22,8 @@ SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, g
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {
     "extract": ["layer", "op", "m", "n", "k", "repeat", "kh", "stride", "h_out", "status", "message"],
-    "prune": ["layer", "m", "n", "k", "repeat", "sparsity_requested", "sparsity_achieved", "nnz", "status",
-              "message", "seconds"],
+    "prune": ["layer", "m", "n", "k", "repeat", "sparsity_requested", "sparsity_achieved", "method", "nm", "nnz",
+              "status", "message", "seconds"],
     "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "order", "identity_nnc_sum",
                 "reordered_nnc_sum", "identity_max_nnc", "reordered_max_nnc", "identity_cov_nnz", "reordered_cov_nnz",
                 "status", "seconds"],
@@ -38,7 +38,8 @@ VIEW_COLUMNS = {
              "registers", "smem_bytes", "status", "message"],
     # the served kernel's `design` names its tile (M1×N1) or its N:M blocking; `form` whether a convolution
     # reads its NCHW input itself (implicit-conv) or an im2col B (gemm)
-    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "design_price_us", "runner_up", "runner_up_price_us", "designs_measured", "timer",
+    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "design_price_us", "runner_up", "runner_up_estimate_us", "runner_up_price_us",
+             "designs_measured", "timer",
              "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
              "max_rel_error", "status", "kernel_dir"],
 }
@@ -174,12 +175,15 @@ def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
                 seen.setdefault((e.get("model", ""), p["layer"]), (e["stage"], p["status"], p["message"]))
     if not seen:
         return None
+    layers = record.get("layers") or {}
+    others = ("no layer completed" if layers.get("total") and len(layers.get("failed", ())) >= layers["total"]
+              else "the other layers completed")
     if len(seen) > limit:
         groups: dict[tuple, list[str]] = {}
         for (model, layer), (stage, status, msg) in seen.items():
             reason = msg[len(layer):].lstrip(" :") if msg.startswith(layer) else msg
             groups.setdefault((model, stage, status, reason), []).append(layer)
-        t = Table(title=f"{len(seen)} layers with problems, grouped (the other layers completed; "
+        t = Table(title=f"{len(seen)} layers with problems, grouped ({others}; "
                         f"`lospmm inspect {record['run_id']} --stage STAGE --layer NAME` shows one)")
         for c in ("model", "first seen in", "status", "layers", "message", "e.g."):
             t.add_column(c, overflow="fold")
@@ -190,7 +194,7 @@ def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
             rest = sum(len(v) for _, v in ordered[limit:])
             t.add_row("", "", "", str(rest), f"in {len(ordered) - limit} more groups", "")
         return t
-    t = Table(title="layers with problems (the other layers completed)")
+    t = Table(title=f"layers with problems ({others})")
     for c in ("model", "layer", "first seen in", "status", "message"):
         t.add_column(c, overflow="fold")
     for (model, layer), (stage, status, msg) in sorted(seen.items()):
