@@ -149,7 +149,17 @@ def served_from_artifacts(plan: RunPlan, run_id: str) -> dict | None:
         return {"run_id": run_id, "status": RunStatus.FAILED, "error": run_failure(e), "artifacts": str(root)}
 
 
-@flow(name="lospmm-pipeline")
+def _flow_run_name() -> str:
+    """The flow run's name in Prefect (its UI, its logs' `Flow run '…'`): the lospmm run id that `lospmm
+    inspect` and the run record use, where the caller gave one (the CLI and lt.search do); else
+    Prefect's two random words, as for a deployment's run."""
+    from prefect.runtime import flow_run
+    from prefect.utilities.names import generate_slug
+
+    return flow_run.parameters.get("run_id") or generate_slug(2)
+
+
+@flow(name="lospmm-pipeline", flow_run_name=_flow_run_name)
 def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None = None) -> dict:
     """Stages 1–10 (until the config's last stage) for every zoo model / weights file × sparsity.
 

@@ -113,6 +113,7 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, how):
     assert (home / API_LOG).exists()  # the embedded API's own output, not the terminal's
     record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
     assert record["status"] == "cancelled"
+    assert f"Flow run '{record['run_id']}' - Beginning" in out  # Prefect's name for it is the run's id
     assert not list((root / "08_compiled").glob("*.parquet"))  # the stage that did not finish wrote nothing
     # inspect lists what it left, though its record lists no task (the flow's end writes them)
     from typer.testing import CliRunner
