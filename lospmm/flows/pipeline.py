@@ -199,7 +199,7 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
         futures[(stage, t.label)] = future
         submitted.append((t.entry(), future))
 
-    if not _awaited(run_id, submitted):  # its caller records the run cancelled (run_plan raises Interrupted)
+    if not _awaited(run_id, submitted, here=not plan.config.dask):  # its caller records the run cancelled (run_plan raises Interrupted)
         return Cancelled(message=STOPPED)
     for entry, fut in submitted:
         state = fut.state
@@ -286,10 +286,12 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> bool:
+def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) -> bool:
     """Wait for every task, publishing progress (Prefect progress artifact and log) as they go. False
     when a stop was asked for: the tasks stopped at their next item, and the flow ends Cancelled
-    (not Crashed, as a KeyboardInterrupt out of it would)."""
+    (not Crashed, as a KeyboardInterrupt out of it would). `here`: the tasks run in this process, so
+    they see the stop and are waited for; a Dask cluster's do not (its workers have their own STOP):
+    the flow leaves at once, and the task runner's exit closes its client."""
     progress.started(run_id, [(e["stage"], e["label"]) for e, _ in submitted])
     publisher = progress.Publisher(run_id, get_run_logger())
     pending = list(submitted)
@@ -307,6 +309,8 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]]) -> bool:
                 progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
             pending = [p for p in pending if p[1] not in done]
             publisher.push()
+        if stopped and not here:
+            return False
         for _, f in submitted:  # each to its end (a timed wait may return one before its final state is set)
             try:
                 f.wait()
