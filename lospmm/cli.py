@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lospmm.flows.config import ConfigError, RunConfig, resolved
+from lospmm.flows.config import ConfigError, RunConfig, read_design, resolved
 from lospmm.flows.storage.runs import RunStatus
 from lospmm.stages import STAGES
 from lospmm.kernel.design import design_named
@@ -40,8 +40,12 @@ _MULTI = ("--sparsity", "--zoo", "--m1")
 _ARTIFACTS = typer.Option("artifacts", "--artifacts", help="Artifact root directory.")
 
 
+_EXITS_AFTER = [False]  # set by the console entry point: the process ends with the command
+
+
 def main() -> None:
     """Entry point: lets list options take space-separated values, then runs the app."""
+    _EXITS_AFTER[0] = True
     app(args=_expanded(sys.argv[1:]), prog_name="lospmm")
 
 
@@ -389,7 +393,7 @@ def kernel(
     try:
         if dtype not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
-        kernel_design = design_named(design)
+        kernel_design = read_design(design)
         if kernel_design.half:
             raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
                              f"and --promote-every")
@@ -447,7 +451,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
 
     from prefect.exceptions import TerminationSignal
 
-    from lospmm.flows.execution.server import detach_embedded_api
+    from lospmm.flows.execution.server import api_start_failure, detach_embedded_api
     from lospmm.flows.execution.stopping import record_ended, stops_cleanly
     from lospmm.flows.execution.taskio import Interrupted, run_failure
 
@@ -464,7 +468,8 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
             result = run_plan(plan, refresh=refresh, run_id=run_id, before_flow=detach_embedded_api)
     # Ctrl-C; SIGTERM as Prefect re-raises it in a flow run; a task's stop, as Prefect re-raises it
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
-        _out_at_once_on_another_signal(at_once)
+        if _EXITS_AFTER[0]:  # (in-process, `app(...)` in a notebook or a test, the caller's handlers stay)
+            _out_at_once_on_another_signal(at_once)
         if record_ended(plan.root, run_id, RunStatus.CANCELLED):
             err.print(f"[yellow]cancelled:[/] run {run_id} stopped; finished artifacts are kept and running the "
                       f"same command again resumes from them")
@@ -472,7 +477,7 @@ def _run(cfg: RunConfig, refresh: list[str]) -> None:
             err.print(f"[yellow]cancelled:[/] run {run_id} stopped before it started; nothing was written")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except Exception as e:  # escaped the flow: the record must not stay `running`
-        line = run_failure(e)
+        line = run_failure(e) or api_start_failure(e)
         record_ended(plan.root, run_id, RunStatus.FAILED, line or f"{type(e).__name__}: {e}")
         if line is None:
             raise  # a bug: its traceback says where

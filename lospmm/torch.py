@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import numbers
 import os
 import secrets
 import warnings
@@ -463,6 +464,8 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         raise ValueError(f"lt.search: {', '.join(unknown)}: not run option(s) of lt.search (the model's own keyword "
                          f"inputs go in kwargs={{...}}, or pass a mapping as example_input); run options: "
                          f"{', '.join(_search_options())}")
+    if sparsity is not None and (isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real)):
+        raise ValueError(f"lt.search: sparsity must be one number in (0, 1) (a search is of one), got {sparsity!r}")
     settings = {"zoo": (), "prune": prune, "artifacts": str(artifacts), **options}
     try:  # every option but the model file, before the model is run and written
         checked_settings(RunConfig.from_dict({**settings, "sparsities": run_sparsities(
@@ -492,7 +495,7 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
         raise ValueError(_as_keywords(str(e))) from None
     from prefect.exceptions import TerminationSignal
 
-    from lospmm.flows.execution.server import detach_embedded_api
+    from lospmm.flows.execution.server import api_start_failure, detach_embedded_api
     from lospmm.flows.execution.stopping import record_ended, stops_cleanly
     from lospmm.flows.execution.taskio import Interrupted
     from lospmm.flows.pipeline import new_run_id
@@ -502,6 +505,11 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     try:  # Ctrl-C (or SIGTERM) stops the flow's tasks too, records the run cancelled, and raises
         with stops_cleanly():
             result = run_plan(plan, run_id=run_id, before_flow=detach_embedded_api)
+    except RuntimeError as e:
+        line = api_start_failure(e)
+        if line is None:
+            raise
+        raise RuntimeError(f"lt.search: {line}") from None
     except (KeyboardInterrupt, TerminationSignal, Interrupted):
         record_ended(plan.root, run_id, RunStatus.CANCELLED)
         raise KeyboardInterrupt(f"lt.search: run {run_id} cancelled; finished artifacts are kept and searching "

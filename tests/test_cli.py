@@ -270,6 +270,7 @@ def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_
     cfg = RunConfig(zoo=(), weights=str(pruned), prune="keep", artifacts=str(tmp_path / "art"))
     held = round(float((w == 0).mean()), 3)
     assert _kept(cfg, ()).sparsities == (held,) and _kept(cfg, (round(held, 2),)).sparsities == (round(held, 2),)
+    assert _kept(cfg, (held, held)).sparsities == (held,)  # the same one twice is one
     for given in (["--sparsity", "0.9"], [], ["--sparsity", "0.5"], ["--sparsity", str(held), "--sparsity", "0.9"]):
         result = runner.invoke(app, ["run", "--weights", str(dense if not given else pruned), "--prune", "keep",
                                      *given, "--artifacts", str(tmp_path / "art")])

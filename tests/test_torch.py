@@ -308,6 +308,9 @@ def test_an_already_pruned_model_is_searched_at_its_own_sparsity(tmp_path):
     dense = lt.save_model(_model(), torch.randn(2, 3, 16, 16), tmp_path / "dense.safetensors")
     with pytest.raises(ValueError, match="dense.safetensors: --prune keep keeps the zeros .* hold none"):
         kept_sparsity(source(dense))
+    for sparsity in ([0.7], "0.7", True):  # one number: not a list (a TypeError from deep inside) nor a string
+        with pytest.raises(ValueError, match="^lt.search: sparsity must be one number in \\(0, 1\\)"):
+            lt.search(model, torch.randn(2, 3, 16, 16), prune="keep", sparsity=sparsity, artifacts=tmp_path)
     for sparsity in (None, 0.9):  # a sparsity given does not make a dense model pruned
         with pytest.raises(ValueError, match="^lt.search: .* prune keep keeps the zeros .* hold none: prune them first"):
             lt.search(_model(), torch.randn(2, 3, 16, 16), prune="keep", sparsity=sparsity, artifacts=tmp_path)

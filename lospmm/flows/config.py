@@ -259,17 +259,25 @@ def _as_tokens(message: str) -> str:
     return message.replace("(tokens: ", f"(`{AUTO_DESIGN}`, `baseline`, or tokens: ")
 
 
+def read_design(text: str) -> KernelDesign:
+    """`--design`'s text as a design (design_named), or ConfigError in the flag's words (_as_tokens);
+    one with no token is refused: design_named reads it as the baseline, where a flag given empty is
+    more likely a slip."""
+    if not any(token.strip() for token in text.split(",")):
+        raise ConfigError(f"--design {text!r} names no design: give one ({AUTO_DESIGN}, baseline, chained, "
+                          f"chained,v=4, …)")
+    try:
+        return design_named(text)
+    except ValueError as e:
+        raise ConfigError(f"--design: {_as_tokens(str(e))}") from None
+
+
 def run_design(text: str) -> KernelDesign:
     """The kernel design of a run (`--design`; `auto`: the baseline, the first of the designs its
     search spans, run_designs), or ConfigError naming what cannot be read or searched."""
     if text == AUTO_DESIGN:
         return BASELINE
-    if not text.strip():  # design_named reads "" as the baseline: a flag given empty is more likely a slip
-        raise ConfigError(f"--design is empty: give a design ({AUTO_DESIGN}, baseline, chained, chained,v=4, …)")
-    try:
-        design = design_named(text)
-    except ValueError as e:
-        raise ConfigError(f"--design: {_as_tokens(str(e))}") from None
+    design = read_design(text)
     if design.half:
         raise ConfigError(f"--design {text}: a run's kernels take their dtype from --dtype (or the weights), and a "
                           f"half run's sums from --accumulate and --promote-every")

@@ -199,7 +199,8 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
         futures[(stage, t.label)] = future
         submitted.append((t.entry(), future))
 
-    if not _awaited(run_id, submitted, here=not plan.config.dask):  # its caller records the run cancelled (run_plan raises Interrupted)
+    if not _awaited(run_id, submitted, here=not plan.config.dask):  # (run_plan raises Interrupted to its caller)
+        _cancelled(root, record)
         return Cancelled(message=STOPPED)
     for entry, fut in submitted:
         state = fut.state
@@ -237,6 +238,16 @@ def _finished(root: Path, record: dict, t_start: float) -> dict:
         record["summary_error"] = run_failure(e) or f"{type(e).__name__}: {e}"
     write_run_record(root, record, final=True)
     return {k: record[k] for k in ("run_id", "status", "wall_seconds")} | {"artifacts": str(root), "rows": rows}
+
+
+def _cancelled(root: Path, record: dict) -> None:
+    """A run stopped on request, written so (as the CLI and lt.search would: a deployment's run too),
+    its reserve freed; where the disk refuses, the record stays `running` and reads as `killed`."""
+    record.update(status=RunStatus.CANCELLED, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    try:
+        write_run_record(root, record, final=True)
+    except OSError:
+        pass
 
 
 def _failed_run(root: Path, record: dict, line: str) -> dict:
@@ -300,13 +311,10 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) 
     try:
         while pending and not stopped:
             stopped = STOP.is_set()  # a signal asked to stop: the tasks stop at their next item
-            try:
-                done = wait([f for _, f in pending], timeout=0.25).done
-            except Interrupted:  # a task that stopped on request raises it out of its future
-                stopped = True
-                continue
+            done = wait([f for _, f in pending], timeout=0.25).done
             for entry, f in [p for p in pending if p[1] in done]:
-                progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
+                if f.state.is_completed():  # (a task that stopped is done, not finished)
+                    progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
             pending = [p for p in pending if p[1] not in done]
             publisher.push()
         if stopped and not here:
@@ -314,7 +322,7 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) 
         for _, f in submitted:  # each to its end (a timed wait may return one before its final state is set)
             try:
                 f.wait()
-            except Interrupted:
+            except Interrupted:  # a task that stopped on request raises it out of its future
                 stopped = True
         if not stopped:
             publisher.push(final=True)

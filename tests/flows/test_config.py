@@ -400,7 +400,8 @@ def test_a_ranker_over_staged_designs_is_trained_on_their_blocking_and_auto_name
 
 
 @pytest.mark.parametrize("text, said", [
-    ("", "--design is empty: give a design (auto, baseline, chained"),
+    ("", "--design '' names no design: give one (auto, baseline, chained"),
+    (" , ", "--design ' , ' names no design"),
     ("walks=0", "--design: walks=W must be >= 1, got 0"),
     ("v=3", "--design: v=V must be one of (1, 2, 4), got 3"),
     ("AUTO", "(`auto`, `baseline`, or tokens: baked|streamed"),

@@ -259,6 +259,17 @@ def test_prefect_s_crash_report_of_a_stop_reads_stopped_on_request(stop_asked):
     assert other.levelno == logging.ERROR and "MemoryError" in other.getMessage()
 
 
+def test_an_embedded_api_that_did_not_start_points_at_its_log():
+    """Its output goes to a log, not the terminal: Prefect's time-out then says where the reason is."""
+    from lospmm.flows.execution.server import API_LOG, api_log, api_start_failure
+
+    line = api_start_failure(RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server. "
+                                          "Ephemeral server process exited with code 1."))
+    assert line.endswith(f"exited with code 1. (the embedded API's own output: {api_log()})")
+    assert api_log().name == API_LOG
+    assert api_start_failure(RuntimeError("something else")) is None and api_start_failure(OSError("x")) is None
+
+
 # 5. Messages that name the file or layer and the problem.
 
 def test_kernel_out_naming_an_existing_file_says_so(tmp_path):

@@ -121,6 +121,10 @@ def test_a_runs_outcome_says_what_it_gave():
     assert run_outcome({**base, "layers": {"total": 9, "failed": failed}}) == (
         "layers", "6 of 9 layers did not produce what was asked: l0: K=36 is not a multiple of M=8; "
                   "l1: K=36 is not a multiple of M=8; l2: K=36 is not a multiple of M=8; and 3 more")
+    # a message that does not name its layer is led by it: no layer goes unnamed behind a shared reason
+    shared = [{"layer": n, "status": "error", "message": "the compiler was killed"} for n in ("a", "b")]
+    assert run_outcome({**base, "layers": {"total": 2, "failed": shared}}) == (
+        "layers", "2 of 2 layers did not produce what was asked: a: the compiler was killed; b: the compiler was killed")
     assert run_outcome(base) == ("ok", "")
     assert run_outcome({**base, "summary_error": "OSError: disk full"}) == (
         "failed", "run r1: its summary could not be written: OSError: disk full")

@@ -128,3 +128,27 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, how):
     assert f"run {record['run_id']} was cancelled" in shown.output
     time.sleep(1)
     assert _servers_of(home) == []  # the embedded API was stopped, not orphaned
+
+
+def test_an_api_started_off_the_main_thread_outlives_that_thread(tmp_path):
+    """lt.search in a worker thread: the embedded API is started (forked) by that thread, and a
+    stop-with-the-parent signal would follow the thread, not the process (PR_SET_PDEATHSIG): the
+    process's next flow found no API. Only the main thread asks for it."""
+    script = tmp_path / "threaded.py"
+    script.write_text(
+        "import threading\n"
+        "from prefect import flow\n"
+        "from lospmm.flows.execution.server import detach_embedded_api\n"
+        "@flow\n"
+        "def f(x: int) -> int:\n"
+        "    return x + 1\n"
+        "def worker():\n"
+        "    detach_embedded_api()\n"
+        "    print('thread', f(1), flush=True)\n"
+        "t = threading.Thread(target=worker); t.start(); t.join()\n"
+        "import time; time.sleep(1)\n"
+        "print('main', f(2), flush=True)\n")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    assert "thread 2" in done.stdout and "main 3" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

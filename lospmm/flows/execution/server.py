@@ -5,7 +5,7 @@ Ctrl-C in the terminal kills the API at once while the run goes on against a dea
 SIGKILL of the run leaves the API running. `detach_embedded_api` has Prefect start it in a session
 of its own (the terminal's Ctrl-C reaches only lospmm, which stops its work, records the run as
 interrupted, and only then lets Prefect stop the API) and tells it to exit when its parent dies
-(Linux PR_SET_PDEATHSIG), so no server outlives its run. Its own output goes to `api_log()` (in
+(Linux PR_SET_PDEATHSIG, where the main thread starts it), so no server outlives its run. Its own output goes to `api_log()` (in
 PREFECT_HOME), not the terminal: stopped while it flushes events (a run stopped on request), it
 printed some 170 lines of tracebacks of its cancelled database writes after the run's last line.
 With PREFECT_API_URL set (a real server) nothing changes.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -40,7 +41,10 @@ class _DetachedSubprocess:
 
     @staticmethod
     def Popen(*args, **kwargs):  # noqa: N802 (subprocess's own name)
-        detached = dict(start_new_session=True, preexec_fn=_die_with_parent)
+        # PR_SET_PDEATHSIG fires when the forking *thread* ends: from another thread (lt.search in a worker
+        # thread) the API would be stopped under the process with that thread, so only the main thread sets it
+        main = threading.current_thread() is threading.main_thread()
+        detached = dict(start_new_session=True, **({"preexec_fn": _die_with_parent} if main else {}))
         log = api_log()
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -71,3 +75,12 @@ def detach_embedded_api() -> bool:
     if not isinstance(prefect_server.subprocess, _DetachedSubprocess):
         prefect_server.subprocess = _DetachedSubprocess()
     return True
+
+
+def api_start_failure(error: BaseException) -> str | None:
+    """Prefect's error where its embedded API did not start (`Timed out while attempting to connect to
+    ephemeral Prefect API server…`), with where the API's own output went (api_log: its reason,
+    e.g. a locked or damaged database); None for any other error."""
+    if not isinstance(error, RuntimeError) or "ephemeral Prefect API server" not in str(error):
+        return None
+    return f"{error} (the embedded API's own output: {api_log()})"

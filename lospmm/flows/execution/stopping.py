@@ -66,7 +66,8 @@ class StoppedOnRequest(logging.Filter):
     Any other crash is left as Prefect reports it."""
 
     SIGNS = ("unexpected exception: Interrupted:",  # a task's stop (taskio.stop_requested)
-             "Execution was aborted by an interrupt signal")  # the flow's, a signal's KeyboardInterrupt
+             "Execution was aborted by an interrupt signal",  # the flow's, a signal's KeyboardInterrupt
+             "Execution was aborted by a termination signal")  # Prefect's SIGTERM out of the flow
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not STOP.is_set():

@@ -56,6 +56,7 @@ def kept_run_sparsity(source: Source, given: tuple[float, ...] = ()) -> float:
     in one line where the layers hold no zero, or the sparsity given is not theirs: keep prunes
     nothing, so a run named for another sparsity would say what its kernels do not hold."""
     held = kept_sparsity(source)
+    given = tuple(dict.fromkeys(given))  # (--sparsity 0.5 --sparsity 0.5 is one)
     if not given:
         return held
     if len(given) > 1 or abs(given[0] - held) > KEPT_TOLERANCE + 1e-9:  # (0.81 for 0.805 in floats)

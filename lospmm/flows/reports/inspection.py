@@ -116,12 +116,19 @@ def run_outcome(record: dict) -> tuple[str, str]:
         return "layers", f"run {record['run_id']}: no layer to search (every tensor was skipped)"
     if layers["failed"]:
         # each with its reason where it has one (its message names the layer), as the problems table says it
-        said = list(dict.fromkeys(_first_line(f.get("message") or "") or f"{f['layer']} ({f['status']})"
-                                  for f in layers["failed"]))
+        said = list(dict.fromkeys(_failure(f) for f in layers["failed"]))
         more = f"; and {len(said) - 3} more" if len(said) > 3 else ""
         return "layers", (f"{len(layers['failed'])} of {layers['total']} layers did not produce what was asked: "
                           f"{'; '.join(said[:3])}{more}")
     return "ok", ""
+
+
+def _failure(failed: dict) -> str:
+    """A failed layer as the outcome line names it: its message's first line, led by the layer's name."""
+    message = _first_line(failed.get("message") or "")
+    if not message:
+        return f"{failed['layer']} ({failed['status']})"
+    return message if message.startswith(failed["layer"]) else f"{failed['layer']}: {message}"
 
 
 def _first_line(text: str) -> str:
