@@ -259,6 +259,28 @@ def test_prefect_s_crash_report_of_a_stop_reads_stopped_on_request(stop_asked):
     assert other.levelno == logging.ERROR and "MemoryError" in other.getMessage()
 
 
+def test_a_second_signal_during_a_stop_runs_on_second_and_exits_at_once(tmp_path):
+    """stops_cleanly's two signals, in a process of their own: the first asks the flow's wait to stop
+    (POLLING_STOP set: no KeyboardInterrupt), the second calls on_second and exits with the code given
+    (the CLI's "cancelled at once", which the end-to-end test may see only when its stop is slow)."""
+    script = tmp_path / "twice.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from lospmm.flows.execution.stopping import stops_cleanly
+        from lospmm.flows.execution.taskio import POLLING_STOP, STOP
+        with stops_cleanly(exit_code_on_second=130, on_second=lambda: print("second", flush=True)):
+            POLLING_STOP.set()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            print("first: STOP", STOP.is_set(), flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        print("not reached", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and done.stdout.split() == ["first:", "STOP", "True", "second"], done
+
+
 def test_an_embedded_api_that_did_not_start_points_at_its_log():
     """Its output goes to a log, not the terminal: Prefect's time-out then says where the reason is."""
     from lospmm.flows.execution.server import API_LOG, api_log, api_start_failure
