@@ -256,6 +256,7 @@ def _as_tokens(message: str) -> str:
     """design_named's error in the words of --design: its tokens, and `auto` beside them."""
     for name, token in _DESIGN_TOKENS.items():
         message = message.replace(f"design {name} ", f"{token} ").replace(f"{name}=", f"{token.split('=')[0]}=")
+    message = message.replace("loads=", "")  # its value is the token: based, chained, staged
     return message.replace("(tokens: ", f"(`{AUTO_DESIGN}`, `baseline`, or tokens: ")
 
 
