@@ -389,8 +389,32 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                           model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0,
                           input_shapes=parsed_input_shapes(cfg.input_shapes),
                           sequences=0 if onnx else _pooler_rows(cfg, path),
-                          dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path))))
+                          dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path)),
+                          transposed=() if onnx else conv1d_weights(path)))
     return out
+
+
+# Hugging Face's Conv1D (GPT-2, OpenAI GPT, ImageGPT) stores a linear layer's weight input × output, the
+# transpose of nn.Linear's (y = x·W + b). The config.json beside the file tells them apart: GPT-BigCode
+# names its nn.Linear layers c_attn and c_fc too.
+CONV1D_MODELS = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+_CONV1D_WEIGHT = re.compile(r"(^|\.)(c_attn|q_attn|c_fc|c_proj)\.weight$")
+
+
+def conv1d_weights(weights: str | Path) -> tuple[str, ...]:
+    """The 2-D tensors of a checkpoint (not one lospmm.torch.save_model wrote: its shapes are the
+    modules') that are Conv1D weights, stored input × output: named so, in a model whose config.json
+    says a Conv1D family's model_type."""
+    from lospmm.flows.inputs.weights import saved_graph, tensor_infos
+
+    path = Path(weights).parent / "config.json"
+    try:
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):  # model_config says what is wrong with it
+        return ()
+    if model_type not in CONV1D_MODELS or saved_graph(weights) is not None:
+        return ()
+    return tuple(t.name for t in tensor_infos(weights) if len(t.shape) == 2 and _CONV1D_WEIGHT.search(t.name))
 
 
 def source_design(design: KernelDesign, dtype: str, accumulate: str = "", promote_every: int = 0) -> KernelDesign:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +126,39 @@ def test_an_io_error_while_loading_stays_an_io_error(tmp_path, monkeypatch):
     monkeypatch.setattr(weights_module, "open", lambda *a, **k: FailingRead(builtins.open(*a, **k)), raising=False)
     with pytest.raises(OSError, match="Input/output error"):
         load_tensor(path, "w")
+
+
+@pytest.mark.parametrize("model_type, transposed", [("gpt2", True), ("gpt_bigcode", False), (None, False)])
+def test_a_gpt2_conv1d_weight_is_searched_as_its_transpose(tmp_path, model_type, transposed):
+    """GPT-2's Conv1D stores a layer's weight input × output (y = x·W + b): its A (output × input) is the
+    tensor transposed, told by config.json's model_type; GPT-BigCode's c_attn is an nn.Linear's, and a
+    file without config.json is read as nn.Linear's layout."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from lospmm.flows.config import RunConfig, resolved
+    from tests.conftest import run_directly
+
+    rng = np.random.default_rng(0)
+    stored = {"h.0.attn.c_attn.weight": rng.standard_normal((16, 48)).astype(np.float32),  # in 16, out 48
+              "h.0.mlp.c_fc.weight": rng.standard_normal((16, 64)).astype(np.float32),
+              "h.0.attn.c_attn.bias": np.zeros(48, np.float32)}
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    save_file(stored, str(folder / "model.safetensors"))
+    if model_type:
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type, "n_embd": 16}))
+    plan = resolved(RunConfig(zoo=(), weights=str(folder / "model.safetensors"), tokens=32, m1s=(2,),
+                              until="prune", prune="magnitude", artifacts=str(tmp_path / "art")))
+    done = run_directly(plan, 0.5)
+    shapes = {r["layer"]: r for r in pq.read_table(plan.root / done["extract"]["path"]).to_pylist() if r["op"] == "linear"}
+    pruned = {r["layer"]: r for r in pq.read_table(plan.root / done["prune"]["path"]).to_pylist()}
+    for name, w in stored.items():
+        if w.ndim != 2:
+            continue
+        a = w.T if transposed else w
+        assert (shapes[name]["m"], shapes[name]["k"]) == a.shape
+        row = pruned[name]
+        got = sp.csr_matrix((row["data"], row["indices"], row["indptr"]), shape=a.shape).toarray()
+        assert np.array_equal(got != 0, np.abs(a) >= np.median(np.abs(a))) and np.array_equal(got[got != 0], a[got != 0])

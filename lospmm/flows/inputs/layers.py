@@ -4,6 +4,10 @@ each layer's weight matrix A (`layer_weight`), and the share of zeros those laye
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from lospmm.flows.inputs.onnx_model import graph_weight_matrix, graph_weights, is_onnx
 from lospmm.flows.inputs.sources import Source
 from lospmm.flows.inputs.weights import GRAPH_METADATA, WeightsFile, graph_of, planned_weights
@@ -12,23 +16,28 @@ from lospmm.stages.extract import LayerShape, ModelConfig, graph_shapes, weight_
 
 def source_shapes(source: Source, weights: WeightsFile | None) -> list[LayerShape]:
     """The layers of a weights file (`weights`: it opened, None for an ONNX model): from an ONNX
-    graph, from the geometry lospmm.torch.save_model stored, or from the tensors' names and shapes."""
+    graph, from the geometry lospmm.torch.save_model stored, or from the tensors' names and shapes
+    (a weight stored input × output, `source.transposed`, with the M and K of its transpose)."""
     if is_onnx(source.path):
         return graph_shapes(source.label, graph_weights(source.path, source.input_shapes), source.tokens, source.images)
     if GRAPH_METADATA in weights.metadata():  # lospmm.torch.save_model: shapes from a forward pass
         return graph_shapes(source.label, graph_of(weights), source.tokens, 1)
-    return weight_shapes(source.label, weights.infos(), source.tokens, source.model_config or ModelConfig(),
-                         source.sequences or None)
+    shapes = weight_shapes(source.label, weights.infos(), source.tokens, source.model_config or ModelConfig(),
+                           source.sequences or None)
+    return [dataclasses.replace(s, m=s.k, k=s.m) if s.op == "linear" and s.layer in source.transposed else s
+            for s in shapes]
 
 
 def layer_weight(source: Source, shape: LayerShape, weights: WeightsFile | None):
-    """A searched layer's weight as A (M × K: a conv weight [Cout, Cin, kh, kw] flattened), or None
-    for a zoo layer or one extract did not pass."""
+    """A searched layer's weight as A (M × K: a conv weight [Cout, Cin, kh, kw] flattened, one stored
+    input × output transposed), or None for a zoo layer or one extract did not pass."""
     if not (source.path and shape.ok):
         return None
     if is_onnx(source.path):
         return graph_weight_matrix(source.path, shape.layer, source.input_shapes)
     w = weights.tensor(shape.layer)
+    if shape.layer in source.transposed:
+        return np.ascontiguousarray(w.T)
     return w.reshape(w.shape[0], -1) if w.ndim == 4 else w
 
 

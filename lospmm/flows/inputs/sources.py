@@ -24,9 +24,12 @@ class Source:
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ONNX: inputs whose dims the run fixes
     sequences: int = 0  # a checkpoint with a pooler: the pooler's N, one row per sequence (0: no pooler)
     dtype: str = "fp32"  # the emitted kernels' B and C: fp32, or fp16 / bf16 (codegen_half)
+    # weights: tensors stored input × output (Hugging Face's Conv1D: GPT-2), whose A is their transpose
+    transposed: tuple[str, ...] = ()
 
     def key_form(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "path"}
+        # (no transposed tensor: the key a source had before the field, so its artifacts are reused)
+        return {k: v for k, v in asdict(self).items() if k != "path" and not (k == "transposed" and not v)}
 
 
 @dataclass(frozen=True)
