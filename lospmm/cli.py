@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lospmm.flows.config import ConfigError, RunConfig, read_design, resolved
+from lospmm.flows.config import SHARD, ConfigError, RunConfig, read_design, resolved
 from lospmm.flows.storage.runs import RunStatus
 from lospmm.stages import STAGES
 from lospmm.kernel.design import design_named
@@ -153,6 +153,10 @@ def run(
                     reorder=tuple(s.strip() for s in reorder.split(",") if s.strip()), reorder_budget=reorder_budget)
     if prune == "keep" and weights is not None:
         cfg = _kept(cfg, tuple(sparsity))
+    shard = SHARD.search(weights.name) if weights is not None else None
+    if shard:  # (a global threshold or kept share over part of a model would say so of the part only)
+        err.print(f"[yellow]warning:[/] {weights.name} is shard {int(shard[1])} of {int(shard[2])} of a checkpoint: "
+                  f"only its layers are searched; to search the model, merge the shards into one file")
     _run(cfg, refresh=[])
 
 

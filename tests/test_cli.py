@@ -283,3 +283,30 @@ def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_
     result = runner.invoke(app, ["run", "--weights", str(dense), "--prune", "keep", "--sparsity", "0.9",
                                  "--artifacts", str(tmp_path / "art")])
     assert result.exit_code == 2 and "hold none" in result.output  # a sparsity given is no way past it
+
+
+def test_a_sharded_checkpoint_is_named_as_such(tmp_path):
+    """Hugging Face's sharded layout: its index or its folder is refused in one line that says how to
+    search it (the reader called the index a damaged safetensors header, the folder not a file); one
+    shard is searched with a warning that it is part of the model."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in (1, 2):
+        save_file({f"layer{i}.dense.weight": rng.standard_normal((16, 16)).astype(np.float32)},
+                  str(folder / f"model-0000{i}-of-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    art = str(tmp_path / "art")
+    for given, said in ((folder / "model.safetensors.index.json", "the index of a sharded checkpoint; lospmm reads one "
+                                                                   "weights file: merge the shards"),
+                        (folder, "a folder; give the weights file in it (model-00001-of-00002.safetensors, "
+                                 "model-00002-of-00002.safetensors); lospmm reads one weights file")):
+        refused = runner.invoke(app, ["run", "--weights", str(given), "--until", "extract", "--artifacts", art])
+        assert refused.exit_code == 2 and said in " ".join(refused.output.split()), refused.output
+    one = runner.invoke(app, ["run", "--weights", str(folder / "model-00001-of-00002.safetensors"), "--until", "extract",
+                              "--sparsity", "0.5", "--artifacts", art])
+    assert one.exit_code == 0 and "model-00001-of-00002.safetensors is shard 1 of 2 of a checkpoint: only its layers " \
+                                  "are searched" in " ".join(one.output.split()), one.output

@@ -599,11 +599,31 @@ def _cut_short(path: str) -> str:
             f"(an interrupted copy or download?)")
 
 
+# a shard of a sharded Hugging Face checkpoint: model-00001-of-00002.safetensors
+SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.safetensors$")
+_MERGE = ("lospmm reads one weights file: merge the shards into one (safetensors' load_file of each, save_file of "
+          "their union), or give one shard to search its layers only")
+
+
+def _one_weights_file(path: Path) -> None:
+    """ConfigError where --weights names a folder or a sharded checkpoint's index rather than a file
+    of weights (the file reader would call the index's JSON a damaged safetensors header)."""
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".onnx"))[:3]
+        raise ConfigError(f"--weights {path}: a folder; give the weights file in it"
+                          + (f" ({', '.join(found)})" if found else "") + (f"; {_MERGE}" if any(
+                              SHARD.search(f) for f in found) else ""))
+    if path.name.endswith(".index.json"):
+        raise ConfigError(f"--weights {path}: the index of a sharded checkpoint; {_MERGE}")
+
+
 def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
     """ConfigError naming a --weights file the run cannot search; else its config.json (or None)."""
     told = None
     if cfg.weights and Path(cfg.weights).is_file() and Path(cfg.weights).stat().st_size == 0:
         raise ConfigError(f"weights file {cfg.weights} is empty (0 bytes)")
+    if cfg.weights:
+        _one_weights_file(Path(cfg.weights))
     input_shapes = parsed_input_shapes(cfg.input_shapes)
     if input_shapes and not (cfg.weights and is_onnx(cfg.weights)):
         raise ConfigError(f"--input-shape {input_shapes[0][0]}: input shapes fix an ONNX model's inputs; "
