@@ -820,9 +820,10 @@ def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_aft
     kernel_dtype = spec.dtype
     model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
     if kernel_dtype != model_dtype:
+        torch_dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}[kernel_dtype]
         return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
-                f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion; search the model in "
-                f"its dtype, or give --dtype)")
+                f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion: serve the model in the "
+                f"kernels' dtype, model.to({torch_dtype}), or search it in its own)")
     w = _weight_matrix(module)
     if w.shape != a.shape:
         return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
@@ -834,7 +835,10 @@ def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_aft
     epilogue = spec.epilogue
     if epilogue.bias:
         mine = None if module.bias is None else module.bias.detach().to("cpu", torch.float32).numpy()
-        if mine is None or mine.shape != (len(epilogue.bias),) or not np.array_equal(mine, np.float32(epilogue.bias)):
+        # the kernel's bias as the module's dtype holds it: a half model from the fp32 file the run read
+        # has each value rounded, the kernel adds the file's (as close as the half output shows)
+        theirs = torch.tensor(epilogue.bias, dtype=torch.float32).to(module.weight.dtype).float().numpy()
+        if mine is None or mine.shape != theirs.shape or not np.array_equal(mine, theirs):
             return (f"{layer}: the kernel fuses a bias that is not the module's "
                     f"({'it has none' if mine is None else 'other values'}): the kernel was built from other weights")
     if epilogue.activation and not epilogue.bias and getattr(module, "bias", None) is not None:

@@ -688,6 +688,32 @@ def test_a_kernel_fusing_an_activation_but_not_the_modules_bias_is_refused(tmp_p
     assert "fuses relu but not the module's bias" in plan.reason and not plan.module
 
 
+def test_an_fp16_kernel_of_fp32_weights_serves_the_model_in_fp16(tmp_path):
+    """A run with --dtype fp16 of an fp32 file: its kernel rounds A to fp16 and fuses the file's bias.
+    The model converted to fp16 is served by it (its bias is the file's rounded, as the kernel's is);
+    the fp32 model is refused, saying to convert it, not to give --dtype (the run had it)."""
+    import scipy.sparse as sp
+
+    from lospmm.flows.config import source_design
+    from lospmm.flows.kernels import emitted_kernel
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.reorder import reordered_tiles
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8)).eval()
+    with torch.no_grad():
+        model[0].bias.copy_(torch.randn(8) * 1e-2 + 1 / 3)  # values fp16 cannot hold exactly
+    a = sp.csr_matrix(model[0].weight.detach().numpy())
+    emitted_kernel(str(tmp_path), a, reordered_tiles(a, 1), "0.weight", 0.0, 32, "sm_90", tmp_path / "k",
+                   compile_=False, verify=False, design=source_design(design_named("chained"), "fp16"),
+                   epilogue=Epilogue(tuple(model[0].bias.tolist())))
+    (fp16,) = lt.replacements(copy.deepcopy(model).half(), tmp_path / "k")
+    assert fp16.module == "0" and fp16.fused == "bias", fp16.reason
+    (fp32,) = lt.replacements(model, tmp_path / "k")
+    assert "the kernel computes in fp16, the module's weight is float32" in fp32.reason and \
+        "model.to(torch.float16)" in fp32.reason and not fp32.module
+
+
 def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_server):
     """An fp16 model: its file keeps fp16, the run's kernels are fp16 (half kernels, GEMM form, the
     model's bias and ReLU fused), and the served model computes in fp16 — no silent upcast — within
