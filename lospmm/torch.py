@@ -516,7 +516,7 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
                                 f"again resumes from them") from None
     if result.get("error"):
         raise RuntimeError(f"lt.search: run {run_id} failed: {result['error']}")
-    from lospmm.flows.reports.inspection import run_outcome
+    from lospmm.flows.reports.inspection import lospmm_command, run_outcome
     from lospmm.flows.storage.runs import run_record
 
     # as `lospmm run` exits 1 or 3: a failed run raises, layers that got no kernel are a warning naming them
@@ -525,9 +525,10 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     outcome, line = run_outcome(record)
     layers = record.get("layers") or {}
     if outcome == "failed" or (outcome == "layers" and len(layers.get("failed", ())) >= layers.get("total", 0)):
-        raise RuntimeError(f"lt.search: {line} (`lospmm inspect {result['run_id']}`)")  # no layer to serve
+        raise RuntimeError(f"lt.search: {line} (`{lospmm_command(record, 'inspect', result['run_id'])}`)")
     if outcome == "layers":
-        warnings.warn(f"lt.search: {line} (`lospmm inspect {result['run_id']}` shows why)", SearchWarning, stacklevel=2)
+        warnings.warn(f"lt.search: {line} (`{lospmm_command(record, 'inspect', result['run_id'])}` shows why)",
+                      SearchWarning, stacklevel=2)
     return result["run_id"]
 
 
@@ -748,6 +749,7 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         if not found:
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
+    from lospmm.flows.reports.inspection import lospmm_command
     from lospmm.flows.storage.runs import artifacts_of, run_record
     from lospmm.flows.storage.store import read_artifact
 
@@ -769,7 +771,8 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
     table = read_artifact(Path(artifacts) / emits[0]["path"], columns=["kernel_dir", "status"]).to_pylist()
     found = [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
     if not found:  # as an empty folder: nothing to serve is no model served
-        raise KernelDirError(f"run {record['run_id']}: no layer got a kernel (`lospmm inspect {record['run_id']}` "
+        raise KernelDirError(f"run {record['run_id']}: no layer got a kernel "
+                             f"(`{lospmm_command(record, 'inspect', record['run_id'])}` "
                              f"says why)")
     return found
 

@@ -791,7 +791,7 @@ def test_a_layer_that_gets_no_kernel_is_a_warning_naming_it(tmp_path, prefect_se
     with pytest.raises(RuntimeError, match="lt.search: 2 of 2 layers did not produce what was asked: 0.weight: "
                                            "K=6 is not a multiple of M=4") as failed:
         lt.search(narrow, torch.randn(16, 6), prune="nm:2:4", artifacts=tmp_path)
-    run_id = re.search(r"`lospmm inspect (\S+)`", str(failed.value))[1]
+    run_id = re.search(r"`lospmm inspect (\S+) --artifacts ", str(failed.value))[1]  # (pasted as said, it finds the run)
     with pytest.raises(KernelDirError, match=f"run {run_id}: no layer got a kernel"):
         lt.sparsify(narrow, run_id, backend="host", artifacts=tmp_path, strict=False)
 

@@ -33,6 +33,9 @@ def test_failed_layers_get_a_row_each_and_skipped_tensors_are_one_line_counted_b
                                     "lists them)")
     assert problems_table({"entries": [{"stage": "prune", "problems": []}]}) is None
     assert "(the other layers completed)" in text
+    # a command to paste names the run's root where it is not the default
+    assert skipped_line({**record, "config": {"artifacts": "/data/art"}}).endswith(
+        "(`lospmm inspect r1 --stage extract --artifacts /data/art` lists them)")
     # where no layer completed, the title does not say the others did
     failed = [{"layer": "broken", "status": "error", "message": ""}, {"layer": "fc", "status": "error", "message": ""}]
     assert "(no layer completed)" in _text(problems_table({**record, "layers": {"total": 2, "failed": failed}}))

@@ -131,6 +131,16 @@ def _failure(failed: dict) -> str:
     return message if message.startswith(failed["layer"]) else f"{failed['layer']}: {message}"
 
 
+DEFAULT_ARTIFACTS = "artifacts"  # RunConfig's and the CLI's --artifacts default
+
+
+def lospmm_command(record: dict, *words: str) -> str:
+    """A command a message asks the user to run about `record`'s run, as they can paste it: with
+    the run's --artifacts where it was not the default (else it looks under ./artifacts)."""
+    root = (record.get("config") or {}).get("artifacts") or DEFAULT_ARTIFACTS
+    return " ".join(("lospmm", *words)) + ("" if root == DEFAULT_ARTIFACTS else f" --artifacts {root}")
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
@@ -164,7 +174,8 @@ def run_table(record: dict, root: str | None = None) -> Table:
         t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
                   _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
     if changed:
-        t.caption = (f"`lospmm rerun --stage {changed[0]} {record['run_id']}` recomputes the {changed[0]} artifact and "
+        t.caption = (f"`{lospmm_command(record, 'rerun', '--stage', changed[0], record['run_id'])}` recomputes the "
+                     f"{changed[0]} artifact and "
                      f"what follows from it (a later run recomputes any artifact that fails its checksum)")
     return t
 
@@ -191,7 +202,8 @@ def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
             reason = msg[len(layer):].lstrip(" :") if msg.startswith(layer) else msg
             groups.setdefault((model, stage, status, reason), []).append(layer)
         t = Table(title=f"{len(seen)} layers with problems, grouped ({others}; "
-                        f"`lospmm inspect {record['run_id']} --stage STAGE --layer NAME` shows one)")
+                        f"`{lospmm_command(record, 'inspect', record['run_id'], '--stage STAGE --layer NAME')}` "
+                        f"shows one)")
         for c in ("model", "first seen in", "status", "layers", "message", "e.g."):
             t.add_column(c, overflow="fold")
         ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
@@ -224,7 +236,7 @@ def skipped_line(record: dict) -> str | None:
                       + ", ".join(f"{n} × {reason}" for reason, n in c.most_common())
                       for model, c in sorted(by_model.items()))
     return (f"{total} tensor{'s' * (total > 1)} not searched: {parts} "
-            f"(`lospmm inspect {record.get('run_id', 'RUN')} --stage extract` lists them)")
+            f"(`{lospmm_command(record, 'inspect', record.get('run_id', 'RUN'), '--stage extract')}` lists them)")
 
 
 def _expected_skip(entry: dict, problem: dict) -> bool:
@@ -368,8 +380,8 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
     fmt = lambda v, f="{}": "-" if v is None else f.format(v)  # noqa: E731
     if len(rows) > limit:
         t = Table(title=f"{len(rows)} layers by model, sparsity and status (kernel time summed over the layers; "
-                        f"every layer: {record['summary']}, or `lospmm inspect {record['run_id']} --limit "
-                        f"{len(rows)}`)")
+                        f"every layer: {record['summary']}, or "
+                        f"`{lospmm_command(record, 'inspect', record['run_id'], '--limit', str(len(rows)))}`)")
         for c in ("model", "sparsity", "status", "layers", "tiles chosen", "dtype", "timer", "time µs (sum)",
                   "vs cuBLAS (median)", "search s"):
             t.add_column(c, overflow="fold")
