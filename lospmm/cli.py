@@ -336,6 +336,24 @@ def _with_artifacts_left(record: dict, artifacts: str) -> dict:
     return {**record, "entries": entries}
 
 
+def _run_dtype(record: dict) -> str:
+    """The dtype a run's kernels are in: its --dtype, else its weights file's (a half checkpoint's
+    kernels are half), else fp32 (the zoo)."""
+    cfg = record["config"]
+    if cfg.get("dtype"):
+        return cfg["dtype"]
+    if cfg.get("weights") and not cfg.get("zoo"):
+        from lospmm.flows.config import weights_dtype
+        from lospmm.flows.inputs.onnx_model import is_onnx
+
+        try:
+            return "fp32" if is_onnx(cfg["weights"]) else weights_dtype(cfg["weights"])
+        except (OSError, ValueError):  # the file is gone: its kernels' dtype is not known here
+            raise ValueError(f"run {record['run_id']}: its weights file {cfg['weights']} cannot be read to know its "
+                             f"kernels' dtype; give --dtype") from None
+    return "fp32"
+
+
 def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None = None) -> str:
     """An artifact deleted or damaged since its run (ArtifactError), and the `lospmm rerun` that
     recomputes it: its stage `stage`, else the one whose folder the message names."""
@@ -370,14 +388,15 @@ def kernel(
     design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `nm` too: the N:M kernel "
                                "of a layer pruned N:M (A compressed, B through shared memory; its blocking the "
                                "estimate's cheapest, no --m1/--n1)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in that "
-                              "dtype, A's values rounded to it; two columns per thread, one packed FMA per nonzero)."),
-    accumulate: str = typer.Option("packed", "--accumulate", help="A half kernel's sums: packed (in the dtype), "
-                                   "f32 (B converted, fp32 FMAs, rounded once at the store) or, with --design nm, "
-                                   "mma (the N:M kernel on sparse tensor cores: mma.sp, fp32 sums; a layer keeping "
-                                   "at most 2 of every 4 columns)."),
-    promote_every: int = typer.Option(0, "--promote-every", help="A packed half sum moved into fp32 every K "
-                                      "nonzeros of a row (0: never)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in "
+                                        "that dtype, A's values rounded to it; two columns per thread, one packed "
+                                        "FMA per nonzero); default: the run's kernels' dtype."),
+    accumulate: Optional[str] = typer.Option(None, "--accumulate", help="A half kernel's sums: packed (in the "
+                                             "dtype), f32 (B converted, fp32 FMAs, rounded once at the store) or, with "
+                                             "--design nm, mma (the N:M kernel on sparse tensor cores: mma.sp, fp32 "
+                                             "sums; a layer keeping at most 2 of every 4 columns); default: the run's."),
+    promote_every: Optional[int] = typer.Option(None, "--promote-every", help="A packed half sum moved into fp32 "
+                                                "every K nonzeros of a row (0: never); default: the run's."),
     artifacts: str = _ARTIFACTS,
 ) -> None:
     """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
@@ -395,13 +414,12 @@ def kernel(
         _fail(f"--out {out}: a directory of other files, not a kernel directory (give a new path, or a kernel "
               f"directory to replace)")
     try:
-        if dtype not in ("fp32", "fp16", "bf16"):
+        if dtype not in (None, "fp32", "fp16", "bf16"):
             raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
         kernel_design = read_design(design)
         if kernel_design.half:
             raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
                              f"and --promote-every")
-        kernel_design = source_design(kernel_design, dtype, accumulate, promote_every)
         if kernel_design.tiled and (m1 is None or n1 is None):
             raise ValueError("--m1 and --n1: the tile of the kernel (an M1 the run reordered for, and threads per "
                              "block; `lospmm inspect RUN --stage emit` shows each layer's)")
@@ -409,6 +427,10 @@ def kernel(
             raise ValueError(f"--design {design}: its kernel picks its own blocking; leave out --m1 and --n1")
         m1, n1 = m1 or 0, n1 or 0
         record = run_record(artifacts, run_id)
+        cfg = record["config"]  # what the run's kernels were, where not told otherwise
+        kernel_design = source_design(kernel_design, dtype or _run_dtype(record),
+                                      cfg.get("accumulate") or "packed" if accumulate is None else accumulate,
+                                      cfg.get("promote_every") or 0 if promote_every is None else promote_every)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
                                   implicit_conv, relu, kernel_design)
     except (LookupError, ValueError) as e:
@@ -424,7 +446,7 @@ def kernel(
                                               "kernel it lacks (or pass --no-compile)" if in_cache else ""),
               code=EXIT_RUN_FAILED)
     c = facts.get("compile", {})
-    console.print(f"[bold]{facts['kernel']}[/] → {out}/  M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
+    console.print(f"[bold]{facts['kernel']}[/] → {out}/  {kernel_design.dtype} M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
                   + (f"N:M {facts['nm']['label']}" if facts.get("nm") else f"tile=({m1},{n1})")
                   + f" design {facts['design']['label']} grid " + (" × ".join(str(facts['grid'][a]) for a in "xyz")
                                                                       if isinstance(facts['grid'], dict) else str(facts['grid'])))
@@ -434,14 +456,14 @@ def kernel(
     if not facts.get("host_check"):
         return
     check = CheckResult.of_facts(facts["host_check"])
-    against = ("the float64 product of the same rounded A and B" if dtype != "fp32"
+    against = ("the float64 product of the same rounded A and B" if kernel_design.dtype != "fp32"
                else "a reference convolution" if implicit_conv else "scipy")
     if not check.ok:
         err.print(f"[red]host check vs {against} FAILED:[/] {check.message}")
         raise typer.Exit(1)
     if facts.get("rounding"):  # a half kernel's A, rounded to its dtype
         r = facts["rounding"]
-        console.print(f"{dtype} ({facts['precision']['accumulate']} sums): {r['to_zero']} of A's {r['nnz']} values "
+        console.print(f"{kernel_design.dtype} ({facts['precision']['accumulate']} sums): {r['to_zero']} of A's {r['nnz']} values "
                       f"round to zero and are not baked, {r['subnormal']} are subnormal")
     console.print(f"host check vs {against}: {check.metric.replace('_', ' ')} {check.error:.2e} (bound {check.bound:.2e})")
 

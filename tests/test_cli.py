@@ -310,3 +310,22 @@ def test_a_sharded_checkpoint_is_named_as_such(tmp_path):
                               "--sparsity", "0.5", "--artifacts", art])
     assert one.exit_code == 0 and "model-00001-of-00002.safetensors is shard 1 of 2 of a checkpoint: only its layers " \
                                   "are searched" in " ".join(one.output.split()), one.output
+
+
+def test_lospmm_kernel_writes_the_runs_dtype_unless_told(tmp_path):
+    """`lospmm kernel` on a half run wrote an fp32 kernel unless given --dtype: its default is now the run's
+    kernels' dtype (its --dtype, else its weights file's), fp32 for the zoo."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lospmm.cli import _run_dtype
+
+    half = tmp_path / "half.safetensors"
+    save_file({"fc.weight": np.ones((8, 8), np.float16)}, str(half))
+    record = {"run_id": "r", "config": {"zoo": [], "weights": str(half), "dtype": ""}}
+    assert _run_dtype(record) == "fp16"
+    assert _run_dtype({**record, "config": {**record["config"], "dtype": "bf16"}}) == "bf16"
+    assert _run_dtype({"run_id": "z", "config": {"zoo": ["shufflenetv2"], "weights": None, "dtype": ""}}) == "fp32"
+    half.unlink()
+    with pytest.raises(ValueError, match="half.safetensors cannot be read to know its kernels' dtype; give --dtype"):
+        _run_dtype(record)
