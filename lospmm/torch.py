@@ -749,9 +749,9 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         if not found:
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
-    from lospmm.flows.reports.inspection import lospmm_command
+    from lospmm.flows.reports.inspection import artifact_problem, lospmm_command
     from lospmm.flows.storage.runs import artifacts_of, run_record
-    from lospmm.flows.storage.store import read_artifact
+    from lospmm.flows.storage.store import ArtifactError, read_artifact
 
     try:
         record = run_record(artifacts, str(source))
@@ -768,11 +768,16 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         found = sorted((e.get("model"), e.get("sparsity")) for e in emits)
         raise KernelDirError(f"run {record['run_id']}: {len(emits)} emitted (model, sparsity) sets {found}; "
                              f"give one sparsity, or a kernel folder")
-    table = read_artifact(Path(artifacts) / emits[0]["path"], columns=["kernel_dir", "status"]).to_pylist()
+    emitted = Path(artifacts) / emits[0]["path"]
+    try:
+        table = read_artifact(emitted, columns=["kernel_dir", "status"]).to_pylist()
+    except ArtifactError as e:  # a file of it edited or deleted since: name that file, and what mends it
+        rerun = lospmm_command(record, "rerun", "--stage", "emit", record["run_id"], root=artifacts)
+        raise KernelDirError(f"run {record['run_id']}: {artifact_problem(emitted) or e}; `{rerun}` rebuilds it") from None
     found = [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
     if not found:  # as an empty folder: nothing to serve is no model served
         raise KernelDirError(f"run {record['run_id']}: no layer got a kernel "
-                             f"(`{lospmm_command(record, 'inspect', record['run_id'])}` "
+                             f"(`{lospmm_command(record, 'inspect', record['run_id'], root=artifacts)}` "
                              f"says why)")
     return found
 

@@ -228,6 +228,18 @@ def test_a_config_error_reads_in_keywords_but_a_command_it_quotes_keeps_its_flag
         "lt.search: top_k must be >= 1; `lospmm kernel --design nm` writes it; no_nm_kernel")
 
 
+def test_a_kernel_file_edited_since_the_run_is_named_with_the_rerun_that_mends_it(searched, tmp_path):
+    root, run_id, x = searched
+    copy_root = tmp_path / "copied"
+    shutil.copytree(root, copy_root)
+    edited = next((copy_root / "10_kernels").glob("*/fc*/kernel.cu"))
+    edited.write_text(edited.read_text() + "// edited\n")
+    with pytest.raises(KernelDirError, match=f"/{edited.parent.name}/kernel.cu does not match its checksum in "
+                                             f"SHA256SUMS; `lospmm rerun --stage emit {run_id} --artifacts "
+                                             f"{copy_root}` rebuilds it"):
+        lt.sparsify(_model(), run_id, backend="host", artifacts=copy_root)
+
+
 def test_two_kernels_for_one_layer_serve_neither(searched, tmp_path):
     """A folder holding a run's kernels and a second one of a layer (`lospmm kernel --design …` beside
     them): which to serve is the user's choice, so that layer is refused by name, both directories

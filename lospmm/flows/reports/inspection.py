@@ -134,10 +134,11 @@ def _failure(failed: dict) -> str:
 DEFAULT_ARTIFACTS = "artifacts"  # RunConfig's and the CLI's --artifacts default
 
 
-def lospmm_command(record: dict, *words: str) -> str:
+def lospmm_command(record: dict, *words: str, root: str | Path | None = None) -> str:
     """A command a message asks the user to run about `record`'s run, as they can paste it: with
-    the run's --artifacts where it was not the default (else it looks under ./artifacts)."""
-    root = (record.get("config") or {}).get("artifacts") or DEFAULT_ARTIFACTS
+    its --artifacts (`root`, where the caller read the run; else the run's own) where that is not
+    the default (else it looks under ./artifacts)."""
+    root = str(root or (record.get("config") or {}).get("artifacts") or DEFAULT_ARTIFACTS)
     return " ".join(("lospmm", *words)) + ("" if root == DEFAULT_ARTIFACTS else f" --artifacts {root}")
 
 
