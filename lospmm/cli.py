@@ -96,7 +96,8 @@ def run(
     prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is; an N:M pattern in it is recorded) | nm:N:M (in every M weights along K the N largest kept; random positions for the zoo) | nm:N:M:V (V consecutive rows share each pattern, as NM-SpMM); default: random for the zoo, magnitude for weights."),
     batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
     seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
-    cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size."),
+    cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size (an ONNX model's image "
+                                  "inputs whose batch is symbolic take it, and the layers after their convolutions)."),
     image_size: int = typer.Option(_RUN.image_size, "--image-size"),
     m1: list[int] = typer.Option(list(_RUN.m1s), "--m1", help="Candidate M1 values (rows per thread)."),
     th_row: float = typer.Option(_RUN.th_row, "--th-row", help="Load-balance threshold on COV_row."),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lospmm.flows.inputs.onnx_model import is_onnx
+from lospmm.flows.inputs.onnx_model import is_onnx, with_image_batch
 from lospmm.flows.inputs.sources import RankerRef, Source
 from lospmm.stages import STAGES
 from lospmm.kernel.choices import DESIGN_CANDIDATES
@@ -387,7 +387,8 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
                           sha256=file_sha256(Path(path)), tokens=cfg.tokens,
                           model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0,
-                          input_shapes=parsed_input_shapes(cfg.input_shapes),
+                          input_shapes=with_image_batch(path, parsed_input_shapes(cfg.input_shapes), cfg.cnn_batch)
+                          if onnx else parsed_input_shapes(cfg.input_shapes),
                           sequences=0 if onnx else _pooler_rows(cfg, path),
                           dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path)),
                           transposed=() if onnx else conv1d_weights(path)))
@@ -632,7 +633,7 @@ def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
         from lospmm.flows.inputs.onnx_model import OnnxModelError, graph_weights
 
         try:
-            found = graph_weights(cfg.weights, input_shapes)
+            found = graph_weights(cfg.weights, with_image_batch(cfg.weights, input_shapes, cfg.cnn_batch))
         except OnnxModelError as e:
             raise ConfigError(str(e)) from None
         if not any(w.op for w in found):

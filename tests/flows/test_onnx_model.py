@@ -167,6 +167,9 @@ def test_an_onnx_model_runs_through_prune_with_its_own_weights(tmp_path):
     done = run_directly(plan, 0.5)
     shapes = {r["layer"]: r for r in pq.read_table(plan.root / done["extract"]["path"]).to_pylist()}
     assert shapes["conv1.w"]["op"] == "conv" and shapes["conv1.w"]["n"] == 2 * 8 * 8
+    # the classifier after the convolutions gets their batch (--cnn-batch set the image input's), not
+    # --tokens; the token branch, whose ids are static [2, 5], its 10 rows
+    assert shapes["fc.w"]["n"] == 2 and shapes["proj.w"]["n"] == 10
     assert shapes["embed"]["status"] == "skipped"
     pruned = {r["layer"]: r for r in pq.read_table(plan.root / done["prune"]["path"]).to_pylist()}
     assert sorted(pruned) == ["conv1.w", "dw.w", "fc.w", "proj.w", "pw.w"]

@@ -87,6 +87,28 @@ def _analysed_version(path: str, mtime_ns: int, size: int, input_shapes: InputSh
     return _weights(model, shapes)
 
 
+def with_image_batch(path: str | Path, input_shapes: InputShapes, images: int) -> InputShapes:
+    """`input_shapes` and, for each image input of the graph (4-D, its batch symbolic, channels and
+    size static) that they do not name, that input with its batch set to `images` (--cnn-batch): so
+    that the layers after the convolutions (a classifier's Gemm) get the same batch in their N, not
+    --tokens as a symbolic N would. An unreadable model is left to graph_weights to name."""
+    try:
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:
+        return input_shapes
+    given, initializers = {name for name, _ in input_shapes}, {t.name for t in graph.initializer}
+    added = []
+    for v in graph.input:
+        dims = v.type.tensor_type.shape.dim
+        if v.name in given or v.name in initializers or len(dims) != 4:
+            continue
+        if not dims[0].HasField("dim_value") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[1:]):
+            added.append((v.name, (images, *(d.dim_value for d in dims[1:]))))
+    return (*input_shapes, *added)
+
+
 def _fix_input_dims(model, path: str, input_shapes: InputShapes) -> None:
     """Set the named graph inputs' dims (symbolic ones, typically batch, H, W) before shape inference,
     so that the convolutions after them get their sizes; OnnxModelError names an input that is not
