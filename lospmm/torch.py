@@ -806,10 +806,16 @@ def _module_weight(a: np.ndarray, module: nn.Module) -> np.ndarray:
     return a.reshape(module.weight.shape)
 
 
-def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_after: Callable[[], str]) -> str:
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_after: Callable[[], str],
+              any_dtype: bool = False) -> str:
     """"" when the kernel computes this module's operation (a plain nn.Linear / nn.Conv2d, the same
     convolution geometry) with its weight, entries zeroed, and what it fuses is the module's bias
-    and the activation the model applies right after it (`activation_after()`); else why not."""
+    and the activation the model applies right after it (`activation_after()`); else why not.
+    `any_dtype`: the module may be in another dtype than the kernel (lt.pruned's reference: a half
+    kernel's A is the module's weight rounded to its dtype)."""
     if not isinstance(module, (nn.Linear, nn.Conv2d)):
         return f"{layer}: the model's {type(module).__name__} is not an nn.Linear or nn.Conv2d"
     if not _plain(module):
@@ -827,12 +833,14 @@ def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_aft
             return f"{layer}: the kernel's convolution ({theirs}) is not the module's ({ours})"
     kernel_dtype = spec.dtype
     model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
-    if kernel_dtype != model_dtype:
-        torch_dtype = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}[kernel_dtype]
+    if kernel_dtype != model_dtype and not any_dtype:
+        torch_dtype = str(_TORCH_DTYPES[kernel_dtype])
         return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "
                 f"{str(module.weight.dtype).removeprefix('torch.')} (no silent conversion: serve the model in the "
                 f"kernels' dtype, model.to({torch_dtype}), or search it in its own)")
     w = _weight_matrix(module)
+    if kernel_dtype != model_dtype:  # (any_dtype) the module's values as the kernel's dtype holds them
+        w = torch.from_numpy(w).to(_TORCH_DTYPES[kernel_dtype]).float().numpy()
     if w.shape != a.shape:
         return f"{layer}: the kernel's A is {a.shape[0]}×{a.shape[1]}, the model's weight {w.shape[0]}×{w.shape[1]}"
     rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
@@ -860,11 +868,12 @@ def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_aft
 
 
 def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "artifacts",
-                 sparsity: float | None = None) -> list[Replacement]:
+                 sparsity: float | None = None, any_dtype: bool = False) -> list[Replacement]:
     """For each kernel directory behind `source` (kernel_dirs): the module of `model` its layer names
     (state_dict name `<module>.weight`) when its pruned A is that module's weight with entries
     zeroed and what it fuses is the module's bias and the activation after it, else the reason it
-    is not used. A kernel from other weights (a zoo run's random ones, another checkpoint) is never used."""
+    is not used. A kernel from other weights (a zoo run's random ones, another checkpoint) is never used.
+    `any_dtype`: a module in another dtype than its kernel matches too (the reference lt.pruned makes)."""
     modules = dict(model.named_modules())
     activations: list[dict[str, str]] = []  # read from the model's graph once, when a kernel fuses one
 
@@ -886,7 +895,7 @@ def replacements(model: nn.Module, source: str | Path, artifacts: str | Path = "
         if module is None:
             out.append(Replacement(layer, str(d), reason=f"{layer}: no module {owner or layer!r} in the model"))
             continue
-        reason = _matching(package.matrix(), package.spec, module, layer, lambda: activation_after(owner))
+        reason = _matching(package.matrix(), package.spec, module, layer, lambda: activation_after(owner), any_dtype)
         if reason.endswith("built from other weights") and any(isinstance(m, nn.BatchNorm2d) for m in modules.values()):
             reason += " (a model searched as lt.fold_batchnorm(model) is served as that model too)"
         out.append(Replacement(layer, str(d), owner if not reason else "", reason, package.spec.epilogue.label))
@@ -985,17 +994,20 @@ def _geometry_of(conv: nn.Conv2d) -> dict:
 def pruned(model: nn.Module, source: str | Path, artifacts: str | Path = "artifacts",
            sparsity: float | None = None, strict: bool = True) -> nn.Module:
     """A copy of `model` whose searched layers hold the kernels' pruned weights, dense: the
-    reference `sparsify`'s model must agree with, runnable anywhere. The same matching as sparsify:
-    `strict` raises KernelDirError for a kernel that does not match, else that layer stays as it is."""
+    reference `sparsify`'s model must agree with, runnable anywhere. The same matching as sparsify,
+    but in any dtype: each layer keeps its own values where its kernel keeps a weight (an fp32 model
+    is the fp32 reference of a half run's kernels). `strict` raises KernelDirError for a kernel that
+    does not match, else that layer stays as it is."""
     out = copy.deepcopy(model)
-    plan = replacements(model, source, artifacts, sparsity)
+    plan = replacements(model, source, artifacts, sparsity, any_dtype=True)
     _refuse_mismatches(plan, strict)
     for r in plan:
         if r.module:
             module = out.get_submodule(r.module)
-            a = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray()
+            kept = read_matrix(Path(r.kernel_dir) / "weight.parquet").toarray() != 0
             w = module.weight
+            values = np.where(kept, _weight_matrix(module), np.float32(0))  # (its dtype's values, in float32)
             # a new Parameter: a weight tied elsewhere (an embedding table, say) keeps its own values
-            module.weight = nn.Parameter(torch.from_numpy(_module_weight(a, module)).to(w.device, w.dtype),
+            module.weight = nn.Parameter(torch.from_numpy(_module_weight(values, module)).to(w.device, w.dtype),
                                          requires_grad=w.requires_grad)
     return out

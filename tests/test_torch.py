@@ -724,6 +724,13 @@ def test_an_fp16_kernel_of_fp32_weights_serves_the_model_in_fp16(tmp_path):
     (fp32,) = lt.replacements(model, tmp_path / "k")
     assert "the kernel computes in fp16, the module's weight is float32" in fp32.reason and \
         "model.to(torch.float16)" in fp32.reason and not fp32.module
+    # lt.pruned is the reference in any dtype: the fp32 model keeps its own fp32 values where the kernel keeps a weight
+    reference = lt.pruned(model, tmp_path / "k")
+    assert reference[0].weight.dtype == torch.float32 and torch.equal(reference[0].weight, model[0].weight)
+    with torch.no_grad():
+        model[0].weight[0, 0] += 0.5  # another weight than the kernel's, even in fp16
+    with pytest.raises(KernelDirError, match="1 of the kernel's 128 nonzeros differ from the model's weight"):
+        lt.pruned(model, tmp_path / "k")
 
 
 def test_a_half_model_is_searched_and_served_in_its_own_dtype(tmp_path, prefect_server):
