@@ -313,7 +313,7 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) 
             stopped = STOP.is_set()  # a signal asked to stop: the tasks stop at their next item
             done = wait([f for _, f in pending], timeout=0.25).done
             for entry, f in [p for p in pending if p[1] in done]:
-                if f.state.is_completed():  # (a task that stopped is done, not finished)
+                if not (f.state.is_crashed() or f.state.is_cancelled()):  # (a task that stopped is not finished)
                     progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
             pending = [p for p in pending if p[1] not in done]
             publisher.push()
