@@ -249,6 +249,26 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     assert any("orphan" in c.steps for c in built)  # what it reads is in the window now
 
 
+def test_a_window_counts_the_waits_between_its_calls(tmp_path, monkeypatch):
+    """Idle time between calls counts against a window: calls that fit only without those waits are
+    left out, the last first (the program's order keeps its first steps)."""
+    mib = 2**20
+    specs = [device.BundleSpec(f"b{i}", "micro", {"n": i}) for i in range(4)]
+    monkeypatch.setattr(device, "STEPS", tuple(device.Step(f"s{i}", "", "", (b,), device_seconds=190)
+                                               for i, b in enumerate(specs)))
+    carry = tmp_path / ".gpu"
+    carry.mkdir()
+    for b in specs:  # each its own call: two do not fit one call's carry
+        (carry / f"{b.name}.tar.xz").write_bytes(b"")
+        (carry / f"{b.name}.parts.json").write_text(json.dumps(
+            {"inputs": b.inputs, "parts": [{"file": f"{b.name}.tar.xz", "bytes": 40 * mib}]}))
+    # 4 calls of 205 s: 40 + 820 = 860 s fits 900 without the waits, not with 3 × 20 s of them
+    calls, left_out = device.window_calls("h100", 900, 5 * mib, tmp_path / "results", tmp_path / "home", carry,
+                                          tmp_path / ".whl")
+    assert [c.steps for c in calls] == [("s0",), ("s1",), ("s2",)]
+    assert left_out == ["s3: its call (about 205 s) is past the window's 900 s with 20 s between calls"]
+
+
 def test_a_step_whose_kernels_all_failed_to_compile_is_not_done():
     # a stand-in Prefect on the GPU machine made every kernel of the conv set an error, and the step
     # wrote done.json: next would never have run it again
