@@ -340,19 +340,15 @@ def _with_artifacts_left(record: dict, artifacts: str) -> dict:
 def _run_dtype(record: dict) -> str:
     """The dtype a run's kernels are in: its --dtype, else its weights file's (a half checkpoint's
     kernels are half), else fp32 (the zoo)."""
-    cfg = record["config"]
-    if cfg.get("dtype"):
-        return cfg["dtype"]
-    if cfg.get("weights") and not cfg.get("zoo"):
-        from lospmm.flows.config import weights_dtype
-        from lospmm.flows.inputs.onnx_model import is_onnx
+    from lospmm.flows.config import kernels_dtype
 
-        try:
-            return "fp32" if is_onnx(cfg["weights"]) else weights_dtype(cfg["weights"])
-        except (OSError, ValueError):  # the file is gone: its kernels' dtype is not known here
-            raise ValueError(f"run {record['run_id']}: its weights file {cfg['weights']} cannot be read to know its "
-                             f"kernels' dtype; give --dtype") from None
-    return "fp32"
+    cfg = record["config"]
+    weights = cfg.get("weights") if not cfg.get("zoo") else None
+    try:
+        return kernels_dtype(cfg.get("dtype") or "", weights)
+    except (OSError, ValueError):  # the file is gone: its kernels' dtype is not known here
+        raise ValueError(f"run {record['run_id']}: its weights file {weights} cannot be read to know its kernels' "
+                         f"dtype; give --dtype") from None
 
 
 def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None = None) -> str:
@@ -360,15 +356,14 @@ def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None
     recomputes it: its stage `stage`, else the one whose folder the message names."""
     import re
 
-    from lospmm.flows.reports.inspection import artifact_problem
+    from lospmm.flows.reports.inspection import artifact_problem, lospmm_command
     from lospmm.stages import STAGE_LAYERS
 
     stage = stage or next((name for name, folder in STAGE_LAYERS.items() if f"/{folder}/" in str(error)), "extract")
-    where = "" if artifacts == _ARTIFACTS.default else f" --artifacts {artifacts}"
     named = re.match(r"artifact (\S+\.parquet) is missing", str(error))  # store.read_artifact's: say which file fails
     why = artifact_problem(named[1]) if named else ""
     return (f"artifact {named[1]}: {why}" if why else str(error)) + \
-        f"; `lospmm rerun --stage {stage} {run_id}{where}` recomputes it"
+        f"; `{lospmm_command({}, 'rerun', '--stage', stage, run_id, root=artifacts)}` recomputes it"
 
 
 @app.command()
@@ -430,8 +425,8 @@ def kernel(
         record = run_record(artifacts, run_id)
         cfg = record["config"]  # what the run's kernels were, where not told otherwise
         kernel_design = source_design(kernel_design, dtype or _run_dtype(record),
-                                      cfg.get("accumulate") or "packed" if accumulate is None else accumulate,
-                                      cfg.get("promote_every") or 0 if promote_every is None else promote_every)
+                                      (cfg.get("accumulate") or "packed") if accumulate is None else accumulate,
+                                      (cfg.get("promote_every") or 0) if promote_every is None else promote_every)
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
                                   implicit_conv, relu, kernel_design)
     except (LookupError, ValueError) as e:

@@ -832,7 +832,7 @@ def _matching(a, spec: KernelSpec, module: nn.Module, layer: str, activation_aft
         if ours != theirs:
             return f"{layer}: the kernel's convolution ({theirs}) is not the module's ({ours})"
     kernel_dtype = spec.dtype
-    model_dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(module.weight.dtype, "fp32")
+    model_dtype = next((name for name, d in _TORCH_DTYPES.items() if d == module.weight.dtype), "fp32")
     if kernel_dtype != model_dtype and not any_dtype:
         torch_dtype = str(_TORCH_DTYPES[kernel_dtype])
         return (f"{layer}: the kernel computes in {kernel_dtype}, the module's weight is "

@@ -390,7 +390,7 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                           input_shapes=with_image_batch(path, parsed_input_shapes(cfg.input_shapes), cfg.cnn_batch)
                           if onnx else parsed_input_shapes(cfg.input_shapes),
                           sequences=0 if onnx else _pooler_rows(cfg, path),
-                          dtype=cfg.dtype or ("fp32" if onnx else weights_dtype(path)),
+                          dtype=kernels_dtype(cfg.dtype, path),
                           transposed=() if onnx else conv1d_weights(path)))
     return out
 
@@ -408,14 +408,17 @@ def conv1d_weights(weights: str | Path) -> tuple[str, ...]:
     says a Conv1D family's model_type."""
     from lospmm.flows.inputs.weights import saved_graph, tensor_infos
 
-    path = Path(weights).parent / "config.json"
-    try:
-        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):  # model_config says what is wrong with it
-        return ()
-    if model_type not in CONV1D_MODELS or saved_graph(weights) is not None:
+    if (_config_json(weights) or {}).get("model_type") not in CONV1D_MODELS or saved_graph(weights) is not None:
         return ()
     return tuple(t.name for t in tensor_infos(weights) if len(t.shape) == 2 and _CONV1D_WEIGHT.search(t.name))
+
+
+def kernels_dtype(dtype: str, weights: str | None) -> str:
+    """The dtype of a source's kernels: the run's --dtype, else its weights file's (ONNX: fp32), else
+    fp32 (the zoo)."""
+    if dtype:
+        return dtype
+    return "fp32" if not weights or is_onnx(weights) else weights_dtype(weights)
 
 
 def source_design(design: KernelDesign, dtype: str, accumulate: str = "", promote_every: int = 0) -> KernelDesign:
@@ -478,6 +481,13 @@ def parsed_input_shapes(specs: tuple[str, ...]) -> tuple[tuple[str, tuple[int, .
 def model_config(weights: str | Path) -> ModelConfig | None:
     """The `config.json` beside a checkpoint (Hugging Face layout), if there is one: it tells lookup
     tables from GEMM weights. ConfigError names a file that is there but unreadable."""
+    data = _config_json(weights)
+    return None if data is None else ModelConfig.from_dict(data)
+
+
+def _config_json(weights: str | Path) -> dict | None:
+    """The `config.json` beside a checkpoint as a dict, None where there is none; ConfigError names
+    a file that is there but unreadable."""
     path = Path(weights).parent / "config.json"
     if not path.is_file():
         return None
@@ -487,7 +497,7 @@ def model_config(weights: str | Path) -> ModelConfig | None:
         raise ConfigError(f"{path} (beside --weights): not readable JSON ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} (beside --weights): not a JSON object")
-    return ModelConfig.from_dict(data)
+    return data
 
 
 def _check_options(cfg: RunConfig) -> tuple[Device, ModelConfig | None]:

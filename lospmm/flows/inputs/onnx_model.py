@@ -93,20 +93,32 @@ def with_image_batch(path: str | Path, input_shapes: InputShapes, images: int) -
     that the layers after the convolutions (a classifier's Gemm) get the same batch in their N, not
     --tokens as a symbolic N would. An unreadable model is left to graph_weights to name."""
     try:
+        stat = Path(path).stat()
+        inputs = _image_inputs(str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return input_shapes
+    given = {name for name, _ in input_shapes}
+    return (*input_shapes, *((name, (images, *dims)) for name, dims in inputs if name not in given))
+
+
+@lru_cache(maxsize=2)
+def _image_inputs(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, its static channels and size) of each 4-D graph input whose batch alone is symbolic, read
+    once per file version (the run's checks and its plan both ask)."""
+    try:
         import onnx
 
-        graph = onnx.load(str(path), load_external_data=False).graph
+        graph = onnx.load(path, load_external_data=False).graph
     except Exception:
-        return input_shapes
-    given, initializers = {name for name, _ in input_shapes}, {t.name for t in graph.initializer}
-    added = []
+        return ()
+    initializers = {t.name for t in graph.initializer}
+    found = []
     for v in graph.input:
         dims = v.type.tensor_type.shape.dim
-        if v.name in given or v.name in initializers or len(dims) != 4:
-            continue
-        if not dims[0].HasField("dim_value") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[1:]):
-            added.append((v.name, (images, *(d.dim_value for d in dims[1:]))))
-    return (*input_shapes, *added)
+        if v.name not in initializers and len(dims) == 4 and not dims[0].HasField("dim_value") and \
+                all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[1:]):
+            found.append((v.name, tuple(d.dim_value for d in dims[1:])))
+    return tuple(found)
 
 
 def _fix_input_dims(model, path: str, input_shapes: InputShapes) -> None:
@@ -295,8 +307,9 @@ def _weights(model, shapes: dict[str, tuple[int, ...]]):
 def _fused(node, weight: GraphWeight, initializer, inits: dict, readers: dict) -> tuple[str, str] | None:
     """(bias, activation) a searched layer's kernel fuses, as lospmm.torch's importer finds them: the
     bias a Gemm (alpha = beta = 1) or Conv adds, or the one Add of an (M) or (1, M) initializer that
-    alone reads a MatMul's output (of an (M, 1, 1) or (1, M, 1, 1) one after a Conv without a bias); then the Relu, or the exact Gelu, that alone reads the result (a
-    subgraph's read or a graph output counts as a reader). Its bias name is the initializer's own in
+    alone reads a MatMul's output (of an (M, 1, 1) or (1, M, 1, 1) one after a Conv without a bias);
+    then the Relu, or the exact Gelu, that alone reads the result (a subgraph's read or a graph output
+    counts as a reader). Its bias name is the initializer's own in
     the file (graph_tensor reads it). None where the product is scaled (a Gemm's alpha) or a bias is
     added another way (beta, a bias not one value per output): nothing is fused."""
 
