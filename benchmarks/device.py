@@ -194,6 +194,36 @@ def step_state(step: Step, results: Path = RESULTS) -> dict:
     return found
 
 
+def unmeasured_parts(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS) -> dict[str, set[int]] | None:
+    """Per carried bundle of the step, the parts (their indexes in its listing) holding a launch not yet
+    measured under results/<device>/<step>: a launch is its id and its kernel's hash
+    (measure.measured_key), so a step done on older kernels has parts to measure again. None where a
+    bundle is not carried as today's or its listing does not name its launches: nothing can be told."""
+    out = step_folder(step, device, results)
+    parts: dict[str, set[int]] = {}
+    for spec in step.bundles:
+        listing = Path(carry) / f"{spec.name}.parts.json"
+        facts = json.loads(listing.read_text()) if listing.is_file() else {}
+        launches = [[tuple(k) for k in q.get("launches", [])] for q in facts.get("parts", [])]
+        if facts.get("inputs") != spec.inputs or not launches or not all(launches):
+            return None
+        measured = {measured_key(d["row"]) for d in progress(out, spec.name)}
+        parts[spec.name] = {i for i, keys in enumerate(launches) if not measured.issuperset(keys)}
+    return parts
+
+
+def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS) -> bool:
+    """Whether a step done on `device` has launches in today's carried bundles it did not measure there."""
+    parts = unmeasured_parts(step, device, carry, results)
+    return bool(parts) and any(parts.values())
+
+
+def _state_words(step: Step, device: str, state: dict, carry: Path = CARRY, results: Path = RESULTS) -> str:
+    if state["state"] == "done" and _changed_since(step, device, carry, results):
+        return "done, on older kernels"
+    return state["state"]
+
+
 def bundle_state(spec: BundleSpec, home: Path = bundles.HOME, carry: Path = CARRY) -> dict:
     """Where a step's bundle is and whether it is today's: `ready` (built from today's code, at
     `path`; `carried` when its archives are packed under .gpu/ to carry), `stale` (built from other
@@ -227,13 +257,14 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
             next_step = step.name
         needs = list(step.needs) + [f"bundle {name} ({s['state']})" for name, s in inputs.items() if s["state"] != "ready"]
         rows.append({"step": step.name, "issue": step.issue, "device": step.device,
-                     "state": ", ".join(f"{d}: {s['state']}" for d, s in state.items()) or "not run",
+                     "state": ", ".join(f"{d}: {_state_words(step, d, s, carry, results)}"
+                                        for d, s in state.items()) or "not run",
                      "bundles": ", ".join(f"{n}: {s['state']}{' (carried)' if s.get('carried') else ''}"
                                           for n, s in inputs.items()) or "-",
                      "needs": ", ".join(needs) or "-", "title": step.title})
     for r in rows:
         mark = ">" if r["step"] == next_step else " "
-        say(f"{mark} {r['step']:<22} {r['state']:<28} bundles: {r['bundles']}")
+        say(f"{mark} {r['step']:<22} {r['state']:<36} bundles: {r['bundles']}")
         if r["step"] == next_step:
             say(f"    next: {r['title']}")
             say(f"    needs: {r['needs']}; here: python -m benchmarks.device prepare {r['step']}; on the GPU "
@@ -249,6 +280,9 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
 # --- a window's calls (no GPU) ---------------------------------------------------------------------------------
 
 CARRY_LIMIT = 64 * 2**20  # what one device call carries, the checkout included
+# the results a window brings back join the checkout the later calls carry (1.3 MiB on 2026-11-27,
+# when a call planned at 63.5 MiB no longer fitted): the plan leaves room for them
+RESULTS_GROWTH = 3 * 2**20
 WHEELS_DIR = ".whl"
 START_S = 40.0  # a fresh machine's start, counted against the window (the H200 windows: 22-30 s, a margin)
 # between two calls the machine waits, held (idle time counts), while the results are unpacked here and
@@ -276,10 +310,20 @@ class DeviceCall:
         runs under `timeout` at the call's end, so that a step past its own budget (on 2026-11-26 a
         build did) still leaves the pack of the steps before it and of what it wrote."""
         runs = "; ".join(f"timeout -k 5 $(left) python -m benchmarks.device run {name} --budget-s $(($(left) - 15))"
-                         f"{' --build --jobs 16' if name in self.builds else ''}; pack" for name in self.steps)
-        # left: at least 1 (`timeout 0` would mean no limit)
+                         f" --pack $OUT/results.tgz{' --build --jobs 16' if name in self.builds else ''}; pack"
+                         for name in self.steps)
+        # left: at least 1 (`timeout 0` would mean no limit). The step packs its results as it goes
+        # (--pack): a call the device tool kills at its own limit still brings back what was measured
+        # (on 2026-11-27 a call with B past the tool's limit brought back nothing of 7 minutes). Each
+        # pack replaces the archive whole, never leaving a part of one.
         return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
-                f"pack() {{ tar czf $OUT/results.tgz benchmarks/results; }}; {runs}")
+                f"pack() {{ tar czf $OUT/results.tgz.part benchmarks/results && mv $OUT/results.tgz.part $OUT/results.tgz; }}; "
+                f"{runs}")
+
+    @property
+    def timeout_s(self) -> int:
+        """The device tool's limit for the call: past the command's own (B), which it must never cut."""
+        return int(STEP_LIMIT_S) + 20
 
 
 def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
@@ -381,7 +425,10 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     took = launch_seconds(results)  # what a launch took, for the steps never run (expected_seconds)
     for step in STEPS:
         state = step_state(step, results)
-        if step.name not in again and any(state.get(d, {}).get("state") == "done" for d in (step.device, kind)):
+        # done where its results count, on today's kernels; a step done on older ones (the ranker
+        # retrained since, say) is measured again on this kind: only its changed launches
+        if step.name not in again and any(state.get(d, {}).get("state") == "done"
+                                          and not _changed_since(step, d, carry, results) for d in (step.device, kind)):
             continue
         unread = [r for r in step.reads if r not in planned and step_state(step_named(r), results).get(kind, {})
                   .get("state") != "done"]
@@ -403,8 +450,12 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         # {path: bytes}, a listing shared by the units of its bundle; a step building its bundles
         # carries the wheels and no part of the bundles it builds
         wheel_unit = {WHEELS_DIR: wheel_bytes} if "wheels" in step.needs or builds else {}
+        # the parts already measured on this kind stay here (a step cut off, or done on older kernels
+        # whose unchanged launches it keeps): only the parts with a launch to measure go
+        to_measure = (None if step.name in again else unmeasured_parts(step, kind, carry, results)) or {}
         carried = [wheel_unit | unit for b in opened if b.name not in missing
-                   for unit in _bundle_carry(b, carry)] or ([wheel_unit] if wheel_unit else [])
+                   for i, unit in enumerate(_bundle_carry(b, carry))
+                   if b.name not in to_measure or i in to_measure[b.name]] or ([wheel_unit] if wheel_unit else [])
         if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
             left_out.append(f"{step.name}: a part of {max(sum(u.values()) for u in carried) / 2**20:.1f} MiB with the "
                             f"{checkout / 2**20:.1f} MiB checkout is over what one call carries "
@@ -418,8 +469,9 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
                 groups.append({})
             groups[-1] |= unit
         # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
-        seconds = min((step.device_seconds if builds else observed_seconds(step, results)
-                       or expected_seconds(step, carry, results, took)) + 15, STEP_LIMIT_S)
+        seconds = min((step.device_seconds if builds else (observed_seconds(step, results)
+                       or expected_seconds(step, carry, results, took)) * _share_to_measure(to_measure, carry))
+                      + 15, STEP_LIMIT_S)
         share = max(15.0, seconds / len(groups))
         if spent + share * len(groups) > budget_s:
             left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
@@ -445,6 +497,14 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     return calls, left_out
 
 
+def _share_to_measure(to_measure: dict[str, set[int]], carry: Path) -> float:
+    """Of the launches the listings of `to_measure`'s bundles name, the share in its parts (1 when it names none)."""
+    listed = {name: [len(q.get("launches", [])) for q in json.loads((Path(carry) / f"{name}.parts.json").read_text())
+                     ["parts"]] for name in to_measure}
+    total = sum(sum(counts) for counts in listed.values())
+    return sum(counts[i] for name, counts in listed.items() for i in to_measure[name]) / total if total else 1.0
+
+
 def _bundle_carry(spec: BundleSpec, carry: Path) -> list[dict[str, int]]:
     """A carried bundle's parts, each as {path: bytes} of what a call carries for it (the listing and
     the part's archive, relative to the checkout): a bundle too large for one call goes a part per
@@ -458,12 +518,15 @@ def _bundle_carry(spec: BundleSpec, carry: Path) -> list[dict[str, int]]:
 def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=print,
                  build_there: bool = False) -> list[DeviceCall]:
     """The window's calls, each with what to carry and its command; what is left out and why."""
-    calls, left_out = window_calls(kind, budget_s, checkout_bytes(), again=again, build_there=build_there)
+    calls, left_out = window_calls(kind, budget_s, checkout_bytes() + RESULTS_GROWTH, again=again,
+                                   build_there=build_there)
     for i, call in enumerate(calls, 1):
         say(f"call {i}: {', '.join(call.steps)} (about {call.seconds:.0f} s; carries {call.carry_bytes / 2**20:.1f} MiB "
             f"with the checkout)")
         say(f"  carry: {json.dumps(list(call.carry))}")
         say(f"  command: {call.command}")
+        say(f"  timeout_s: {call.timeout_s} (with less device time left, set B in the command to that time "
+            f"less 30 s: the tool's limit is the time left)")
         say("  then here: tar xzf <files_at>/results.tgz (the next call carries them; commit them first)")
     for line in left_out:
         say(f"left out: {line}")
@@ -653,10 +716,63 @@ class Log:
         self.file.flush()
 
 
+PACK_EVERY_S = 30.0  # how often a step packs its results while it runs (--pack)
+
+
+class ResultsPacker:
+    """While a step runs, `results` packed into the archive `dest` every `every_s` seconds and once
+    more at the end, each pack replacing the last whole (files.atomic_write): a command killed at the
+    device tool's limit brings back what $OUT holds, the results of at most `every_s` ago. No `dest`:
+    nothing is packed."""
+
+    def __init__(self, dest: Path | None, results: Path = RESULTS, every_s: float = PACK_EVERY_S):
+        import threading
+
+        self.dest, self.results, self.every_s = (Path(dest) if dest else None), Path(results), every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._every, name="results-packer", daemon=True)
+
+    def pack(self) -> None:
+        import tarfile
+
+        from lospmm.files import atomic_write
+
+        def write(tmp: str) -> None:
+            with tarfile.open(tmp, "w:gz") as tar:  # named as `tar czf … benchmarks/results` names them
+                tar.add(self.results, arcname=str(self.results.relative_to(ROOT)) if self.results.is_relative_to(ROOT)
+                        else self.results.name)
+
+        atomic_write(self.dest, write)
+
+    def _every(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.pack()
+            except OSError as e:  # a full disk or a file vanishing mid-walk: the next pack tries again
+                print(f"packing the results into {self.dest}: {e}", flush=True)
+
+    def __enter__(self) -> "ResultsPacker":
+        if self.dest:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.dest:
+            self._stop.set()
+            self._thread.join()
+            self.pack()
+
+
 def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, unpack: Path = Path("/tmp/lospmm-gpu"),
-             build: bool = False, jobs: int = 16, results: Path = RESULTS) -> Path:
+             build: bool = False, jobs: int = 16, results: Path = RESULTS, pack: Path | None = None) -> Path:
     """One step on this GPU: its folder under results/<device>/, env.json, its bundles measured until
-    the budget (resumable), done.json once every launch is measured. Returns the folder."""
+    the budget (resumable), done.json once every launch is measured. Returns the folder. `pack`: an
+    archive the results are packed into as the step goes (ResultsPacker)."""
+    with ResultsPacker(pack, results):
+        return _run_step(step, budget_s, carry, unpack, build, jobs, results)
+
+
+def _run_step(step: Step, budget_s: float, carry: Path, unpack: Path, build: bool, jobs: int, results: Path) -> Path:
     import torch  # noqa: F401  (before anything loads NVRTC: see lospmm.kernel.cuda.SPIN_PTX)
 
     deadline = Deadline.after(budget_s)
@@ -745,7 +861,8 @@ def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 
     deadline = Deadline.after(budget_s)
     for step in STEPS:
         state = step_state(step, results)
-        if any(state.get(d, {}).get("state") == "done" for d in (step.device, here)):
+        if any(state.get(d, {}).get("state") == "done" and not _changed_since(step, d, results=results)
+               for d in (step.device, here)):
             continue
         if deadline.left() < min(step.device_seconds, STEP_LIMIT_S) / 2:
             print(f"{deadline.left():.0f} s left: {step.name} needs about {step.device_seconds:.0f} s; stopping here")
@@ -1079,6 +1196,8 @@ def main(argv=None) -> None:
         p.add_argument("--budget-s", type=float, default=STEP_LIMIT_S)
         p.add_argument("--build", action="store_true", help="build a missing bundle here (the GPU machine's cores)")
         p.add_argument("--jobs", type=int, default=os.cpu_count() or 16)
+        p.add_argument("--pack", type=Path, help="an archive of benchmarks/results, packed as the step goes "
+                       f"(every {PACK_EVERY_S:.0f} s and at its end): $OUT/results.tgz on the GPU machine")
     p = sub.add_parser("window", help="here: the device calls a window should make, what each carries and runs")
     p.add_argument("--kind", default="h100", help="the GPU's results folder (h100, h200)")
     p.add_argument("--budget-s", type=float, default=900.0, help="the window's device seconds")
@@ -1103,9 +1222,11 @@ def main(argv=None) -> None:
         started = time.monotonic()
         try:
             if args.command == "run":
-                run_step(step_named(args.step), min(args.budget_s, STEP_LIMIT_S), build=args.build, jobs=args.jobs)
+                run_step(step_named(args.step), min(args.budget_s, STEP_LIMIT_S), build=args.build, jobs=args.jobs,
+                         pack=args.pack)
             else:
-                next_steps(args.budget_s, args.build, args.jobs)
+                with ResultsPacker(args.pack):
+                    next_steps(args.budget_s, args.build, args.jobs)
         except ContextLost as e:
             restarted(argv if argv is not None else sys.argv[1:], args.budget_s - (time.monotonic() - started), e)
     elif args.command == "window":

@@ -231,7 +231,8 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     assert calls[0].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz", ".gpu/b5.parts.json", ".gpu/b5.tar.xz")
     assert calls[2].carry == (".whl",)
     assert calls[3].carry == (".gpu/b1.parts.json", ".gpu/b1.tar.xz")  # the reader opens what it reads, only
-    assert "run s1 --budget-s" in calls[0].command and "tar czf $OUT/results.tgz benchmarks/results;" in calls[0].command
+    assert "run s1 --budget-s" in calls[0].command and "--pack $OUT/results.tgz" in calls[0].command
+    assert "tar czf $OUT/results.tgz.part benchmarks/results && mv $OUT/results.tgz.part $OUT/results.tgz" in calls[0].command
     said = "\n".join(left_out)
     assert "unprepared: prepare b4 first" in said and "orphan: reads unprepared" in said
     assert "long: about 540 s, past the window's 900 s" in said and "done-here" not in said
@@ -243,8 +244,8 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
                                           build_there=True)
     (call,) = [c for c in built if "unprepared" in c.steps]
     assert call.builds == ("unprepared",) and ".whl" in call.carry and not any("b4" in c for c in call.carry)
-    assert "run unprepared --budget-s $(($(left) - 15)) --build --jobs 16; pack" in call.command
-    assert "run s1 --budget-s $(($(left) - 15)); pack" in built[0].command  # carried: measured, not built
+    assert "run unprepared --budget-s $(($(left) - 15)) --pack $OUT/results.tgz --build --jobs 16; pack" in call.command
+    assert "run s1 --budget-s $(($(left) - 15)) --pack $OUT/results.tgz; pack" in built[0].command  # measured, not built
     assert not any("unprepared" in line for line in left_out)
     assert any("orphan" in c.steps for c in built)  # what it reads is in the window now
 
@@ -494,3 +495,93 @@ def test_a_done_step_measured_again_and_cut_off_is_partial_again(tmp_path, monke
     finished["value"] = True
     device.run_step(step, budget_s=5, results=tmp_path)
     assert (folder / "done.json").exists()
+
+
+def test_a_step_done_on_older_kernels_is_planned_again_carrying_only_the_parts_it_has_not_measured(
+        tmp_path, monkeypatch):
+    # on 2026-11-27 the H200 window skipped ShuffleNetV2's and MobileNetV2's headline as done there,
+    # measured on the ranker's old choices: the retrained ranker's kernels were never measured
+    mib = 2**20
+    spec = device.BundleSpec("big", "micro", {"n": 7})
+    step = device.Step("big", "", "", (spec,), device_seconds=200)
+    monkeypatch.setattr(device, "STEPS", (step,))
+    carry, results = tmp_path / ".gpu", tmp_path / "results"
+    carry.mkdir()
+    parts = [{"file": f"big-{i}of3.tar.xz", "bytes": 35 * mib, "launches": [[f"k{i}", f"kernel{i}"]]} for i in (1, 2, 3)]
+    (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    out = results / "h200" / "big"
+    out.mkdir(parents=True)
+    (out / "done.json").write_text("{}")
+    rows = [{"id": "k1", "kernel": "kernel1"}, {"id": "k2", "kernel": "older"}, {"id": "k3", "kernel": "kernel3"}]
+    (out / "big.progress.jsonl").write_text("".join(json.dumps({"row": r}) + "\n" for r in rows))
+    window = lambda kind: device.window_calls(kind, 900, 5 * mib, results, tmp_path / "home", carry, tmp_path / ".whl")
+    calls, _ = window("h200")
+    assert [c.carry for c in calls] == [(".gpu/big.parts.json", ".gpu/big-2of3.tar.xz")]  # k2 alone changed
+    assert device.unmeasured_parts(step, "h200", carry, results) == {"big": {1}}
+    said = []
+    device.status(results, tmp_path / "home", carry, say=said.append)
+    assert "h200: done, on older kernels" in said[0]
+    # once measured there, it is done again; a listing that names no launches tells nothing: done stays done
+    (out / "big.progress.jsonl").write_text((out / "big.progress.jsonl").read_text()
+                                            + json.dumps({"row": {"id": "k2", "kernel": "kernel2"}}) + "\n")
+    assert window("h200")[0] == [] and device.unmeasured_parts(step, "h200", carry, results) == {"big": set()}
+    (out / "big.progress.jsonl").write_text("")
+    (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": [
+        {"file": "big.tar.xz", "bytes": mib}]}))
+    assert device.unmeasured_parts(step, "h200", carry, results) is None and window("h200")[0] == []
+    # a step cut off (not done) carries the parts it has not measured, too; an H100 window all of them
+    (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+    (out / "done.json").unlink()
+    (out / "big.progress.jsonl").write_text(json.dumps({"row": rows[0]}) + "\n")
+    assert [c.carry for c in window("h200")[0]] == [(".gpu/big.parts.json", ".gpu/big-2of3.tar.xz"),
+                                                    (".gpu/big.parts.json", ".gpu/big-3of3.tar.xz")]
+    assert len(window("h100")[0]) == 3
+
+
+def test_a_step_packs_its_results_as_it_goes_so_a_killed_call_brings_back_what_it_measured(tmp_path):
+    # on 2026-11-27 a call whose device limit (480 s) was under its command's (540 s) was killed before
+    # `pack`: 7 minutes of Table 4 launches came back as nothing
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tarfile
+    import time
+
+    results, dest = tmp_path / "benchmarks" / "results", tmp_path / "out" / "results.tgz"
+    results.mkdir(parents=True)
+    dest.parent.mkdir()
+    script = ("import sys, time; from pathlib import Path; from benchmarks.device import ResultsPacker\n"
+              f"results = Path({str(results)!r})\n"
+              f"with ResultsPacker(Path({str(dest)!r}), results, every_s=0.2):\n"
+              "    (results / 'measured').write_text('1'); print('written', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=device.ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "written"
+        deadline = time.monotonic() + 20
+        while not dest.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # as the device tool kills a call at its limit: no `finally` runs
+        child.wait()
+    with tarfile.open(dest) as tar:  # a whole archive (never a part: each pack replaces it), with the file
+        assert "results/measured" in tar.getnames()
+    assert [p.name for p in dest.parent.iterdir()] == ["results.tgz"]  # no part of a pack left beside it
+    # the last pack at the end holds what the step wrote last; no archive is asked for, none is written
+    with device.ResultsPacker(dest, results, every_s=60):
+        (results / "last").write_text("1")
+    with tarfile.open(dest) as tar:
+        assert "results/last" in tar.getnames()
+    with device.ResultsPacker(None, results):
+        pass
+
+
+def test_the_window_says_the_device_tools_limit_each_call_needs(monkeypatch):
+    call = device.DeviceCall(("s",), (), 0, 10.0)
+    assert call.timeout_s > device.STEP_LIMIT_S and f"B={int(device.STEP_LIMIT_S)};" in call.command
+    monkeypatch.setattr(device, "window_calls", lambda *a, **k: ([call], []))
+    monkeypatch.setattr(device, "checkout_bytes", lambda: 0)
+    said = []
+    device.print_window("h100", 900, say=said.append)
+    assert any(line.startswith(f"  timeout_s: {call.timeout_s} ") for line in said)
