@@ -101,12 +101,6 @@ STEPS: tuple[Step, ...] = (
     Step("staged", "the staged design on the A/B layers at 0.9: B through shared memory 4 and 8 tiles of a warp "
                    "and 4 tiles of 4 warps a block share, against the chained kernel on the same tiles", "30.3, 35",
          (BundleSpec("staged", "staged", {}, ("sgemm",)),), device_seconds=300),
-    # what both found: tiles too short to feed more than one multiply-add a B load, whose walks the
-    # latency A/B deepened only on the flow's own short tiles
-    Step("prefetch-tiles", "tall tiles fed by deep prefetch on the A/B layers at 0.9: for B loaded 4 and 8 "
-                           "columns ahead, the estimate's cheapest tile at that depth, against the flow's kernel "
-                           "and that tile at depth 1", "30.3, 35",
-         (BundleSpec("prefetch-tiles", "prefetch-tiles", {}, ("sgemm",)),), device_seconds=300),
     *(Step(f"headline-{model}", f"the headline table, {model}: every GEMM layer at 0.7/0.9/0.95 (CNN batch 4 and "
                                 f"32, BERT 32×128) against SGEMM, TF32, FP16 and cuSPARSE", "20, 30.2.4",
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
@@ -152,6 +146,14 @@ STEPS: tuple[Step, ...] = (
                     "cuSPARSELt 2:4", "34",
          (BundleSpec("nm-spmm", "nm-spmm", {}, ("sgemm", "tf32", "fp16", "cusparselt_fp16", "cusparselt_tf32")),),
          device_seconds=480),
+    # what the latency and staged steps found: tiles too short to feed more than one multiply-add a B
+    # load, whose walks the latency A/B deepened only on the flow's own short tiles. Last since the
+    # H200 measured it (2026-11-27): deep prefetch's tiles 1.08-1.11x the flow's kernel, no gain to
+    # look for first on the H100
+    Step("prefetch-tiles", "tall tiles fed by deep prefetch on the A/B layers at 0.9: for B loaded 4 and 8 "
+                           "columns ahead, the estimate's cheapest tile at that depth, against the flow's kernel "
+                           "and that tile at depth 1", "30.3, 35",
+         (BundleSpec("prefetch-tiles", "prefetch-tiles", {}, ("sgemm",)),), device_seconds=300),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 
