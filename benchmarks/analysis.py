@@ -397,6 +397,29 @@ def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: b
     return out
 
 
+def prefetch_depth_summary(rows: list[dict]) -> list[dict]:
+    """What loads in flight save on one tile (the prefetch-tiles step): per depth P, each layer's
+    `prefetch-P` kernel over `prefetch-P-tile` (the same tile at depth 1), measured and as the bundle's
+    estimate said, in geomean over the layers with both, with the least and most measured. The
+    estimate divides a load's latency by (1 + P); on the H200 (2026-11-27) it said 0.60 and 0.45 at
+    depths 4 and 8 where 0.90 and 0.83 were measured."""
+    by: dict = {}
+    for r in rows:
+        if r.get("set") == "prefetch-tiles" and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):
+            by.setdefault((r["model"], r["layer"]), {})[r["variant"]] = r
+    pairs: dict[int, list[tuple[float, float]]] = {}
+    for variants in by.values():
+        for label, r in variants.items():
+            tile = variants.get(f"{label}-tile")
+            if label.startswith("prefetch-") and tile is not None:
+                pairs.setdefault(int(label.split("-")[1]), []).append(
+                    (float(r["ours_us"]) / float(tile["ours_us"]),
+                     float(r.get("estimate_us") or "nan") / float(tile.get("estimate_us") or "nan")))
+    return [{"depth": depth, "layers": len(v), "measured: depth over depth 1, same tile (geomean)": geomean([m for m, _ in v]),
+             "least": min(m for m, _ in v), "most": max(m for m, _ in v),
+             "estimate (geomean)": geomean([e for _, e in v])} for depth, v in sorted(pairs.items())]
+
+
 def conv_summary(rows: list[dict]) -> list[dict]:
     """The conv step (issues 13, 22, 35): per case, our implicit-im2col kernel against the GEMM kernel
     of the same A and tile on B already expanded (im2col's own time not counted; the implicit kernel

@@ -1022,6 +1022,9 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                                      "estimate's cheapest tile at depth 1) on the same layer; prefetch-P: the "
                                      "cheapest tile at depth P, prefetch-P-tile: that tile at depth 1; < 1 is faster",
                                      analysis.variant_summary(speed, "prefetch-tiles", analysis.PREFETCH_REFERENCE))
+                analysis.print_table("what the depth alone saves: each deep kernel over its tile at depth 1 (< 1 is "
+                                     "faster), measured and as the estimate said",
+                                     analysis.prefetch_depth_summary(speed))
             if any(r.get("set") == "staged" for r in speed):
                 from lospmm.devices import device_named
                 from lospmm.kernel.estimate import estimate_timer

@@ -357,3 +357,19 @@ def test_the_split_summary_sets_16_split_walks_against_16_and_one():
     (summary,) = split_summary(rows)  # a tile without a split row is no row
     assert summary["tile"] == "footprint-4096" and summary["16 / one"] == 12.9
     assert summary["16 split / one"] == 9.3 and summary["split / unsplit"] == pytest.approx(930 / 1290)
+
+
+def test_the_prefetch_depth_summary_sets_each_deep_kernel_against_its_own_tile_at_depth_one():
+    from benchmarks import analysis
+
+    def row(layer, variant, us, estimate_us):
+        return dict(set="prefetch-tiles", status="ok", model="m", layer=layer, variant=variant, ours_us=us,
+                    estimate_us=estimate_us)
+
+    rows = [row("a", "prefetch-1", 10.0, 10.0), row("a", "prefetch-4", 9.0, 5.0), row("a", "prefetch-4-tile", 12.0, 10.0),
+            row("b", "prefetch-4", 8.0, 4.0), row("b", "prefetch-4-tile", 8.0, 8.0),
+            row("b", "prefetch-8", 6.0, 2.0)]  # no depth-1 run of depth 8's tile: not paired
+    (depth4,) = analysis.prefetch_depth_summary(rows)
+    assert depth4["depth"] == 4 and depth4["layers"] == 2
+    assert depth4["measured: depth over depth 1, same tile (geomean)"] == pytest.approx((0.75 * 1.0) ** 0.5)
+    assert depth4["least"] == 0.75 and depth4["most"] == 1.0 and depth4["estimate (geomean)"] == pytest.approx(0.5)
