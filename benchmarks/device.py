@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -78,6 +79,9 @@ class Step:
     device: str = "h100"
     reads: tuple[str, ...] = ()  # steps whose results on the same GPU it reads
     opens: tuple[str, ...] = ()  # bundles of those steps it opens (by name)
+    # the launches (ids) it needs of what it opens, from the results of a GPU's folder: only the parts
+    # holding them are carried (a profiler of a few kernels of a 7-part bundle)
+    picks: Callable[[Path], list[str]] | None = None
 
 
 # --- the program, most valuable first ----------------------------------------------------------------------
@@ -91,7 +95,8 @@ STEPS: tuple[Step, ...] = (
     Step("designs", "design A/B on the A/B layers at 0.9 and the diagnosis micro sweeps: the decision table",
          "20, 30.2.2", (BundleSpec("ab", "ab"), BundleSpec("micro", "micro")), device_seconds=540),
     Step("counters", "hardware counters (ncu) on the best and worst kernels of the A/B", "30.2.3",
-         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",), opens=("ab",)),
+         runner=lambda *a: _counters(*a), device_seconds=480, needs=("ncu",), reads=("designs",), opens=("ab",),
+         picks=lambda folder: _best_and_worst(folder, ("designs",))),
     # diagnosis before more tables (issue 30 item 3: no design reaches 0.35 per nonzero): the counters
     # found B's loads waiting (long_scoreboard) with one load in flight a thread
     Step("latency", "the latency A/B on the A/B layers at 0.9 in the chosen design: B loaded 4, 8, 16 columns "
@@ -106,6 +111,14 @@ STEPS: tuple[Step, ...] = (
            (BundleSpec(f"headline-{model}", "headline", HEADLINE | {"models": (model,)},
                        ("sgemm", "tf32", "fp16", "cusparse")),), device_seconds=540)
       for model in ("shufflenetv2", "mobilenetv2", "resnet50", "bert-base")),
+    # the headline's diagnosis: the retrained ranker's taller tiles raised the multiply-adds per B load,
+    # not the share of peak (H200, 2026-11-27: 12% in median where L2 would allow 27%); the estimate
+    # names the longest tile's walk, whose loads deeper prefetch barely hid. What do those warps wait on?
+    Step("counters-headline", "hardware counters (ncu, with L1, L2 and DRAM throughput) on the headline's largest "
+                              "layers at 0.9 (ResNet-50 and BERT-base, batch 32)", "30.3",
+         runner=lambda *a: _counters(*a), device_seconds=240, needs=("ncu",),
+         reads=("headline-resnet50", "headline-bert-base"), opens=("headline-resnet50", "headline-bert-base"),
+         picks=lambda folder: _largest(folder, ("headline-resnet50", "headline-bert-base"))),
     Step("half", "the half set at 0.9 and 0.95 on the A/B layers: every accumulation against cuBLAS FP16/BF16, "
                  "with cuBLAS's error on the same data", "23, 30.2.5",
          (BundleSpec("half", "half", {"layers": AB_LAYERS}),),
@@ -453,8 +466,18 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         # carries the wheels and no part of the bundles it builds
         wheel_unit = {WHEELS_DIR: wheel_bytes} if "wheels" in step.needs or builds else {}
         # the parts already measured on this kind stay here (a step cut off, or done on older kernels
-        # whose unchanged launches it keeps): only the parts with a launch to measure go
-        to_measure = (None if step.name in again else unmeasured_parts(step, kind, carry, results)) or {}
+        # whose unchanged launches it keeps): only the parts with a launch to measure go; a step that
+        # picks a few launches of what it opens carries the parts holding them
+        if step.picks is not None:
+            picked = step.picks(Path(results) / kind)
+            if not picked:
+                left_out.append(f"{step.name}: picks its kernels from {', '.join(step.reads)} measured on this GPU: "
+                                f"a window after those")
+                continue
+            to_measure = {b.name: _parts_holding(Path(carry) / f"{b.name}.parts.json", picked)
+                          for b in opened if b.name not in missing}
+        else:
+            to_measure = (None if step.name in again else unmeasured_parts(step, kind, carry, results)) or {}
         carried = [wheel_unit | unit for b in opened if b.name not in missing
                    for i, unit in enumerate(_bundle_carry(b, carry))
                    if b.name not in to_measure or i in to_measure[b.name]] or ([wheel_unit] if wheel_unit else [])
@@ -472,7 +495,8 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
             groups[-1] |= unit
         # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
         seconds = min((step.device_seconds if builds else (observed_seconds(step, results)
-                       or expected_seconds(step, carry, results, took)) * _share_to_measure(to_measure, carry))
+                       or expected_seconds(step, carry, results, took))
+                      * (1.0 if step.picks else _share_to_measure(to_measure, carry)))
                       + 15, STEP_LIMIT_S)
         share = max(15.0, seconds / len(groups))
         if spent + share * len(groups) > budget_s:
@@ -893,32 +917,75 @@ def _gate(step: Step, out: Path, deadline: Deadline, say) -> bool:
     return rc != 124
 
 
+def _best_and_worst(folder: Path, steps: tuple[str, ...], count: int = 5) -> list[str]:
+    """The `count` kernels of least and of most per-nonzero efficiency that `steps` measured under
+    `folder` (a GPU's results), least first; [] before any of them ran there."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.analysis import efficiency
+
+    rows = [r for name in steps for f in sorted((Path(folder) / name).glob("kernel-speed-*.parquet"))
+            for r in pq.read_table(f).to_pylist()
+            if r.get("status") == "ok" and r.get("sgemm_us") and math.isfinite(float(r.get("ours_us") or "inf"))]
+    ranked = sorted({str(r["id"]): r for r in rows}.values(), key=efficiency)  # a launch measured again: its last row
+    return [r["id"] for r in (ranked if len(ranked) <= 2 * count else ranked[:count] + ranked[-count:])]
+
+
+# the issue's largest layers (BERT's FFN, ResNet-50's layer4: its block 0, two bundle parts) at batch
+# 32: on the H200 they span 0.12-0.28 per-nonzero efficiency at 0.9
+LARGEST_LAYERS = (("bert-base", "encoder.layer.0.intermediate.dense"), ("bert-base", "encoder.layer.0.output.dense"),
+                  ("resnet50", "layer4.0.conv1"), ("resnet50", "layer4.0.conv2"), ("resnet50", "layer4.0.conv3"),
+                  ("resnet50", "layer4.0.downsample.0"))
+
+
+def _largest(folder: Path, steps: tuple[str, ...], sparsity: float = 0.9, batch: int = 32) -> list[str]:
+    """The kernels of LARGEST_LAYERS at `sparsity` and `batch` that `steps` measured under `folder`
+    (a GPU's results), in that order; [] before any of them ran there."""
+    import pyarrow.parquet as pq
+
+    rows = [r for name in steps for f in sorted((Path(folder) / name).glob("kernel-speed-*.parquet"))
+            for r in pq.read_table(f).to_pylist()
+            if r.get("status") == "ok" and int(r.get("batch") or 0) == batch
+            and math.isclose(float(r.get("sparsity") or 0), sparsity)]
+    found = {(r["model"], r["layer"]): str(r["id"]) for r in rows}
+    return [found[layer] for layer in LARGEST_LAYERS if layer in found]
+
+
 def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
-    """ncu on the A/B's best and worst kernels by per-nonzero efficiency (the designs step's results)."""
+    """ncu on the kernels the step picks (`step.picks` of the results of the steps it reads, on this
+    GPU), found in whichever carried part of the bundles it opens holds them; their counters in one
+    table, counters.parquet."""
     import pyarrow.parquet as pq
 
     from benchmarks import kernel_counters
-    from benchmarks.analysis import efficiency
 
-    designs = out.parent / "designs" / "kernel-speed-ab.parquet"
-    if not designs.is_file():
-        say(f"no {designs}: run the designs step first")
+    picked = step.picks(out.parent)
+    if not picked:
+        say(f"nothing to profile: run {', '.join(step.reads)} on this GPU first")
         return False
-    rows = [r for r in pq.read_table(designs).to_pylist() if r.get("status") == "ok" and r.get("sgemm_us")]
-    ranked = sorted(rows, key=efficiency)
-    picked = [r["id"] for r in ranked[:5] + ranked[-5:]]
-    spec = next(b for s in STEPS if s.name == "designs" for b in s.bundles if b.name == "ab")
+    specs = [b for name in step.reads for b in step_named(name).bundles if b.name in step.opens]
     say(f"profiling {len(picked)} kernels: {', '.join(picked)}")
-    # the bundle may travel in parts: each part's picked kernels profiled into a folder of its own, then
-    # their counters in one table
-    # (named after the part: a call that carries some parts keeps what earlier calls profiled)
-    for folder in opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say):
-        here = sorted({str(r["id"]) for r in bundles.bundle_rows(folder)} & set(picked))
-        if not here:
+    # each part's picked kernels profiled into a folder of its own (named after the bundle and part: a
+    # call that carries some parts keeps what earlier calls profiled), then their counters in one table
+    for spec in specs:
+        listing = Path(CARRY) / f"{spec.name}.parts.json"
+        if not bundle_here(spec):
+            say(f"{spec.name}: not carried in this call")
             continue
-        part = out / f"part-{folder.name}"
-        kernel_counters.main(["profile", str(folder), str(part), "--ids", *here, "--timeout-s",
-                              str(max(60, deadline.left() / (len(picked) + 1)))])
+        if listing.is_file() and not _parts_holding(listing, picked):
+            continue  # holds none of the picked kernels
+        try:
+            folders = opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say)
+        except SystemExit as e:  # a bundle none of whose parts this call carries
+            say(str(e))
+            continue
+        for folder in folders:
+            here = sorted({str(r["id"]) for r in bundles.bundle_rows(folder)} & set(picked))
+            if not here:
+                continue
+            part = out / f"part-{folder.name}"
+            kernel_counters.main(["profile", str(folder), str(part), "--ids", *here, "--timeout-s",
+                                  str(max(60, deadline.left() / (len(picked) + 1)))])
     tables = [pq.read_table(f) for f in sorted(out.glob("part-*/counters.parquet"))]
     if tables:
         import pyarrow as pa
@@ -926,6 +993,13 @@ def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
         pq.write_table(pa.concat_tables(tables), out / "counters.parquet")
     profiled = {str(r["id"]) for t in tables for r in t.to_pylist()}
     return (out / "counters.parquet").is_file() and profiled >= set(picked)
+
+
+def _parts_holding(listing: Path, ids: list[str]) -> set[int]:
+    """The parts (indexes) of a carried bundle whose launches include one of `ids`."""
+    wanted = set(ids)
+    return {i for i, q in enumerate(json.loads(Path(listing).read_text())["parts"])
+            if any(k[0] in wanted for k in q.get("launches", []))}
 
 
 def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
@@ -954,6 +1028,11 @@ def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
 # --- report ---------------------------------------------------------------------------------------------------
 
 
+COUNTER_COLUMNS = ("id", "status", "issue_active_pct", "occupancy_pct", "theoretical_occupancy_pct",
+                   "cycles_per_issue", "data_stall_pct", "fetch_stall_pct", "l1_pct", "l2_pct", "dram_pct",
+                   "l1_hit_pct", "message")
+
+
 def report(step: Step | None = None, results: Path = RESULTS) -> None:
     """The tables of a step's results (every step's when none is given), on any machine."""
     import pyarrow.parquet as pq
@@ -964,6 +1043,19 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
         for folder in sorted(Path(results).glob(f"*/{s.name}")):
             speed = with_plan_columns([r for f in sorted(folder.glob("kernel-speed-*.parquet"))
                                        for r in pq.read_table(f).to_pylist()])
+            if (folder / "counters.parquet").is_file():
+                from benchmarks import kernel_counters
+
+                counters = pq.read_table(folder / "counters.parquet").to_pylist()
+                print(f"\n== {s.name} on {folder.parent.name}: {len({r['id'] for r in counters})} kernels profiled")
+                analysis.print_table("hardware counters (ncu): issue-slot use, achieved and theoretical occupancy, "
+                                     "cycles between a warp's instructions, the shares of stall cycles spent waiting "
+                                     "for data (" + "+".join(kernel_counters.DATA_STALLS) + ") and instructions ("
+                                     + "+".join(kernel_counters.FETCH_STALLS) + "), each memory level's throughput "
+                                     "as % of its peak (- where not collected)",
+                                     [{header: kernel_counters._cell(r.get(key), fmt) for key, header, fmt
+                                       in kernel_counters.SUMMARY_COLUMNS if key in COUNTER_COLUMNS}
+                                      for r in kernel_counters.summary_rows(counters)])
             if not speed:
                 continue
             print(f"\n== {s.name} on {folder.parent.name}: {len(speed)} launches")

@@ -125,7 +125,17 @@ ICACHE_METRICS = (
     GCC_INSTRUCTION_MISSES,
     "smsp__imc_request_hit_rate.pct",  # the immediate constant cache, beside imc_miss stalls
 )
-DEFAULT_METRICS = ISSUE_METRICS + OCCUPANCY_METRICS + STALL_METRICS + ICACHE_METRICS
+# Where B's loads go: the L1 and L2 hit rates, and L1, L2 and DRAM throughput as a share of their peak
+# (the MemoryWorkloadAnalysis and SpeedOfLight sections' names): is a kernel waiting on loads because
+# a memory level is busy, or with the memory idle, because too few warps keep loads in flight?
+L2_THROUGHPUT = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
+L1_THROUGHPUT = "l1tex__throughput.avg.pct_of_peak_sustained_active"
+DRAM_THROUGHPUT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+L1_HIT_RATE = "l1tex__t_sector_hit_rate.pct"
+L2_HIT_RATE = "lts__t_sector_hit_rate.pct"
+MEMORY_METRICS = (L1_THROUGHPUT, L2_THROUGHPUT, DRAM_THROUGHPUT, L1_HIT_RATE, L2_HIT_RATE,
+                  "lts__t_sectors_srcunit_tex_op_read.sum")  # L2 sectors L1 read: B's traffic through L2
+DEFAULT_METRICS = ISSUE_METRICS + OCCUPANCY_METRICS + STALL_METRICS + ICACHE_METRICS + MEMORY_METRICS
 # The sections alternative: every name inside them is one this ncu knows, so nothing can fail for
 # a misspelt metric; their metric names are the ones above (read with --page raw).
 DEFAULT_SECTIONS = ("LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "InstructionStats")
@@ -541,6 +551,8 @@ def summary_rows(counters: list[dict], kernels: list[dict] = ()) -> list[dict]:
             "top_stalls": ", ".join(f"{r} {v:.2f} ({100 * v / total:.0f}%)" for r, v in top) if total else "",
             "icc_hit_pct": get(ICC_HIT_RATE),
             "gcc_instruction_miss_pct": 100 * get(GCC_INSTRUCTION_MISSES) / gcc if gcc else math.nan,
+            "l1_pct": get(L1_THROUGHPUT), "l2_pct": get(L2_THROUGHPUT), "dram_pct": get(DRAM_THROUGHPUT),
+            "l1_hit_pct": get(L1_HIT_RATE), "l2_hit_pct": get(L2_HIT_RATE),
             "message": "",
         })
     return out
@@ -554,6 +566,8 @@ SUMMARY_COLUMNS = (
     ("occupancy_pct", "occ %", "{:.1f}"), ("theoretical_occupancy_pct", "theor %", "{:.1f}"),
     ("cycles_per_issue", "CPI", "{:.2f}"), ("fetch_stall_pct", "fetch %", "{:.0f}"), ("data_stall_pct", "data %", "{:.0f}"),
     ("icc_hit_pct", "ICC hit %", "{:.1f}"), ("gcc_instruction_miss_pct", "GCC miss %", "{:.1f}"),
+    ("l1_pct", "L1 %", "{:.1f}"), ("l2_pct", "L2 %", "{:.1f}"), ("dram_pct", "DRAM %", "{:.1f}"),
+    ("l1_hit_pct", "L1 hit %", "{:.1f}"),
     ("top_stalls", "top stalls: cycles/issue (share)", "{}"), ("message", "message", "{}"),
 )
 

@@ -134,6 +134,8 @@ def test_counters_profile_each_part_of_a_bundle_that_travels_in_parts(tmp_path, 
         pq.write_table(pa.Table.from_pylist([{"id": i} for i in chunk]), folder / "launches.parquet")
         parts.append(folder)
     monkeypatch.setattr(device, "opened_bundle", lambda *a, **k: parts)
+    monkeypatch.setattr(device, "CARRY", tmp_path / ".gpu")  # no listing: the bundle is here whole
+    monkeypatch.setattr(device, "bundle_here", lambda *a, **k: True)
     asked = []
 
     def profile(argv):
@@ -585,3 +587,76 @@ def test_the_window_says_the_device_tools_limit_each_call_needs(monkeypatch):
     said = []
     device.print_window("h100", 900, say=said.append)
     assert any(line.startswith(f"  timeout_s: {call.timeout_s} ") for line in said)
+
+
+def test_the_headline_counters_profile_the_largest_layers_carrying_only_the_parts_that_hold_them(tmp_path, monkeypatch):
+    # ncu on BERT's FFN and ResNet-50's layer4 at 0.9, batch 32: two of the 7 ResNet-50 parts travel
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks import kernel_counters
+    from benchmarks.measure import Deadline
+
+    mib = 2**20
+    step = device.step_named("counters-headline")
+    reads = [device.step_named(n) for n in step.reads]
+    monkeypatch.setattr(device, "STEPS", (*reads, step))
+    results, carry = tmp_path / "results", tmp_path / ".gpu"
+    carry.mkdir()
+
+    def launch(model, layer, sparsity=0.9, batch=32):
+        return {"id": f"head-{model}-{layer}-{sparsity}-{batch}", "model": model, "layer": layer, "sparsity": sparsity,
+                "batch": batch, "status": "ok", "sgemm_us": 100.0, "ours_us": 50.0}
+
+    wanted = [launch(model, layer) for model, layer in device.LARGEST_LAYERS]
+    others = [launch("resnet50", "layer1.0.conv1"), launch("resnet50", "layer4.0.conv2", batch=4),
+              launch("bert-base", "encoder.layer.0.output.dense", sparsity=0.7)]
+    by_step = {"headline-resnet50": [r for r in wanted + others if r["model"] == "resnet50"],
+               "headline-bert-base": [r for r in wanted + others if r["model"] == "bert-base"]}
+    for name, rows in by_step.items():
+        spec = device.step_named(name).bundles[0]
+        # a part per launch, the picked ones in the second and third of ResNet-50's and BERT's only part
+        parts = [{"file": f"{name}-{i + 1}of{len(rows)}.tar.xz", "bytes": mib, "launches": [[r["id"], "k"]]}
+                 for i, r in enumerate(sorted(rows, key=lambda r: r in wanted))]
+        (carry / f"{spec.name}.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": parts}))
+        for q in parts:
+            (carry / q["file"]).write_bytes(b"")
+    # the headline planned in this window, not yet measured: nothing to pick from
+    calls, left_out = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, tmp_path / ".whl")
+    assert not any("counters-headline" in c.steps for c in calls)
+    assert any(line.startswith("counters-headline: picks its kernels from headline-resnet50, headline-bert-base")
+               for line in left_out)
+    for name, rows in by_step.items():  # measured there, every launch
+        folder = results / "h200" / name
+        folder.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"kernel-speed-{name}.parquet")
+        (folder / f"{name}.progress.jsonl").write_text("".join(json.dumps({"row": r | {"kernel": "k"}}) + "\n"
+                                                               for r in rows))
+        (folder / "done.json").write_text("{}")
+    assert step.picks(results / "h200") == [r["id"] for r in wanted]  # in LARGEST_LAYERS' order
+    calls, _ = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, tmp_path / ".whl")
+    assert {name for c in calls for name in c.steps} == {"counters-headline"}
+    carried = [path for c in calls for path in c.carry]
+    resnet_parts = [f".gpu/headline-resnet50-{i}of6.tar.xz" for i in range(3, 7)]  # the 4 layer4 launches, last
+    assert set(carried) - {".gpu/headline-resnet50.parts.json", ".gpu/headline-bert-base.parts.json"} == {
+        *resnet_parts, ".gpu/headline-bert-base-2of3.tar.xz", ".gpu/headline-bert-base-3of3.tar.xz"}
+    # on the GPU machine: each carried part profiled for the picked kernels it holds, in one table
+    out = results / "h200" / "counters-headline"
+    out.mkdir()
+    monkeypatch.setattr(device, "CARRY", carry)
+    folders = {}
+    for name, rows in by_step.items():
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        pq.write_table(pa.Table.from_pylist([{"id": r["id"]} for r in rows]), folders[name] / "launches.parquet")
+    monkeypatch.setattr(device, "opened_bundle", lambda spec, *a, **k: [folders[spec.name]])
+    asked = []
+
+    def profile(argv):
+        listed = argv[argv.index("--ids") + 1:argv.index("--timeout-s")]
+        asked.extend(listed)
+        kernel_counters.write_counters([kernel_counters._row(i, "k", "ok", "") for i in listed], tmp_path / argv[2])
+
+    monkeypatch.setattr(kernel_counters, "main", profile)
+    assert device._counters(step, out, Deadline.after(100), print)
+    assert sorted(asked) == sorted(r["id"] for r in wanted)
