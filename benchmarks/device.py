@@ -266,7 +266,8 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
     rows, next_step = [], None
     for step in STEPS:
         state = step_state(step, results)
-        done_here = state.get(step.device, {}).get("state") == "done"
+        done_here = (state.get(step.device, {}).get("state") == "done"
+                     and not _changed_since(step, step.device, carry, results))
         inputs = {b.name: bundle_state(b, home, carry) for b in step.bundles}
         if not done_here and next_step is None:
             next_step = step.name
@@ -332,7 +333,7 @@ class DeviceCall:
         # (on 2026-11-27 a call with B past the tool's limit brought back nothing of 7 minutes). Each
         # pack replaces the archive whole, never leaving a part of one.
         return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
-                f"pack() {{ tar czf $OUT/results.tgz.part benchmarks/results && mv $OUT/results.tgz.part $OUT/results.tgz; }}; "
+                f"pack() {{ tar czf $OUT/results.tgz.part benchmarks/results; [ $? -le 1 ] && mv $OUT/results.tgz.part $OUT/results.tgz; }}; "
                 f"{runs}")
 
     @property
@@ -469,7 +470,11 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         # whose unchanged launches it keeps): only the parts with a launch to measure go; a step that
         # picks a few launches of what it opens carries the parts holding them
         if step.picks is not None:
-            picked = step.picks(Path(results) / kind)
+            # what it picks is read from its reads' results here and now: not from a read this window
+            # measures (its picks would change by the time the step runs, and their parts not travel)
+            pending = [r for r in step.reads if r in planned or step_state(step_named(r), results).get(kind, {})
+                       .get("state") != "done"]
+            picked = [] if pending else step.picks(Path(results) / kind)
             if not picked:
                 left_out.append(f"{step.name}: picks its kernels from {', '.join(step.reads)} measured on this GPU: "
                                 f"a window after those")
@@ -478,6 +483,14 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
                           for b in opened if b.name not in missing}
         else:
             to_measure = (None if step.name in again else unmeasured_parts(step, kind, carry, results)) or {}
+            if to_measure and not any(to_measure.values()):
+                # every launch measured, the step not done (a call killed after its last launch, before its
+                # tables and done.json): the smallest part lets it finish from its progress file
+                name = min(to_measure, key=lambda n: min(int(q["bytes"]) for q in
+                                                         json.loads((Path(carry) / f"{n}.parts.json").read_text())["parts"]))
+                parts = json.loads((Path(carry) / f"{name}.parts.json").read_text())["parts"]
+                to_measure = {b: set() for b in to_measure} | {name: {min(range(len(parts)),
+                                                                          key=lambda i: int(parts[i]["bytes"]))}}
         carried = [wheel_unit | unit for b in opened if b.name not in missing
                    for i, unit in enumerate(_bundle_carry(b, carry))
                    if b.name not in to_measure or i in to_measure[b.name]] or ([wheel_unit] if wheel_unit else [])
@@ -759,23 +772,28 @@ class ResultsPacker:
         self._thread = threading.Thread(target=self._every, name="results-packer", daemon=True)
 
     def pack(self) -> None:
+        """The archive written whole beside `dest` under one fixed name (`<dest>.part`, the shell's `pack`
+        writes the same: a command killed mid-pack leaves at most that one file beside the archive),
+        synced, then renamed over `dest`."""
         import tarfile
 
-        from lospmm.files import atomic_write
-
-        def write(tmp: str) -> None:
-            with tarfile.open(tmp, "w:gz") as tar:  # named as `tar czf … benchmarks/results` names them
-                tar.add(self.results, arcname=str(self.results.relative_to(ROOT)) if self.results.is_relative_to(ROOT)
-                        else self.results.name)
-
-        atomic_write(self.dest, write)
+        part = self.dest.with_name(self.dest.name + ".part")
+        with tarfile.open(part, "w:gz") as tar:  # named as `tar czf … benchmarks/results` names them
+            tar.add(self.results, arcname=str(self.results.relative_to(ROOT)) if self.results.is_relative_to(ROOT)
+                    else self.results.name)
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, self.dest)
 
     def _every(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.pack()
-            except OSError as e:  # a full disk or a file vanishing mid-walk: the next pack tries again
-                print(f"packing the results into {self.dest}: {e}", flush=True)
+            self._pack_or_say()
+
+    def _pack_or_say(self) -> None:
+        try:
+            self.pack()
+        except OSError as e:  # a full disk or a file vanishing mid-walk: the next pack tries again
+            print(f"packing the results into {self.dest}: {e}", flush=True)
 
     def __enter__(self) -> "ResultsPacker":
         if self.dest:
@@ -786,7 +804,7 @@ class ResultsPacker:
         if self.dest:
             self._stop.set()
             self._thread.join()
-            self.pack()
+            self._pack_or_say()  # never in place of the step's own error (a lost context re-runs the command)
 
 
 def run_step(step: Step, budget_s: float = STEP_LIMIT_S, carry: Path = CARRY, unpack: Path = Path("/tmp/lospmm-gpu"),
@@ -1030,7 +1048,7 @@ def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
 
 COUNTER_COLUMNS = ("id", "status", "issue_active_pct", "occupancy_pct", "theoretical_occupancy_pct",
                    "cycles_per_issue", "data_stall_pct", "fetch_stall_pct", "l1_pct", "l2_pct", "dram_pct",
-                   "l1_hit_pct", "message")
+                   "l1_hit_pct", "l2_hit_pct", "message")
 
 
 def report(step: Step | None = None, results: Path = RESULTS) -> None:

@@ -138,7 +138,8 @@ MEMORY_METRICS = (L1_THROUGHPUT, L2_THROUGHPUT, DRAM_THROUGHPUT, L1_HIT_RATE, L2
 DEFAULT_METRICS = ISSUE_METRICS + OCCUPANCY_METRICS + STALL_METRICS + ICACHE_METRICS + MEMORY_METRICS
 # The sections alternative: every name inside them is one this ncu knows, so nothing can fail for
 # a misspelt metric; their metric names are the ones above (read with --page raw).
-DEFAULT_SECTIONS = ("LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "InstructionStats")
+DEFAULT_SECTIONS = ("LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "InstructionStats",
+                    "SpeedOfLight", "MemoryWorkloadAnalysis")
 
 # launch__* and device__* are launch attributes: ncu --query-metrics does not list them.
 UNLISTED_PREFIXES = ("launch__", "device__", "profiler__")
@@ -567,7 +568,7 @@ SUMMARY_COLUMNS = (
     ("cycles_per_issue", "CPI", "{:.2f}"), ("fetch_stall_pct", "fetch %", "{:.0f}"), ("data_stall_pct", "data %", "{:.0f}"),
     ("icc_hit_pct", "ICC hit %", "{:.1f}"), ("gcc_instruction_miss_pct", "GCC miss %", "{:.1f}"),
     ("l1_pct", "L1 %", "{:.1f}"), ("l2_pct", "L2 %", "{:.1f}"), ("dram_pct", "DRAM %", "{:.1f}"),
-    ("l1_hit_pct", "L1 hit %", "{:.1f}"),
+    ("l1_hit_pct", "L1 hit %", "{:.1f}"), ("l2_hit_pct", "L2 hit %", "{:.1f}"),
     ("top_stalls", "top stalls: cycles/issue (share)", "{}"), ("message", "message", "{}"),
 )
 
