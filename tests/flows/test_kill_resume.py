@@ -26,13 +26,17 @@ def _cmd(root: Path) -> list[str]:
 
 def test_sigkill_then_resume(tmp_path):
     root = tmp_path / "artifacts"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    # plain tracebacks (typer's boxed ones fill a failure's excerpt with one frame): once, in CI under
+    # load, the resumed run failed with `RuntimeError: release unlocked lock` in a threading.Event.wait,
+    # and the excerpt did not say from where
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "_TYPER_STANDARD_TRACEBACK": "1"}
     env.pop("PREFECT_API_URL", None)  # its own ephemeral API, not the test server
-    proc = subprocess.Popen(_cmd(root), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    first_output = tmp_path / "first-run.txt"
+    with open(first_output, "w") as out:
+        proc = subprocess.Popen(_cmd(root), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list((root / "02_pruned").glob("*.json")):
-        assert proc.poll() is None, "the run ended before it could be killed"
+        assert proc.poll() is None, "the run ended before it could be killed:\n" + _excerpt(first_output.read_text())
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -54,13 +58,19 @@ def test_sigkill_then_resume(tmp_path):
     assert finished, "nothing had finished before the kill"
 
     done = subprocess.run(_cmd(root), env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 0, _excerpt(done.stdout + done.stderr)
     record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
     assert record["status"] == "completed" and len(record["entries"]) == 4 * (1 + 2 * 3)
     for parquet, mtime in finished.items():
         assert parquet.stat().st_mtime_ns == mtime, f"{parquet} was recomputed"
     for e in record["entries"]:
         assert valid_sidecar(root / e["path"]) is not None
+
+
+def _excerpt(output: str) -> str:
+    """A failed run's output for the assertion: from its first traceback on (to 6000 characters), else its end."""
+    start = output.find("Traceback (most recent call last)")
+    return output[start:start + 6000] if start >= 0 else output[-3000:]
 
 
 def _servers_of(prefect_home: Path) -> list[int]:
