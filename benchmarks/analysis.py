@@ -66,8 +66,10 @@ def print_table(title: str, rows: list[dict]) -> None:
     columns = list(dict.fromkeys(k for r in rows for k in r))
     for c in columns:
         table.add_column(c)
-    for r in rows:
-        table.add_row(*[_cell(v) for v in (r.get(c) for c in columns)])
+    from rich.markup import escape
+
+    for r in rows:  # a cell's own brackets ("[partial]") are text, not rich markup
+        table.add_row(*[escape(_cell(v)) for v in (r.get(c) for c in columns)])
     Console(width=200).print(table)
 
 
@@ -391,9 +393,12 @@ def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: b
             out.append(row | {"registers": r.get("registers"), "spill_bytes": r.get("spill_bytes"),
                               "vs SGEMM": float(r.get("sgemm_us") or float("nan")) / float(r["ours_us"])})
     for label, values in sorted(ratios.items()):
-        out.append({"model": "all", "layer": f"{len(values)} layers", "variant": label,
-                    "over reference": geomean([v for v, _ in values]), "worst": max(v for v, _ in values),
-                    "largest spread": max(s for _, s in values)})
+        row = {"model": "all", "layer": f"{len(values)} layers", "variant": label,
+               "over reference": geomean([v for v, _ in values])}
+        if estimate:  # what the bundle's estimate said of the same layers, in geomean
+            row["estimate: over reference"] = geomean([r["estimate: over reference"] for r in out
+                                                       if r["variant"] == label and r["model"] != "all"])
+        out.append(row | {"worst": max(v for v, _ in values), "largest spread": max(s for _, s in values)})
     return out
 
 

@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -181,10 +181,13 @@ def step_named(name: str) -> Step:
 # --- where things are ---------------------------------------------------------------------------------------
 
 
+GPU_KINDS = ("h100", "h200", "a100", "v100")  # the results folders device_slug names (else the name's words)
+
+
 def device_slug(name: str) -> str:
     """The results folder of a GPU by its name: h100, h200, else its name in lower-case words."""
     low = name.lower()
-    for kind in ("h200", "h100", "a100", "v100"):
+    for kind in GPU_KINDS:
         if kind in low:
             return kind
     return "-".join("".join(c if c.isalnum() else " " for c in low).split()) or "unknown"
@@ -283,8 +286,10 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
         say(f"{mark} {r['step']:<22} {r['state']:<36} bundles: {r['bundles']}")
         if r["step"] == next_step:
             say(f"    next: {r['title']}")
-            say(f"    needs: {r['needs']}; here: python -m benchmarks.device prepare {r['step']}; on the GPU "
-                f"machine: python -m benchmarks.device run {r['step']}")
+            here = (f"python -m benchmarks.device prepare {r['step']}" if "bundle " in r["needs"]
+                    else "its bundles are ready" if r["bundles"] != "-" else "no bundle")
+            say(f"    needs: {r['needs']}; here: {here}; then `python -m benchmarks.device window --kind h100` "
+                f"says each device call (what to carry, the command, its timeout)")
     if next_step is None:
         say("every step is done")
     from benchmarks.verdict import tally, verdict_rows
@@ -317,6 +322,7 @@ class DeviceCall:
     carry_bytes: int
     seconds: float
     builds: tuple[str, ...] = ()  # steps that build their missing bundles on the GPU machine (--build)
+    limit_s: float = STEP_LIMIT_S  # the command's own budget (B): at most what the window has left at its start
 
     @property
     def command(self) -> str:
@@ -332,14 +338,14 @@ class DeviceCall:
         # (--pack): a call the device tool kills at its own limit still brings back what was measured
         # (on 2026-11-27 a call with B past the tool's limit brought back nothing of 7 minutes). Each
         # pack replaces the archive whole, never leaving a part of one.
-        return (f"B={int(STEP_LIMIT_S)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
+        return (f"B={int(self.limit_s)}; s=$(date +%s); left() {{ t=$((B - $(date +%s) + s)); echo $((t > 1 ? t : 1)); }}; "
                 f"pack() {{ tar czf $OUT/results.tgz.part benchmarks/results; [ $? -le 1 ] && mv $OUT/results.tgz.part $OUT/results.tgz; }}; "
                 f"{runs}")
 
     @property
     def timeout_s(self) -> int:
         """The device tool's limit for the call: past the command's own (B), which it must never cut."""
-        return int(STEP_LIMIT_S) + 20
+        return int(self.limit_s) + 20
 
 
 def observed_seconds(step: Step, results: Path = RESULTS) -> float | None:
@@ -378,14 +384,16 @@ def launch_seconds(results: Path = RESULTS) -> dict[str, list[float]]:
 
 
 def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS,
-                     took: dict[str, list[float]] | None = None) -> float:
+                     took: dict[str, list[float]] | None = None, cap: bool = True) -> float:
     """An estimate of a step never run: its carried bundles' launches (their listings) times the
     90th percentile of the seconds a launch of the same set took wherever it was measured (baselines
-    and check included; every set's when fewer than 20 were), and a minute for unpacking and loading;
+    and check included; the median of every set's when fewer than 20 were), and a minute for
+    unpacking and loading;
     its budget where it has a runner of its own, where a listing is missing, stale or does not count
     its launches, or where that is more. On 2026-11-26 the planner took each headline step for its
     whole 540 s, and two measured 186 launches in 63 s. `took`: launch_seconds(results), read once
-    by a caller asking for many steps."""
+    by a caller asking for many steps. `cap`: at most the step's device_seconds (False: a step that
+    takes more than one call's budget, as the Table 4 steps, says so)."""
     launches = 0
     for spec in step.bundles:
         listing = Path(carry) / f"{spec.name}.parts.json"
@@ -398,10 +406,14 @@ def expected_seconds(step: Step, carry: Path = CARRY, results: Path = RESULTS,
         return step.device_seconds
     took = launch_seconds(results) if took is None else took
     sets_ = {spec.set for spec in step.bundles}
-    same = [t for name in sets_ for t in took.get(name, [])]
-    pool = same if len(same) >= 20 else [t for ts in took.values() for t in ts]
-    per_launch = sorted(pool)[int(0.9 * (len(pool) - 1))] if len(pool) >= 20 else 2.0
-    return min(step.device_seconds, 60.0 + launches * per_launch)
+    same = sorted(t for name in sets_ for t in took.get(name, []))
+    every = sorted(t for ts in took.values() for t in ts)
+    # the set's own 90th percentile; a set never measured, every set's median (their 90th percentile is
+    # the micro and N:M sweeps' 9-40 s launches: a Table 4 launch took about 0.3 s on the H200, where it
+    # would have planned 1.8 s)
+    per_launch = (same[int(0.9 * (len(same) - 1))] if len(same) >= 20
+                  else every[len(every) // 2] if len(every) >= 20 else 2.0)
+    return min(step.device_seconds, 60.0 + launches * per_launch) if cap else 60.0 + launches * per_launch
 
 
 def checkout_bytes(root: Path = ROOT) -> int:
@@ -440,6 +452,9 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     planned: set[str] = set()
     took = launch_seconds(results)  # what a launch took, for the steps never run (expected_seconds)
     for step in STEPS:
+        if step.device != STEPS[0].device and step.device != kind:  # a step of one kind of GPU only
+            left_out.append(f"{step.name}: runs on an {step.device.upper()} only")
+            continue
         state = step_state(step, results)
         # done where its results count, on today's kernels; a step done on older ones (the ranker
         # retrained since, say) is measured again on this kind: only its changed launches
@@ -491,31 +506,29 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
                 parts = json.loads((Path(carry) / f"{name}.parts.json").read_text())["parts"]
                 to_measure = {b: set() for b in to_measure} | {name: {min(range(len(parts)),
                                                                           key=lambda i: int(parts[i]["bytes"]))}}
-        carried = [wheel_unit | unit for b in opened if b.name not in missing
-                   for i, unit in enumerate(_bundle_carry(b, carry))
-                   if b.name not in to_measure or i in to_measure[b.name]] or ([wheel_unit] if wheel_unit else [])
+        # (each unit with the launches its part holds: its share of the step's time)
+        weighted = [(wheel_unit | unit, launches) for b in opened if b.name not in missing
+                    for i, (unit, launches) in enumerate(zip(_bundle_carry(b, carry), _part_launches(b, carry)))
+                    if b.name not in to_measure or i in to_measure[b.name]] or ([(wheel_unit, 0)] if wheel_unit else [])
+        carried = [unit for unit, _ in weighted]
         if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
             left_out.append(f"{step.name}: a part of {max(sum(u.values()) for u in carried) / 2**20:.1f} MiB with the "
                             f"{checkout / 2**20:.1f} MiB checkout is over what one call carries "
                             f"({CARRY_LIMIT / 2**20:.0f} MiB)")
             continue
-        # what one call carries of the step: all of it, or its bundles' parts a group per call, the step
-        # run once in each (it measures what is carried and is done once every part's launches are)
-        groups: list[dict[str, int]] = [{}]
-        for unit in carried:
-            if checkout + sum((groups[-1] | unit).values()) > CARRY_LIMIT:
-                groups.append({})
-            groups[-1] |= unit
-        # a step stops at its budget (and goes on next time): at most a call's limit, with its unpacking
-        seconds = min((step.device_seconds if builds else (observed_seconds(step, results)
-                       or expected_seconds(step, carry, results, took))
-                      * (1.0 if step.picks else _share_to_measure(to_measure, carry)))
-                      + 15, STEP_LIMIT_S)
-        share = max(15.0, seconds / len(groups))
-        if spent + share * len(groups) > budget_s:
-            left_out.append(f"{step.name}: about {seconds:.0f} s, past the window's {budget_s:.0f} s")
+        # what the step needs: a step of bundles as long as its launches take (over several calls where
+        # that is past one call's limit: the Table 4 steps), one with a runner of its own one call
+        need = ((step.device_seconds if builds else (observed_seconds(step, results)
+                 or expected_seconds(step, carry, results, took, cap=step.runner is not None))
+                 * (1.0 if step.picks else _share_to_measure(to_measure, carry))) + 15)
+        groups = _call_groups(weighted, need if step.runner is None else min(need, STEP_LIMIT_S), checkout,
+                              by_time=step.runner is None)
+        seconds = sum(t for _, t in groups)
+        if spent + seconds > budget_s:
+            left_out.append(f"{step.name}: about {seconds:.0f} s{f' in {len(groups)} calls' if len(groups) > 1 else ''}, "
+                            f"past the window's {budget_s:.0f} s")
             continue
-        for group in groups:
+        for group, share in groups:
             fits = (checkout + sum((current["carry"] | group).values()) <= CARRY_LIMIT
                     and current["seconds"] + share <= STEP_LIMIT_S)
             if not fits:
@@ -529,11 +542,65 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         planned.add(step.name)
     close()
     # the waits between the calls, last: the program's order keeps the first steps, the last calls go
+    dropped: dict[str, list[float]] = {}  # per step, the seconds of each of its calls dropped
     while calls and START_S + sum(c.seconds for c in calls) + CALL_GAP_S * (len(calls) - 1) > budget_s:
-        dropped = calls.pop()
-        left_out += [f"{name}: its call (about {dropped.seconds:.0f} s) is past the window's {budget_s:.0f} s with "
-                     f"{CALL_GAP_S:.0f} s between calls" for name in dict.fromkeys(dropped.steps)]
+        call = calls.pop()
+        for name in dict.fromkeys(call.steps):
+            dropped.setdefault(name, []).append(call.seconds)
+    for name, seconds in reversed(dropped.items()):
+        still = sum(name in c.steps for c in calls)
+        calls_word = "its call" if len(seconds) == 1 else f"its {len(seconds)} calls"
+        left_out.append(f"{name}: {calls_word if not still else f'after {still} call(s) in this window, {calls_word}'} "
+                        f"(about {sum(seconds):.0f} s) {'is' if len(seconds) == 1 else 'are'} past the window's {budget_s:.0f} s with {CALL_GAP_S:.0f} s "
+                        f"between calls{'' if not still else ': the step goes on next window'}")
+    # each call's own budget: what the window has left when it starts (the device tool's limit is
+    # that time left, and a command past it is killed)
+    started = START_S
+    for i, call in enumerate(calls):
+        calls[i] = replace(call, limit_s=max(60.0, min(STEP_LIMIT_S, budget_s - started - 20)))
+        started += call.seconds + CALL_GAP_S
     return calls, left_out
+
+
+def _part_launches(spec: BundleSpec, carry: Path) -> list[int]:
+    """The launches each part of a carried bundle holds, as its listing names them (0 where it does not)."""
+    listing = Path(carry) / f"{spec.name}.parts.json"
+    return [len(q.get("launches", [])) for q in json.loads(listing.read_text())["parts"]]
+
+
+def _call_groups(weighted: list[tuple[dict[str, int], int]], need: float, checkout: int,
+                 by_time: bool = True) -> list[tuple[dict, float]]:
+    """A step's calls: its carried units (each with its launches) in order, as many to a call as the
+    carry allows and at most STEP_LIMIT_S of the step's `need` seconds each (shared by launches); a
+    part that needs more than one call's time travels in as many calls (the step resumes). Not
+    `by_time` (a step with a runner of its own: it runs once a call), the carry alone splits them,
+    the `need` shared equally. Each call's seconds at least 15 (unpacking)."""
+    if not weighted:
+        return [({}, max(15.0, min(need, STEP_LIMIT_S)))]
+    if not by_time:
+        carried: list[dict] = [{}]
+        for unit, _ in weighted:
+            if carried[-1] and checkout + sum((carried[-1] | unit).values()) > CARRY_LIMIT:
+                carried.append({})
+            carried[-1] |= unit
+        return [(g, max(15.0, need / len(carried))) for g in carried]
+    total = sum(launches for _, launches in weighted)
+    cap = STEP_LIMIT_S - 15
+    groups: list[list] = []
+    for unit, launches in weighted:
+        left = need * (launches / total if total else 1 / len(weighted))
+        while True:
+            piece = min(left, cap)
+            if (groups and checkout + sum((groups[-1][0] | unit).values()) <= CARRY_LIMIT
+                    and groups[-1][1] + piece <= cap):
+                groups[-1][0] |= unit
+                groups[-1][1] += piece
+            else:
+                groups.append([dict(unit), piece])
+            left -= piece
+            if left <= 1e-6:
+                break
+    return [(g, max(15.0, t)) for g, t in groups]
 
 
 def _share_to_measure(to_measure: dict[str, set[int]], carry: Path) -> float:
@@ -564,9 +631,10 @@ def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=pr
             f"with the checkout)")
         say(f"  carry: {json.dumps(list(call.carry))}")
         say(f"  command: {call.command}")
-        say(f"  timeout_s: {call.timeout_s} (with less device time left, set B in the command to that time "
-            f"less 30 s: the tool's limit is the time left)")
-        say("  then here: tar xzf <files_at>/results.tgz (the next call carries them; commit them first)")
+        say(f"  timeout_s: {call.timeout_s} (B={call.limit_s:.0f} in the command; where status' budget_left_s "
+            f"is less than {call.timeout_s}, set B to budget_left_s less 30: the tool's limit is the time left)")
+        say("  then here: tar xzf <files_at>/results.tgz, and send the next call at once (the machine goes back "
+            "after 30 s idle; the next call carries the results); commit once the window is over")
     for line in left_out:
         say(f"left out: {line}")
     if not calls:
@@ -868,7 +936,9 @@ def _run_step(step: Step, budget_s: float, carry: Path, unpack: Path, build: boo
     else:
         # a done step measured again (its kernels changed) and cut off is partial again
         (out / "done.json").unlink(missing_ok=True)
-        say(f"step {step.name}: not finished in the budget; run it again to go on from here")
+        say(f"step {step.name}: " + ("not finished in the budget; run it again to go on from here" if deadline.over()
+                                     else "what this call carried is measured; the parts still to measure travel "
+                                          "in a later call (`window` plans them)"))
     return out
 
 
@@ -1048,7 +1118,7 @@ def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
 
 COUNTER_COLUMNS = ("id", "status", "issue_active_pct", "occupancy_pct", "theoretical_occupancy_pct",
                    "cycles_per_issue", "data_stall_pct", "fetch_stall_pct", "l1_pct", "l2_pct", "dram_pct",
-                   "l1_hit_pct", "l2_hit_pct", "message")
+                   "l1_hit_pct", "l2_hit_pct", "top_stall", "message")
 
 
 def report(step: Step | None = None, results: Path = RESULTS) -> None:
@@ -1057,15 +1127,30 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
 
     from benchmarks import analysis
 
+    markdown = analysis._table_format[0] == "markdown"
+
+    def heading(text: str) -> None:
+        print(f"\n### {text}" if markdown else f"\n== {text}")
+
     for s in ([step] if step else STEPS):
-        for folder in sorted(Path(results).glob(f"*/{s.name}")):
+        folders = sorted(Path(results).glob(f"*/{s.name}"))
+        if step is not None and not folders:
+            print(f"{s.name}: no results under {Path(results)}/*/{s.name} (`status` says what it needs)")
+        for folder in folders:
             speed = with_plan_columns([r for f in sorted(folder.glob("kernel-speed-*.parquet"))
                                        for r in pq.read_table(f).to_pylist()])
+            state = step_state(s, results).get(folder.parent.name, {}).get("state", "not run")
+            state = _state_words(s, folder.parent.name, {"state": state}, CARRY, results)
+            for table in ("launch-overhead", "end-to-end", "end-to-end-fp16"):  # the serving step's
+                if (folder / f"{table}.parquet").is_file():
+                    heading(f"{s.name} on {folder.parent.name} ({state}): {table}")
+                    analysis.print_table(f"{table} ({folder / f'{table}.parquet'})",
+                                         pq.read_table(folder / f"{table}.parquet").to_pylist())
             if (folder / "counters.parquet").is_file():
                 from benchmarks import kernel_counters
 
                 counters = pq.read_table(folder / "counters.parquet").to_pylist()
-                print(f"\n== {s.name} on {folder.parent.name}: {len({r['id'] for r in counters})} kernels profiled")
+                heading(f"{s.name} on {folder.parent.name} ({state}): {len({r['id'] for r in counters})} kernels profiled")
                 analysis.print_table("hardware counters (ncu): issue-slot use, achieved and theoretical occupancy, "
                                      "cycles between a warp's instructions, the shares of stall cycles spent waiting "
                                      "for data (" + "+".join(kernel_counters.DATA_STALLS) + ") and instructions ("
@@ -1076,14 +1161,18 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
                                       for r in kernel_counters.summary_rows(counters)])
             if not speed:
                 continue
-            print(f"\n== {s.name} on {folder.parent.name}: {len(speed)} launches")
+            measured = sum(r.get("status") == "ok" for r in speed)
+            heading(f"{s.name} on {folder.parent.name} ({state}): {len(speed)} launches"
+                    + (f", {measured} measured, {len(speed) - measured} failed or not compiled" if measured < len(speed)
+                       else ""))
             if any(r.get("set") == "ab" for r in speed):
                 analysis.print_table("A/B: each design's time over today's kernel on the same tile (< 1 is faster)",
                        analysis.ab_summary(speed))
                 decision = analysis.design_decision(speed)
                 analysis.print_table("each design against the baseline on the same tiles (issue 30, item 3)",
                                      analysis.design_table(speed, decision))
-                print(f"the default: {decision['default']} ({'changed' if decision['changed'] else 'kept'}); the best "
+                print(f"the default by issue 30's rule: {decision['default']} ("
+                      f"{'changed from the baseline' if decision['changed'] else 'the baseline kept'}); the best "
                       f"median per-nonzero efficiency at 0.9 is {decision['best_median_efficiency']:.3f}"
                       + (f", under {analysis.DIAGNOSIS_EFFICIENCY}: diagnosis first" if decision["diagnose_first"] else ""))
                 per_layer, verdict = analysis.design_choice(speed)
@@ -1296,8 +1385,16 @@ def restarted(argv: list[str], left_s: float, lost: ContextLost) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.device", *args, "--budget-s", f"{left_s:.0f}"])
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.device", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="what is done, on which device, and what the next step needs")
     p = sub.add_parser("prepare", help="build a step's bundles here (no GPU) and pack them to carry")
@@ -1308,14 +1405,18 @@ def main(argv=None) -> None:
         p = sub.add_parser(name, help=help_)
         if name == "run":
             p.add_argument("step", choices=STEP_NAMES)
-        p.add_argument("--budget-s", type=float, default=STEP_LIMIT_S)
+        p.add_argument("--budget-s", type=_positive_seconds, default=STEP_LIMIT_S,
+                       help=f"seconds this command may take (default {STEP_LIMIT_S:.0f}, the most a step takes in one "
+                            f"device command; `next` runs steps while they fit)")
         p.add_argument("--build", action="store_true", help="build a missing bundle here (the GPU machine's cores)")
-        p.add_argument("--jobs", type=int, default=os.cpu_count() or 16)
+        p.add_argument("--jobs", type=int, default=os.cpu_count() or 16,
+                       help="cores for a build here (default: this machine's)")
         p.add_argument("--pack", type=Path, help="an archive of benchmarks/results, packed as the step goes "
                        f"(every {PACK_EVERY_S:.0f} s and at its end): $OUT/results.tgz on the GPU machine")
     p = sub.add_parser("window", help="here: the device calls a window should make, what each carries and runs")
-    p.add_argument("--kind", default="h100", help="the GPU's results folder (h100, h200)")
-    p.add_argument("--budget-s", type=float, default=900.0, help="the window's device seconds")
+    p.add_argument("--kind", default="h100", choices=GPU_KINDS, help="the GPU's results folder (default h100)")
+    p.add_argument("--budget-s", type=_positive_seconds, default=900.0,
+                   help="the window's device seconds (default 900: status' budget_left_s)")
     p.add_argument("--build-there", action="store_true",
                    help="a step whose bundles are not prepared here builds them on the GPU machine (wheels carried)")
     p.add_argument("--again", nargs="*", default=[], choices=STEP_NAMES,
@@ -1325,7 +1426,8 @@ def main(argv=None) -> None:
     p.add_argument("--markdown", action="store_true", help="the tables as GitHub Markdown (the README's)")
     p = sub.add_parser("verdict", help="every open issue's device target against the committed results: "
                                        "measured, met or not, or which step measures it")
-    p.add_argument("--device", default="h100", help="the results folder judged (the issues name the H100)")
+    p.add_argument("--device", default="h100", choices=GPU_KINDS,
+                   help="the results folder judged (default h100: the issues name the H100)")
     p.add_argument("--markdown", action="store_true", help="the table as GitHub Markdown (the README's)")
     sub.add_parser("wheels", help="download the wheels the GPU image lacks into .whl/ (no GPU)")
     args = ap.parse_args(argv)

@@ -550,6 +550,7 @@ def summary_rows(counters: list[dict], kernels: list[dict] = ()) -> list[dict]:
             "fetch_stall_pct": share(FETCH_STALLS),
             "data_stall_pct": share(DATA_STALLS),
             "top_stalls": ", ".join(f"{r} {v:.2f} ({100 * v / total:.0f}%)" for r, v in top) if total else "",
+            "top_stall": f"{top[0][0]} {100 * top[0][1] / total:.0f}%" if total and top else "",
             "icc_hit_pct": get(ICC_HIT_RATE),
             "gcc_instruction_miss_pct": 100 * get(GCC_INSTRUCTION_MISSES) / gcc if gcc else math.nan,
             "l1_pct": get(L1_THROUGHPUT), "l2_pct": get(L2_THROUGHPUT), "dram_pct": get(DRAM_THROUGHPUT),
@@ -569,7 +570,8 @@ SUMMARY_COLUMNS = (
     ("icc_hit_pct", "ICC hit %", "{:.1f}"), ("gcc_instruction_miss_pct", "GCC miss %", "{:.1f}"),
     ("l1_pct", "L1 %", "{:.1f}"), ("l2_pct", "L2 %", "{:.1f}"), ("dram_pct", "DRAM %", "{:.1f}"),
     ("l1_hit_pct", "L1 hit %", "{:.1f}"), ("l2_hit_pct", "L2 hit %", "{:.1f}"),
-    ("top_stalls", "top stalls: cycles/issue (share)", "{}"), ("message", "message", "{}"),
+    ("top_stalls", "top stalls: cycles/issue (share)", "{}"), ("top_stall", "top stall (share)", "{}"),
+    ("message", "message", "{}"),
 )
 
 
