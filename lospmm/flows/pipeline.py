@@ -19,7 +19,6 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import CancelledRun
-from prefect.futures import wait
 from prefect.states import Cancelled
 
 from lospmm.flows.execution import progress
@@ -307,11 +306,21 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) 
     publisher = progress.Publisher(run_id, get_run_logger())
     pending = list(submitted)
     stopped = False
+    # Not prefect.futures.wait(…, timeout=): in the main thread it times out with SIGALRM, whose handler
+    # raises wherever the thread is, 4 times a second here: inside a lock's release ("RuntimeError:
+    # release unlocked lock" ended a run) or inside Prefect's own cancel scope (the handler then waited
+    # on a lock the interrupted code held: the run hung). A done callback sets an event; the wait on it
+    # is a plain timed wait.
+    finished = threading.Event()
+    for _, f in pending:
+        f.add_done_callback(lambda _future: finished.set())
     POLLING_STOP.set()
     try:
         while pending and not stopped:
             stopped = STOP.is_set()  # a signal asked to stop: the tasks stop at their next item
-            done = wait([f for _, f in pending], timeout=0.25).done
+            finished.wait(0.25)
+            finished.clear()  # before the look: a task finishing after it sets the event again
+            done = {f for _, f in pending if _future_done(f)}
             for entry, f in [p for p in pending if p[1] in done]:
                 if not (f.state.is_crashed() or f.state.is_cancelled()):  # (a task that stopped is not finished)
                     progress.report(run_id, entry["stage"], entry["label"], 1, 1)  # cached tasks report nothing
@@ -330,6 +339,13 @@ def _awaited(run_id: str, submitted: list[tuple[dict, Any]], here: bool = True) 
     finally:
         POLLING_STOP.clear()
         progress.finished(run_id)
+
+
+def _future_done(future) -> bool:
+    """Whether a task's future is done, without asking the API: its wrapped future's (a thread pool's or
+    Dask's), else its state."""
+    wrapped = getattr(future, "wrapped_future", None)
+    return wrapped.done() if wrapped is not None else future.state.is_final()
 
 
 def _state_message(state) -> str:

@@ -364,3 +364,45 @@ def test_an_implicit_im2col_kernel_for_a_convolution_of_a_run(tmp_path):
     assert walked["host_check"]["max_rel_error"] < 1e-4
     with pytest.raises(ValueError, match="fc is a linear layer, not a convolution"):
         write_full_kernel(str(root), record, "fc", 4, 64, str(out), implicit_conv=True)
+
+
+def test_the_flows_wait_for_its_tasks_arms_no_alarm_signal(monkeypatch):
+    # prefect.futures.wait(…, timeout=) times out with SIGALRM in the main thread: its handler raised
+    # wherever the flow was, 4 times a second ("RuntimeError: release unlocked lock" ended a resumed run
+    # in CI; once the handler waited on a lock the interrupted code held, and the run hung)
+    import concurrent.futures
+    import signal
+    import threading
+
+    from prefect.futures import PrefectConcurrentFuture
+
+    from lospmm.flows import pipeline
+
+    armed = []
+    real_setitimer = signal.setitimer
+    monkeypatch.setattr(signal, "setitimer", lambda which, *a: armed.append(which) or real_setitimer(which, *a))
+
+    class Logger:
+        def info(self, *a, **k):
+            pass
+
+        warning = info
+
+    class Publisher:
+        def __init__(self, *a):
+            pass
+
+        def push(self, final=False):
+            pass
+
+    monkeypatch.setattr(pipeline, "get_run_logger", lambda: Logger())
+    monkeypatch.setattr(pipeline.progress, "Publisher", Publisher)
+    wrapped = [concurrent.futures.Future() for _ in range(3)]
+    futures = [PrefectConcurrentFuture(task_run_id=__import__("uuid").uuid4(), wrapped_future=w) for w in wrapped]
+    for i, w in enumerate(wrapped):  # each done a little later, from another thread, as a task runner's are
+        threading.Timer(0.3 * (i + 1), w.set_result, args=(None,)).start()
+    submitted = [({"stage": "prune", "label": f"m{i}"}, f) for i, f in enumerate(futures)]
+    monkeypatch.setattr(PrefectConcurrentFuture, "state",
+                        property(lambda self: __import__("prefect.states", fromlist=["Completed"]).Completed()))
+    assert pipeline._awaited("run", submitted)
+    assert signal.ITIMER_REAL not in armed
