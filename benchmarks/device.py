@@ -236,10 +236,11 @@ def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path =
     return bool(parts) and any(parts.values())
 
 
-def _state_words(step: Step, device: str, state: dict, carry: Path = CARRY, results: Path = RESULTS) -> str:
-    if state["state"] == "done" and _changed_since(step, device, carry, results):
+def _state_words(step: Step, device: str, state: str, carry: Path = CARRY, results: Path = RESULTS) -> str:
+    """A step's state on `device` as status and report say it: "done, on older kernels" where it is."""
+    if state == "done" and _changed_since(step, device, carry, results):
         return "done, on older kernels"
-    return state["state"]
+    return state
 
 
 def bundle_state(spec: BundleSpec, home: Path = bundles.HOME, carry: Path = CARRY) -> dict:
@@ -276,7 +277,7 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
             next_step = step.name
         needs = list(step.needs) + [f"bundle {name} ({s['state']})" for name, s in inputs.items() if s["state"] != "ready"]
         rows.append({"step": step.name, "issue": step.issue, "device": step.device,
-                     "state": ", ".join(f"{d}: {_state_words(step, d, s, carry, results)}"
+                     "state": ", ".join(f"{d}: {_state_words(step, d, s['state'], carry, results)}"
                                         for d, s in state.items()) or "not run",
                      "bundles": ", ".join(f"{n}: {s['state']}{' (carried)' if s.get('carried') else ''}"
                                           for n, s in inputs.items()) or "-",
@@ -494,21 +495,18 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
                 left_out.append(f"{step.name}: picks its kernels from {', '.join(step.reads)} measured on this GPU: "
                                 f"a window after those")
                 continue
-            to_measure = {b.name: _parts_holding(Path(carry) / f"{b.name}.parts.json", picked)
-                          for b in opened if b.name not in missing}
+            to_measure = {b.name: _parts_holding(b.name, carry, picked) for b in opened if b.name not in missing}
         else:
             to_measure = (None if step.name in again else unmeasured_parts(step, kind, carry, results)) or {}
             if to_measure and not any(to_measure.values()):
                 # every launch measured, the step not done (a call killed after its last launch, before its
                 # tables and done.json): the smallest part lets it finish from its progress file
-                name = min(to_measure, key=lambda n: min(int(q["bytes"]) for q in
-                                                         json.loads((Path(carry) / f"{n}.parts.json").read_text())["parts"]))
-                parts = json.loads((Path(carry) / f"{name}.parts.json").read_text())["parts"]
-                to_measure = {b: set() for b in to_measure} | {name: {min(range(len(parts)),
-                                                                          key=lambda i: int(parts[i]["bytes"]))}}
+                name, part, _ = min(((n, i, int(q["bytes"])) for n in to_measure
+                                     for i, q in enumerate(_listed_parts(n, carry))), key=lambda p: p[2])
+                to_measure = {b: set() for b in to_measure} | {name: {part}}
         # (each unit with the launches its part holds: its share of the step's time)
         weighted = [(wheel_unit | unit, launches) for b in opened if b.name not in missing
-                    for i, (unit, launches) in enumerate(zip(_bundle_carry(b, carry), _part_launches(b, carry)))
+                    for i, (unit, launches) in enumerate(zip(_bundle_carry(b, carry), _part_launches(b.name, carry)))
                     if b.name not in to_measure or i in to_measure[b.name]] or ([(wheel_unit, 0)] if wheel_unit else [])
         carried = [unit for unit, _ in weighted]
         if any(checkout + sum(unit.values()) > CARRY_LIMIT for unit in carried):
@@ -562,10 +560,14 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
     return calls, left_out
 
 
-def _part_launches(spec: BundleSpec, carry: Path) -> list[int]:
+def _listed_parts(name: str, carry: Path) -> list[dict]:
+    """The parts a carried bundle's listing names: each part's archive, bytes and launches."""
+    return json.loads((Path(carry) / f"{name}.parts.json").read_text())["parts"]
+
+
+def _part_launches(name: str, carry: Path) -> list[int]:
     """The launches each part of a carried bundle holds, as its listing names them (0 where it does not)."""
-    listing = Path(carry) / f"{spec.name}.parts.json"
-    return [len(q.get("launches", [])) for q in json.loads(listing.read_text())["parts"]]
+    return [len(q.get("launches", [])) for q in _listed_parts(name, carry)]
 
 
 def _call_groups(weighted: list[tuple[dict[str, int], int]], need: float, checkout: int,
@@ -605,8 +607,7 @@ def _call_groups(weighted: list[tuple[dict[str, int], int]], need: float, checko
 
 def _share_to_measure(to_measure: dict[str, set[int]], carry: Path) -> float:
     """Of the launches the listings of `to_measure`'s bundles name, the share in its parts (1 when it names none)."""
-    listed = {name: [len(q.get("launches", [])) for q in json.loads((Path(carry) / f"{name}.parts.json").read_text())
-                     ["parts"]] for name in to_measure}
+    listed = {name: _part_launches(name, carry) for name in to_measure}
     total = sum(sum(counts) for counts in listed.values())
     return sum(counts[i] for name, counts in listed.items() for i in to_measure[name]) / total if total else 1.0
 
@@ -828,7 +829,7 @@ PACK_EVERY_S = 30.0  # how often a step packs its results while it runs (--pack)
 
 class ResultsPacker:
     """While a step runs, `results` packed into the archive `dest` every `every_s` seconds and once
-    more at the end, each pack replacing the last whole (files.atomic_write): a command killed at the
+    more at the end, each pack replacing the last whole (see pack): a command killed at the
     device tool's limit brings back what $OUT holds, the results of at most `every_s` ago. No `dest`:
     nothing is packed."""
 
@@ -1005,15 +1006,19 @@ def _gate(step: Step, out: Path, deadline: Deadline, say) -> bool:
     return rc != 124
 
 
+def _measured(folder: Path, steps: tuple[str, ...]) -> list[dict]:
+    """The launch rows `steps` measured under `folder` (a GPU's results folder)."""
+    from benchmarks.verdict import found
+
+    return found(Path(folder).parent, Path(folder).name, steps).rows
+
+
 def _best_and_worst(folder: Path, steps: tuple[str, ...], count: int = 5) -> list[str]:
     """The `count` kernels of least and of most per-nonzero efficiency that `steps` measured under
     `folder` (a GPU's results), least first; [] before any of them ran there."""
-    import pyarrow.parquet as pq
-
     from benchmarks.analysis import efficiency
 
-    rows = [r for name in steps for f in sorted((Path(folder) / name).glob("kernel-speed-*.parquet"))
-            for r in pq.read_table(f).to_pylist()
+    rows = [r for r in _measured(folder, steps)
             if r.get("status") == "ok" and r.get("sgemm_us") and math.isfinite(float(r.get("ours_us") or "inf"))]
     ranked = sorted({str(r["id"]): r for r in rows}.values(), key=efficiency)  # a launch measured again: its last row
     return [r["id"] for r in (ranked if len(ranked) <= 2 * count else ranked[:count] + ranked[-count:])]
@@ -1029,10 +1034,7 @@ LARGEST_LAYERS = (("bert-base", "encoder.layer.0.intermediate.dense"), ("bert-ba
 def _largest(folder: Path, steps: tuple[str, ...], sparsity: float = 0.9, batch: int = 32) -> list[str]:
     """The kernels of LARGEST_LAYERS at `sparsity` and `batch` that `steps` measured under `folder`
     (a GPU's results), in that order; [] before any of them ran there."""
-    import pyarrow.parquet as pq
-
-    rows = [r for name in steps for f in sorted((Path(folder) / name).glob("kernel-speed-*.parquet"))
-            for r in pq.read_table(f).to_pylist()
+    rows = [r for r in _measured(folder, steps)
             if r.get("status") == "ok" and int(r.get("batch") or 0) == batch
             and math.isclose(float(r.get("sparsity") or 0), sparsity)]
     found = {(r["model"], r["layer"]): str(r["id"]) for r in rows}
@@ -1056,11 +1058,10 @@ def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
     # each part's picked kernels profiled into a folder of its own (named after the bundle and part: a
     # call that carries some parts keeps what earlier calls profiled), then their counters in one table
     for spec in specs:
-        listing = Path(CARRY) / f"{spec.name}.parts.json"
-        if not bundle_here(spec):
+        if not bundle_here(spec, CARRY):
             say(f"{spec.name}: not carried in this call")
             continue
-        if listing.is_file() and not _parts_holding(listing, picked):
+        if (Path(CARRY) / f"{spec.name}.parts.json").is_file() and not _parts_holding(spec.name, CARRY, picked):
             continue  # holds none of the picked kernels
         try:
             folders = opened_bundle(spec, CARRY, Path("/tmp/lospmm-gpu"), False, 16, say)
@@ -1083,11 +1084,10 @@ def _counters(step: Step, out: Path, deadline: Deadline, say) -> bool:
     return (out / "counters.parquet").is_file() and profiled >= set(picked)
 
 
-def _parts_holding(listing: Path, ids: list[str]) -> set[int]:
+def _parts_holding(name: str, carry: Path, ids: list[str]) -> set[int]:
     """The parts (indexes) of a carried bundle whose launches include one of `ids`."""
     wanted = set(ids)
-    return {i for i, q in enumerate(json.loads(Path(listing).read_text())["parts"])
-            if any(k[0] in wanted for k in q.get("launches", []))}
+    return {i for i, q in enumerate(_listed_parts(name, carry)) if any(k[0] in wanted for k in q.get("launches", []))}
 
 
 def _serving(step: Step, out: Path, deadline: Deadline, say) -> bool:
@@ -1139,8 +1139,8 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
         for folder in folders:
             speed = with_plan_columns([r for f in sorted(folder.glob("kernel-speed-*.parquet"))
                                        for r in pq.read_table(f).to_pylist()])
-            state = step_state(s, results).get(folder.parent.name, {}).get("state", "not run")
-            state = _state_words(s, folder.parent.name, {"state": state}, CARRY, results)
+            state = _state_words(s, folder.parent.name,
+                                 step_state(s, results).get(folder.parent.name, {}).get("state", "not run"), CARRY, results)
             for table in ("launch-overhead", "end-to-end", "end-to-end-fp16"):  # the serving step's
                 if (folder / f"{table}.parquet").is_file():
                     heading(f"{s.name} on {folder.parent.name} ({state}): {table}")
