@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from benchmarks.analysis import FP32_SAME_TILE
 from benchmarks.bundle import NM_SPMM_MODEL
+from lospmm.kernel.choices import DESIGN_CANDIDATES, PENDING_DESIGNS
 from lospmm.kernel.design import design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
@@ -60,8 +61,8 @@ AB_HELD_OUT_LAYERS = (
     ("shufflenetv2", "conv5.0"), ("shufflenetv2", "stage3.0.branch2.0"),
 )
 AB_TILES_FROM = ROOT / "benchmarks/results/gpu-h100/l/speedup.parquet"
-AB_DESIGNS = ("baseline", "chained", "chained,column-x", "chained,walks=4", "chained,walks=16", "chained,v=2",
-              "chained,v=4", "chained,v=4,walks=4", "streamed,chained", "streamed,chained,v=4")
+# `--design auto`'s designs and those waiting for their measured price (kernel.choices.PENDING_DESIGNS)
+AB_DESIGNS = DESIGN_CANDIDATES + PENDING_DESIGNS
 HALF_VARIANTS = ("fp16,chained", "fp16,acc=f32,chained", "fp16,promote=8,chained", "bf16,chained",
                  "bf16,acc=f32,chained")
 
@@ -322,9 +323,15 @@ def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list
         shape = next(s for s in gemm_shapes(model) if s.layer == layer)
         m1, n1 = (int(x) for x in measured[(model, layer)]["tile"].replace("x", "×").split("×"))
         for design in designs:
+            d, tile_n1 = design_named(design), n1
+            if d.k_slices > 1 and (d.block_problem(m1, n1) or n1 % 32):
+                # a sliced block's threads and shared memory bound its N1, and a slice is whole warps: the
+                # widest multiple of 32 under the tile's that it launches at
+                tile_n1 = max([w for w in range(32, n1 + 1, 32) if not d.block_problem(m1, w)], default=32)
+            narrowed = f"; N1 {tile_n1}, the widest whole warps its block launches at" if tile_n1 != n1 else ""
             out.append(Planned(_id("ab", model, layer, design), "ab", model, layer, shape.m, shape.k, shape.n, sparsity,
-                               4 if model != "bert-base" else 32, design_named(design).label, m1, n1,
-                               _id(model, layer, sparsity), f"today's tile (H100 call l, {AB_TILES_FROM.parent.name})"))
+                               4 if model != "bert-base" else 32, d.label, m1, tile_n1, _id(model, layer, sparsity),
+                               f"today's tile (H100 call l, {AB_TILES_FROM.parent.name}){narrowed}"))
     return out
 
 
@@ -549,7 +556,7 @@ def searched_tile(shape: LayerShape, sparsity: float, design, device, timer, met
     timings = {(c.m1, c.n1, c.design): timer.time(LaunchUnderTest(
         search.tiles[c.m1], shape.m, shape.k, shape.n, c.n1, c.pred_regs,
         smem_bytes=proxy_dynamic_shared(search.launches[(c.m1, c.n1, c.design)].smem_bytes,
-                                        search.clusters[(c.m1, c.design)]),
+                                        search.clusters[(c.m1, c.design)], design_named(c.design), c.n1),
         clusters=search.clusters[(c.m1, c.design)], design=design)) for c in search.chosen}
     picked = choice(timings, timer.measures, {(c.m1, c.n1, c.design): c.pred_regs for c in search.chosen})
     return None if picked is None else picked[:2]

@@ -195,6 +195,7 @@ def proxy_timings(search: LayerSearch, m: int, k: int, n: int, timer: Timer,
                 clusters = search.clusters[(m1, label)]
                 out[(m1, n1, label)] = timer.time(LaunchUnderTest(
                     None, m, k, n, n1, compiled.registers, compiled.thread_spill_bytes,
-                    proxy_dynamic_shared(launch.smem_bytes, clusters), clusters=clusters, spec=kernel.spec,
+                    proxy_dynamic_shared(launch.smem_bytes, clusters, kernel.spec.design, n1), clusters=clusters,
+                    spec=kernel.spec,
                     cubin=compiled.cubin if timer.runs_binary else None))
     return out

@@ -96,12 +96,44 @@ def test_a_staged_proxy_launches_with_its_own_shared_memory_and_eq6s_rest_past_4
     assert t.status == "ok" and np.isfinite(t.time_us), t
 
 
+def test_a_sliced_proxy_launches_with_its_partial_sums_in_dynamic_shared_memory():
+    """The sliced proxy's partial sums are dynamic shared memory (its N1 is a launch fact): launched with
+    what proxy_dynamic_shared gives, it runs; the full kernel's static partials are checked above."""
+    from lospmm.devices import device_named
+    from lospmm.kernel.cuda import CudaTimer
+    from lospmm.kernel.design import design_named
+    from lospmm.kernel.render import CodegenParams, proxy_source
+    from lospmm.kernel.timing import LaunchUnderTest
+    from lospmm.stages.cluster import chosen_proxy_clusters
+    from lospmm.stages.compile import compiled_kernel, kernel_options
+    from lospmm.stages.constrain import constrained_candidates
+    from lospmm.stages.pad import proxy_dynamic_shared, proxy_launch
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles, tile_stats
+
+    h100 = device_named("h100")
+    a = random_pruned(768, 3072, 0.9, np.random.default_rng(0))
+    design, tiles = design_named("chained,slices=4"), reordered_tiles(a, 8)
+    chosen = [c for c in constrained_candidates(196, {8: tile_stats(tiles)}, h100, design=design) if c.kept]
+    clusters = chosen_proxy_clusters(a, tiles, chosen, 0.9, h100, design=design)[0]
+    kernel = proxy_source(768, 3072, clusters, CodegenParams(design=design))
+    out = compiled_kernel(kernel, kernel_options("sm_90", 8, design=design))
+    n1 = chosen[0].n1
+    launch = proxy_launch(tiles.num_tiles, 196, 8, n1, chosen[0].pred_regs, h100, design)
+    dynamic = proxy_dynamic_shared(launch.smem_bytes, clusters, design, n1)
+    assert dynamic >= design.slice_shared_bytes(8, n1)
+    t = CudaTimer(h100, "gpu").time(LaunchUnderTest(None, 768, 3072, 196, n1, out.registers, 0, dynamic,
+                                                    clusters=clusters, spec=kernel.spec, cubin=out.cubin))
+    assert t.status == "ok" and np.isfinite(t.time_us), t
+
+
 @pytest.mark.parametrize("design", ["chained", "chained,column-x", "chained,walks=3", "chained,v=2", "chained,v=4",
                                     "based,v=4,walks=2,column-x", "streamed", "streamed,chained,v=4,walks=2",
-                                    "chained,walks=3,split=24", "v=2,walks=4,column-x,split=40"])
+                                    "chained,walks=3,split=24", "v=2,walks=4,column-x,split=40", "chained,slices=4",
+                                    "slices=2,column-x", "chained,v=4,slices=2", "chained,v=2,slices=8"])
 def test_every_kernel_design_matches_scipy_on_the_device(tmp_path, design):
     """Each design's inline PTX (vector and chained loads, vector stores; a K split's coherent loads of
-    its own partial sums) runs only here: N of 1, 31 and 32 (padded to the design's column multiple),
+    its own partial sums; a sliced tile's shared partial sums and barrier) runs only here: N of 1, 31 and 32 (padded to the design's column multiple),
     4096 and an odd N, C poisoned with NaN."""
     from lospmm.loader import load_kernel
 

@@ -249,7 +249,7 @@ def trained_designs(text: str) -> tuple[KernelDesign, ...]:
 
 # KernelDesign's fields as the --design tokens that set them: its checks name the fields
 _DESIGN_TOKENS = {"column_walks": "walks=W", "columns_per_thread": "v=V", "tiles_per_block": "tiles=G",
-                  "tile_warps": "warps=W", "section_fmas": "split=S"}
+                  "tile_warps": "warps=W", "section_fmas": "split=S", "k_slices": "slices=W"}
 
 
 def _as_tokens(message: str) -> str:

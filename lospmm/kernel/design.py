@@ -25,6 +25,8 @@ STAGED_WARPS = (1, 2, 4)
 STAGED_FLOATS = 8192  # a staged block's chunk of B at most (32 KiB of floats): 256 rows of K at 32 columns
 A_VALUES = ("baked", "streamed", "nm")
 VECTOR_WIDTHS = (1, 2, 4)
+K_SLICES = (1, 2, 4, 8)
+SLICE_SHARED_BYTES = 48 * 1024  # a sliced block's partial sums: the static shared memory a block may declare
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,14 @@ class KernelDesign:
         enough to stay in the instruction cache, where the whole tile's would be fetched again per
         walk (the H200's micro sweep: 16 walks of one tile cost 9.3× one walk at 12 KB of code,
         12.9× at 0.8 MB).
+    k_slices: a baked fp32 design's K split across a block's warps (1: none): a block is k_slices groups
+        of N1 threads over the same N1·V columns, and each group walks one slice of the tile's columns
+        (consecutive, balanced by loads and multiply-adds), so a tile's serial walk is about k_slices
+        times shorter and k_slices times as many warps walk it; a row that more than one slice touches
+        is summed through shared memory (each slice's partial stored, a barrier, its owner adding the
+        others' to its own), the rest stored by their slice. On the H200 the flow's tiles were bound by
+        the longest tile's walk at 4-33% achieved occupancy (the designs-held-out and headline steps):
+        this is the design that gives each tile more warps. One walk, baked, based or chained loads.
     a_values: "baked" (A's values are literals in straight-line code, one function per tile) or
         "streamed" (one loop reads each tile's non-empty columns and values from data in the
         cubin: code O(1) in the kernel's size, compile time too; convolutions too), or "nm" (an N:M-sparse A compressed
@@ -83,6 +93,7 @@ class KernelDesign:
     tiles_per_block: int = 1
     tile_warps: int = 1
     section_fmas: int = 0
+    k_slices: int = 1
 
     def __post_init__(self):
         choices = {"order": ORDERS, "loads": LOADS, "a_values": A_VALUES, "dtype": DTYPES}
@@ -124,6 +135,12 @@ class KernelDesign:
                                   or self.loads == "staged" or self.half):
             raise ValueError(f"a K split (split=S) is a looped baked fp32 design's (walks=W above 1: each section "
                              f"walked over the block's column blocks); got {self.label}")
+        if self.k_slices not in K_SLICES:
+            raise ValueError(f"design k_slices must be one of {K_SLICES}, got {self.k_slices}")
+        if self.k_slices != 1 and (self.a_values != "baked" or self.loads == "staged" or self.looped or self.half
+                                   or self.section_fmas):
+            raise ValueError(f"a K split across a block's warps (slices=W) is a baked fp32 design's of one walk, based or "
+                             f"chained loads, no split=S; got {self.label}")
         if self.half:
             if not self.accumulate:  # one spelling per design: equal designs are equal keys
                 object.__setattr__(self, "accumulate", "packed")
@@ -189,9 +206,33 @@ class KernelDesign:
         """Rows of K a staged block copies at a time: its chunk of B is at most STAGED_FLOATS floats."""
         return STAGED_FLOATS // self.fixed_n1 if self.loads == "staged" else 0
 
+    @property
+    def block_groups(self) -> int:
+        """Groups of N1 threads a block has, all over the block's N1·V columns: a staged block's tiles, a
+        sliced tile's slices of K, 1 for every other design (LaunchLayout.groups)."""
+        return self.tiles_per_block * self.k_slices
+
     def block_threads(self, n1: int) -> int:
-        """Threads a block of its kernel has at N1: N1 for each of its tiles."""
-        return n1 * self.tiles_per_block
+        """Threads a block of its kernel has at N1: N1 for each of its tiles (each slice of a sliced tile)."""
+        return n1 * self.block_groups
+
+    def slice_shared_bytes(self, m1: int, n1: int) -> int:
+        """A sliced block's shared memory for its partial sums at most (0 for every other design): a slot
+        of N1·V floats for each slice and row of M1 (render.sliced keeps only the rows two slices touch)."""
+        return 4 * self.k_slices * m1 * n1 * self.columns_per_thread if self.k_slices > 1 else 0
+
+    def block_problem(self, m1: int, n1: int) -> str:
+        """Why a block of tile (M1, N1) in this design cannot be launched ("" when it can), past what the
+        registers say (kernel.registers, devices.block_fits_registers): a sliced block's threads past 1024
+        or its partial sums past SLICE_SHARED_BYTES."""
+        if self.k_slices == 1:
+            return ""
+        if self.block_threads(n1) > 1024:
+            return f"{self.k_slices} slices × N1 = {n1}: {self.block_threads(n1)} threads a block, over 1024"
+        if self.slice_shared_bytes(m1, n1) > SLICE_SHARED_BYTES:
+            return (f"{self.k_slices} slices × M1 = {m1} × N1·V = {n1 * self.columns_per_thread}: "
+                    f"{self.slice_shared_bytes(m1, n1)} bytes of partial sums, over {SLICE_SHARED_BYTES}")
+        return ""
 
     def blocks_along_a(self, num_tiles: int) -> int:
         """Blocks along A that walk `num_tiles` tiles: one a tile, or a staged block's tiles_per_block."""
@@ -210,6 +251,7 @@ class KernelDesign:
         key += (self.tiles_per_block,) if self.loads == "staged" else ()
         key += (self.tile_warps,) if self.tile_warps != 1 else ()
         key += (("split", self.section_fmas),) if self.section_fmas else ()
+        key += (("slices", self.k_slices),) if self.k_slices != 1 else ()
         return key + (self.dtype, self.accumulate, self.promote_every) if self.half else key
 
     @property
@@ -229,7 +271,8 @@ class KernelDesign:
     def _tiles_label(self) -> str:
         return ((f",tiles={self.tiles_per_block}" if self.loads == "staged" else "")
                 + (f",warps={self.tile_warps}" if self.tile_warps != 1 else "")
-                + (f",split={self.section_fmas}" if self.section_fmas else ""))
+                + (f",split={self.section_fmas}" if self.section_fmas else "")
+                + (f",slices={self.k_slices}" if self.k_slices != 1 else ""))
 
     @property
     def label(self) -> str:
@@ -239,11 +282,12 @@ class KernelDesign:
                 f"v={self.columns_per_thread}{self._tiles_label}")
 
     def facts(self) -> dict:
-        """Its fields and label; tiles_per_block only for a staged design, section_fmas only for a K
-        split (the facts of every other design, and so what is keyed on them, as before)."""
+        """Its fields and label; tiles_per_block only for a staged design, section_fmas and k_slices only
+        for a K split (the facts of every other design, and so what is keyed on them, as before)."""
         return {"label": self.label, **{k: v for k, v in vars(self).items()
                                         if (k != "tiles_per_block" or self.loads == "staged")
-                                        and (k != "tile_warps" or v != 1) and (k != "section_fmas" or v)}}
+                                        and (k != "tile_warps" or v != 1) and (k != "section_fmas" or v)
+                                        and (k != "k_slices" or v != 1)}}
 
     @classmethod
     def of_facts(cls, facts: dict) -> "KernelDesign":
@@ -260,7 +304,7 @@ def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
     `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged
     design's `tiles=G` (8 unless told) and `warps=1|2|4`, a looped design's K split `split=S`
-    (nonzeros a section), and a half
+    (nonzeros a section), a K split across a block's warps `slices=2|4|8`, and a half
     design's `fp16|bf16`, `acc=packed|f32|mma` (mma: the nm design's, on sparse tensor cores), `promote=K` (a half design is v=2 unless told);
     "baseline" is the default. ValueError naming the token it cannot read, or a token given twice
     with two values (`tile-x,column-x`)."""
@@ -286,12 +330,14 @@ def design_named(text: str) -> KernelDesign:
             field_name, value = "tile_warps", int(token[6:])
         elif token.startswith("split=") and token[6:].isdigit():
             field_name, value = "section_fmas", int(token[6:])
+        elif token.startswith("slices=") and token[7:].isdigit():
+            field_name, value = "k_slices", int(token[7:])
         elif token.startswith(("walks=", "v=")) and token.split("=", 1)[1].isdigit():
             key, number = token.split("=", 1)
             field_name, value = ("column_walks" if key == "walks" else "columns_per_thread"), int(number)
         else:
             raise ValueError(f"design {text!r}: cannot read {token!r} (tokens: baked|streamed, based|chained|staged, "
-                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, split=S, fp16|bf16, acc=packed|f32|mma, "
+                             f"tile-x|column-x, walks=W, v=1|2|4, tiles=G, warps=1|2|4, split=S, slices=W, fp16|bf16, acc=packed|f32|mma, "
                              f"promote=K)")
         if field_name in values and values[field_name] != value:
             raise ValueError(f"design {text!r}: {field_name.replace('_', ' ')} given twice "

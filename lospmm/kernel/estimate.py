@@ -34,6 +34,12 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
   each walked before the next, so a walk refetches a section's code only where the section, not
   the tile, passes the instruction cache; each section after the first reads its rows' partial sums
   back and each before the last stores them (instructions, and C's bytes through L2).
+- A sliced tile (design k_slices = W: a block is W groups of N1 threads, each walking a slice of the
+  tile's columns): the same loads and multiply-adds, each group's own set-up and call, each reduced
+  row's partial stored and loaded through shared memory and added (`slice_instructions`, every row
+  counted as reduced: an upper bound); W times the warps a block, with its partial sums' shared
+  memory, in the occupancy; a tile's serial walk is its slice's, about 1/W of it, then a barrier and
+  the owner's sums.
 - A convolution's implicit-im2col kernel is priced as the GEMM of its im2col shape in its design
   (the window test of its loads, or of a staged block's copies, is not counted).
 - Time = launch floor + max(issue, instruction supply, memory, latency, longest single block).
@@ -264,6 +270,20 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
     return instr + work.spill_bytes / 4.0
 
 
+def slice_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
+    """Instructions a sliced tile's warps execute past the unsliced walk's (walk_instructions), per tile
+    and warp of one group, summed over its W groups: each further group's set-up and call, each group's
+    slice and shared address, and every row's partials (counted as reduced, an upper bound: a stored
+    partial, its load and V adds for each group but the owner) and a barrier; 0 for other designs."""
+    d = work.design
+    if d.k_slices == 1:
+        return np.zeros(len(work.tile_loads))
+    w = d.k_slices
+    per_tile = ((w - 1) * (params.block_overhead_instr + params.call_instr) + 4 * w
+                + work.m1 * (w - 1) * (2 + d.columns_per_thread) + 2 * w)
+    return np.full(len(work.tile_loads), float(per_tile))
+
+
 # a streamed kernel's loop per non-empty column: the column's offset, its B load and address, each
 # row's value from data, the FFMAs of every row (a zero where a row has none), the loop's own two
 STREAMED_LOOP_INSTR = 2
@@ -297,10 +317,16 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
         return Timing("estimate", float("inf"), Status.ERROR, f"{work.registers} registers > {device.max_regs_per_thread}")
     if work.design.loads == "staged":
         return staged_timing(work, device, params)
-    atb = resident_blocks(work.registers, work.n1, work.smem_bytes, device)
+    d = work.design
+    problem = d.block_problem(work.m1, work.n1)
+    if problem:
+        return Timing("estimate", float("inf"), Status.ERROR, problem)
+    # a sliced block's W groups of N1 threads, its partial sums (a proxy's are in its dynamic smem_bytes)
+    atb = resident_blocks(work.registers, d.block_threads(work.n1),
+                          max(work.smem_bytes, d.slice_shared_bytes(work.m1, work.n1)), device)
     if atb < 1:
         return Timing("estimate", float("inf"), Status.ERROR, "no block fits on an SM")
-    ws, d = device.warp_size, work.design
+    ws = device.warp_size
     v = d.columns_per_thread
     n = -(-work.n // v) * v  # launched over a multiple of V columns
     per_block = work.n1 * v
@@ -313,8 +339,12 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
     fmas = (loads * work.m1 if d.a_values == "streamed" else work.tile_fmas.astype(np.float64)) \
         * fma_instructions_per_nonzero(d)
     instr = walk_instructions(work, params)
+    sliced = slice_instructions(work, params)
+    slices = d.k_slices
     zero_instr = params.store_instr * work.m1 + params.block_overhead_instr
-    total_warp_instr = warps_per_row * (instr.sum() + work.zero_blocks * zero_instr)
+    # a zeroing block's other groups only start and leave
+    total_warp_instr = warps_per_row * (instr.sum() + sliced.sum() + work.zero_blocks * (
+        zero_instr + (slices - 1) * params.block_overhead_instr))
     sm_cycles_issue = total_warp_instr / (device.sms * params.issue_per_sm_cycle)
     sm_cycles_ffma = warps_per_row * fmas.sum() / (device.sms * device.fp32_lanes_per_sm / ws)
     sm_cycles_lsu = 0.0
@@ -353,9 +383,16 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
         # a column's B address waits on its entry's load and its FFMAs on B: ptxas issues the next
         # column's loads after them (its SASS, sm_90: no load kept ahead across the loop's iterations)
         wait = device.mem_latency_cycles + params.data_latency_cycles
-    resident_warps = device.sms * atb * -(-work.n1 // ws)
+    resident_warps = device.sms * atb * -(-work.n1 // ws) * slices
     latency_s = warps_per_row * loads.sum() * wait / resident_warps / clock_hz
-    longest_s = (loads.max(initial=0) * wait + instr.max(initial=0)) * walks_per_block / clock_hz
+    # a sliced tile's serial walk is one slice's, then the barrier and the owners' sums (a shared load's
+    # latency, and each owner's share of the rows' loads and adds)
+    if slices > 1:
+        path = ((loads * wait + instr + sliced) / slices + 2 * params.smem_latency_cycles
+                + work.m1 * (slices - 1) * (1 + d.columns_per_thread) / slices).max(initial=0)
+    else:
+        path = loads.max(initial=0) * wait + instr.max(initial=0)
+    longest_s = path * walks_per_block / clock_hz
     body = max(compute_s, memory_s, latency_s, longest_s, fetch_s)
     return Timing("estimate", params.launch_us + body * 1e6, Status.OK, "", compute_s * 1e6, memory_s * 1e6,
                   latency_s * 1e6, atb, 0, fetch_s * 1e6)

@@ -48,25 +48,28 @@ NM_GROUPS = (4, 8, 16, 32)  # the M that held_pattern looks for (cuSPARSELt's 4,
 
 def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
     """(N, M, V): the N:M pattern `matrix` holds — at most N nonzeros in every group of M columns and
-    exactly N in at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2; the one of least N/M (then
-    the smallest M), with the longest vector V of consecutive rows that share each group's columns
-    (2, 4, 8, … dividing the rows) — or None when no group size fits (stages.prune.nm_pattern_of
-    names it an NMPattern)."""
+    exactly N in at least 90% of the groups of its non-empty rows (a row pruned whole, or an output
+    channel a checkpoint left at zero, is no evidence against the pattern), M in NM_GROUPS dividing K,
+    N < M; the one of least N/M (then the smallest M), with the longest vector V of consecutive rows
+    that share each group's columns (2, 4, 8, … dividing the rows) — or None when no group size fits
+    (stages.prune.nm_pattern_of names it an NMPattern). The 90% rule tells an N:M pruning (nearly every
+    group filled to N) from unstructured sparsity (which merely stays under some N)."""
     a = sp.csr_matrix(matrix, copy=True)
     a.eliminate_zeros()  # a stored zero is no nonzero of the pattern (nm_operands drops it too)
     rows, k = a.shape
     if a.nnz == 0:
         return None
     row_of = np.repeat(np.arange(rows), np.diff(a.indptr))
+    filled = np.flatnonzero(np.diff(a.indptr))  # the rows holding a nonzero
     found = None
     for m in NM_GROUPS:
         if k % m or k < m:
             continue
-        counts = np.bincount(row_of * (k // m) + a.indices // m, minlength=rows * (k // m))
+        counts = np.bincount(row_of * (k // m) + a.indices // m, minlength=rows * (k // m)).reshape(rows, k // m)
         n = int(counts.max())
         # an N:M pruning fills nearly every group to N (weights zero already leave a few short);
         # unstructured sparsity merely stays under some N
-        if 2 * n <= m and (counts == n).mean() >= 0.9 and (found is None or n * found[1] < found[0] * m):
+        if n < m and (counts[filled] == n).mean() >= 0.9 and (found is None or n * found[1] < found[0] * m):
             found = (n, m)
     if found is None:
         return None

@@ -86,9 +86,9 @@ class KernelSpec:
             raise KernelSpecError(f"{where}: the N:M kernel has no proxy form")
         if self.form == "proxy" and not self.epilogue.empty:
             raise KernelSpecError(f"{where}: a proxy fuses no epilogue")
-        if self.layout.tiles_per_block != self.design.tiles_per_block:
-            raise KernelSpecError(f"{where}: its layout's {self.layout.tiles_per_block} tiles a block are not its "
-                                  f"design's {self.design.tiles_per_block}")
+        if self.layout.groups != self.design.block_groups:
+            raise KernelSpecError(f"{where}: its layout's {self.layout.groups} groups of threads a block are not its "
+                                  f"design's {self.design.block_groups}")
         if self.layout.columns_per_thread != self.design.columns_per_thread:
             raise KernelSpecError(f"{where}: its layout's {self.layout.columns_per_thread} columns per thread are not "
                                   f"its design's {self.design.columns_per_thread}")
@@ -148,8 +148,8 @@ class KernelSpec:
     @property
     def cooperative(self) -> bool:
         """Whether a block's threads share memory and meet at barriers (the host emulation then runs
-        them as a cooperative block): the N:M and staged kernels."""
-        return self.nm is not None or self.design.loads == "staged"
+        them as a cooperative block): the N:M, staged and sliced kernels."""
+        return self.nm is not None or self.design.loads == "staged" or self.design.k_slices > 1
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -265,11 +265,16 @@ class KernelSpec:
             return (f"B is K×N and C is M×N, row-major {self.dtype} (16-bit); N is a runtime argument, even (pad B and "
                     f"C with a column), B and C 4-byte aligned")
         v = self.layout.columns_per_thread
-        if self.layout.tiles_per_block > 1:
-            per_block = self.design.fixed_n1 * self.layout.columns_per_thread  # a proxy's threads are a launch fact
-            return (f"B is K×N and C is M×N, row-major float32; N is a runtime argument; a block's "
-                    f"{self.layout.tiles_per_block} tiles (n1 threads) share {per_block} columns: launch "
-                    f"ceil(N / {per_block}) blocks along y (kernel.json's `grid`)")
+        if self.layout.groups > 1:
+            # a proxy's threads are a launch fact: a staged block's N1 is its design's
+            n1 = self.design.fixed_n1 or self.layout.threads // self.layout.groups
+            per_block = n1 * v
+            groups = (f"{self.layout.groups} tiles" if self.design.loads == "staged"
+                      else f"{self.layout.groups} slices of K")
+            return ("B is K×N and C is M×N, row-major float32; N is a runtime argument"
+                    + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else "")
+                    + f"; a block's {groups} ({n1} threads each) share {per_block} columns: launch "
+                    f"ceil(N / {per_block}) column blocks (kernel.json's `grid`)")
         return ("B is K×N and C is M×N, row-major float32; N is a runtime argument"
                 + (f", a multiple of {v} (pad B and C with columns), B and C {4 * v}-byte aligned" if v > 1 else ""))
 

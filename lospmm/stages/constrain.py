@@ -141,8 +141,8 @@ def constrained_candidates(
             waste = (num_b * n1 * width - n) / (num_b * n1 * width)
             if stats.num_tiles == 0:
                 reason = "empty"
-            elif not block_fits_registers(regs, threads, device):
-                reason = "register"
+            elif not block_fits_registers(regs, threads, device) or design.block_problem(m1, n1):
+                reason = "register"  # a block past the SM's registers (a sliced one's: its threads or shared memory)
             elif blocks < device.sms * params.min_blocks_per_sm:
                 reason = "utilisation"
             elif stats.cov_nnz > params.th_row or waste > params.th_col:

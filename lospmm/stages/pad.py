@@ -47,9 +47,12 @@ def proxy_launch(num_tiles: int, n: int, m1: int, n1: int, regs_per_thread: int,
     return ProxyLaunch(m1, n1, layout.row_blocks, grid_y, block, atb, smem)
 
 
-def proxy_dynamic_shared(smem_bytes: int, clusters) -> int:
-    """The dynamic shared memory a proxy launches with for Eq. 6's `smem_bytes` a block: what its own
-    (ProxyClusters.shared_bytes: a staged proxy's union, as the full kernel's) leaves to add. Where
-    the full kernel's shared memory bounds its occupancy, this is 0 and the proxy's own bounds it
-    the same way."""
+def proxy_dynamic_shared(smem_bytes: int, clusters, design: KernelDesign = BASELINE, n1: int = 0) -> int:
+    """The dynamic shared memory a proxy of `design` launches with at N1 = `n1` for Eq. 6's `smem_bytes` a
+    block: what its own (ProxyClusters.shared_bytes: a staged proxy's union, as the full kernel's) leaves
+    to add; a sliced proxy's partial sums are dynamic, so at least theirs (the full kernel's most,
+    KernelDesign.slice_shared_bytes). Where the full kernel's shared memory bounds its occupancy, the
+    proxy's own bounds it the same way."""
+    if design.k_slices > 1:
+        return max(smem_bytes, design.slice_shared_bytes(clusters.m1, n1))
     return max(0, smem_bytes - clusters.shared_bytes)

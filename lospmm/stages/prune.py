@@ -253,9 +253,9 @@ def random_nm_pruned(rows: int, k: int, pattern: NMPattern, rng: np.random.Gener
 
 def nm_pattern_of(matrix: sp.csr_matrix) -> NMPattern | None:
     """The N:M pattern `matrix` holds (lospmm.kernel.nm.held_pattern: at most N nonzeros in every
-    group of M columns and exactly N in at least 90% of them, M in NM_GROUPS dividing K, N ≤ M/2, the
-    least N/M, with the longest vector of consecutive rows sharing each group's columns); None when
-    no group size fits."""
+    group of M columns and exactly N in at least 90% of the groups of its non-empty rows, M in NM_GROUPS
+    dividing K, N < M, the least N/M, with the longest vector of consecutive rows sharing each group's
+    columns); None when no group size fits."""
     held = held_pattern(matrix)
     return None if held is None else NMPattern(*held)
 

@@ -27,17 +27,19 @@ DESIGN_FEATURES = ("columns_per_thread", "column_walks", "column_x", "chained", 
 STAGED_FEATURES = ("tiles_per_block", "tile_warps")
 # a K split's section (0 for every other design): added where a split design is ranked beside the others
 SPLIT_FEATURES = ("section_fmas",)
+# a sliced tile's groups of warps along K (1 for every other design): added where a sliced design is ranked
+SLICE_FEATURES = ("k_slices",)
 
 
 @lru_cache(maxsize=None)
 def design_features(label: str) -> dict:
-    """DESIGN_FEATURES, STAGED_FEATURES and SPLIT_FEATURES of the design with this label
+    """DESIGN_FEATURES, STAGED_FEATURES, SPLIT_FEATURES and SLICE_FEATURES of the design with this label
     (KernelDesign.label; "" is the baseline)."""
     d = design_named(label or "baseline")
     return {"columns_per_thread": d.columns_per_thread, "column_walks": d.column_walks,
             "column_x": int(d.order == "column-x"), "chained": int(d.loads == "chained"),
             "streamed": int(d.a_values == "streamed"), "tiles_per_block": d.tiles_per_block,
-            "tile_warps": d.tile_warps, "section_fmas": d.section_fmas}
+            "tile_warps": d.tile_warps, "section_fmas": d.section_fmas, "k_slices": d.k_slices}
 
 
 def ranker_features(metadata: dict) -> tuple[str, ...]:
@@ -47,15 +49,18 @@ def ranker_features(metadata: dict) -> tuple[str, ...]:
 
 def ranks_designs(features, designs=()) -> bool:
     """Whether a ranker with these features tells kernel designs apart (`designs`, KernelDesign: and
-    these among them, a staged one's by STAGED_FEATURES too, a K split's by SPLIT_FEATURES)."""
+    these among them, a staged one's by STAGED_FEATURES too, a K split's by SPLIT_FEATURES, a sliced one's
+    by SLICE_FEATURES)."""
     return set(design_feature_names(designs)) <= set(features)
 
 
 def design_feature_names(designs) -> tuple[str, ...]:
     """The design features a ranker of `designs` (KernelDesign) is trained on: DESIGN_FEATURES, and
-    STAGED_FEATURES where a staged design is among them, SPLIT_FEATURES where a K split is."""
+    STAGED_FEATURES where a staged design is among them, SPLIT_FEATURES where a K split is, SLICE_FEATURES
+    where a sliced one is."""
     return (DESIGN_FEATURES + (STAGED_FEATURES if any(d.loads == "staged" for d in designs) else ())
-            + (SPLIT_FEATURES if any(d.section_fmas for d in designs) else ()))
+            + (SPLIT_FEATURES if any(d.section_fmas for d in designs) else ())
+            + (SLICE_FEATURES if any(d.k_slices > 1 for d in designs) else ()))
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,8 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
 def feature_value(row: dict, name: str) -> float:
     """One feature of a candidate row; a design feature from the row's `design` label where the row
     does not hold it (a row without one is the baseline's)."""
-    if (name in DESIGN_FEATURES or name in STAGED_FEATURES or name in SPLIT_FEATURES) and name not in row:
+    if (name in DESIGN_FEATURES or name in STAGED_FEATURES or name in SPLIT_FEATURES or name in SLICE_FEATURES) \
+            and name not in row:
         return float(design_features(row.get("design") or "")[name])
     return float(row[name])
 
@@ -283,8 +289,8 @@ def chosen_candidates(rows: Sequence[dict], booster, params: RankParams = RankPa
             raise ValueError("the candidates span several kernel designs and the ranker was trained on one "
                              "(train a design-aware one: lospmm train-ranker --designs auto)")
         if len(designs) > 1 and not ranks_designs(features, [design_named(d or "baseline") for d in designs]):
-            raise ValueError("the candidates span staged designs and the ranker was trained without them (train "
-                             "one with them: lospmm train-ranker --designs 'auto;staged,tiles=8')")
+            raise ValueError("the candidates span staged, split or sliced designs and the ranker was trained without "
+                             "them (train one with them: lospmm train-ranker --designs 'auto;staged,tiles=8')")
         scores, ranks = ranked(rows, booster, params.top_k, features)
         return scores, ranks, ranks <= params.top_k
     n = len(rows)

@@ -32,5 +32,5 @@ def proxy_under_test(launch: dict, compiled: dict, clusters, design: KernelDesig
     spec = KernelSpec(compiled["kernel"], "proxy", m, k, clusters.m1, proxy_layout(len(clusters.cluster_of), design),
                       len(clusters.cluster_of), design)
     return LaunchUnderTest(None, m, k, launch["n"], launch["n1"], compiled["registers"],
-                           int(compiled["thread_spill_bytes"]), proxy_dynamic_shared(launch["smem_bytes"], clusters),
+                           int(compiled["thread_spill_bytes"]), proxy_dynamic_shared(launch["smem_bytes"], clusters, design, launch["n1"]),
                            clusters=clusters, spec=spec, cubin=cubin)

@@ -18,24 +18,31 @@ def test_the_ab_plan_puts_every_design_on_todays_tile():
     plan = sets.ab_plan()
     assert len(plan) == len(sets.AB_LAYERS) * len(sets.AB_DESIGNS) and len({p.id for p in plan}) == len(plan)
     query = [p for p in plan if p.layer == "encoder.layer.0.attention.self.query"]
-    assert {(p.m1, p.n1) for p in query} == {(12, 512)}  # the tile measured in the committed call l
+    assert {(p.m1, p.n1) for p in query if "slices" not in p.design} == {(12, 512)}  # as measured in call l
+    # a sliced block of 12 rows: 4 slices of 512 threads pass 1024, so the widest N1 of whole warps that fits
+    sliced = {p.design: p.n1 for p in query if "slices" in p.design}
+    assert sliced == {design_named("chained,slices=2").label: 512, design_named("chained,slices=4").label: 256,
+                      design_named("chained,v=2,slices=2").label: 256}
+    assert all(design_named(d).block_problem(12, n1) == "" for d, n1 in sliced.items())
     assert {p.design for p in query} == {design_named(d).label for d in sets.AB_DESIGNS}
     assert all(p.matrix == query[0].matrix for p in query)  # one pruned A, shared by the designs
 
 
 def test_the_held_out_designs_set_puts_every_auto_design_on_layers_the_design_price_never_saw():
     from benchmarks import device
-    from lospmm.kernel.choices import DESIGN_CANDIDATES
+    from lospmm.kernel.choices import DESIGN_CANDIDATES, PENDING_DESIGNS
     from lospmm.kernel.estimate import DESIGN_PRICINGS
 
     plan = sets.ab_plan(layers=sets.AB_HELD_OUT_LAYERS)
     assert not set(sets.AB_HELD_OUT_LAYERS) & set(sets.AB_LAYERS)  # the price was fitted on the A/B layers alone
     assert {p.model for p in plan} == set(sets.MODELS) and len({(p.model, p.layer) for p in plan}) == 11
-    # every design --design auto prices, each with its fitted factor, on each layer's measured tile
-    assert {p.design for p in plan} == {design_named(d).label for d in DESIGN_CANDIDATES} \
-        == set(dict(DESIGN_PRICINGS["h100"].factors))
+    # every design --design auto prices, each with its fitted factor, on each layer's measured tile, and
+    # those waiting for their factor
+    assert {p.design for p in plan} == {design_named(d).label for d in DESIGN_CANDIDATES + PENDING_DESIGNS}
+    assert {design_named(d).label for d in DESIGN_CANDIDATES} == set(dict(DESIGN_PRICINGS["h100"].factors))
     ffn = [p for p in plan if p.layer == "encoder.layer.0.output.dense"]
-    assert {(p.m1, p.n1) for p in ffn} == {(12, 512)} and len({p.id for p in plan} | {p.id for p in sets.ab_plan()}) == 220
+    assert {(p.m1, p.n1) for p in ffn if "slices" not in p.design} == {(12, 512)}
+    assert len({p.id for p in plan} | {p.id for p in sets.ab_plan()}) == 2 * 11 * 13
     step = device.step_named("designs-held-out")
     assert [b.options["layers"] for b in step.bundles] == [sets.AB_HELD_OUT_LAYERS]
 

@@ -209,7 +209,7 @@ def test_the_staged_kernel_package_round_trips_through_kernel_json():
     a = sp.csr_matrix(np.eye(8, 40, dtype=np.float32))
     spec = staged_source(a, 2, 2).spec
     facts = json.loads(spec.to_json())
-    assert facts["launch"]["tiles_per_block"] == 2 and facts["block"]["x"] == 64
+    assert facts["launch"]["groups"] == 2 and facts["block"]["x"] == 64
     assert facts["grid"]["y"] == "ceil(N / 32)"
     wide = staged_source(sp.csr_matrix(np.eye(8, 40, dtype=np.float32)), 2, 2, warps=4).spec
     facts = json.loads(wide.to_json())
@@ -227,7 +227,7 @@ def test_a_staged_kernels_register_cap_is_above_the_floor_and_its_layout_agrees_
     for m1 in (1, 4, 12, 48):  # at the floor of 32 a staged tile of 4 rows spilled
         assert predicted_registers(m1, design=staged) == predicted_registers(m1, design=chained) + RegisterModel.staged_regs
     spec = staged_source(sp.csr_matrix(np.eye(8, 40, dtype=np.float32)), 2, 2).spec
-    with pytest.raises(KernelSpecError, match="2 tiles a block are not its design's 8"):
+    with pytest.raises(KernelSpecError, match="2 groups of threads a block are not its design's 8"):
         replace(spec, design=staged)
 
 

@@ -234,5 +234,5 @@ def test_a_staged_launch_past_the_grids_y_limit_says_what_a_staged_design_can_ch
     from lospmm.kernel.layout import LaunchLayout
 
     layout = LaunchLayout(4, 256, 1, 1, "tile-x", 8)  # 8 tiles of 32 columns a block
-    with pytest.raises(ValueError, match="a staged block's N1 is 32 a warp of its tiles"):
+    with pytest.raises(ValueError, match="a staged or sliced block walks once: more warps a tile"):
         layout.grid(32 * 70000)

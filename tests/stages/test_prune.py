@@ -166,6 +166,19 @@ def test_nm_pruning_keeps_the_largest_n_of_every_m(nm, v, row_groups, col_groups
         assert found is not None and found.n * m <= n * found.m  # its own ratio (or a tighter one) is found
 
 
+def test_a_pattern_past_half_and_a_checkpoint_with_empty_rows_are_found_and_unstructured_sparsity_is_not():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 128)).astype(np.float32)
+    assert nm_pattern_of(nm_pruned(weight, NMPattern(3, 4))) == NMPattern(3, 4)  # N > M/2: served too
+    two_four = nm_pruned(weight, NMPattern(2, 4)).toarray()
+    two_four[rng.random(64) < 0.3] = 0  # output channels pruned whole: no group of theirs is full
+    two_four[0, :8] = 0  # weights that were zero already leave a few groups short
+    assert nm_pattern_of(sp.csr_matrix(two_four)) == NMPattern(2, 4)
+    for sparsity in (0.25, 0.5, 0.75):  # unstructured: under some N everywhere, but few groups at it
+        random = np.where(rng.random(weight.shape) < sparsity, 0, weight)
+        assert nm_pattern_of(sp.csr_matrix(random)) is None, sparsity
+
+
 def test_nm_pruned_layers_record_the_pattern_and_bad_layers_say_why():
     good = pruned_layer(_shape(m=16, k=64), 0.5, PruneParams(method="nm:2:4"), np.ones((16, 64), np.float32))
     assert good.pattern == NMPattern(2, 4) and good.sparsity_achieved == 0.5

@@ -83,7 +83,8 @@ def test_design_features_come_from_the_rows_design_label():
 
     wide = design_named("chained,column-x,walks=4,v=4")
     assert design_features(wide.label) == {"columns_per_thread": 4, "column_walks": 4, "column_x": 1, "chained": 1,
-                                           "streamed": 0, "tiles_per_block": 1, "tile_warps": 1, "section_fmas": 0}
+                                           "streamed": 0, "tiles_per_block": 1, "tile_warps": 1, "section_fmas": 0,
+                                           "k_slices": 1}
     assert design_features(design_named("streamed,chained").label)["streamed"] == 1
     assert design_features("") == design_features(BASELINE.label)
     rows = [{f: 1.0 for f in FEATURES} | {"design": wide.label}, {f: 1.0 for f in FEATURES}]
@@ -98,7 +99,7 @@ def test_design_features_come_from_the_rows_design_label():
     assert not ranks_designs(FEATURES + DESIGN_FEATURES, staged)
     assert ranks_designs(FEATURES + DESIGN_FEATURES + STAGED_FEATURES, staged)
     staged_rows = [rows[0], {f: 1.0 for f in FEATURES} | {"design": design_named("staged,tiles=8").label}]
-    with pytest.raises(ValueError, match="the candidates span staged designs and the ranker was trained without them"):
+    with pytest.raises(ValueError, match="the candidates span staged, split or sliced designs and the ranker was trained without them"):
         chosen_candidates(staged_rows, None, features=FEATURES + DESIGN_FEATURES)
 
 

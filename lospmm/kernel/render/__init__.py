@@ -1,7 +1,8 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
 and convolution (render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM and convolution (render.nm),
-N:M GEMM on sparse tensor cores (render.sparse_mma), implicit-im2col convolution (render.conv) — with the number format as the
+N:M GEMM on sparse tensor cores (render.sparse_mma), sliced GEMM (a tile's K split across a block's
+warps, render.sliced), implicit-im2col convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
@@ -16,6 +17,7 @@ from lospmm.kernel.render.baked import baked_kernel, baked_proxy
 from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
 from lospmm.kernel.render.conv import conv_kernel
 from lospmm.kernel.render.nm import nm_kernel
+from lospmm.kernel.render.sliced import sliced_kernel, sliced_proxy
 from lospmm.kernel.render.sparse_mma import sparse_mma_kernel
 from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.kernel.render.staged import staged_kernel, staged_proxy
@@ -56,6 +58,8 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
         return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
     if design.loads == "staged":
         return staged_kernel(matrix, tiles, n1, params, epilogue)
+    if design.k_slices > 1:
+        return sliced_kernel(matrix, tiles, n1, params, epilogue)
     if design.a_values == "streamed":
         if params.n1_at_launch:
             raise ValueError(f"design {design.label}: N1 at launch is the baked fp32 kernels' so far")
@@ -72,4 +76,6 @@ def proxy_source(m: int, k: int, clusters, params: CodegenParams = CodegenParams
         return streamed_proxy(m, k, clusters, params)
     if params.design.loads == "staged":
         return staged_proxy(m, k, clusters, params)
+    if params.design.k_slices > 1:
+        return sliced_proxy(m, k, clusters, params)
     return baked_proxy(m, k, clusters, params)
