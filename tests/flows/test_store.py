@@ -124,3 +124,33 @@ def test_a_bundles_code_version_is_known_on_a_machine_without_prefect():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == inputs_hash("ab", {})
+
+
+def test_a_lock_waited_on_a_while_says_who_holds_it(tmp_path):
+    # a second run on the same artifacts seemed to hang: its wait now names the holder, once
+    import threading
+
+    from lospmm.flows.storage.store import lock_holder, locked
+
+    path = tmp_path / "artifact.parquet"
+    held, release, said = threading.Event(), threading.Event(), []
+
+    def holder():
+        with locked(path):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder, name="the-holder")
+    t.start()
+    held.wait(10)
+    lines = lock_holder(tmp_path / ".artifact.parquet.lock")
+    assert f"pid {__import__('os').getpid()}" in lines and "the-holder" in lines
+    timer = threading.Timer(0.5, release.set)
+    timer.start()
+    with locked(path, poll_s=0.02, waiting=said.append, note_after_s=0.1):
+        pass
+    t.join()
+    assert len(said) == 1 and "waiting for artifact.parquet" in said[0] and "the-holder" in said[0]
+    with locked(path, waiting=said.append, note_after_s=0.0):  # free: taken at once, nothing said
+        pass
+    assert len(said) == 1

@@ -87,6 +87,11 @@ def _item(stage: str, row: dict) -> str:
     return row.get("layer", "") + (f" M1={row['m1']}" if row.get("m1") and stage != "emit" else "")
 
 
+def lock_wait_noted(line: str) -> None:
+    """Say, once a lock has been waited on a while, who holds it (store.locked's `waiting`)."""
+    run_logger().info(line)
+
+
 def run_logger():
     """Prefect's logger for the task run, or a plain logger when an adapter is called directly."""
     from prefect.exceptions import MissingContextError
@@ -194,7 +199,8 @@ def run_stage(stage: str, schema: pa.Schema, key: str, ctx: RunContext, label: s
         return _failed(stage, key, label, f"not run: {failed[0]['stage']} {failed[0]['label']} failed")
     path = artifact_path(ctx.root, stage, label, key)
     try:
-        with locked(path, check=stop_requested):  # another task or run on this key waits, then reuses it
+        # another task or run on this key waits (saying who holds it), then reuses it
+        with locked(path, check=stop_requested, waiting=lock_wait_noted):
             meta = None if force else valid_sidecar(path)
             if meta is not None:
                 return _manifest(meta, ctx.root, path, reused=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lospmm.files import atomic_write, file_sha256
 from lospmm.flows.storage.store import locked
-from lospmm.flows.execution.taskio import stop_requested
+from lospmm.flows.execution.taskio import lock_wait_noted, stop_requested
 from lospmm.kernel.spec import KernelSource
 from lospmm.flows.execution.units import UnitCompiler, threads
 from lospmm.stages.compile import CompileOptions, compile_key, link_key, linked
@@ -53,7 +53,8 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
     hit = _valid(d, LINKED_FILES)
     if hit is not None:
         return _served(hit, None, time.perf_counter() - t0), True
-    with locked(d, check=stop_requested):  # two runs on one kernel: one builds it, the other waits, reuses it
+    # two runs on one kernel: one builds it, the other waits (saying who holds it), reuses it
+    with locked(d, check=stop_requested, waiting=lock_wait_noted):
         hit = _valid(d, LINKED_FILES)
         if hit is not None:
             return _served(hit, None, time.perf_counter() - t0), True
@@ -65,7 +66,7 @@ def cached_kernel(root: str | Path, kernel: KernelSource, options: CompileOption
             def landed(j: int, out: dict) -> None:
                 i = missing[j]
                 unit_dir = cache_dir(root, keys[i])
-                with locked(unit_dir, check=stop_requested):  # another kernel may have stored it: keep theirs
+                with locked(unit_dir, check=stop_requested, waiting=lock_wait_noted):  # another kernel may have stored it: keep theirs
                     units[i] = _valid(unit_dir, FILES) or _stored(unit_dir, root, keys[i], kernel.units[i],
                                                                   f"{kernel.name}_unit{i}", options, out)
                 stop_requested()

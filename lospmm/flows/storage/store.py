@@ -14,6 +14,10 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
+import socket
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from functools import lru_cache
@@ -165,14 +169,33 @@ def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Tabl
     return pq.read_table(path, columns=columns)
 
 
+def _holder_line() -> str:
+    """What a lock's holder writes into its lock file: its process, host, thread and command, and when."""
+    command = " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv[:6])) if sys.argv else ""
+    return (f"pid {os.getpid()} on {socket.gethostname()} (thread {threading.current_thread().name}, "
+            f"{command or 'python'}) since {time.strftime('%H:%M:%S')}\n")
+
+
+def lock_holder(lock: Path) -> str:
+    """Who holds (or last held) the lock file `lock`, as its holder wrote it; "" when unknown."""
+    try:
+        return lock.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
 @contextmanager
-def locked(path: Path, check=None, poll_s: float = 0.2):
+def locked(path: Path, check=None, poll_s: float = 0.2, waiting=None, note_after_s: float = 10.0):
     """An exclusive lock on `path` (a `.lock` file beside it) across threads and processes: two runs,
-    or two tasks of one run, that reach the same artifact or compile key compute it once. While
-    waiting, `check()` is called every `poll_s` (it raises to give up, e.g. when the run is stopped)."""
+    or two tasks of one run, that reach the same artifact or compile key compute it once. The holder
+    writes who it is into the lock file (lock_holder); while waiting, `check()` is called every
+    `poll_s` (it raises to give up, e.g. when the run is stopped), and after `note_after_s` seconds
+    `waiting(line)` once, with the line naming the holder: a second run on the same artifacts seems
+    to hang otherwise."""
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as f:
+        start, noted = time.monotonic(), waiting is None
         while True:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -180,7 +203,18 @@ def locked(path: Path, check=None, poll_s: float = 0.2):
             except BlockingIOError:
                 if check is not None:
                     check()
+                if not noted and time.monotonic() - start >= note_after_s:
+                    noted = True
+                    waiting(f"waiting for {path.name}: {lock_holder(lock) or 'another holder'} has it (a run or "
+                            f"task computing the same key; it is reused once done)")
                 time.sleep(poll_s)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(_holder_line())
+            f.flush()
+        except OSError:  # who holds it is a courtesy: a full disk must not fail the lock
+            pass
         try:
             yield
         finally:
