@@ -405,9 +405,10 @@ def variant_summary(rows: list[dict], set_name: str, reference: str, estimate: b
 def prefetch_depth_summary(rows: list[dict]) -> list[dict]:
     """What loads in flight save on one tile (the prefetch-tiles step): per depth P, each layer's
     `prefetch-P` kernel over `prefetch-P-tile` (the same tile at depth 1), measured and as the bundle's
-    estimate said, in geomean over the layers with both, with the least and most measured. The
-    estimate divides a load's latency by (1 + P); on the H200 (2026-11-27) it said 0.60 and 0.45 at
-    depths 4 and 8 where 0.90 and 0.83 were measured."""
+    estimate said, in geomean over the layers with both, with the least and most measured. The bundle's
+    estimate divided a load's latency by (1 + P); on the H200 (2026-11-27) it said 0.60 and 0.45 at
+    depths 4 and 8 where 0.90 and 0.83 were measured (the term is fitted to them since:
+    benchmarks/prefetch_fit.py)."""
     by: dict = {}
     for r in rows:
         if r.get("set") == "prefetch-tiles" and r.get("status") == "ok" and math.isfinite(float(r.get("ours_us") or "inf")):

@@ -27,7 +27,9 @@ hardware bound (PHYSICAL_BOUNDS) it never leaves, the others are read from the S
   the measured times of the baseline kernels (issue 20).
 - Memory: DRAM bytes (B and C once, plus spills) over DRAM bandwidth, and L2 bytes (every block's
   B column reads, C stores, spills) over L2 bandwidth.
-- Latency: each warp waits `mem_latency / (1 + prefetch)` per load (a streamed kernel's loop, which
+- Latency: each warp waits `mem_latency / 2 · (2 / (1 + prefetch))^prefetch_exponent` per load
+  (`load_wait`: half the latency at the flow's depth 1; deeper prefetch saves less than 1/(1 + P) — the
+  H200's same-tile pairs, fitted by benchmarks/prefetch_fit.py) (a streamed kernel's loop, which
   keeps no load ahead across its iterations, `mem_latency + data_latency` per column: its entry's
   and B's); resident warps overlap.
 - A K split (design section_fmas): each tile's code in sections of at most that many multiply-adds,
@@ -118,7 +120,12 @@ class EstimateParams:
     broadcast of one address, go through them as its B loads do; the datasheet's). The sparse
     tensor-core kernel's: mma_efficiency=0.5 (the share of the tensor cores' or the issue rate, whichever
     binds, its loop reaches between two barriers a stage: a prior, not fitted until the device program's
-    nm step measures it)."""
+    nm step measures it). prefetch_exponent=0.2 (load_wait: a load's wait at prefetch depth P is
+    (2 / (1 + P))^0.2 of its wait at depth 1; fitted 2026-11-27 by `python -m benchmarks.prefetch_fit
+    --gpu h100` on the H200's 16 same-tile pairs at depths 4 and 8, priced as the bundle priced them
+    (the H100 calibration): mean squared log error of the depth-P / depth-1 ratio 0.0084, 0.011 with each
+    layer left out, where the old exponent 1, 1/(1 + P), had 0.28; 0.15 with the H200's own datasheet
+    model)."""
 
     launch_us: float = 3.0
     addr_instr_per_load: int = 3
@@ -148,6 +155,7 @@ class EstimateParams:
     smem_latency_cycles: float = 30.0
     data_latency_cycles: float = 33.0
     lsu_per_sm_cycle: float = 1.0
+    prefetch_exponent: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -270,6 +278,13 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
     return instr + work.spill_bytes / 4.0
 
 
+def load_wait(latency_cycles: float, prefetch: int, params: EstimateParams = EstimateParams()) -> float:
+    """Cycles a warp waits per B load with `prefetch` loads kept ahead: half the latency at depth 1
+    (as the model always had it), (2 / (1 + P))^prefetch_exponent of that at depth P — the exponent 1
+    is the old 1/(1 + P), which said depth 4 and 8 save 3× what the H200 measured on the same tiles."""
+    return latency_cycles / 2 * (2 / (1 + prefetch)) ** params.prefetch_exponent
+
+
 def slice_instructions(work: KernelWork, params: EstimateParams = EstimateParams()) -> np.ndarray:
     """Instructions a sliced tile's warps execute past the unsliced walk's (walk_instructions), per tile
     and warp of one group, summed over its W groups: each further group's set-up and call, each group's
@@ -378,7 +393,7 @@ def estimated_timing(work: KernelWork, device: Device, params: EstimateParams = 
         l2 += 4.0 * float((loads * (work.m1 + 1)).sum()) * -(-n // (work.n1 * v))
     memory_s = max(dram / (device.dram_gbps * 1e9), l2 / (device.l2_gbps * 1e9))
 
-    wait = device.mem_latency_cycles / (1 + work.prefetch)
+    wait = load_wait(device.mem_latency_cycles, work.prefetch, params)
     if d.a_values == "streamed":
         # a column's B address waits on its entry's load and its FFMAs on B: ptxas issues the next
         # column's loads after them (its SASS, sm_90: no load kept ahead across the loop's iterations)
