@@ -335,7 +335,9 @@ def test_the_prefetch_tiles_set_prices_each_depths_tile_and_builds_it_at_that_de
     from lospmm.stages.constrain import layer_candidates
     from lospmm.stages.reorder import tile_stats
 
-    layer = ("bert-base", "pooler.dense")
+    # a layer whose deep tiles differ from the flow's at both depths under the fitted prefetch term
+    # (BERT's pooler, before it: since, its deep tiles are the flow's, planned once)
+    layer = ("resnet50", "layer2.0.conv2")
     plan = sets.prefetch_tiles_plan(layers=(layer,))
     assert [p.variant for p in plan] == ["prefetch-1", "prefetch-4", "prefetch-4-tile", "prefetch-8",
                                          "prefetch-8-tile"]
