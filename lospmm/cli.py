@@ -354,16 +354,11 @@ def _run_dtype(record: dict) -> str:
 def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None = None) -> str:
     """An artifact deleted or damaged since its run (ArtifactError), and the `lospmm rerun` that
     recomputes it: its stage `stage`, else the one whose folder the message names."""
-    import re
-
-    from lospmm.flows.reports.inspection import artifact_problem, lospmm_command
+    from lospmm.flows.reports.inspection import lospmm_command
     from lospmm.stages import STAGE_LAYERS
 
     stage = stage or next((name for name, folder in STAGE_LAYERS.items() if f"/{folder}/" in str(error)), "extract")
-    named = re.match(r"artifact (\S+\.parquet) is missing", str(error))  # store.read_artifact's: say which file fails
-    why = artifact_problem(named[1]) if named else ""
-    return (f"artifact {named[1]}: {why}" if why else str(error)) + \
-        f"; `{lospmm_command({}, 'rerun', '--stage', stage, run_id, root=artifacts)}` recomputes it"
+    return f"{error}; `{lospmm_command({}, 'rerun', '--stage', stage, run_id, root=artifacts)}` recomputes it"
 
 
 @app.command()

@@ -749,7 +749,7 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         if not found:
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
-    from lospmm.flows.reports.inspection import artifact_problem, lospmm_command
+    from lospmm.flows.reports.inspection import lospmm_command
     from lospmm.flows.storage.runs import artifacts_of, run_record
     from lospmm.flows.storage.store import ArtifactError, read_artifact
 
@@ -773,7 +773,7 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         table = read_artifact(emitted, columns=["kernel_dir", "status"]).to_pylist()
     except ArtifactError as e:  # a file of it edited or deleted since: name that file, and what mends it
         rerun = lospmm_command(record, "rerun", "--stage", "emit", record["run_id"], root=artifacts)
-        raise KernelDirError(f"run {record['run_id']}: {artifact_problem(emitted) or e}; `{rerun}` rebuilds it") from None
+        raise KernelDirError(f"run {record['run_id']}: {e.reason or e}; `{rerun}` rebuilds it") from None
     found = [Path(artifacts) / r["kernel_dir"] for r in table if r["status"] == "ok" and r["kernel_dir"]]
     if not found:  # as an empty folder: nothing to serve is no model served
         raise KernelDirError(f"run {record['run_id']}: no layer got a kernel "

@@ -25,7 +25,7 @@ from lospmm.flows.execution import progress
 from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, Node, node_key
 from lospmm.flows.storage.runs import RunStatus, process_fields, release_reserve, reserve_space, write_run_record
-from lospmm.flows.storage.store import artifact_path, intact_sidecar, sidecar_path, valid_sidecar
+from lospmm.flows.storage.store import artifact_path, checked_sidecar, sidecar_path, valid_sidecar
 from lospmm.flows.reports.summary import layer_outcomes, publish_layer_summary, write_summary
 from lospmm.flows.execution.stopping import stopped_quietly
 from lospmm.flows.execution.taskio import POLLING_STOP, STOP, Interrupted, RunContext, quiet_disk_errors, run_failure
@@ -267,10 +267,9 @@ def _reusable(path: Path, stage: str, label: str, logger) -> bool:
     if valid_sidecar(path) is not None:
         return True
     if sidecar_path(path).exists():
-        from lospmm.flows.reports.inspection import artifact_problem
-
+        meta, problem = checked_sidecar(path)
         why = ("the artifact was written incomplete (a layer failed in a way a retry may fix)"
-               if intact_sidecar(path) is not None else artifact_problem(path) or "the artifact fails its checksum")
+               if meta is not None else problem or "the artifact fails its checksum")
         logger.warning("%s %s: %s; computing it again", stage, label, why)
     return False
 

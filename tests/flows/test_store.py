@@ -72,12 +72,20 @@ def test_truncated_or_missing_artifacts_are_detected(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     assert valid_sidecar(path) is None
-    with pytest.raises(ArtifactError, match="a.parquet"):
+    with pytest.raises(ArtifactError, match="a.parquet") as raised:
         read_artifact(path)
+    # the error carries the file and what is wrong with it (the CLI's and lospmm.torch's hints read them)
+    assert raised.value.path == path and raised.value.reason == "a.parquet does not match its checksum (truncated or edited)"
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
     assert valid_sidecar(path) is None
+    path.with_suffix(".json").write_text("[1, 2]", encoding="utf-8")  # a sidecar lospmm did not write
+    with pytest.raises(ArtifactError, match="is not one lospmm wrote"):
+        read_artifact(path)
     path.unlink()
     assert valid_sidecar(path) is None
+    with pytest.raises(ArtifactError, match="a.parquet is missing") as raised:
+        read_artifact(path)
+    assert raised.value.path == path
 
 
 def test_failed_write_keeps_the_previous_artifact(tmp_path):

@@ -13,7 +13,7 @@ from rich.table import Table
 from lospmm.flows.dag import list_columns
 from lospmm.flows.reports.summary import grouped_summary
 from lospmm.flows.storage.runs import RunStatus, shown_status
-from lospmm.flows.storage.store import intact_sidecar, read_artifact
+from lospmm.flows.storage.store import artifact_problem, intact_sidecar, read_artifact
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.status import Status
 
@@ -59,36 +59,6 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
                   " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg["until"], str(len(entries)),
                   str(sum(e["state"] == "Cached" for e in entries)))
     return t
-
-
-def artifact_problem(path: str | Path) -> str:
-    """Why the artifact at `path` cannot be trusted, naming the file at fault ("" when it is whole):
-    its sidecar, the file itself, or a file of a kernel directory it lists. What store.intact_sidecar
-    decides, said (that function stays as it is while the prepared bundles hash its module)."""
-    import json
-
-    from lospmm.files import file_sha256, manifest_problem
-    from lospmm.flows.storage.store import sidecar_path
-
-    path = Path(path)
-    try:
-        meta = json.loads(sidecar_path(path).read_text(encoding="utf-8"))
-    except OSError:
-        return f"{path} is missing" if not path.exists() else f"its sidecar {sidecar_path(path).name} is missing"
-    except ValueError:
-        return f"its sidecar {sidecar_path(path).name} is not readable JSON"
-    if not path.exists():
-        return f"{path} is missing"
-    try:
-        if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"]:
-            return f"{path.name} does not match its checksum (truncated or edited)"
-        for directory, digest in meta.get("attachments", {}).items():
-            problem = manifest_problem(path.parent / directory, digest)
-            if problem:  # the kernel directory's file, named from the artifact's folder
-                return problem.replace(f"{path.parent}/", "")
-    except (OSError, KeyError, TypeError) as e:
-        return f"its sidecar {sidecar_path(path).name} is not one lospmm wrote ({type(e).__name__}: {e})"
-    return ""
 
 
 def run_outcome(record: dict) -> tuple[str, str]:

@@ -32,7 +32,12 @@ from lospmm.stages import STAGE_LAYERS
 
 
 class ArtifactError(RuntimeError):
-    """An artifact is missing, truncated, or does not match its checksum."""
+    """An artifact is missing, truncated, or does not match its checksum: `path` is the artifact,
+    `reason` what is wrong with it, naming the file at fault (artifact_problem)."""
+
+    def __init__(self, message: str, path: Path | None = None, reason: str = ""):
+        super().__init__(message)
+        self.path, self.reason = path, reason
 
 
 def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
@@ -144,28 +149,51 @@ def valid_sidecar(path: Path) -> dict[str, Any] | None:
     return None if meta is None or meta.get("incomplete") else meta
 
 
-def intact_sidecar(path: Path) -> dict[str, Any] | None:
-    """The sidecar of a whole, uncorrupted artifact at `path`, else None: the file matches its
-    checksum and every directory it lists as attached (emit's kernel directories, relative to the
-    artifact's folder) matches its manifest. An incomplete artifact is intact: its own run reads it
-    (the summary names the layers that failed) but never reuses it."""
+def checked_sidecar(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the sidecar, "") of a whole, uncorrupted artifact at `path`, else (None, why not, naming the file
+    at fault: its sidecar, the file itself, or a file of a kernel directory it lists). Whole: the file
+    matches its checksum and every directory it lists as attached (emit's kernel directories, relative
+    to the artifact's folder) matches its manifest. An incomplete artifact is whole: its own run reads
+    it (the summary names the layers that failed) but never reuses it."""
+    path = Path(path)
     side = sidecar_path(path)
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
+    except OSError:
+        return None, (f"{path} is missing" if not path.exists() else f"its sidecar {side.name} is missing")
+    except ValueError:
+        return None, f"its sidecar {side.name} is not readable JSON"
+    if not path.exists():
+        return None, f"{path} is missing"
+    try:
         if path.stat().st_size != meta["bytes"] or file_sha256(path) != meta["sha256"]:
-            return None
-        if any(manifest_problem(path.parent / d, h) for d, h in meta.get("attachments", {}).items()):
-            return None
-        return meta
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            return None, f"{path.name} does not match its checksum (truncated or edited)"
+        for directory, digest in meta.get("attachments", {}).items():
+            problem = manifest_problem(path.parent / directory, digest)
+            if problem:  # the kernel directory's file, named from the artifact's folder
+                return None, problem.replace(f"{path.parent}/", "")
+    except (OSError, KeyError, TypeError, AttributeError) as e:
+        return None, f"its sidecar {side.name} is not one lospmm wrote ({type(e).__name__}: {e})"
+    return meta, ""
+
+
+def intact_sidecar(path: Path) -> dict[str, Any] | None:
+    """The sidecar of a whole, uncorrupted artifact at `path`, else None (checked_sidecar says why)."""
+    return checked_sidecar(path)[0]
+
+
+def artifact_problem(path: str | Path) -> str:
+    """Why the artifact at `path` cannot be trusted, naming the file at fault ("" when it is whole)."""
+    return checked_sidecar(Path(path))[1]
 
 
 def read_artifact(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """Read a checked artifact; ArtifactError names the file if it is missing or corrupt."""
+    """Read a checked artifact; ArtifactError names the file and what is wrong with it if it is missing
+    or corrupt."""
     path = Path(path)
-    if intact_sidecar(path) is None:
-        raise ArtifactError(f"artifact {path} is missing, truncated or fails its checksum")
+    meta, why = checked_sidecar(path)
+    if meta is None:
+        raise ArtifactError(f"artifact {path}: {why}", path, why)
     return pq.read_table(path, columns=columns)
 
 
