@@ -97,6 +97,10 @@ def test_failed_row_names_where_and_the_exception_type():
     assert row == {"layer": "conv1", "m1": 8, "status": "error",
                    "message": "compile M1=8: ZeroDivisionError: division by zero"}
     assert row["status"] is Status.ERROR and base["status"] == Status.OK  # the base row is not changed
+    # an error that already names the layer first is not prefixed with it twice
+    named = failed_row(base, "conv1", ValueError("conv1: K=30 is not a multiple of M=4"))
+    assert named["message"] == "conv1: ValueError: K=30 is not a multiple of M=4"
+    assert failed_row(base, "conv1", ValueError("conv10: odd"))["message"] == "conv1: ValueError: conv10: odd"
 
 
 def test_layer_fields_copy_the_layer_columns_and_extras():

@@ -127,8 +127,11 @@ def is_transient(error: BaseException) -> bool:
 
 def failed_row(base: dict, where: str, error: BaseException) -> dict:
     """One layer's (or candidate's) failure as a row: the others carry on. A transient failure is
-    marked so: it is retried once, and an artifact holding one is never reused."""
-    return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {error}",
+    marked so: it is retried once, and an artifact holding one is never reused. An error that names
+    `where` itself first (`layer: why`, as the stages' ValueErrors do) is not prefixed with it again."""
+    text = str(error)
+    said = text[len(where) + 2:] if where and text.startswith(f"{where}: ") else text
+    return {**base, "status": Status.ERROR, "message": f"{where}: {type(error).__name__}: {said}",
             **({"transient": True} if is_transient(error) else {})}
 
 
