@@ -75,7 +75,7 @@ def test_a_torch_checkpoint_is_named_as_one_with_what_to_give_instead(tmp_path, 
         tensor_infos(path)
     line = str(e.value)
     assert "\n" not in line and str(path) in line and "looks like a torch checkpoint" in line
-    assert "lt.search(model, example_input)" in line and "safetensors.torch.save_file(model.state_dict()" in line
+    assert "lt.search(model, example_input)" in line and "lt.save_model(model, example_input, 'model.safetensors')" in line
 
 
 def test_a_missing_tensor_is_named(tmp_path):

@@ -146,7 +146,8 @@ def _torch_checkpoint_hint(p: Path) -> str:
         return ""
     return (f"weights file {p} looks like a torch checkpoint (torch.save), not safetensors: search the model with "
             f"`import lospmm.torch as lt; lt.search(model, example_input)`, or save its weights with "
-            f"`safetensors.torch.save_file(model.state_dict(), 'model.safetensors')` and pass that file")
+            f"`lt.save_model(model, example_input, 'model.safetensors')` (each layer's geometry kept: its "
+            f"convolutions are served as convolutions) and pass that file")
 
 
 def saved_graph(path: str | Path) -> list[GraphWeight] | None:
