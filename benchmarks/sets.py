@@ -326,8 +326,13 @@ def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list
             d, tile_n1 = design_named(design), n1
             if d.k_slices > 1 and (d.block_problem(m1, n1) or n1 % 32):
                 # a sliced block's threads and shared memory bound its N1, and a slice is whole warps: the
-                # widest multiple of 32 under the tile's that it launches at
-                tile_n1 = max([w for w in range(32, n1 + 1, 32) if not d.block_problem(m1, w)], default=32)
+                # widest multiple of 32 under the tile's that it launches at (the tile's own under 32)
+                fits = [w for w in range(32, n1 + 1, 32) if not d.block_problem(m1, w)] or \
+                    ([n1] if not d.block_problem(m1, n1) else [])
+                if not fits:
+                    raise ValueError(f"{model} {layer}: design {d.label} launches at no N1 up to the tile's "
+                                     f"{m1}×{n1} ({d.block_problem(m1, n1)})")
+                tile_n1 = max(fits)
             narrowed = f"; N1 {tile_n1}, the widest whole warps its block launches at" if tile_n1 != n1 else ""
             out.append(Planned(_id("ab", model, layer, design), "ab", model, layer, shape.m, shape.k, shape.n, sparsity,
                                4 if model != "bert-base" else 32, d.label, m1, tile_n1, _id(model, layer, sparsity),
@@ -883,6 +888,7 @@ def sample_jobs(params: SampleParams = SampleParams()) -> list[Job]:
 def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) -> list[Job]:
     from lospmm.kernel.estimate import proxy_work
     from lospmm.search import SearchParams, layer_search, proxy_sources
+    from lospmm.stages.pad import proxy_dynamic_shared
     from lospmm.stages.prune import pruned_layer
     from lospmm.stages.rank import RankParams
 
@@ -904,7 +910,8 @@ def _layer_jobs(shape, params: SampleParams, booster, device, variants: bool) ->
                     rank=ranks[(m1, n1s[0])], also_at=tuple((n1, ranks[(m1, n1)]) for n1 in n1s[1:]), **base)
         jobs.append(Job(p, lambda kernel=kernel: kernel, None,
                         {"cluster_of": [int(x) for x in cl.cluster_of],
-                         "smem_at": {n1: int(search.launches[(m1, n1, label)].smem_bytes) for n1 in n1s},
+                         "smem_at": {n1: proxy_dynamic_shared(int(search.launches[(m1, n1, label)].smem_bytes), cl,
+                                                              design_named(label), n1) for n1 in n1s},
                          "tile_loads": [int(x) for x in work.tile_loads], "tile_fmas": [int(x) for x in work.tile_fmas],
                          "zero_blocks": 0}))
 

@@ -110,17 +110,18 @@ def design_problem(design: KernelDesign, m1: int, n1: int, n: int, device, conv:
     """Why the kernel of tile (m1, n1) in `design` (`conv`: a convolution's implicit-im2col kernel)
     cannot serve N columns ("" when it can): its predicted registers above the device's limit per
     thread or per block, a grid past its limits."""
+    problem = design.block_problem(m1, n1)  # a sliced block's threads and shared memory, before its registers
+    if problem:
+        return problem
     registers = predicted_registers(m1, design=design, conv=conv)
     if registers > device.max_regs_per_thread:
         return f"{registers} registers predicted, over {device.max_regs_per_thread}"
-    if not block_fits_registers(registers, n1, device):
+    if not block_fits_registers(registers, design.block_threads(n1), device):
         # the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: 5 kernels of the H200's A/B, v=2 and v=4
         # on tiles sized for the baseline's registers; one of the H100's resnet50 headline, 86 × 736)
-        return (f"{registers} registers predicted × {n1} threads: the launch checks "
-                f"{launch_block_registers(registers, n1, device)} a block, over {device.max_regs_per_block}")
-    problem = design.block_problem(m1, n1)
-    if problem:
-        return problem
+        return (f"{registers} registers predicted × {design.block_threads(n1)} threads: the launch checks "
+                f"{launch_block_registers(registers, design.block_threads(n1), device)} a block, over "
+                f"{device.max_regs_per_block}")
     try:
         LaunchLayout(1, n1, design.columns_per_thread, design.column_walks, design.order).grid(n)
     except ValueError as e:

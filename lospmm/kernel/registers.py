@@ -27,13 +27,12 @@ class RegisterModel:
     V 2 and 4, walks 1 and 4, spilled at most 16 B at 8 a lane above the GEMM's prediction, none at 12
     but one tile of V = 2, M1 = 4), mask_regs=2 (a baked conv kernel of one pixel a thread keeps its
     window's mask of entries beside the sums: NVRTC sm_90, ptxas -O1, 3×3 and 7×7 layers at 0.8, M1
-    1-12, spilled 16 B at the floor of 32 at M1 = 4, none 2 above), slice_regs=4 and
-    slice_based_regs=12 (a sliced tile of one column a thread keeps its slice, its shared address and
-    whether it is inside N beside the sums: NVRTC sm_90, ptxas -O1, a 256×1024 layer at 0.9, N1 = 64, M1
-    4-24, 2-8 slices: chained loads spilled 16-56 B at the baked prediction, none 4 above; based loads
-    up to 144 B, none 12 above; at V = 2 and 4 none at the prediction). ConstrainParams carries the same
-    fields, these defaults, as run options (lane_regs, mask_regs, slice_regs, slice_based_regs: the
-    model's own)."""
+    1-12, spilled 16 B at the floor of 32 at M1 = 4, none 2 above), slice_regs=4 (a sliced tile of one
+    column a thread keeps its slice, its shared address and whether it is inside N beside the sums:
+    NVRTC sm_90, ptxas -O1, a 256×1024 layer at 0.9, N1 = 32 and 64, M1 4-24, 2-8 slices, chained loads:
+    16-56 B spilled at the baked prediction, none 4 above; at V = 2 and 4 none at the prediction, kernel
+    and proxy). ConstrainParams carries the same fields, these defaults, as run options (lane_regs,
+    mask_regs, slice_regs: the model's own)."""
 
     prefetch_regs: int = 2
     overhead_regs: int = 14
@@ -47,7 +46,6 @@ class RegisterModel:
     lane_regs: int = 12
     mask_regs: int = 2
     slice_regs: int = 4
-    slice_based_regs: int = 12
 
 
 def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = BASELINE, conv: bool = False) -> int:
@@ -85,8 +83,6 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     elif conv and design.a_values == "baked" and design.loads != "staged":  # its pixel's window mask
         window = getattr(params, "mask_regs", RegisterModel.mask_regs)
     split = params.split_regs_per_row * m1 + 2 if design.section_fmas else 0
-    sliced = 0
-    if design.k_slices > 1 and v == 1:  # its slice, shared address and test of N beside the sums
-        field_name = "slice_regs" if design.loads == "chained" else "slice_based_regs"
-        sliced = getattr(params, field_name, getattr(RegisterModel, field_name))
+    # a sliced tile of one column a thread: its slice, shared address and test of N beside the sums
+    sliced = getattr(params, "slice_regs", RegisterModel.slice_regs) if design.k_slices > 1 and v == 1 else 0
     return max(params.min_regs, regs) + staged + window + split + sliced

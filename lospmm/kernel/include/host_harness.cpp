@@ -13,7 +13,9 @@
 // missing barrier as a schedule can be: a thread always runs ahead of the ones that write what it reads.
 // The block's threads are made once and run every block in turn (a block's threads made and joined per
 // block cost a sliced kernel of 1000 tiles minutes under ASan): the main thread starts a block (its
-// generation) and waits until every thread is done with it.
+// generation) and waits until every thread is done with it. A kernel's thread_local state (mma.cuh's
+// exchange turns and queues) so carries from one block to the next: each lane does the same exchanges
+// in every block, so it is back where it started.
 struct lospmm_block_run {
   std::mutex mu;
   std::vector<std::unique_ptr<std::condition_variable>> wake;
