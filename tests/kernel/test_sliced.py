@@ -50,7 +50,7 @@ def test_a_row_two_slices_touch_is_reduced_and_owned_by_one_of_them():
     assert owner[0] == 0 and owner[2] == 2 and owner[3] == 0  # a row none touches: slice 0 stores its zero
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 30), k=st.integers(1, 120), density=st.floats(0.05, 0.7), m1=st.integers(1, 6),
        slices=st.sampled_from([2, 4, 8]), v=st.sampled_from([1, 2, 4]), order=st.sampled_from(["tile-x", "column-x"]),
        n=st.sampled_from([1, 37, 200]), prefetch=st.integers(0, 2), seed=st.integers(0, 1000))
