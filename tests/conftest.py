@@ -69,3 +69,33 @@ def run_directly(plan, sparsity: float, wrap=None, force: tuple[str, ...] = ()) 
 
         done[node.stage] = wrap(node.stage, call) if wrap else call()
     return done
+
+
+def host_run_wrong(kernel, a, n) -> bool:
+    """Whether the host run of `kernel` on A (`a`) over `n` columns, under ASan, is wrong or stops: what a
+    test of a kernel broken on purpose asserts."""
+    from lospmm.kernel.check import checked
+    from lospmm.kernel.host import HostKernel
+
+    try:
+        return not checked(HostKernel(kernel, True), a, n).ok
+    except Exception:  # AddressSanitizer stopped it: a store past C
+        return True
+
+
+def proxy_on_host(design):
+    """The proxy of a 38×256 A at 0.6 in tiles of 4 rows (the last tile's rows past M guarded) in `design`,
+    and its host run under ASan over 150 columns at N1 = 32: (its source, its output)."""
+    import numpy as np
+
+    from lospmm.kernel.host import HostKernel
+    from lospmm.kernel.render import CodegenParams, proxy_source
+    from lospmm.stages.cluster import proxy_clusters
+    from lospmm.stages.prune import random_pruned
+    from lospmm.stages.reorder import reordered_tiles
+
+    a = random_pruned(38, 256, 0.6, np.random.default_rng(0))
+    clusters = proxy_clusters(a, reordered_tiles(a, 4), 0.6, 2)
+    kernel = proxy_source(38, 256, clusters, CodegenParams(design=design))
+    out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": clusters.cluster_of})
+    return kernel, clusters, out

@@ -17,15 +17,15 @@ from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import estimate_timer
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.registers import predicted_registers
-from lospmm.kernel.render import CodegenParams, kernel_source, proxy_source
+from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.render.sliced import column_slices, row_owners
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest
-from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.constrain import constrained_candidates
 from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles, tile_stats
+from tests.conftest import host_run_wrong, proxy_on_host
 
 
 @given(st.lists(st.integers(0, 9), max_size=40), st.sampled_from([2, 4, 8]))
@@ -67,14 +67,6 @@ def test_a_sliced_kernel_computes_a_times_b_through_its_epilogue_on_the_host(m, 
     assert result.ok, (design.label, result.message)
 
 
-def wrong(kernel, a, n) -> bool:
-    """Whether the host run of `kernel` (under ASan) is wrong or stops."""
-    try:
-        return not checked(HostKernel(kernel, True), a, n).ok
-    except Exception:  # AddressSanitizer stopped it
-        return True
-
-
 def test_the_barrier_and_every_partial_sum_are_needed():
     a = random_pruned(16, 300, 0.6, np.random.default_rng(3))
     design = design_named("chained,slices=4")
@@ -85,11 +77,11 @@ def test_the_barrier_and_every_partial_sum_are_needed():
     # the host runs a block's threads in index order up to each barrier: without it, an owner of a low
     # slice reads the partials of higher slices before they are stored
     without_barrier = KernelSource(kernel.spec, tuple(u.replace("  __syncthreads();\n", "") for u in kernel.units))
-    assert wrong(without_barrier, a, 70)
+    assert host_run_wrong(without_barrier, a, 70)
     # a partial left out (the first of each tile) loses that slice's share of its row
     dropped = tuple(re.sub(r"    lospmm_part_st\(mine, Pl, [^;]*;\n", "", u, count=1) for u in kernel.units)
     assert dropped != kernel.units
-    assert wrong(KernelSource(kernel.spec, dropped), a, 70)
+    assert host_run_wrong(KernelSource(kernel.spec, dropped), a, 70)
 
 
 def test_the_sliced_launch_is_w_groups_of_n1_threads_over_n1_columns():
@@ -110,14 +102,10 @@ def test_the_sliced_launch_is_w_groups_of_n1_threads_over_n1_columns():
 
 
 def test_a_sliced_proxy_runs_in_bounds_with_its_partials_at_launch():
-    a = random_pruned(38, 256, 0.6, np.random.default_rng(0))  # 38 rows: the last tile's rows past M are guarded
-    tiles = reordered_tiles(a, 4)
-    clusters = proxy_clusters(a, tiles, 0.6, 2)
     design = design_named("chained,slices=4")
-    kernel = proxy_source(38, 256, clusters, CodegenParams(design=design))
+    kernel, clusters, out = proxy_on_host(design)
     assert "LOSPMM_PARTIALS(Ps)" in kernel.source and "__syncthreads();" in kernel.source
     assert kernel.spec.layout.block(32) == 128
-    out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": clusters.cluster_of})
     assert out.shape == (38, 150) and np.isfinite(out).all()
     # launched with its partial sums at least, however little Eq. 6 pads
     assert proxy_dynamic_shared(0, clusters, design, 64) == design.slice_shared_bytes(4, 64) == 4 * 4 * 4 * 64

@@ -16,13 +16,13 @@ from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import estimate_timer
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.registers import predicted_registers
-from lospmm.kernel.render import CodegenParams, kernel_source, proxy_source
+from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.render.common import k_sections
 from lospmm.kernel.spec import KernelSource
 from lospmm.kernel.timing import LaunchUnderTest
-from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles
+from tests.conftest import host_run_wrong, proxy_on_host
 
 
 @given(st.lists(st.integers(1, 9), max_size=30), st.integers(0, 20))
@@ -72,30 +72,17 @@ def test_a_tile_past_its_limit_is_walked_section_by_section_and_the_epilogue_com
     # the walk restarts at the thread's first column for every section: without it, a section after
     # the first starts past N (its do-while runs once there: ASan stops the store past C)
     broken = KernelSource(kernel.spec, tuple(u.replace("  n = n0;\n", "") for u in kernel.units))
-    assert wrong(broken, a, 300)
+    assert host_run_wrong(broken, a, 300)
     # the partial sums are stored as they are: with the ReLU applied to them, negative partials vanish
     relu_partials = tuple(re.sub(r"lospmm_st\(Cn, (\d+), N, (acc\d+)\);", r"lospmm_st(Cn, \1, N, lospmm_relu(\2));", u)
                           for u in kernel.units)
     assert relu_partials != kernel.units
-    assert wrong(KernelSource(kernel.spec, relu_partials), a, 300)
-
-
-def wrong(kernel, a, n) -> bool:
-    """Whether the host run of `kernel` (under ASan) is wrong or stops."""
-    try:
-        return not checked(HostKernel(kernel, True), a, n).ok
-    except Exception:  # AddressSanitizer stopped it: a store past C
-        return True
+    assert host_run_wrong(KernelSource(kernel.spec, relu_partials), a, 300)
 
 
 def test_a_split_proxy_runs_in_bounds_and_follows_its_design():
-    a = random_pruned(38, 256, 0.6, np.random.default_rng(0))  # 38 rows: the last tile's rows past M are guarded
-    tiles = reordered_tiles(a, 4)
-    cl = proxy_clusters(a, tiles, 0.6, 2)
-    design = design_named("chained,walks=3,split=16")
-    kernel = proxy_source(38, 256, cl, CodegenParams(design=design))
+    kernel, _, out = proxy_on_host(design_named("chained,walks=3,split=16"))
     assert "n = n0;" in kernel.source and "lospmm_ldp(Cn," in kernel.source
-    out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": cl.cluster_of})
     assert out.shape == (38, 150) and np.isfinite(out).all()
 
 

@@ -117,7 +117,7 @@ def _signature() -> str:
             "const bool live)")
 
 
-def _thread_setup(lanes: str, slices: int) -> str:
+def _thread_setup(lanes: str) -> str:
     """A tile function's first lines: its slice and its lane's shared address."""
     return (f"  const int slice = threadIdx.x / ({lanes});  // the slice of the tile's columns this group walks\n"
             "  const unsigned mine = lospmm_partial_address(Pl);\n")
@@ -172,7 +172,7 @@ def sliced_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
         body, reduced = sliced_body(code, [int(c) for c in cols], nonzeros, len(rows), params.prefetch,
                                     lambda i, rows=rows: code.store(i, int(rows[i]), epilogue), str(4 * n1 * v))
         most = max(most, reduced)
-        functions.append("".join([f"LOSPMM_TILE void tile_{t}{_signature()} {{\n", _thread_setup(str(n1), slices),
+        functions.append("".join([f"LOSPMM_TILE void tile_{t}{_signature()} {{\n", _thread_setup(str(n1)),
                                   *body, "  LOSPMM_TILE_END\n}\n"]))
     floats = max(1, slices * most * n1 * v)
     header = (f"// lospmm sliced kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} slices={slices} "
@@ -214,7 +214,7 @@ def sliced_proxy(m: int, k: int, clusters, params: CodegenParams = CodegenParams
         body, _ = sliced_body(code, cols, nonzeros, m1, params.prefetch,
                               lambda i: code.store(i, i, None, f"r0 + {i}", f"r0 + {i} < {m}"),
                               f"(int)(blockDim.x / {slices} * {4 * v})")
-        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{_signature()} {{\n", _thread_setup(lanes, slices),
+        functions.append("".join([f"LOSPMM_TILE void proxy_{c}{_signature()} {{\n", _thread_setup(lanes),
                                   f"  const int r0 = blockIdx.{tile_axis} * {m1};\n", *body, "  LOSPMM_TILE_END\n}\n"]))
         costs.append(len(cols) * int(clusters.cpl[c]))
     cases = "".join(f"    case {c}: proxy_{c}(Bn, Cn, N, Pl, live); break;\n" for c in range(clusters.num_clusters))
