@@ -83,7 +83,7 @@ _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfi
 @app.command()
 def run(
     zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint, or a sharded one (its folder or model.safetensors.index.json: the shards read as one model) (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
     tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
     sparsity: list[float] = typer.Option([], "--sparsity", help=f"One or more sparsities in (0, 1) (default: "
                                          f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M; with --prune keep, "
@@ -157,7 +157,7 @@ def run(
     shard = SHARD.search(weights.name) if weights is not None else None
     if shard:  # (a global threshold or kept share over part of a model would say so of the part only)
         err.print(f"[yellow]warning:[/] {weights.name} is shard {int(shard[1])} of {int(shard[2])} of a checkpoint: "
-                  f"only its layers are searched; to search the model, merge the shards into one file")
+                  f"only its layers are searched; to search the model, give its folder (or its model.safetensors.index.json)")
     _run(cfg, refresh=[])
 
 

@@ -285,31 +285,43 @@ def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_
     assert result.exit_code == 2 and "hold none" in result.output  # a sparsity given is no way past it
 
 
-def test_a_sharded_checkpoint_is_named_as_such(tmp_path):
-    """Hugging Face's sharded layout: its index or its folder is refused in one line that says how to
-    search it (the reader called the index a damaged safetensors header, the folder not a file); one
-    shard is searched with a warning that it is part of the model."""
+def test_a_sharded_checkpoint_is_searched_as_one_model(tmp_path):
+    """Hugging Face's sharded layout: its folder or its index is one model, every shard's layers
+    searched under the folder's name (the reader called the index a damaged safetensors header);
+    one shard given alone is searched with a warning that it is part of a model."""
+    import json
+
     import numpy as np
+    import pyarrow.parquet as pq
     from safetensors.numpy import save_file
 
-    folder = tmp_path / "sharded"
+    folder = tmp_path / "tiny-bert"
     folder.mkdir()
     rng = np.random.default_rng(0)
+    weight_map = {}
     for i in (1, 2):
-        save_file({f"layer{i}.dense.weight": rng.standard_normal((16, 16)).astype(np.float32)},
-                  str(folder / f"model-0000{i}-of-00002.safetensors"))
-    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
-    art = str(tmp_path / "art")
-    for given, said in ((folder / "model.safetensors.index.json", "the index of a sharded checkpoint; lospmm reads one "
-                                                                   "weights file: merge the shards"),
-                        (folder, "a folder; give the weights file in it (model-00001-of-00002.safetensors, "
-                                 "model-00002-of-00002.safetensors); lospmm reads one weights file")):
-        refused = runner.invoke(app, ["run", "--weights", str(given), "--until", "extract", "--artifacts", art])
-        assert refused.exit_code == 2 and said in " ".join(refused.output.split()), refused.output
+        shard = f"model-0000{i}-of-00002.safetensors"
+        save_file({f"layer{i}.dense.weight": rng.standard_normal((16, 16)).astype(np.float32)}, str(folder / shard))
+        weight_map[f"layer{i}.dense.weight"] = shard
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for given in (folder, folder / "model.safetensors.index.json"):
+        art = tmp_path / f"art-{given.name}"
+        run = runner.invoke(app, ["run", "--weights", str(given), "--until", "extract", "--sparsity", "0.5",
+                                  "--artifacts", str(art)])
+        assert run.exit_code == 0 and "is shard" not in run.output, run.output
+        rows = [r for f in (art / "01_shapes").glob("*.parquet") for r in pq.read_table(f).to_pylist()]
+        assert sorted((r["model"], r["layer"]) for r in rows) == [("tiny_bert", "layer1.dense.weight"),
+                                                                    ("tiny_bert", "layer2.dense.weight")]
     one = runner.invoke(app, ["run", "--weights", str(folder / "model-00001-of-00002.safetensors"), "--until", "extract",
-                              "--sparsity", "0.5", "--artifacts", art])
+                              "--sparsity", "0.5", "--artifacts", str(tmp_path / "art")])
     assert one.exit_code == 0 and "model-00001-of-00002.safetensors is shard 1 of 2 of a checkpoint: only its layers " \
-                                  "are searched" in " ".join(one.output.split()), one.output
+                                  "are searched; to search the model, give its folder" in " ".join(one.output.split()), \
+        one.output
+    (folder / "model.safetensors.index.json").unlink()
+    refused = runner.invoke(app, ["run", "--weights", str(folder), "--until", "extract", "--artifacts", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "2 safetensors files (model-00001-of-00002.safetensors, " \
+                                      "model-00002-of-00002.safetensors) and no index" in " ".join(refused.output.split()), \
+        refused.output
 
 
 def test_lospmm_kernel_writes_the_runs_dtype_unless_told(tmp_path):

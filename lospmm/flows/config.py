@@ -331,7 +331,12 @@ def checked_root(root: Path, min_free: int = MIN_FREE_BYTES) -> Path:
 
 
 def weights_label(path: str) -> str:
-    return sanitized_name(Path(path).stem)
+    """A weights source's label: its file's stem; a sharded checkpoint's folder name (its index is
+    model.safetensors.index.json whatever the model)."""
+    from lospmm.flows.inputs.weights import INDEX_SUFFIX
+
+    path = Path(path)
+    return sanitized_name(path.resolve().parent.name if path.name.endswith(INDEX_SUFFIX) else path.stem)
 
 
 def _cores() -> int:
@@ -380,12 +385,12 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
                                                                          cfg.image_size)), dtype=cfg.dtype or "fp32")
            for name in dict.fromkeys(cfg.zoo)]
     if cfg.weights:
-        from lospmm.files import file_sha256
+        from lospmm.flows.inputs.weights import weights_file, weights_sha256
 
-        path = str(Path(cfg.weights).resolve())
+        path = str(weights_file(cfg.weights).resolve())  # a sharded checkpoint's folder: its index
         onnx = is_onnx(path)
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
-                          sha256=file_sha256(Path(path)), tokens=cfg.tokens,
+                          sha256=weights_sha256(path), tokens=cfg.tokens,
                           model_config=None if onnx else model_config, images=cfg.cnn_batch if onnx else 0,
                           input_shapes=with_image_batch(path, parsed_input_shapes(cfg.input_shapes), cfg.cnn_batch)
                           if onnx else parsed_input_shapes(cfg.input_shapes),
@@ -488,7 +493,7 @@ def model_config(weights: str | Path) -> ModelConfig | None:
 def _config_json(weights: str | Path) -> dict | None:
     """The `config.json` beside a checkpoint as a dict, None where there is none; ConfigError names
     a file that is there but unreadable."""
-    path = Path(weights).parent / "config.json"
+    path = Path(weights) / "config.json" if Path(weights).is_dir() else Path(weights).parent / "config.json"
     if not path.is_file():
         return None
     try:
@@ -588,44 +593,19 @@ def checked_settings(cfg: RunConfig) -> Device:
     return device
 
 
-def _cut_short(path: str) -> str:
-    """Why a safetensors file cannot hold the tensors its header lists ("" when it can): its last
-    tensor's bytes run past the file's end, as an interrupted copy or download leaves it."""
-    import struct
-
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        (header,) = struct.unpack("<Q", f.read(8))
-        entries = json.loads(f.read(header))
-    ends = []
-    for name, entry in entries.items():
-        try:
-            ends.append((8 + header + int(entry["data_offsets"][1]), name))
-        except (KeyError, TypeError, ValueError, IndexError):  # a header entry unreadable: its tensor's read says so
-            continue
-    end, name = max(ends, default=(0, ""))
-    if end <= size:
-        return ""
-    return (f"weights file {path} is cut short: {size:,} bytes, where its header puts tensor {name} up to byte {end:,} "
-            f"(an interrupted copy or download?)")
-
-
 # a shard of a sharded Hugging Face checkpoint: model-00001-of-00002.safetensors
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.safetensors$")
-_MERGE = ("lospmm reads one weights file: merge the shards into one (safetensors' load_file of each, save_file of "
-          "their union), or give one shard to search its layers only")
 
 
 def _one_weights_file(path: Path) -> None:
-    """ConfigError where --weights names a folder or a sharded checkpoint's index rather than a file
-    of weights (the file reader would call the index's JSON a damaged safetensors header)."""
-    if path.is_dir():
-        found = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".onnx"))[:3]
-        raise ConfigError(f"--weights {path}: a folder; give the weights file in it"
-                          + (f" ({', '.join(found)})" if found else "") + (f"; {_MERGE}" if any(
-                              SHARD.search(f) for f in found) else ""))
-    if path.name.endswith(".index.json"):
-        raise ConfigError(f"--weights {path}: the index of a sharded checkpoint; {_MERGE}")
+    """ConfigError where --weights names a folder that holds no model to read as one: neither one
+    index of a sharded checkpoint nor one safetensors file."""
+    from lospmm.flows.inputs.weights import WeightsFileError, weights_file
+
+    try:
+        weights_file(path)
+    except WeightsFileError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
@@ -658,9 +638,6 @@ def _checked_sources(cfg: RunConfig) -> ModelConfig | None:
             graph = saved_graph(cfg.weights)
         except WeightsFileError as e:
             raise ConfigError(str(e)) from None
-        short = _cut_short(cfg.weights)
-        if short:
-            raise ConfigError(short)
         told = model_config(cfg.weights)
         if graph is not None:
             if not any(w.op for w in graph):

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lospmm.files import file_sha256
 from lospmm.flows.catalog.pruned import csr_from_row
 from lospmm.flows.catalog.reordered import tiles_from_row
 from lospmm.flows.execution.taskio import failed_row, is_transient
@@ -146,7 +145,9 @@ def _measured(label: str, time_us: float | None, why: str, unfold_us: float = 0.
 
 def checked_unchanged(path: str, sha256: str) -> None:
     """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
-    if sha256 and file_sha256(Path(path)) != sha256:
+    from lospmm.flows.inputs.weights import weights_sha256
+
+    if sha256 and weights_sha256(path) != sha256:
         raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
 

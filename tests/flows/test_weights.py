@@ -162,3 +162,74 @@ def test_a_gpt2_conv1d_weight_is_searched_as_its_transpose(tmp_path, model_type,
         row = pruned[name]
         got = sp.csr_matrix((row["data"], row["indices"], row["indptr"]), shape=a.shape).toarray()
         assert np.array_equal(got != 0, np.abs(a) >= np.median(np.abs(a))) and np.array_equal(got[got != 0], a[got != 0])
+
+
+def _sharded(folder, tensors: dict, shards: int = 2):
+    """A sharded checkpoint as Hugging Face writes it: model-0000i-of-0000n.safetensors and the index."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names, weight_map = list(tensors), {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i::shards]}
+        save_file(part, str(folder / shard), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(part, shard)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0},
+                                                                     "weight_map": weight_map}))
+    return folder
+
+
+def test_a_sharded_checkpoint_reads_as_one_model_from_its_index_or_its_folder(tmp_path):
+    from lospmm.flows.inputs.weights import open_weights, weights_sha256
+
+    rng = np.random.default_rng(0)
+    tensors = {f"layer{i}.weight": rng.standard_normal((8, 4 + i)).astype(np.float32) for i in range(5)}
+    folder = _sharded(tmp_path / "m", tensors)
+    for given in (folder, folder / "model.safetensors.index.json"):
+        assert sorted(i.name for i in tensor_infos(given)) == sorted(tensors)
+        for name, want in tensors.items():
+            np.testing.assert_array_equal(load_tensor(given, name), want)
+        with pytest.raises(ValueError, match="nope.weight: no such tensor"):
+            load_tensor(given, "nope.weight")
+    # one SHA-256 over the index and every shard: any shard rewritten changes it
+    before = weights_sha256(folder)
+    assert before == weights_sha256(folder / "model.safetensors.index.json")
+    with open_weights(folder, before) as f:
+        assert len(f.infos()) == 5
+    save_file({"layer1.weight": np.zeros((8, 5), np.float32), "layer3.weight": tensors["layer3.weight"]},
+              str(folder / "model-00002-of-00002.safetensors"))
+    assert weights_sha256(folder) != before
+    from lospmm.flows.inputs.weights import WeightsChanged
+
+    with pytest.raises(WeightsChanged, match="index and its shards"):
+        open_weights(folder, before)
+
+
+def test_a_sharded_checkpoints_faults_are_named(tmp_path):
+    import json
+
+    tensors = {f"l{i}.weight": np.ones((4, 4), np.float32) for i in range(4)}
+    folder = _sharded(tmp_path / "m", tensors)
+    index = folder / "model.safetensors.index.json"
+    (folder / "model-00002-of-00002.safetensors").rename(folder / "moved.safetensors")
+    with pytest.raises(WeightsFileError, match=re.escape(f"weights index {index}: its shard model-00002-of-00002."
+                                                         f"safetensors (2 tensors, l1.weight first) is missing")):
+        tensor_infos(folder)
+    (folder / "moved.safetensors").rename(folder / "model-00002-of-00002.safetensors")
+    listed = json.loads(index.read_text())
+    listed["weight_map"]["l9.weight"] = "model-00001-of-00002.safetensors"
+    index.write_text(json.dumps(listed))
+    with pytest.raises(WeightsFileError, match="it puts tensor l9.weight in model-00001-of-00002.safetensors, whose "
+                                               "header lacks it"):
+        tensor_infos(index)
+    index.write_text('{"weight_map": {}}')
+    with pytest.raises(WeightsFileError, match="its weight_map names no tensors"):
+        tensor_infos(index)
+    index.unlink()  # two shards and no index: which model is meant cannot be told
+    with pytest.raises(WeightsFileError, match="2 safetensors files .* and no index"):
+        tensor_infos(folder)
+    whole = (folder / "model-00001-of-00002.safetensors").read_bytes()
+    (folder / "model-00001-of-00002.safetensors").write_bytes(whole[:-8])  # a shard cut short, named
+    with pytest.raises(WeightsFileError, match="model-00001-of-00002.safetensors is cut short"):
+        tensor_infos(folder / "model-00001-of-00002.safetensors")

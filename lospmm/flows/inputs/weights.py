@@ -1,4 +1,5 @@
-"""Reading real weights from a safetensors file (numpy API, no torch)."""
+"""Reading real weights from a safetensors file, or a sharded checkpoint (Hugging Face's layout: the
+shards and their `model.safetensors.index.json`), as one model (numpy API, no torch)."""
 
 from __future__ import annotations
 
@@ -59,9 +60,28 @@ class WeightsFile:
             except (struct.error, ValueError, MemoryError) as e:
                 raise WeightsFileError(_torch_checkpoint_hint(self.path)
                                        or f"weights file {self.path} is not a readable safetensors file: {e}") from None
+            short = self._cut_short()
+            if short:
+                raise WeightsFileError(short)
         except BaseException:
             self._file.close()
             raise
+
+    def _cut_short(self) -> str:
+        """Why the file cannot hold the tensors its header lists ("" when it can): its last tensor's
+        bytes run past the file's end, as an interrupted copy or download leaves it (the header is
+        whole, so every tensor is listed; only reading the last ones would find out, after the work)."""
+        ends = []
+        for name, entry in self.header.items():
+            try:
+                ends.append((self._data + int(entry["data_offsets"][1]), name))
+            except (KeyError, TypeError, ValueError, IndexError):  # an unreadable entry: its tensor's read says so
+                continue
+        end, name = max(ends, default=(0, ""))
+        if end <= self._stat.st_size:
+            return ""
+        return (f"weights file {self.path} is cut short: {self._stat.st_size:,} bytes, where its header puts tensor "
+                f"{name} up to byte {end:,} (an interrupted copy or download?)")
 
     def infos(self) -> list[TensorInfo]:
         """Name, shape and dtype of every tensor (the header's order)."""
@@ -70,6 +90,11 @@ class WeightsFile:
 
     def metadata(self) -> dict:
         return self.header.get("__metadata__") or {}
+
+    def sha256(self) -> str:
+        """The open file's SHA-256 (what a path replaced since cannot change)."""
+        self._file.seek(0)
+        return _digest(self._file)
 
     def tensor(self, name: str) -> np.ndarray:
         """One tensor as numpy (bfloat16 widened exactly to float32); ValueError naming it when it is
@@ -116,6 +141,140 @@ class WeightsFile:
             self._file.close()
 
 
+INDEX_SUFFIX = ".safetensors.index.json"  # a sharded checkpoint's index: model.safetensors.index.json
+
+
+class ShardedWeights:
+    """A sharded checkpoint opened once as one model: its index (`weight_map`: each tensor's shard) read,
+    every shard opened as a WeightsFile (their headers checked against the index, each shard's fit
+    too). The same reads as WeightsFile: infos (the shards' tensors, in the index's shard order),
+    metadata (the first shard's), tensor (read from its shard). With `sha256` (weights_sha256 of the
+    index), the shards opened must be the ones the run planned with: hashed through the open files;
+    closing checks none was edited meanwhile. A context manager."""
+
+    def __init__(self, index: str | Path, sha256: str = ""):
+        self.path = Path(index)
+        raw, self._where = _index_of(self.path)
+        self._shards: dict[str, WeightsFile] = {}
+        try:
+            for shard in dict.fromkeys(self._where.values()):
+                file = self.path.parent / shard
+                if not file.is_file():
+                    listed = [t for t, s in self._where.items() if s == shard]
+                    raise WeightsFileError(f"weights index {self.path}: its shard {shard} ({len(listed)} tensors, "
+                                           f"{listed[0]} first) is missing")
+                self._shards[shard] = WeightsFile(file)
+            for name, shard in self._where.items():
+                if not isinstance(self._shards[shard].header.get(name), dict):
+                    raise WeightsFileError(f"weights index {self.path}: it puts tensor {name} in {shard}, whose header "
+                                           f"lacks it (shards from another checkpoint?)")
+            if sha256 and _sharded_digest(raw, {s: f.sha256() for s, f in self._shards.items()}) != sha256:
+                raise WeightsChanged(f"{self.path}: the weights changed since the run started (the SHA-256 of the index "
+                                     f"and its shards is not the one the run planned with); run again")
+        except BaseException:
+            for f in self._shards.values():
+                f._file.close()
+            raise
+
+    def infos(self) -> list[TensorInfo]:
+        return [t for shard, f in self._shards.items() for t in f.infos() if self._where.get(t.name) == shard]
+
+    def metadata(self) -> dict:
+        return next(iter(self._shards.values())).metadata()
+
+    def tensor(self, name: str) -> np.ndarray:
+        shard = self._where.get(name)
+        if shard is None:
+            raise ValueError(f"{name}: no such tensor in {self.path}")
+        return self._shards[shard].tensor(name)
+
+    def close(self) -> None:
+        """Close every shard, each checked unedited (the first found edited is raised, all closed)."""
+        changed = None
+        for f in self._shards.values():
+            try:
+                f.close()
+            except WeightsChanged as e:
+                changed = changed or e
+        if changed:
+            raise changed
+
+    def __enter__(self) -> "ShardedWeights":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is None:
+            self.close()
+        else:
+            for f in self._shards.values():
+                f._file.close()
+
+
+def _index_of(index: Path) -> tuple[bytes, dict[str, str]]:
+    """A sharded checkpoint's index: its bytes and its weight_map (tensor -> shard file, beside the
+    index); WeightsFileError naming the index when it cannot be read as one."""
+    try:
+        raw = index.read_bytes()
+        weight_map = json.loads(raw).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:
+        raise WeightsFileError(f"weights index {index} is not readable as a sharded checkpoint's index: {e}") from None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise WeightsFileError(f"weights index {index}: its weight_map names no tensors in shards (a JSON object of "
+                               f"tensor name -> shard file is expected)")
+    outside = next((v for v in weight_map.values() if Path(v).name != v), None)
+    if outside:
+        raise WeightsFileError(f"weights index {index}: shard {outside} is not a file beside the index")
+    return raw, weight_map
+
+
+def _sharded_digest(index: bytes, shards: dict[str, str]) -> str:
+    """One SHA-256 for a sharded checkpoint: its index's bytes and each shard's SHA-256, by name."""
+    blob = json.dumps({"index": hashlib.sha256(index).hexdigest(), "shards": shards}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def weights_file(path: str | Path) -> Path:
+    """What --weights names, as the file to open: a safetensors file or an index as given; a folder,
+    its one index (a sharded checkpoint) or else its one safetensors file. WeightsFileError names a
+    folder holding neither or several."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    indexes = sorted(p for p in path.iterdir() if p.name.endswith(INDEX_SUFFIX))
+    files = sorted(p for p in path.iterdir() if p.suffix == ".safetensors")
+    if len(indexes) == 1 or (not indexes and len(files) == 1):
+        return (indexes or files)[0]
+    found = [p.name for p in (indexes or files)]
+    raise WeightsFileError(f"weights folder {path}: " + (
+        f"{len(found)} safetensors files ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}) and no "
+        f"index ({'model' + INDEX_SUFFIX}) to join them: give one file, or the index of a sharded checkpoint"
+        if found and not indexes else f"{len(found)} indexes ({', '.join(found)}): give the one to search"
+        if indexes else "no safetensors file or index in it"))
+
+
+def is_sharded(path: str | Path) -> bool:
+    return weights_file(path).name.endswith(INDEX_SUFFIX)
+
+
+def open_weights(path: str | Path, sha256: str = "") -> WeightsFile | ShardedWeights:
+    """The weights --weights names opened once: a safetensors file, or a sharded checkpoint (its index
+    or its folder) as one model."""
+    path = weights_file(path)
+    return ShardedWeights(path, sha256) if path.name.endswith(INDEX_SUFFIX) else WeightsFile(path, sha256)
+
+
+def weights_sha256(path: str | Path) -> str:
+    """The SHA-256 a run plans with: a file's; a sharded checkpoint's over its index and every shard."""
+    from lospmm.files import file_sha256
+
+    path = weights_file(path)
+    if not path.name.endswith(INDEX_SUFFIX):
+        return file_sha256(path)
+    raw, where = _index_of(path)
+    return _sharded_digest(raw, {s: file_sha256(path.parent / s) for s in dict.fromkeys(where.values())})
+
+
 def _digest(f) -> str:
     h = hashlib.sha256()
     for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -125,7 +284,7 @@ def _digest(f) -> str:
 
 def tensor_infos(path: str | Path) -> list[TensorInfo]:
     """Name, shape and dtype of every tensor, from the header only; WeightsFileError names the file."""
-    with WeightsFile(path) as f:
+    with open_weights(path) as f:
         return f.infos()
 
 
@@ -154,13 +313,13 @@ def saved_graph(path: str | Path) -> list[GraphWeight] | None:
     """The layer geometry `lospmm.torch.save_model` stored in a safetensors file's metadata (one
     GraphWeight per tensor of the model, searched or not), or None for a plain checkpoint."""
     try:
-        with WeightsFile(path) as f:
+        with open_weights(path) as f:
             return graph_of(f)
     except OSError as e:
         raise WeightsFileError(f"weights file {path} is not readable: {e}") from None
 
 
-def graph_of(weights: WeightsFile) -> list[GraphWeight] | None:
+def graph_of(weights: WeightsFile | ShardedWeights) -> list[GraphWeight] | None:
     """saved_graph of an opened file."""
     text = weights.metadata().get(GRAPH_METADATA)
     if text is None:
@@ -174,7 +333,7 @@ def graph_of(weights: WeightsFile) -> list[GraphWeight] | None:
 def load_tensor(path: str | Path, name: str) -> np.ndarray:
     """One tensor as numpy (bfloat16, which numpy lacks, widened exactly to float32); a tensor that
     cannot be read raises ValueError naming it. To read many, open a WeightsFile once."""
-    with WeightsFile(path) as f:
+    with open_weights(path) as f:
         return f.tensor(name)
 
 
@@ -185,7 +344,7 @@ def planned_weights(path: str, sha256: str):
     end); for an ONNX model, None, its bytes hashed before the reads and its identity checked after
     them. WeightsChanged, one line naming the file, when it is not that file any more."""
     if Path(path).suffix.lower() != ".onnx":
-        with WeightsFile(path, sha256) as f:
+        with open_weights(path, sha256) as f:
             yield f
         return
     p = Path(path)
