@@ -41,6 +41,7 @@ from benchmarks import bundle as bundles
 from benchmarks import pack as packing
 from benchmarks.measure import ContextLost, Deadline, RunOptions, measured_key, progress, run_bundle
 from benchmarks.sets import AB_HELD_OUT_LAYERS, AB_LAYERS
+from lospmm.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -230,17 +231,57 @@ def unmeasured_parts(step: Step, device: str, carry: Path = CARRY, results: Path
     return parts
 
 
-def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS) -> bool:
-    """Whether a step done on `device` has launches in today's carried bundles it did not measure there."""
+def planned_launches(spec: BundleSpec, home: Path = bundles.HOME, say=None) -> list[str]:
+    """Every launch id today's code plans for a bundle (its jobs, and each at its N1s at launch),
+    without compiling: what tells a step done on older code from its new launches (a design added to
+    the A/B) before its bundle is prepared. Kept by the bundle's inputs hash under home/plans: a
+    headline set's plan searches tiles for a minute; `say` is told when one is made."""
+    from benchmarks.sets import set_jobs
+
+    path = Path(home) / "plans" / f"{spec.name}-{spec.inputs}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    if say is not None:
+        say(f"(planning {spec.name} to tell its new launches from today's code; kept until the code changes)")
+    ids = [i for job in set_jobs(spec.set, **spec.options) for i in
+           (job.planned.id, *(f"{job.planned.id}-n{n1}" for n1, _ in job.planned.also_at))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(ids), encoding="utf-8"))
+    return ids
+
+
+def new_launches(step: Step, device: str, results: Path = RESULTS, home: Path = bundles.HOME, say=None) -> int:
+    """How many launches today's code plans for a step's bundles that were never measured under
+    results/<device>/<step> (by id: a kernel changed under the same id is told only by a carried
+    listing, unmeasured_parts)."""
+    out = step_folder(step, device, results)
+    return sum(len(set(planned_launches(spec, home, say)) - {d["row"]["id"] for d in progress(out, spec.name)})
+               for spec in step.bundles)
+
+
+def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS,
+                   home: Path = bundles.HOME, say=None, plan: bool = True) -> bool:
+    """Whether a step done on `device` has launches in today's code it did not measure there: by the
+    carried bundles' listings (ids and kernels), else (`plan`) by today's plan (ids; no bundle needed;
+    not on the GPU machine, where a bundle not carried cannot be measured anyway)."""
     parts = unmeasured_parts(step, device, carry, results)
-    return bool(parts) and any(parts.values())
+    if parts is None:
+        return plan and new_launches(step, device, results, home, say) > 0
+    return any(parts.values())
 
 
-def _state_words(step: Step, device: str, state: str, carry: Path = CARRY, results: Path = RESULTS) -> str:
+def _state_words(step: Step, device: str, state: str, carry: Path = CARRY, results: Path = RESULTS,
+                 home: Path = bundles.HOME, say=None) -> str:
     """A step's state on `device` as status and report say it: "done, on older kernels" where it is."""
-    if state == "done" and _changed_since(step, device, carry, results):
-        return "done, on older kernels"
-    return state
+    if state != "done":
+        return state
+    parts = unmeasured_parts(step, device, carry, results)
+    if parts is not None:
+        return "done, on older kernels" if any(parts.values()) else state
+    new = new_launches(step, device, results, home, say)
+    return f"done, {new} launch{'es' if new > 1 else ''} new since" if new else state
 
 
 def bundle_state(spec: BundleSpec, home: Path = bundles.HOME, carry: Path = CARRY) -> dict:
@@ -271,13 +312,13 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
     for step in STEPS:
         state = step_state(step, results)
         done_here = (state.get(step.device, {}).get("state") == "done"
-                     and not _changed_since(step, step.device, carry, results))
+                     and not _changed_since(step, step.device, carry, results, home, say))
         inputs = {b.name: bundle_state(b, home, carry) for b in step.bundles}
         if not done_here and next_step is None:
             next_step = step.name
         needs = list(step.needs) + [f"bundle {name} ({s['state']})" for name, s in inputs.items() if s["state"] != "ready"]
         rows.append({"step": step.name, "issue": step.issue, "device": step.device,
-                     "state": ", ".join(f"{d}: {_state_words(step, d, s['state'], carry, results)}"
+                     "state": ", ".join(f"{d}: {_state_words(step, d, s['state'], carry, results, home, say)}"
                                         for d, s in state.items()) or "not run",
                      "bundles": ", ".join(f"{n}: {s['state']}{' (carried)' if s.get('carried') else ''}"
                                           for n, s in inputs.items()) or "-",
@@ -460,7 +501,8 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         # done where its results count, on today's kernels; a step done on older ones (the ranker
         # retrained since, say) is measured again on this kind: only its changed launches
         if step.name not in again and any(state.get(d, {}).get("state") == "done"
-                                          and not _changed_since(step, d, carry, results) for d in (step.device, kind)):
+                                          and not _changed_since(step, d, carry, results, home)
+                                          for d in (step.device, kind)):
             continue
         unread = [r for r in step.reads if r not in planned and step_state(step_named(r), results).get(kind, {})
                   .get("state") != "done"]
@@ -976,7 +1018,7 @@ def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 
     deadline = Deadline.after(budget_s)
     for step in STEPS:
         state = step_state(step, results)
-        if any(state.get(d, {}).get("state") == "done" and not _changed_since(step, d, results=results)
+        if any(state.get(d, {}).get("state") == "done" and not _changed_since(step, d, results=results, plan=False)
                for d in (step.device, here)):
             continue
         if deadline.left() < min(step.device_seconds, STEP_LIMIT_S) / 2:

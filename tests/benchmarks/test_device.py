@@ -227,6 +227,8 @@ def test_a_windows_calls_fit_the_carry_and_the_call_limit_and_say_what_they_leav
     (wheels / "w.whl").write_bytes(b"x" * (40 * mib))
     (results / "h200" / "done-here").mkdir(parents=True)
     (results / "h200" / "done-here" / "done.json").write_text("{}")
+    (results / "h200" / "done-here" / "b3.progress.jsonl").write_text("".join(  # every launch today's code plans
+        json.dumps({"row": {"id": i}}) + "\n" for i in device.planned_launches(specs["b3"], tmp_path / "home")))
     calls, left_out = device.window_calls("h200", 900, 5 * mib, results, tmp_path / "home", carry, wheels)
     assert [c.steps for c in calls] == [("s1",), ("s2",), ("wheeled",), ("reader",)]
     assert all(c.carry_bytes <= device.CARRY_LIMIT for c in calls)
@@ -506,6 +508,37 @@ def test_a_done_step_measured_again_and_cut_off_is_partial_again(tmp_path, monke
     assert (folder / "done.json").exists()
 
 
+def test_a_done_step_whose_plan_grew_is_not_done_before_its_bundle_is_prepared(tmp_path, monkeypatch):
+    """Session 17 added three sliced designs to the A/B, whose step counted as done on both GPUs: the
+    planner saw new launches only in a prepared bundle's listing, so a window on a fresh machine would
+    have skipped them. Today's plan (ids, no compile; kept by its inputs hash) tells them."""
+    from benchmarks import sets
+
+    spec = device.BundleSpec("ab", "micro", {"n": 5})
+    step = device.Step("designs", "", "", (spec,), device_seconds=100)
+    monkeypatch.setattr(device, "STEPS", (step,))
+    home, carry, results = tmp_path / "home", tmp_path / ".gpu", tmp_path / "results"
+    planned = device.planned_launches(spec, home)
+    assert planned == [j.planned.id for j in sets.set_jobs("micro", n=5)] and len(planned) > 2
+    out = results / "h100" / "designs"
+    out.mkdir(parents=True)
+    (out / "done.json").write_text("{}")
+    (out / "ab.progress.jsonl").write_text("".join(json.dumps({"row": {"id": i}}) + "\n" for i in planned[:-2]))
+    said = []
+    device.status(results, home, carry, say=said.append)
+    assert said[0].startswith("> designs") and "h100: done, 2 launches new since" in said[0], said
+    assert "prepare designs" in said[2]
+    _, left_out = device.window_calls("h100", 900, 2**20, results, home, carry, tmp_path / ".whl")
+    assert any(line.startswith("designs: prepare ab first") for line in left_out), left_out
+    # the plan is kept: asked again, it is not made again
+    monkeypatch.setattr(sets, "set_jobs", lambda *a, **k: pytest.fail("planned again"))
+    assert device.planned_launches(spec, home) == planned
+    (out / "ab.progress.jsonl").write_text("".join(json.dumps({"row": {"id": i}}) + "\n" for i in planned))
+    said.clear()
+    device.status(results, home, carry, say=said.append)
+    assert "h100: done " in said[0] + " " and "every step is done" in said
+
+
 def test_a_step_done_on_older_kernels_is_planned_again_carrying_only_the_parts_it_has_not_measured(
         tmp_path, monkeypatch):
     # on 2026-11-27 the H200 window skipped ShuffleNetV2's and MobileNetV2's headline as done there,
@@ -534,7 +567,9 @@ def test_a_step_done_on_older_kernels_is_planned_again_carrying_only_the_parts_i
     (out / "big.progress.jsonl").write_text((out / "big.progress.jsonl").read_text()
                                             + json.dumps({"row": {"id": "k2", "kernel": "kernel2"}}) + "\n")
     assert window("h200")[0] == [] and device.unmeasured_parts(step, "h200", carry, results) == {"big": set()}
-    (out / "big.progress.jsonl").write_text("")
+    # (by id, then, from today's plan: every one measured here)
+    (out / "big.progress.jsonl").write_text("".join(json.dumps({"row": {"id": i}}) + "\n"
+                                                    for i in device.planned_launches(spec, tmp_path / "home")))
     (carry / "big.parts.json").write_text(json.dumps({"inputs": spec.inputs, "parts": [
         {"file": "big.tar.xz", "bytes": mib}]}))
     assert device.unmeasured_parts(step, "h200", carry, results) is None and window("h200")[0] == []
