@@ -83,9 +83,11 @@ def host_run_wrong(kernel, a, n) -> bool:
         return True
 
 
-def proxy_on_host(design):
+def proxy_on_host(design, smem_bytes: int | None = None):
     """The proxy of a 38×256 A at 0.6 in tiles of 4 rows (the last tile's rows past M guarded) in `design`,
-    and its host run under ASan over 150 columns at N1 = 32: (its source, its output)."""
+    and its host run under ASan over 150 columns at N1 = 32, launched with `smem_bytes` of dynamic shared
+    memory (default: the least any launch gives it, stages.pad.proxy_dynamic_shared): (its source, its
+    clusters, its output)."""
     import numpy as np
 
     from lospmm.kernel.host import HostKernel
@@ -97,5 +99,9 @@ def proxy_on_host(design):
     a = random_pruned(38, 256, 0.6, np.random.default_rng(0))
     clusters = proxy_clusters(a, reordered_tiles(a, 4), 0.6, 2)
     kernel = proxy_source(38, 256, clusters, CodegenParams(design=design))
-    out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": clusters.cluster_of})
+    from lospmm.stages.pad import proxy_dynamic_shared
+
+    smem = proxy_dynamic_shared(0, clusters, design, 32) if smem_bytes is None else smem_bytes
+    out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": clusters.cluster_of},
+                                                smem)
     return kernel, clusters, out

@@ -101,12 +101,14 @@ def host_program(kernel: KernelSource) -> str:
 
 def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid: tuple[int, int, int],
                 block: int, sanitize: bool = False, cxx: str | None = None,
-                build_dir: str | None = None, module_data: Mapping[str, np.ndarray] | None = None
-                ) -> dict[str, np.ndarray]:
+                build_dir: str | None = None, module_data: Mapping[str, np.ndarray] | None = None,
+                smem_bytes: int = 0) -> dict[str, np.ndarray]:
     """Build `kernel` for the host and run it; returns each output pointer argument's final array.
 
     `args` maps parameter names to arrays (pointers) or ints; output arrays give only the size.
-    `module_data`: {symbol: array} for each of the kernel's module globals (KernelSpec.module_data)."""
+    `module_data`: {symbol: array} for each of the kernel's module globals (KernelSpec.module_data).
+    `smem_bytes`: the launch's dynamic shared memory, allocated to the byte (under ASan a kernel
+    reaching past it fails, as it would on the GPU)."""
     params = _params(kernel.spec)
     missing = [p.name for p in params if p.name not in args]
     if missing:
@@ -119,7 +121,7 @@ def run_on_host(kernel: KernelSource, args: Mapping[str, np.ndarray | int], grid
     with tempfile.TemporaryDirectory(prefix="lospmm-emu-") as tmp:
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
         with open(inp, "wb") as f:
-            f.write(np.array([grid[0], grid[1], block, 0], dtype=np.uint32).tobytes())
+            f.write(np.array([grid[0], grid[1], block, smem_bytes], dtype=np.uint32).tobytes())
             for p in params:
                 arr = np.atleast_1d(np.asarray(args[p.name], dtype=_dtype(p.base)))
                 f.write(np.int64(arr.size).tobytes())
@@ -213,10 +215,11 @@ class HostKernel:
         self.kernel, self.spec, self.sanitize = kernel, kernel.spec, sanitize
         self.module_data = dict(module_data or {})
 
-    def run(self, x: np.ndarray, threads: int | None = None, extra: Mapping[str, np.ndarray | int] | None = None
-            ) -> np.ndarray:
+    def run(self, x: np.ndarray, threads: int | None = None, extra: Mapping[str, np.ndarray | int] | None = None,
+            smem_bytes: int = 0) -> np.ndarray:
         """`threads`: a block size given at launch (a proxy's N1, or a kernel reading N1 at launch);
-        `extra`: a proxy's cluster_of."""
+        `extra`: a proxy's cluster_of; `smem_bytes`: the dynamic shared memory it is launched with (a
+        proxy's: stages.pad.proxy_dynamic_shared)."""
         spec = self.spec
         x = np.asarray(x, spec.number.array_dtype)
         inp, outp, count_name = spec.argument_names
@@ -229,7 +232,7 @@ class HostKernel:
         out_shape = spec.output_shape(launched)
         args = {inp: x.ravel(), outp: np.empty(int(np.prod(out_shape)), x.dtype), count_name: launched, **(extra or {})}
         y = run_on_host(self.kernel, args, spec.grid(launched, threads), spec.layout.block(threads),
-                        sanitize=self.sanitize, module_data=self.module_data)[outp].reshape(out_shape)
+                        sanitize=self.sanitize, module_data=self.module_data, smem_bytes=smem_bytes)[outp].reshape(out_shape)
         return y if spec.form == "conv" else y[:, :count]
 
     def time(self, count: int) -> Timing:
@@ -239,13 +242,13 @@ class HostKernel:
         return Timing(NAME, float("nan"), Status.SKIPPED, "the host backend does not time; the estimate timer models")
 
 
-def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, n: int, n1: int) -> str:
+def proxy_check(kernel: KernelSource, cluster_of: np.ndarray, n: int, n1: int, smem_bytes: int = 0) -> str:
     """Run a proxy on the host under AddressSanitizer with zero B and N = `n` columns in blocks of
-    `n1`: "asan-ok", or "failed: ..." with the reason (a proxy's output is meaningless, its memory
-    accesses are not)."""
+    `n1`, launched with `smem_bytes` of dynamic shared memory (the least its launches get): "asan-ok",
+    or "failed: ..." with the reason (a proxy's output is meaningless, its memory accesses are not)."""
     try:
         HostKernel(kernel, sanitize=True).run(np.zeros((kernel.k, n), kernel.spec.number.array_dtype), n1,
-                                              {"cluster_of": np.asarray(cluster_of, np.int32)})
+                                              {"cluster_of": np.asarray(cluster_of, np.int32)}, smem_bytes)
         return "asan-ok"
     except Exception as e:
         return f"failed: {e}"[:2000]

@@ -113,6 +113,26 @@ def test_a_sliced_proxy_runs_in_bounds_with_its_partials_at_launch():
     assert proxy_dynamic_shared(1000, clusters) == 1000  # other designs as before
 
 
+def test_a_sliced_proxy_launched_short_of_its_partials_fails_on_the_host():
+    """The host run gives a proxy exactly the dynamic shared memory it is launched with (a static array
+    of 256 KB stood for it, so a launch short of its partial sums passed there and would fault on the
+    GPU): one float short is an AddressSanitizer failure, and the flow's proxy check is launched so."""
+    from lospmm.kernel.host import EmulationError, proxy_check
+
+    design = design_named("chained,slices=2")
+    least = design.slice_shared_bytes(4, 32)
+    kernel, clusters, _ = proxy_on_host(design, least)
+    # the bytes it reaches: past its highest slot (slot k of N1 = 32 lanes' floats) by a whole slot
+    slots = [int(k) for k in re.findall(r"lospmm_part_st\(mine, Pl, (\d+) \*", kernel.source)]
+    reached = (max(slots) + 1) * 32 * 4
+    assert 0 < reached <= least
+    proxy_on_host(design, reached)
+    with pytest.raises(EmulationError, match="heap-buffer-overflow"):
+        proxy_on_host(design, reached - 4)  # the last lane's float of the last slot
+    assert proxy_check(kernel, clusters.cluster_of, 70, 32, least) == "asan-ok"
+    assert "heap-buffer-overflow" in proxy_check(kernel, clusters.cluster_of, 70, 32, reached - 4)
+
+
 def test_the_sliced_design_reads_back_from_its_label_and_refuses_what_it_is_not():
     d = design_named("chained,v=2,slices=4")
     assert (d.k_slices, d.block_groups, d.block_threads(64)) == (4, 4, 256)

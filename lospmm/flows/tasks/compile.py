@@ -13,6 +13,7 @@ from lospmm.kernel.design import design_named
 from lospmm.kernel.host import proxy_check
 from lospmm.kernel.render import CodegenParams, proxy_source
 from lospmm.stages.compile import ProxyCheck, kernel_options
+from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.status import Status
 
 
@@ -41,7 +42,8 @@ def compile(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, ar
                             table.num_rows, compile_summary(result, hit), result["registers"], result["spill_stores"])
                 ok = result["status"] == Status.OK
                 # a design whose tiles have their own N1 (a staged one's) is checked at it
-                verified = (proxy_check(kernel, cl.cluster_of, check.n, design.fixed_n1 or check.n1)
+                n1 = design.fixed_n1 or check.n1
+                verified = (proxy_check(kernel, cl.cluster_of, check.n, n1, proxy_dynamic_shared(0, cl, design, n1))
                             if verify and ok else "not run")
                 return {**base, **compile_row(result, hit), "status": result["status"],
                         "message": "" if ok else f"{where}: NVRTC failed", "kernel": kernel.name,

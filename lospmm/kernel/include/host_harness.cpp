@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cmath>
 #ifdef LOSPMM_COOPERATIVE
 #include <condition_variable>
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   fclose(in);
   gridDim = {dims[0], dims[1], 1};
   blockDim = {dims[2], 1, 1};
+  if (dims[3]) lospmm_dynamic_shared = malloc(dims[3]);  // dims[3]: the launch's dynamic shared bytes
 #ifdef LOSPMM_COOPERATIVE
   lospmm_block_run run;
   lospmm_run = &run;
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   for (unsigned by = 0; by < dims[1]; ++by)
     for (unsigned bx = 0; bx < dims[0]; ++bx) {
       blockIdx = {bx, by, 0};
+      if (dims[3]) memset(lospmm_dynamic_shared, 0xff, dims[3]);  // NaN: what a block never wrote is not zero
 #ifdef LOSPMM_COOPERATIVE
       std::unique_lock<std::mutex> lock(run.mu);
       run.state.assign(dims[2], 0);
@@ -118,5 +121,6 @@ int main(int argc, char** argv) {
   if (!out) return 2;
 @WRITE@
   fclose(out);
+  free(lospmm_dynamic_shared);
   return 0;
 }

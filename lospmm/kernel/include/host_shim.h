@@ -6,6 +6,10 @@
 struct lospmm_dim3 { unsigned x, y, z; };
 static lospmm_dim3 blockIdx, blockDim, gridDim;
 static thread_local lospmm_dim3 threadIdx;  // a cooperative block runs its threads on threads of their own
+// a launch's dynamic shared memory: exactly the bytes it was launched with, on the heap (so AddressSanitizer
+// catches a kernel reaching past them), filled with NaN bytes before each block (shared memory starts
+// undefined); host_harness.cpp allocates it, a kernel names it with LOSPMM_PARTIALS
+static void* lospmm_dynamic_shared = nullptr;
 #define __global__
 #define __device__ static
 #define __forceinline__ inline

@@ -4,12 +4,13 @@
 //! address (through the generic pointer a tile function is passed, ptxas stored with ST.E), volatile
 //! with a memory clobber so that none moves across the barrier. A proxy's slots are as many as its N1,
 //! given at launch: its partial sums are dynamic shared memory (LOSPMM_PARTIALS), launched with them
-//! (stages.pad.proxy_dynamic_shared). The host emulation reads and writes the array at the same offsets.
+//! (stages.pad.proxy_dynamic_shared). The host emulation reads and writes the array at the same offsets,
+//! a proxy's in exactly the dynamic shared memory its host run was launched with (host_shim.h).
 #ifndef LOSPMM_SLICED_PREAMBLE
 #define LOSPMM_SLICED_PREAMBLE
 #if defined(LOSPMM_HOST_EMULATION)
 #define lospmm_partial_address(p) 0u
-#define LOSPMM_PARTIALS(name) static __align__(16) float name[1 << 16]
+#define LOSPMM_PARTIALS(name) float* const name = static_cast<float*>(lospmm_dynamic_shared)
 static inline float* lospmm_slot(float* lane, int offset) {
   return const_cast<float*>(lospmm_aligned(lane + offset / 4, 4));
 }
