@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Iterable
 
@@ -19,31 +19,21 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _umask() -> int:
-    # the umask is only read by setting it: once, at import, before a thread writes a file
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-# mkstemp makes its file 0600; a file we write gets the mode a plain open would give it, so that the
-# account that serves a kernel reads what the account that searched wrote
-FILE_MODE = 0o666 & ~_umask()
-
-
 def atomic_write(path: Path, write) -> None:
-    """`write(tmp)` writes the whole file at a temporary path beside `path`; it becomes `path` (mode
-    FILE_MODE) only once synced, so `path` is the old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    """`write(tmp)` writes the whole file at a temporary path beside `path`; it becomes `path` only once
+    synced, so `path` is the old file or the new one, never a part. The temporary file is made as a
+    plain open makes a file (0666 less the umask, which the kernel applies: mkstemp's 0600 would hide
+    it from the account that serves what the account that searched wrote)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        write(tmp)
-        os.chmod(tmp, FILE_MODE)
+        write(str(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

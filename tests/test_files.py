@@ -19,6 +19,13 @@ def test_a_written_file_has_the_mode_a_plain_open_gives(tmp_path):
     mode = stat.S_IMODE(os.stat(tmp_path / "written").st_mode)
     # under the usual umask (022: CI's) 0644, where mkstemp's would be 0600; under 077 both are 0600
     assert mode == stat.S_IMODE(os.stat(plain).st_mode)
+    # the umask when the file is written, not when lospmm was imported (the kernel applies it)
+    before = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "later", lambda tmp: Path(tmp).write_text("x"))
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(os.stat(tmp_path / "later").st_mode) == 0o640
 
 
 def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -209,3 +209,24 @@ def test_an_artifact_built_on_an_incomplete_one_is_incomplete_too(tmp_path):
     clean = run_stage("pad", LAUNCH, "cd" * 32, ctx, "m", False, lambda: [_launch_row("a")],
                       {"compile": {"incomplete": False}})
     assert not clean["incomplete"] and valid_sidecar(tmp_path / clean["path"]) is not None
+
+
+def test_a_log_filter_is_installed_once_on_each_run_logger():
+    """The run's filters (a stop's crash report, a disk error's traceback, compile units' lines) are each
+    installed by one helper: called at every run's set-up, it adds one filter of a kind, not one a run."""
+    import logging
+
+    from lospmm.flows.execution.taskio import RUN_LOGGERS, installed
+
+    class Marker(logging.Filter):
+        pass
+
+    try:
+        installed(Marker)
+        installed(Marker)
+        for name in RUN_LOGGERS:
+            assert sum(isinstance(f, Marker) for f in logging.getLogger(name).filters) == 1
+    finally:
+        for name in RUN_LOGGERS:
+            for f in [f for f in logging.getLogger(name).filters if isinstance(f, Marker)]:
+                logging.getLogger(name).removeFilter(f)

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from lospmm.flows.execution.taskio import POLLING_STOP, STOP
+from lospmm.flows.execution.taskio import POLLING_STOP, STOP, installed
 from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
 
 
@@ -84,10 +84,7 @@ class StoppedOnRequest(logging.Filter):
 
 def stopped_quietly() -> None:
     """Install StoppedOnRequest on Prefect's flow- and task-run loggers (once)."""
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, StoppedOnRequest) for f in logger.filters):
-            logger.addFilter(StoppedOnRequest())
+    installed(StoppedOnRequest)
 
 
 def record_ended(root: str | Path, run_id: str, status: RunStatus, error: str = "") -> bool:

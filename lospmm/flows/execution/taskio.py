@@ -250,12 +250,21 @@ class DiskErrorsInOneLine(logging.Filter):
         return True
 
 
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+def installed(kind: type[logging.Filter], loggers: tuple[str, ...] = RUN_LOGGERS) -> None:
+    """A filter of `kind` on each of Prefect's run `loggers`, once: a logger that has one keeps it (a
+    run's set-up called again in one process, a notebook or a test session, adds none)."""
+    for name in loggers:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
+
+
 def quiet_disk_errors() -> None:
     """Install DiskErrorsInOneLine on Prefect's task and flow run loggers (once)."""
-    for name in ("prefect.task_runs", "prefect.flow_runs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, DiskErrorsInOneLine) for f in logger.filters):
-            logger.addFilter(DiskErrorsInOneLine())
+    installed(DiskErrorsInOneLine)
 
 
 def _failed(stage: str, key: str, label: str, line: str) -> dict:

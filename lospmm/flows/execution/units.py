@@ -22,7 +22,7 @@ from typing import Callable
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from lospmm.flows.execution.taskio import stop_requested
+from lospmm.flows.execution.taskio import installed, stop_requested
 from lospmm.stages.compile import CompileOptions, compiled
 
 UnitJob = tuple[str, str, CompileOptions]  # source, name, options
@@ -63,7 +63,6 @@ def _where() -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
-_QUIET = _QuietUnits()
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
 
@@ -80,7 +79,7 @@ def threads(jobs: int) -> UnitCompiler:
     jobs = max(1, jobs)
     in_a_flow_run = _in_a_flow_run()
     if in_a_flow_run:
-        logging.getLogger("prefect.task_runs").addFilter(_QUIET)  # once: a logger keeps one of each filter
+        installed(_QuietUnits, ("prefect.task_runs",))
     compile_one = compile_unit if in_a_flow_run else compiled_unit
 
     def run(batch: list[UnitJob], landed: Callable[[int, dict], None]) -> None:
