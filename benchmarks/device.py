@@ -273,14 +273,15 @@ def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path =
 
 
 def _state_words(step: Step, device: str, state: str, carry: Path = CARRY, results: Path = RESULTS,
-                 home: Path = bundles.HOME, say=None) -> str:
-    """A step's state on `device` as status and report say it: "done, on older kernels" where it is."""
+                 home: Path = bundles.HOME, say=None, plan: bool = True) -> str:
+    """A step's state on `device` as status and report say it: "done, on older kernels" where it is
+    (`plan`: or from today's plan, "done, N launches new since")."""
     if state != "done":
         return state
     parts = unmeasured_parts(step, device, carry, results)
     if parts is not None:
         return "done, on older kernels" if any(parts.values()) else state
-    new = new_launches(step, device, results, home, say)
+    new = new_launches(step, device, results, home, say) if plan else 0
     return f"done, {new} launch{'es' if new > 1 else ''} new since" if new else state
 
 
@@ -814,11 +815,14 @@ def built_within(name: str, jobs, into: Path, threads: int, hard_at: float, say=
 
 
 def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs: int, say=print,
-                  stop_at: float | None = None, hard_at: float | None = None) -> list[Path]:
+                  stop_at: float | None = None, hard_at: float | None = None,
+                  measured: frozenset[str] = frozenset()) -> list[Path]:
     """The folders of a step's bundle on the GPU machine: its carried archives, checked by their
     SHA-256 and unpacked; else, with `build`, built here on `jobs` cores, no kernel started after
     `stop_at` and those still compiling stopped at `hard_at` (time.monotonic(); what was built by
-    then is an unfinished bundle to measure); else SystemExit naming what to prepare."""
+    then is an unfinished bundle to measure), the launches never `measured` (ids) first: a step done
+    on a smaller plan builds and measures what it added before it rebuilds what it has (which is
+    measured again only where its kernel changed); else SystemExit naming what to prepare."""
     listing = Path(carry) / f"{spec.name}.parts.json"
     if listing.is_file():
         facts = json.loads(listing.read_text())
@@ -847,7 +851,10 @@ def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs
     if hard_at is None:  # a build with no hard stop is what lost a whole call (built_within's docstring)
         raise ValueError(f"{spec.name}: a build on the GPU machine needs the time it is stopped at (hard_at)")
     say(f"{spec.name}: building here on {jobs} cores")
-    planned = set_jobs(spec.set, **spec.options)
+    planned = sorted(set_jobs(spec.set, **spec.options), key=lambda job: job.planned.id in measured)  # stable
+    new = sum(job.planned.id not in measured for job in planned)
+    if measured and new:
+        say(f"{spec.name}: the {new} kernels with launches never measured here first")
     return [built_within(spec.name, planned, bundles.HOME, jobs, hard_at, say=say, set_name=spec.set,
                          options=spec.options, stop_at=stop_at)]
 
@@ -958,7 +965,8 @@ def _run_step(step: Step, budget_s: float, carry: Path, unpack: Path, build: boo
         # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
         left = max(0.0, deadline.left())
         stop_at, hard_at = time.monotonic() + BUILD_SHARE * left, time.monotonic() + BUILD_HARD_SHARE * left
-        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at, hard_at):  # or each part
+        measured = frozenset(d["row"]["id"] for d in progress(out, spec.name))
+        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at, hard_at, measured):  # or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
             done_rows = progress(out, spec.name)
             measured = {measured_key(d["row"]) for d in done_rows}
@@ -1182,7 +1190,8 @@ def report(step: Step | None = None, results: Path = RESULTS) -> None:
             speed = with_plan_columns([r for f in sorted(folder.glob("kernel-speed-*.parquet"))
                                        for r in pq.read_table(f).to_pylist()])
             state = _state_words(s, folder.parent.name,
-                                 step_state(s, results).get(folder.parent.name, {}).get("state", "not run"), CARRY, results)
+                                 step_state(s, results).get(folder.parent.name, {}).get("state", "not run"), CARRY, results,
+                                 plan=False)  # the tables of what was measured: status tells what is new
             for table in ("launch-overhead", "end-to-end", "end-to-end-fp16"):  # the serving step's
                 if (folder / f"{table}.parquet").is_file():
                     heading(f"{s.name} on {folder.parent.name} ({state}): {table}")

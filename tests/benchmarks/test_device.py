@@ -67,6 +67,23 @@ def test_a_steps_bundles_are_prepared_once_packed_with_their_hashes_and_found_ag
     assert len(bundle.bundle_rows(folder)) == 2 and folder.parent == tmp_path / "there"
 
 
+def test_a_build_on_the_gpu_machine_builds_the_launches_never_measured_first(tmp_path, monkeypatch):
+    # a done step whose plan grew (the sliced A/B) rebuilds 110 measured kernels before its 33 new
+    # ones otherwise: its build stops at a share of the call and measures what it built by then
+    from benchmarks import sets
+
+    spec = device.BundleSpec("grown", "micro", {"n": 5})
+    ids = [j.planned.id for j in sets.set_jobs("micro", n=5)]
+    built = {}
+    monkeypatch.setattr(device, "built_within", lambda name, planned, *a, **k: built.setdefault(
+        "order", [j.planned.id for j in planned]) and tmp_path)
+    said = []
+    device.opened_bundle(spec, tmp_path / "carry", tmp_path / "there", build=True, jobs=1, say=said.append,
+                         hard_at=1e18, measured=frozenset(ids[:3]))
+    assert built["order"] == ids[3:] + ids[:3]
+    assert f"grown: the {len(ids) - 3} kernels with launches never measured here first" in said
+
+
 def test_a_bundle_built_from_other_code_is_stale_and_rebuilt(tmp_path, monkeypatch):
     step, spec = _tiny(monkeypatch, tmp_path)
     home, carry = tmp_path / "home", tmp_path / "carry"
