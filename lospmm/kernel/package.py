@@ -5,6 +5,8 @@ every reader loads —
     kernel.cubin    the linked cubin, when compiled
     kernel.json     its KernelSpec and what was recorded of it (compile, checks, times): KernelSpec.to_json
     weight.parquet  the pruned A it bakes in (a half kernel's rounded to its dtype), rows in the layer's order
+    <global>.bin    a kernel that keeps A in its module's globals (the N:M kernel): each global's bytes as
+                    it holds them (KernelSpec.module_data), for a C++ loader's cuMemcpyHtoD
     SHA256SUMS      the manifest over those, written last: a directory that matches it is whole
 
 Nothing in a directory that fails its manifest is trusted (KernelDirError names what is wrong)."""
@@ -27,11 +29,25 @@ class KernelDirError(ValueError):
     """A kernel directory is missing a file, fails its manifest or was not compiled; the message names it."""
 
 
+GLOBALS_SUFFIX = ".bin"  # a module global's bytes: <symbol>.bin
+
+
+def package_files(spec: KernelSpec) -> tuple[str, ...]:
+    """The files a package of `spec` may hold: KERNEL_FILES, and a file per module global it is given."""
+    return KERNEL_FILES + tuple(f"{symbol}{GLOBALS_SUFFIX}" for symbol in spec.module_symbols.values())
+
+
+def _written(out: Path) -> list[str]:
+    """The package files in `out`, the globals' among them, the manifest last."""
+    return [f for f in KERNEL_FILES if (out / f).exists()] + sorted(
+        p.name for p in out.glob(f"*{GLOBALS_SUFFIX}")) + ([MANIFEST] if (out / MANIFEST).exists() else [])
+
+
 def cleared(out: Path) -> None:
     """`out` made, with no file left from an earlier kernel there (kernel.ptx: from before kernels were
     linked; the manifest first, so that nothing half-replaced is trusted)."""
     out.mkdir(parents=True, exist_ok=True)
-    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx"):
+    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx", *(p.name for p in out.glob(f"*{GLOBALS_SUFFIX}"))):
         (out / f).unlink(missing_ok=True)
 
 
@@ -39,19 +55,21 @@ def moved_package(src: Path, out: Path) -> None:
     """The package written at `src` moved to `out` (cleared first), its manifest last so that `out` is
     trusted only once whole; `src` removed."""
     cleared(out)
-    present = [f for f in (*KERNEL_FILES, MANIFEST) if (src / f).exists()]
-    for f in present:  # MANIFEST is the last of them
+    for f in _written(src):  # MANIFEST is the last of them
         (src / f).replace(out / f)
     shutil.rmtree(src, ignore_errors=True)
 
 
 def write_source(out: Path, kernel: KernelSource, matrix) -> None:
     """kernel.cu and weight.parquet (the A the kernel bakes in: what `lospmm.torch.sparsify` checks a
-    model's weight against, and a user's way to evaluate the pruned layer without a GPU)."""
+    model's weight against, and a user's way to evaluate the pruned layer without a GPU); a kernel
+    keeping A in its module's globals, each global's bytes (`<symbol>.bin`, what its loader copies in)."""
     from lospmm.sparse_file import write_matrix
 
     atomic_write(out / "kernel.cu", lambda tmp: Path(tmp).write_text(kernel.source, encoding="utf-8"))
     atomic_write(out / "weight.parquet", lambda tmp: write_matrix(tmp, matrix))
+    for symbol, array in kernel.spec.module_data(matrix).items():
+        atomic_write(out / f"{symbol}{GLOBALS_SUFFIX}", lambda tmp, array=array: array.tofile(tmp))
 
 
 def write_cubin(out: Path, cubin_path: Path) -> bytes:
@@ -65,7 +83,7 @@ def write_record(out: Path, spec: KernelSpec, results: dict) -> None:
     is whole from here on."""
     text = spec.to_json(results)
     atomic_write(out / "kernel.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    write_manifest(out, KERNEL_FILES)
+    write_manifest(out, package_files(spec))
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,18 @@ def test_an_nm_kernel_directory_is_checked_and_served_from_its_weight(tmp_path):
     np.testing.assert_allclose(spmm(b), want, rtol=1e-5, atol=1e-5)
     torch = pytest.importorskip("torch")
     np.testing.assert_allclose(spmm(torch.from_numpy(b)).numpy(), want, rtol=1e-5, atol=1e-5)
+    # each module global's bytes beside it for a C++ loader (cuModuleGetGlobal + cuMemcpyHtoD), in the
+    # manifest: one altered is refused like any file of the package
+    from lospmm.kernel.package import KernelDirError, read_package
+
+    spec = read_package(tmp_path / "k").spec
+    listed = (tmp_path / "k" / "SHA256SUMS").read_text()
+    for symbol, array in spec.module_data(a).items():
+        path = tmp_path / "k" / f"{symbol}.bin"
+        assert path.read_bytes() == array.tobytes() and f"  {symbol}.bin\n" in listed
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(KernelDirError, match=f"{symbol}.bin"):
+        read_package(tmp_path / "k")
 
 
 def test_a_half_nm_kernel_directory_is_its_exact_model_and_served_in_its_dtype(tmp_path):
