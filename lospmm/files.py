@@ -19,14 +19,21 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _temporary_beside(path: Path) -> Path:
+    """A new empty file beside `path`, named for it, this process and a random token (the one place a
+    written file first takes space: where a full disk is met)."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return tmp
+
+
 def atomic_write(path: Path, write) -> None:
     """`write(tmp)` writes the whole file at a temporary path beside `path`; it becomes `path` only once
     synced, so `path` is the old file or the new one, never a part. The temporary file is made as a
     plain open makes a file (0666 less the umask, which the kernel applies: mkstemp's 0600 would hide
     it from the account that serves what the account that searched wrote)."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    tmp = _temporary_beside(path)
     try:
         write(str(tmp))
         with open(tmp, "rb") as f:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -119,23 +118,20 @@ def test_the_reserve_is_freed_for_the_last_record(tmp_path):
 
 
 class _FillingDisk:
-    """`tempfile` as lospmm.files sees it, on a disk that fills once the run starts writing kernel
-    directories (another process filled it): every later write fails with ENOSPC until the run's
-    reserve is freed, the space it had set aside."""
+    """lospmm.files' temporary files on a disk that fills once the run starts writing kernel directories
+    (another process filled it): every later write fails with ENOSPC until the run's reserve is freed,
+    the space it had set aside."""
 
-    def __init__(self, root: Path):
-        self.root, self.full, self.refused = root, False, []
+    def __init__(self, root: Path, made):
+        self.root, self.made, self.full, self.refused = root, made, False, []
 
-    def __getattr__(self, name):
-        return getattr(tempfile, name)
-
-    def mkstemp(self, *args, dir=None, **kwargs):
-        self.full = self.full or "10_kernels" in str(dir)
+    def __call__(self, path: Path) -> Path:
+        self.full = self.full or "10_kernels" in str(path.parent)
         reserved = any((self.root / "runs").glob(".*.reserve"))
         if self.full and reserved:
-            self.refused.append(str(dir))
-            raise OSError(errno.ENOSPC, "No space left on device", str(dir))
-        return tempfile.mkstemp(*args, dir=dir, **kwargs)
+            self.refused.append(str(path.parent))
+            raise OSError(errno.ENOSPC, "No space left on device", str(path.parent))
+        return self.made(path)
 
 
 def test_a_disk_that_fills_during_emit_fails_the_run_in_one_line_and_a_rerun_resumes(tmp_path, monkeypatch, capfd,
@@ -145,8 +141,9 @@ def test_a_disk_that_fills_during_emit_fails_the_run_in_one_line_and_a_rerun_res
     weights = _weights(tmp_path / "w.safetensors")
     root = tmp_path / "art"
     args = ["run", "--weights", str(weights), "--tokens", "256", "--m1", "2", "--top-k", "1", "--artifacts", str(root)]
-    disk = _FillingDisk(root)
-    monkeypatch.setattr(lospmm.files, "tempfile", disk)
+    made = lospmm.files._temporary_beside
+    disk = _FillingDisk(root, made)
+    monkeypatch.setattr(lospmm.files, "_temporary_beside", disk)
     result = runner.invoke(app, args)
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 1, out
@@ -157,7 +154,7 @@ def test_a_disk_that_fills_during_emit_fails_the_run_in_one_line_and_a_rerun_res
     assert record["status"] == "failed" and not list((root / "runs").glob(".*.reserve"))
     assert not list((root / "10_kernels").glob("*.parquet"))  # no emit artifact to trust later
 
-    monkeypatch.setattr(lospmm.files, "tempfile", tempfile)  # space freed
+    monkeypatch.setattr(lospmm.files, "_temporary_beside", made)  # space freed
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     entries = {e["stage"]: e["state"] for e in run_record(root)["entries"]}

@@ -210,7 +210,7 @@ def window_mask_lines(g: ConvGeometry, suffix: str = "", indent: str = "  ") -> 
     suffixed `suffix`): bit ky·kw + kx set where that entry lies inside the image, in one 32-bit word
     ok0 (two, ok0 and ok1, past 32 entries), so that each load tests one literal bit (window_bit)."""
     rows, cols = f"rows_ok{suffix}", f"cols_ok{suffix}"
-    if g.kh * g.kw <= 32:
+    if mask_name(g) == "ok0":
         return (f"{indent}unsigned ok0{suffix} = 0u;\n"
                 + "".join(f"{indent}if ({rows} & {1 << ky}u) ok0{suffix} |= {cols} << {ky * g.kw};\n" for ky in range(g.kh)))
     return (f"{indent}unsigned long long okm{suffix} = 0ull;\n"
@@ -245,6 +245,12 @@ def mask_type(g: ConvGeometry) -> str | None:
     or okm past 32 places; None for a window of more than 64."""
     places = g.kh * g.kw
     return "unsigned" if places <= 32 else "unsigned long long" if places <= 64 else None
+
+
+def mask_name(g: ConvGeometry) -> str | None:
+    """The name window_mask_lines gives that whole mask: ok0 (one word), okm past 32 places; None past 64."""
+    places = g.kh * g.kw
+    return "ok0" if places <= 32 else "okm" if places <= 64 else None
 
 
 def pixel_output(g: ConvGeometry, m: int, pixel: str) -> str:

@@ -36,7 +36,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
-from lospmm.kernel.render.conv import (WINDOW_INSIDE, mask_type, pixel_output, pixel_window, window_entries,
+from lospmm.kernel.render.conv import (WINDOW_INSIDE, mask_name, mask_type, pixel_output, pixel_window, window_entries,
                                        window_mask_lines)
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
@@ -107,10 +107,13 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     # list's end the chunk's width: nothing to copy, the row stays zero)
     row_of = [f"const unsigned char* listed = {symbols['rows']} + slab * {t.rows_slab};\n"] if t.gathers else []
 
-    def in_chunk(r: str) -> str:
+    def row_test(r: str, bounded: bool = True) -> str:
+        """Staged row `r`'s row of B (kr) and whether it holds one (in): a listed row, where the block's
+        list has not ended (its entries are rows of the chunk, so never past K); else the chunk's row r,
+        where it is not past K (`bounded`: a stage that can run past K, a ragged last chunk)."""
         if t.gathers:
-            return f"const int lr = listed[{r}], kr = k0 + lr; const bool in = lr < {kc} && kr < {k}"
-        return f"const int kr = k0 + {r}; const bool in = kr < {k}"
+            return f"const int lr = listed[{r}], kr = k0 + lr; const bool in = lr < {kc}"
+        return f"const int kr = k0 + {r}" + (f"; const bool in = kr < {k}" if bounded else "")
 
     geometry = spec.conv
     window = f"{name}_window"  # a convolution's column entries: two ints each (render.conv.window_entries)
@@ -134,14 +137,8 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
                 f"// a 16-bit input: no asynchronous copy that small\n" if half else
                 f"    lospmm_cp4(Bs + r * {bn} + tid, inside ? (const void*)((const char*)xp + e.x) : (const void*)X, "
                 f"inside ? 4 : 0);\n")
-        ragged = k % kc != 0
-        if t.gathers:
-            row = [f"    const int lr = listed[r], kr = k0 + lr; const bool in = lr < {kc}{f' && kr < {k}' if ragged else ''};\n"]
-        elif ragged:
-            row = [f"    const int kr = k0 + r; const bool in = kr < {k};\n"]
-        else:
-            row = ["    const int kr = k0 + r;\n"]
-        bounded = t.gathers or ragged
+        bounded = t.gathers or k % kc != 0
+        row = [f"    {row_test('r', bounded)};\n"]
         if geometry.windows_inside:
             test = "live"
         elif flat:  # live is in the mask
@@ -156,11 +153,11 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
     else:
         element_copy = (
             ["    #pragma unroll 1\n", f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{  // a 16-bit element: no asynchronous copy that small\n",
-             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
+             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {row_test('r')} && col < N;\n",
              f"      Bs[r * {bn} + q] = in ? B[(long long)kr * N + col] : (lospmm_h16)0;\n", "    }\n"]
             if half else
             ["    #pragma unroll 1\n", f"    for (int i = tid; i < {staged * bn}; i += {threads}) {{\n",
-             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {in_chunk('r')} && col < N;\n",
+             f"      const int r = i / {bn}, q = i % {bn}, col = col0 + q; {row_test('r')} && col < N;\n",
              f"      lospmm_cp4(Bs + r * {bn} + q, in ? B + (long long)kr * N + col : B, in ? 4 : 0);\n", "    }\n"])
         head = (f"__device__ __forceinline__ void stage_{name}({ctype}* Bs, float* As, unsigned char* Is, "
                 f"const {ctype}* __restrict__ B, const int N, const int k0, const int col0, const long long slab, "
@@ -274,7 +271,7 @@ def _source(spec: KernelSpec, t: NMTiling, sizes: dict[str, int], epilogue: Epil
         setup = [f"  const int N = batch * {geometry.pixels}, n = col0 + tid;\n", "  const bool live = n < N;\n",
                  pixel_window(geometry, m, ctype=ctype),
                  *([window_mask_lines(geometry), f"  const {mask} window_ok = live ? "
-                    f"{'ok0' if geometry.kh * geometry.kw <= 32 else 'okm'} : 0;\n"] if flat
+                    f"{mask_name(geometry)} : 0;\n"] if flat
                    else [f"  const {mask} window_ok = 0;\n"])]
         staged_from = "X, xp, rows_ok, cols_ok, window_ok, live, {k0}, {slab}"
     body = "".join([
