@@ -462,19 +462,20 @@ def test_a_kernel_that_faults_on_the_device_is_remembered_and_a_retry_gets_past_
 
 
 def _auto_layer():
-    """A 256×512 layer at 0.9 with one timed tile, `--design auto`'s emit parameters (no host check)
-    and the ways to serve it, priced: what the measuring-timer tests serve."""
+    """A 128×512 layer at 0.9 with one timed tile, `--design auto`'s emit parameters (no host check)
+    and the ways to serve it, priced: what the measuring-timer tests serve (small, as they compile each
+    contender; 256 rows kept the same order of the estimate's choices at twice the compile time)."""
     from lospmm.devices import DEVICES
     from lospmm.kernel.choices import DESIGN_CANDIDATES, served_options
     from lospmm.kernel.design import BASELINE
     from lospmm.stages.emit import EmitParams
 
-    a = random_pruned(256, 512, 0.9, np.random.default_rng(6))
+    a = random_pruned(128, 512, 0.9, np.random.default_rng(6))
     tiles = {8: reordered_tiles(a, 8)}
-    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 256, "n": 2048, "k": 512, "repeat": 1,
+    timed = [{"model": "m", "layer": "fc", "op": "linear", "m": 128, "n": 2048, "k": 512, "repeat": 1,
               "sparsity": 0.9, "m1": 8, "n1": 128, "time_us": 5.0, "status": "ok", "message": ""}]
     params = EmitParams(designs=DESIGN_CANDIDATES, verify=False)
-    return a, tiles, timed, params, served_options(a, tiles[8], 256, 512, 2048, 128, BASELINE, DEVICES["h100"],
+    return a, tiles, timed, params, served_options(a, tiles[8], 128, 512, 2048, 128, BASELINE, DEVICES["h100"],
                                                    designs=DESIGN_CANDIDATES)
 
 
