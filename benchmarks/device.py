@@ -257,8 +257,16 @@ def new_launches(step: Step, device: str, results: Path = RESULTS, home: Path = 
     results/<device>/<step> (by id: a kernel changed under the same id is told only by a carried
     listing, unmeasured_parts)."""
     out = step_folder(step, device, results)
-    return sum(len(set(planned_launches(spec, home, say)) - {d["row"]["id"] for d in progress(out, spec.name)})
-               for spec in step.bundles)
+    new = 0
+    for spec in step.bundles:
+        try:
+            planned = set(planned_launches(spec, home, say))
+        except Exception as e:  # a plan that cannot be made today says so; the step stays as its results say
+            (say or print)(f"{spec.name}: today's plan could not be made ({type(e).__name__}: {e}); its new "
+                           f"launches are not told")
+            continue
+        new += len(planned - {d["row"]["id"] for d in progress(out, spec.name)})
+    return new
 
 
 def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS,

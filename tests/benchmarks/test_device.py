@@ -554,6 +554,13 @@ def test_a_done_step_whose_plan_grew_is_not_done_before_its_bundle_is_prepared(t
     said.clear()
     device.status(results, home, carry, say=said.append)
     assert "h100: done " in said[0] + " " and "every step is done" in said
+    # a plan that cannot be made (today's code broken) is said, and status goes on from the results
+    monkeypatch.setattr(sets, "set_jobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no tiles file")))
+    monkeypatch.setattr(device, "STEPS", (device.Step("designs", "", "", (device.BundleSpec("ab", "micro", {"n": 6}),)),))
+    said.clear()
+    device.status(results, home, carry, say=said.append)
+    assert "ab: today's plan could not be made (RuntimeError: no tiles file); its new launches are not told" in said
+    assert "every step is done" in said
 
 
 def test_a_step_done_on_older_kernels_is_planned_again_carrying_only_the_parts_it_has_not_measured(
