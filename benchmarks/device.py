@@ -249,7 +249,13 @@ def planned_launches(spec: BundleSpec, home: Path = bundles.HOME, say=None) -> l
            (job.planned.id, *(f"{job.planned.id}-n{n1}" for n1, _ in job.planned.also_at))]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(ids), encoding="utf-8"))
+    for older in path.parent.glob("*.json"):  # one plan a bundle: the older code's go
+        if older != path and older.stem.rsplit("-", 1)[0] == spec.name:
+            older.unlink(missing_ok=True)
     return ids
+
+
+_UNPLANNED: set[tuple[str, str]] = set()  # bundles (name, inputs) whose plan could not be made, said once
 
 
 def new_launches(step: Step, device: str, results: Path = RESULTS, home: Path = bundles.HOME, say=None) -> int:
@@ -261,9 +267,11 @@ def new_launches(step: Step, device: str, results: Path = RESULTS, home: Path = 
     for spec in step.bundles:
         try:
             planned = set(planned_launches(spec, home, say))
-        except Exception as e:  # a plan that cannot be made today says so; the step stays as its results say
-            (say or print)(f"{spec.name}: today's plan could not be made ({type(e).__name__}: {e}); its new "
-                           f"launches are not told")
+        except Exception as e:  # a plan that cannot be made today says so, once; the step stays as its results say
+            if (spec.name, spec.inputs) not in _UNPLANNED:
+                _UNPLANNED.add((spec.name, spec.inputs))
+                (say or print)(f"{spec.name}: today's plan could not be made ({type(e).__name__}: {e}); its new "
+                               f"launches are not told")
             continue
         new += len(planned - {d["row"]["id"] for d in progress(out, spec.name)})
     return new
@@ -476,7 +484,7 @@ def checkout_bytes(root: Path = ROOT) -> int:
 
 def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESULTS, home: Path = bundles.HOME,
                  carry: Path = CARRY, wheels: Path | None = None, again: tuple[str, ...] = (),
-                 build_there: bool = False) -> tuple[list[DeviceCall], list[str]]:
+                 build_there: bool = False, say=None) -> tuple[list[DeviceCall], list[str]]:
     """The calls that spend a window of `budget_s` device seconds on a GPU of `kind` (its results
     folder: h100, h200): the steps done neither on their own device nor on this kind, in the program's
     order, as many to a call as its carry (CARRY_LIMIT with the checkout) and STEP_LIMIT_S allow, each
@@ -510,7 +518,7 @@ def window_calls(kind: str, budget_s: float, checkout: int, results: Path = RESU
         # done where its results count, on today's kernels; a step done on older ones (the ranker
         # retrained since, say) is measured again on this kind: only its changed launches
         if step.name not in again and any(state.get(d, {}).get("state") == "done"
-                                          and not _changed_since(step, d, carry, results, home)
+                                          and not _changed_since(step, d, carry, results, home, say)
                                           for d in (step.device, kind)):
             continue
         unread = [r for r in step.reads if r not in planned and step_state(step_named(r), results).get(kind, {})
@@ -677,6 +685,7 @@ def print_window(kind: str, budget_s: float, again: tuple[str, ...] = (), say=pr
                  build_there: bool = False) -> list[DeviceCall]:
     """The window's calls, each with what to carry and its command; what is left out and why."""
     calls, left_out = window_calls(kind, budget_s, checkout_bytes() + RESULTS_GROWTH, again=again,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True),
                                    build_there=build_there)
     for i, call in enumerate(calls, 1):
         say(f"call {i}: {', '.join(call.steps)} (about {call.seconds:.0f} s; carries {call.carry_bytes / 2**20:.1f} MiB "

@@ -144,7 +144,7 @@ def run(
     if "all" in zoo:
         zoo = list(ZOO_NAMES)
     # files as absolute paths: the run record must name them from any directory (`lospmm rerun`)
-    cfg = RunConfig(zoo=tuple(zoo), weights=str(weights.resolve()) if weights else None, tokens=tokens,
+    cfg = RunConfig(zoo=tuple(zoo), weights=os.path.abspath(weights) if weights else None, tokens=tokens,
                     sparsities=run_sparsities(sparsity, prune, _RUN.sparsities), until=until, artifacts=artifacts, gpu=gpu, seed=seed,
                     prune=prune, batch=batch, seq_len=seq_len, cnn_batch=cnn_batch, image_size=image_size,
                     m1s=tuple(m1), th_row=th_row, th_col=th_col, verify=verify, timer=timer, top_k=top_k,

@@ -20,8 +20,8 @@ def file_sha256(path: Path) -> str:
 
 
 def _temporary_beside(path: Path) -> Path:
-    """A new empty file beside `path`, named for it, this process and a random token (the one place a
-    written file first takes space: where a full disk is met)."""
+    """A new empty file beside `path`, named for it, this process and a random token (the seam a test
+    fills the disk at: every file we trust is begun here)."""
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     return tmp

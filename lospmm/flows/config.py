@@ -335,8 +335,8 @@ def weights_label(path: str) -> str:
     model.safetensors.index.json whatever the model)."""
     from lospmm.flows.inputs.weights import INDEX_SUFFIX
 
-    path = Path(path)
-    return sanitized_name(path.resolve().parent.name if path.name.endswith(INDEX_SUFFIX) else path.stem)
+    path = Path(os.path.abspath(path))  # not resolved: a Hugging Face cache's files link to blobs/<hash>
+    return sanitized_name(path.parent.name if path.name.endswith(INDEX_SUFFIX) else path.stem)
 
 
 def _cores() -> int:
@@ -387,7 +387,9 @@ def _sources(cfg: RunConfig, model_config: ModelConfig | None = None) -> list[So
     if cfg.weights:
         from lospmm.flows.inputs.weights import weights_file, weights_sha256
 
-        path = str(weights_file(cfg.weights).resolve())  # a sharded checkpoint's folder: its index
+        # a sharded checkpoint's folder: its index; absolute, links kept (a Hugging Face cache's snapshot
+        # holds links to blobs/<hash>, whose names say nothing of what they hold)
+        path = os.path.abspath(weights_file(cfg.weights))
         onnx = is_onnx(path)
         out.append(Source("weights", weights_label(path), weights_label(path), path=path,
                           sha256=weights_sha256(path), tokens=cfg.tokens,

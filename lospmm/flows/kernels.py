@@ -145,9 +145,13 @@ def _measured(label: str, time_us: float | None, why: str, unfold_us: float = 0.
 
 def checked_unchanged(path: str, sha256: str) -> None:
     """ValueError naming the weights file when it changed since the run read it (its SHA-256)."""
-    from lospmm.flows.inputs.weights import weights_sha256
+    from lospmm.flows.inputs.weights import WeightsFileError, weights_sha256
 
-    if sha256 and weights_sha256(path) != sha256:
+    try:
+        now = weights_sha256(path) if sha256 else sha256
+    except (OSError, WeightsFileError) as e:  # a file or shard gone since
+        raise ValueError(f"{path}: the weights changed since the run started ({e}); run again") from None
+    if now != sha256:
         raise ValueError(f"{path}: the weights file changed since the run started; run again")
 
 

@@ -30,6 +30,7 @@ class KernelDirError(ValueError):
 
 
 GLOBALS_SUFFIX = ".bin"  # a module global's bytes: <symbol>.bin
+GLOBALS_GLOB = f"lospmm_*{GLOBALS_SUFFIX}"  # every module global's symbol starts lospmm_ (KernelSpec.module_symbols)
 
 
 def package_files(spec: KernelSpec) -> tuple[str, ...]:
@@ -40,14 +41,14 @@ def package_files(spec: KernelSpec) -> tuple[str, ...]:
 def _written(out: Path) -> list[str]:
     """The package files in `out`, the globals' among them, the manifest last."""
     return [f for f in KERNEL_FILES if (out / f).exists()] + sorted(
-        p.name for p in out.glob(f"*{GLOBALS_SUFFIX}")) + ([MANIFEST] if (out / MANIFEST).exists() else [])
+        p.name for p in out.glob(GLOBALS_GLOB)) + ([MANIFEST] if (out / MANIFEST).exists() else [])
 
 
 def cleared(out: Path) -> None:
     """`out` made, with no file left from an earlier kernel there (kernel.ptx: from before kernels were
     linked; the manifest first, so that nothing half-replaced is trusted)."""
     out.mkdir(parents=True, exist_ok=True)
-    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx", *(p.name for p in out.glob(f"*{GLOBALS_SUFFIX}"))):
+    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx", *(p.name for p in out.glob(GLOBALS_GLOB))):
         (out / f).unlink(missing_ok=True)
 
 

@@ -194,6 +194,12 @@ def test_an_nm_kernel_directory_is_checked_and_served_from_its_weight(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(KernelDirError, match=f"{symbol}.bin"):
         read_package(tmp_path / "k")
+    # emitting again there clears the globals' files, not a user's own .bin beside them
+    from lospmm.kernel.package import cleared
+
+    (tmp_path / "k" / "notes.bin").write_bytes(b"mine")
+    cleared(tmp_path / "k")
+    assert [p.name for p in (tmp_path / "k").iterdir()] == ["notes.bin"]
 
 
 def test_a_half_nm_kernel_directory_is_its_exact_model_and_served_in_its_dtype(tmp_path):

@@ -233,3 +233,40 @@ def test_a_sharded_checkpoints_faults_are_named(tmp_path):
     (folder / "model-00001-of-00002.safetensors").write_bytes(whole[:-8])  # a shard cut short, named
     with pytest.raises(WeightsFileError, match="model-00001-of-00002.safetensors is cut short"):
         tensor_infos(folder / "model-00001-of-00002.safetensors")
+
+
+def test_a_hugging_face_cache_snapshot_of_links_is_read_where_it_is_given(tmp_path):
+    """The hub cache's snapshot folder holds links to blobs/<hash>: a path resolved through them named
+    the index blobs/<hash>, read as one file (a nonsense header size). The run keeps the links."""
+    import os
+
+    from lospmm.flows.config import RunConfig, resolved
+    from lospmm.flows.kernels import checked_unchanged
+
+    tensors = {f"layer{i}.dense.weight": np.ones((16, 16), np.float32) for i in range(4)}
+    made = _sharded(tmp_path / "made", tensors)
+    blobs, snapshot = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "rev1"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(made.iterdir())):
+        f.rename(blobs / f"{i:040x}")
+        os.symlink(blobs / f"{i:040x}", snapshot / f.name)
+    (source,) = resolved(RunConfig(zoo=(), weights=str(snapshot))).sources
+    assert source.path == str(snapshot / "model.safetensors.index.json") and source.label == "rev1"
+    assert sorted(i.name for i in tensor_infos(source.path)) == sorted(tensors)
+    # a shard gone since the run planned: the weights changed, in one line
+    checked_unchanged(source.path, source.sha256)
+    (snapshot / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="the weights changed since the run started .*its shard "
+                                         "model-00002-of-00002.safetensors is not readable"):
+        checked_unchanged(source.path, source.sha256)
+
+
+def test_a_torch_checkpoints_shard_index_or_a_folder_of_none_is_named(tmp_path):
+    (tmp_path / "pytorch_model.bin.index.json").write_text('{"weight_map": {"a": "pytorch_model-00001-of-00002.bin"}}')
+    with pytest.raises(WeightsFileError, match="the index of a torch checkpoint's shards"):
+        tensor_infos(tmp_path / "pytorch_model.bin.index.json")
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    with pytest.raises(WeightsFileError, match=r"no safetensors file or index in it; give the file to read "
+                                               r"\(model.onnx, pytorch_model.bin.index.json\)"):
+        tensor_infos(tmp_path)

@@ -129,6 +129,8 @@ def test_a_sliced_proxy_launched_short_of_its_partials_fails_on_the_host():
     proxy_on_host(design, reached)
     with pytest.raises(EmulationError, match="heap-buffer-overflow"):
         proxy_on_host(design, reached - 4)  # the last lane's float of the last slot
+    with pytest.raises(EmulationError, match="launched with no dynamic shared memory for its partial sums"):
+        proxy_on_host(design, 0)
     assert proxy_check(kernel, clusters.cluster_of, 70, 32, least) == "asan-ok"
     assert "heap-buffer-overflow" in proxy_check(kernel, clusters.cluster_of, 70, 32, reached - 4)
 

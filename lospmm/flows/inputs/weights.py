@@ -240,21 +240,23 @@ def weights_file(path: str | Path) -> Path:
     folder holding neither or several."""
     path = Path(path)
     if not path.is_dir():
+        if path.name.endswith(".index.json") and not path.name.endswith(INDEX_SUFFIX):
+            raise WeightsFileError(f"weights index {path}: the index of a torch checkpoint's shards (torch.save files), "
+                                   f"not of safetensors ones: give a safetensors checkpoint (its folder or "
+                                   f"model{INDEX_SUFFIX}), or search the model with lospmm.torch")
         return path
     indexes = sorted(p for p in path.iterdir() if p.name.endswith(INDEX_SUFFIX))
     files = sorted(p for p in path.iterdir() if p.suffix == ".safetensors")
     if len(indexes) == 1 or (not indexes and len(files) == 1):
         return (indexes or files)[0]
     found = [p.name for p in (indexes or files)]
+    others = sorted(p.name for p in path.iterdir() if p.suffix == ".onnx" or p.name.endswith(".index.json"))[:3]
     raise WeightsFileError(f"weights folder {path}: " + (
         f"{len(found)} safetensors files ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}) and no "
         f"index ({'model' + INDEX_SUFFIX}) to join them: give one file, or the index of a sharded checkpoint"
         if found and not indexes else f"{len(found)} indexes ({', '.join(found)}): give the one to search"
-        if indexes else "no safetensors file or index in it"))
-
-
-def is_sharded(path: str | Path) -> bool:
-    return weights_file(path).name.endswith(INDEX_SUFFIX)
+        if indexes else "no safetensors file or index in it" + (
+            f"; give the file to read ({', '.join(others)})" if others else "")))
 
 
 def open_weights(path: str | Path, sha256: str = "") -> WeightsFile | ShardedWeights:
@@ -272,7 +274,11 @@ def weights_sha256(path: str | Path) -> str:
     if not path.name.endswith(INDEX_SUFFIX):
         return file_sha256(path)
     raw, where = _index_of(path)
-    return _sharded_digest(raw, {s: file_sha256(path.parent / s) for s in dict.fromkeys(where.values())})
+    try:
+        return _sharded_digest(raw, {s: file_sha256(path.parent / s) for s in dict.fromkeys(where.values())})
+    except OSError as e:
+        raise WeightsFileError(f"weights index {path}: its shard {Path(e.filename or '?').name} is not readable "
+                               f"({e.strerror or type(e).__name__})") from None
 
 
 def _digest(f) -> str:

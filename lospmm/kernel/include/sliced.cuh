@@ -10,7 +10,15 @@
 #define LOSPMM_SLICED_PREAMBLE
 #if defined(LOSPMM_HOST_EMULATION)
 #define lospmm_partial_address(p) 0u
-#define LOSPMM_PARTIALS(name) float* const name = static_cast<float*>(lospmm_dynamic_shared)
+static inline float* lospmm_partials() {
+  if (!lospmm_dynamic_shared) {
+    fprintf(stderr, "a sliced kernel launched with no dynamic shared memory for its partial sums "
+                    "(stages.pad.proxy_dynamic_shared)\n");
+    exit(27);
+  }
+  return static_cast<float*>(lospmm_dynamic_shared);
+}
+#define LOSPMM_PARTIALS(name) float* const name = lospmm_partials()
 static inline float* lospmm_slot(float* lane, int offset) {
   return const_cast<float*>(lospmm_aligned(lane + offset / 4, 4));
 }
