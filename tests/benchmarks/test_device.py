@@ -547,7 +547,11 @@ def test_a_done_step_whose_plan_grew_is_not_done_before_its_bundle_is_prepared(t
     assert "prepare designs" in said[2]
     _, left_out = device.window_calls("h100", 900, 2**20, results, home, carry, tmp_path / ".whl")
     assert any(line.startswith("designs: prepare ab first") for line in left_out), left_out
-    # the plan is kept: asked again, it is not made again
+    # the plan is kept: asked again, it is not made again; one plan a bundle (another code's goes)
+    other = device.BundleSpec("ab", "micro", {"n": 3})
+    device.planned_launches(other, home)
+    assert sorted(p.name for p in (home / "plans").iterdir()) == [f"ab-{other.inputs}.json"]
+    device.planned_launches(spec, home)
     monkeypatch.setattr(sets, "set_jobs", lambda *a, **k: pytest.fail("planned again"))
     assert device.planned_launches(spec, home) == planned
     (out / "ab.progress.jsonl").write_text("".join(json.dumps({"row": {"id": i}}) + "\n" for i in planned))
