@@ -277,28 +277,31 @@ def new_launches(step: Step, device: str, results: Path = RESULTS, home: Path = 
     return new
 
 
+def _what_changed(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS,
+                  home: Path = bundles.HOME, say=None, plan: bool = True) -> str:
+    """What a step done on `device` has in today's code that it did not measure there ("" where
+    nothing): by the carried bundles' listings (ids and kernels), "on older kernels"; else (`plan`) by
+    today's plan (ids; no bundle needed; not on the GPU machine, where a bundle not carried cannot be
+    measured anyway), "N launches new since"."""
+    parts = unmeasured_parts(step, device, carry, results)
+    if parts is not None:
+        return "on older kernels" if any(parts.values()) else ""
+    new = new_launches(step, device, results, home, say) if plan else 0
+    return f"{new} launch{'es' if new > 1 else ''} new since" if new else ""
+
+
 def _changed_since(step: Step, device: str, carry: Path = CARRY, results: Path = RESULTS,
                    home: Path = bundles.HOME, say=None, plan: bool = True) -> bool:
-    """Whether a step done on `device` has launches in today's code it did not measure there: by the
-    carried bundles' listings (ids and kernels), else (`plan`) by today's plan (ids; no bundle needed;
-    not on the GPU machine, where a bundle not carried cannot be measured anyway)."""
-    parts = unmeasured_parts(step, device, carry, results)
-    if parts is None:
-        return plan and new_launches(step, device, results, home, say) > 0
-    return any(parts.values())
+    """Whether a step done on `device` has launches in today's code it did not measure there (_what_changed)."""
+    return bool(_what_changed(step, device, carry, results, home, say, plan))
 
 
 def _state_words(step: Step, device: str, state: str, carry: Path = CARRY, results: Path = RESULTS,
                  home: Path = bundles.HOME, say=None, plan: bool = True) -> str:
-    """A step's state on `device` as status and report say it: "done, on older kernels" where it is
-    (`plan`: or from today's plan, "done, N launches new since")."""
-    if state != "done":
-        return state
-    parts = unmeasured_parts(step, device, carry, results)
-    if parts is not None:
-        return "done, on older kernels" if any(parts.values()) else state
-    new = new_launches(step, device, results, home, say) if plan else 0
-    return f"done, {new} launch{'es' if new > 1 else ''} new since" if new else state
+    """A step's state on `device` as status and report say it: "done, on older kernels" or "done, N
+    launches new since" where it is (_what_changed)."""
+    changed = _what_changed(step, device, carry, results, home, say, plan) if state == "done" else ""
+    return f"{state}, {changed}" if changed else state
 
 
 def bundle_state(spec: BundleSpec, home: Path = bundles.HOME, carry: Path = CARRY) -> dict:
@@ -328,15 +331,14 @@ def status(results: Path = RESULTS, home: Path = bundles.HOME, carry: Path = CAR
     rows, next_step = [], None
     for step in STEPS:
         state = step_state(step, results)
-        done_here = (state.get(step.device, {}).get("state") == "done"
-                     and not _changed_since(step, step.device, carry, results, home, say))
+        words = {d: _state_words(step, d, s["state"], carry, results, home, say) for d, s in state.items()}
+        done_here = words.get(step.device) == "done"  # done there, on today's kernels and plan
         inputs = {b.name: bundle_state(b, home, carry) for b in step.bundles}
         if not done_here and next_step is None:
             next_step = step.name
         needs = list(step.needs) + [f"bundle {name} ({s['state']})" for name, s in inputs.items() if s["state"] != "ready"]
         rows.append({"step": step.name, "issue": step.issue, "device": step.device,
-                     "state": ", ".join(f"{d}: {_state_words(step, d, s['state'], carry, results, home, say)}"
-                                        for d, s in state.items()) or "not run",
+                     "state": ", ".join(f"{d}: {w}" for d, w in words.items()) or "not run",
                      "bundles": ", ".join(f"{n}: {s['state']}{' (carried)' if s.get('carried') else ''}"
                                           for n, s in inputs.items()) or "-",
                      "needs": ", ".join(needs) or "-", "title": step.title})
@@ -982,8 +984,8 @@ def _run_step(step: Step, budget_s: float, carry: Path, unpack: Path, build: boo
         # a build here takes at most BUILD_SHARE of the time left, and what it built is measured
         left = max(0.0, deadline.left())
         stop_at, hard_at = time.monotonic() + BUILD_SHARE * left, time.monotonic() + BUILD_HARD_SHARE * left
-        measured = frozenset(d["row"]["id"] for d in progress(out, spec.name))
-        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at, hard_at, measured):  # or each part
+        measured_ids = frozenset(d["row"]["id"] for d in progress(out, spec.name))
+        for folder in opened_bundle(spec, carry, unpack, build, jobs, say, stop_at, hard_at, measured_ids):  # or each part
             tables = run_bundle(folder, out, spec.name, deadline, options, say)
             done_rows = progress(out, spec.name)
             measured = {measured_key(d["row"]) for d in done_rows}
