@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Iterable
 
 
-def file_sha256(path: Path) -> str:
+def stream_sha256(f) -> str:
+    """The SHA-256 of what is left to read of the open binary file `f`, read a MiB at a time."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
     return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return stream_sha256(f)
 
 
 def _temporary_beside(path: Path) -> Path:

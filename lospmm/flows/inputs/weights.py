@@ -7,11 +7,13 @@ import hashlib
 import json
 import os
 import struct
-from contextlib import contextmanager
+import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from lospmm.files import file_sha256, stream_sha256
 from lospmm.stages.extract import GraphWeight, TensorInfo
 
 GRAPH_METADATA = "lospmm.graph"  # written by lospmm.torch.save_model: each tensor's GEMM role and geometry
@@ -45,7 +47,7 @@ class WeightsFile:
         self._file = open(self.path, "rb")
         try:
             self._stat = os.fstat(self._file.fileno())
-            if sha256 and _digest(self._file) != sha256:
+            if sha256 and self.sha256() != sha256:
                 raise WeightsChanged(f"{self.path}: the weights file changed since the run started (its SHA-256 is not "
                                      f"the one the run planned with); run again")
             self._file.seek(0)
@@ -94,7 +96,7 @@ class WeightsFile:
     def sha256(self) -> str:
         """The open file's SHA-256 (what a path replaced since cannot change)."""
         self._file.seek(0)
-        return _digest(self._file)
+        return stream_sha256(self._file)
 
     def tensor(self, name: str) -> np.ndarray:
         """One tensor as numpy (bfloat16 widened exactly to float32); ValueError naming it when it is
@@ -156,6 +158,7 @@ class ShardedWeights:
         self.path = Path(index)
         raw, self._where = _index_of(self.path)
         self._shards: dict[str, WeightsFile] = {}
+        self._open = ExitStack()  # the shards, closed as WeightsFile closes: checked unless an error is under way
         try:
             for shard in dict.fromkeys(self._where.values()):
                 file = self.path.parent / shard
@@ -163,7 +166,7 @@ class ShardedWeights:
                     listed = [t for t, s in self._where.items() if s == shard]
                     raise WeightsFileError(f"weights index {self.path}: its shard {shard} ({len(listed)} tensors, "
                                            f"{listed[0]} first) is missing")
-                self._shards[shard] = WeightsFile(file)
+                self._shards[shard] = self._open.enter_context(WeightsFile(file))
             for name, shard in self._where.items():
                 if not isinstance(self._shards[shard].header.get(name), dict):
                     raise WeightsFileError(f"weights index {self.path}: it puts tensor {name} in {shard}, whose header "
@@ -172,8 +175,7 @@ class ShardedWeights:
                 raise WeightsChanged(f"{self.path}: the weights changed since the run started (the SHA-256 of the index "
                                      f"and its shards is not the one the run planned with); run again")
         except BaseException:
-            for f in self._shards.values():
-                f._file.close()
+            self._open.__exit__(*sys.exc_info())
             raise
 
     def infos(self) -> list[TensorInfo]:
@@ -189,25 +191,14 @@ class ShardedWeights:
         return self._shards[shard].tensor(name)
 
     def close(self) -> None:
-        """Close every shard, each checked unedited (the first found edited is raised, all closed)."""
-        changed = None
-        for f in self._shards.values():
-            try:
-                f.close()
-            except WeightsChanged as e:
-                changed = changed or e
-        if changed:
-            raise changed
+        """Close every shard, each checked unedited (a shard found edited is raised, the others closed)."""
+        self._open.close()
 
     def __enter__(self) -> "ShardedWeights":
         return self
 
     def __exit__(self, kind, error, tb) -> None:
-        if kind is None:
-            self.close()
-        else:
-            for f in self._shards.values():
-                f._file.close()
+        self._open.__exit__(kind, error, tb)
 
 
 def _index_of(index: Path) -> tuple[bytes, dict[str, str]]:
@@ -268,8 +259,6 @@ def open_weights(path: str | Path, sha256: str = "") -> WeightsFile | ShardedWei
 
 def weights_sha256(path: str | Path) -> str:
     """The SHA-256 a run plans with: a file's; a sharded checkpoint's over its index and every shard."""
-    from lospmm.files import file_sha256
-
     path = weights_file(path)
     if not path.name.endswith(INDEX_SUFFIX):
         return file_sha256(path)
@@ -279,13 +268,6 @@ def weights_sha256(path: str | Path) -> str:
     except OSError as e:
         raise WeightsFileError(f"weights index {path}: its shard {Path(e.filename or '?').name} is not readable "
                                f"({e.strerror or type(e).__name__})") from None
-
-
-def _digest(f) -> str:
-    h = hashlib.sha256()
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-    return h.hexdigest()
 
 
 def tensor_infos(path: str | Path) -> list[TensorInfo]:
@@ -356,7 +338,7 @@ def planned_weights(path: str, sha256: str):
     p = Path(path)
     before = p.stat()
     with open(p, "rb") as f:
-        if sha256 and _digest(f) != sha256:
+        if sha256 and stream_sha256(f) != sha256:
             raise WeightsChanged(f"{p}: the weights file changed since the run started (its SHA-256 is not the one "
                                  f"the run planned with); run again")
     yield None
