@@ -48,7 +48,7 @@ def cleared(out: Path) -> None:
     """`out` made, with no file left from an earlier kernel there (kernel.ptx: from before kernels were
     linked; the manifest first, so that nothing half-replaced is trusted)."""
     out.mkdir(parents=True, exist_ok=True)
-    for f in (MANIFEST, *KERNEL_FILES, "kernel.ptx", *(p.name for p in out.glob(GLOBALS_GLOB))):
+    for f in (MANIFEST, "kernel.ptx", *_written(out)):
         (out / f).unlink(missing_ok=True)
 
 
