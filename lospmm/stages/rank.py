@@ -141,8 +141,7 @@ def synthetic_kernels(count: int, params: SyntheticParams = SyntheticParams(), s
 def feature_value(row: dict, name: str) -> float:
     """One feature of a candidate row; a design feature from the row's `design` label where the row
     does not hold it (a row without one is the baseline's)."""
-    if (name in DESIGN_FEATURES or name in STAGED_FEATURES or name in SPLIT_FEATURES or name in SLICE_FEATURES) \
-            and name not in row:
+    if name not in row and name in design_features(""):  # a design feature, of every family
         return float(design_features(row.get("design") or "")[name])
     return float(row[name])
 
