@@ -289,6 +289,26 @@ def test_an_embedded_api_that_did_not_start_points_at_its_log():
     assert api_start_failure(RuntimeError("something else")) is None and api_start_failure(OSError("x")) is None
 
 
+
+def test_the_embedded_api_is_given_time_to_start_unless_the_user_set_a_timeout(monkeypatch):
+    """Prefect's 20 s default timed out in CI while a fresh database was set up on a busy machine."""
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    from lospmm.flows.execution.server import API_START_TIMEOUT_S, _DetachedSubprocess, detach_embedded_api
+
+    waited = []
+    monkeypatch.setattr(prefect_server.SubprocessASGIServer, "start", lambda self, timeout=None: waited.append(timeout))
+    monkeypatch.setattr(prefect_server, "subprocess", prefect_server.subprocess)  # restored after the test
+    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS}):
+        assert detach_embedded_api() and waited == [API_START_TIMEOUT_S] and API_START_TIMEOUT_S > 20
+        assert isinstance(prefect_server.subprocess, _DetachedSubprocess)
+    with temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 45},
+                            restore_defaults={PREFECT_API_URL}):
+        assert detach_embedded_api() and waited[-1] == 45
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert not detach_embedded_api() and len(waited) == 2  # a real server: nothing started
+
 # 5. Messages that name the file or layer and the problem.
 
 def test_kernel_out_naming_an_existing_file_says_so(tmp_path):

@@ -8,6 +8,9 @@ interrupted, and only then lets Prefect stop the API) and tells it to exit when 
 (Linux PR_SET_PDEATHSIG, where the main thread starts it), so no server outlives its run. Its own output goes to `api_log()` (in
 PREFECT_HOME), not the terminal: stopped while it flushes events (a run stopped on request), it
 printed some 170 lines of tracebacks of its cancelled database writes after the run's last line.
+It is started here, waiting up to `API_START_TIMEOUT_S` for it to answer: Prefect's own default (20 s)
+is less than a fresh PREFECT_HOME's database set-up takes on a busy 2-core machine (CI saw it time out
+there), and a slow start is not a failure. A timeout set in the profile or environment (other than Prefect's default) is kept.
 With PREFECT_API_URL set (a real server) nothing changes.
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 API_LOG = "lospmm-embedded-api.log"
+API_START_TIMEOUT_S = 120  # seconds; unless PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set
 API_LOG_LIMIT = 1 << 20  # bytes; past it the log starts afresh (the API logs only errors)
 try:  # resolved here, not in the forked child (where only async-signal-safe work belongs)
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
@@ -63,17 +67,27 @@ def api_log() -> Path:
     return Path(PREFECT_HOME.value()) / API_LOG
 
 
-def detach_embedded_api() -> bool:
-    """Have Prefect's ephemeral API, if this process starts one, run detached (see above).
-    Returns False when a real server is configured and nothing was changed."""
-    from prefect.settings import PREFECT_API_URL
+def api_start_timeout() -> int:
+    """Seconds to wait for the embedded API to answer: the user's setting where it is not Prefect's default."""
+    from prefect.settings import get_current_settings
 
-    if PREFECT_API_URL.value():
+    ephemeral = get_current_settings().server.ephemeral
+    prefects = type(ephemeral).model_fields["startup_timeout_seconds"].default
+    return API_START_TIMEOUT_S if ephemeral.startup_timeout_seconds == prefects else ephemeral.startup_timeout_seconds
+
+
+def detach_embedded_api() -> bool:
+    """Start Prefect's ephemeral API detached (see above), unless it runs already; Prefect's client
+    then finds it running. Returns False when a real server is configured and nothing was changed."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return False
     from prefect.server.api import server as prefect_server
 
     if not isinstance(prefect_server.subprocess, _DetachedSubprocess):
         prefect_server.subprocess = _DetachedSubprocess()
+    prefect_server.SubprocessASGIServer().start(timeout=api_start_timeout())  # Prefect's client's own instance
     return True
 
 
