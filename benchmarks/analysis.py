@@ -432,13 +432,13 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     also applies its case's epilogue, bias and ReLU on three of five, which the GEMM kernel does not),
     the streamed design's implicit-im2col kernel of the same tile, the staged design's (8 tiles of the
     same M1 a block, 32 pixels), the baked one of two pixels a thread (`v=2 / implicit`: below 1, V
-    pays), and cuDNN's dense convolution in fp32; where the case has them, the
+    pays), the sliced one (`sliced / implicit`: below 1, more warps a tile pay), and cuDNN's dense convolution in fp32; where the case has them, the
     N:M conv kernel on its A pruned 2:4 (`nm_sparsity`) against the baked conv kernel of that A
     (`baked / N:M`: above 1, the N:M kernel is faster) and cuDNN, and in fp16 against cuDNN in fp16 and
     the fp32 N:M kernel (`N:M fp32 / fp16`); the tiled half conv kernel on the case's A in fp16 against
     cuDNN in fp16 and the fp32 one (`implicit / fp16`: above 1, fp16 is faster)."""
     kinds_of = {"im2col-gemm": "gemm", "streamed": "streamed", "staged": "staged", "nm": "nm", "nm-baked": "nm-baked",
-                "nm-fp16": "nm-fp16", "v2": "v2", "fp16": "fp16"}
+                "nm-fp16": "nm-fp16", "v2": "v2", "sliced": "sliced", "fp16": "fp16"}
     by: dict = {}
     for r in rows:
         if r.get("set") == "conv":
@@ -450,9 +450,9 @@ def conv_summary(rows: list[dict]) -> list[dict]:
     us = measured_us
     out = []
     for layer, kinds in sorted(by.items()):
-        conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector, half = (kinds.get(kind) for kind in (
-            "conv", "gemm", "streamed", "staged", "nm", "nm-baked", "nm-fp16", "v2", "fp16"))
-        some = conv or gemm or streamed or staged or nm or nm_baked or nm_half or vector or half
+        conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector, sliced, half = (kinds.get(kind) for kind in (
+            "conv", "gemm", "streamed", "staged", "nm", "nm-baked", "nm-fp16", "v2", "sliced", "fp16"))
+        some = conv or gemm or streamed or staged or nm or nm_baked or nm_half or vector or sliced or half
         cudnn = us(conv, "cudnn_us")
         if math.isnan(cudnn):
             cudnn = us(nm, "cudnn_us")
@@ -462,6 +462,7 @@ def conv_summary(rows: list[dict]) -> list[dict]:
                     "streamed_us": us(streamed), "streamed / implicit": ratio(us(streamed), us(conv)),
                     "staged_us": us(staged), "staged / implicit": ratio(us(staged), us(conv)),
                     "v2_us": us(vector), "v=2 / implicit": ratio(us(vector), us(conv)),
+                    "sliced_us": us(sliced), "sliced / implicit": ratio(us(sliced), us(conv)),
                     "fp16_us": us(half), "cuDNN fp16 / fp16": ratio(us(half, "cudnn_us"), us(half)),
                     "implicit / fp16": ratio(us(conv), us(half)),
                     "cudnn_us": cudnn, "cuDNN / implicit": ratio(cudnn, us(conv)),
@@ -471,7 +472,8 @@ def conv_summary(rows: list[dict]) -> list[dict]:
                     "nm_fp16_us": us(nm_half), "cuDNN fp16 / N:M fp16": ratio(us(nm_half, "cudnn_us"), us(nm_half)),
                     "N:M fp32 / fp16": ratio(us(nm), us(nm_half)),
                     "spread (max)": max(float((r or {}).get("spread") or 0.0)
-                                        for r in (conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector, half))})
+                                        for r in (conv, gemm, streamed, staged, nm, nm_baked, nm_half, vector, sliced,
+                                                  half))})
     return out
 
 

@@ -756,6 +756,7 @@ def conv_case_matrix(i: int, sparsity: float, method: str = "") -> sp.csr_matrix
 
 
 CONV_NM = "nm:2:4"  # the conv step's N:M pruning (cases whose K = Cin·kh·kw is a multiple of 4)
+CONV_SLICED = "chained,slices=4"  # the conv step's sliced conv kernel: a tile's walk split over 4 groups of warps
 CONV_HALF = "fp16"  # the conv step's tiled half conv kernel: fp16 X and Y, packed sums (a half run's default)
 
 
@@ -765,7 +766,8 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
     baked kernel's code grows with it), the staged design's (8 tiles of M1 rows a block over 32
     pixels: each block gathers its tiles' union of window inputs once a chunk), the baked conv kernel of
     two pixels a thread (v=2: each literal feeds two multiply-adds, the code serves twice the pixels a
-    warp; issue 35, item 2), the tiled half conv kernel of the same A rounded to fp16 and the same tile
+    warp; issue 35, item 2), the sliced one (CONV_SLICED: each tile's columns walked by 4 groups of N1
+    threads, at most 1024 a block, its shared rows reduced), the tiled half conv kernel of the same A rounded to fp16 and the same tile
     (CONV_HALF: its pair two pixels; against cuDNN in fp16), and the GEMM kernel of
     the same A and tile on the im2col matrix (what the search emits for the im2col GEMM); with `nm`,
     for each case whose K allows it, the N:M conv kernel in fp32 and fp16 and the baked conv kernel of
@@ -787,6 +789,9 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
                            **(common | {"design": staged.label, "n1": staged.fixed_n1})))
         out.append(Planned(_id("conv", i, "v2"), "conv", conv=conv, epilogue=epilogue, variant="v2",
                            **(common | {"design": design_named("v=2").label})))
+        sliced = design_named(CONV_SLICED)  # CONV_SLICED's groups × N1 threads a block: at most 1024
+        out.append(Planned(_id("conv", i, "sliced"), "conv", conv=conv, epilogue=epilogue, variant="sliced",
+                           **(common | {"design": sliced.label, "n1": min(n1, 1024 // sliced.k_slices)})))
         half = design_named(CONV_HALF)  # its A rounded to fp16: a matrix of its own in the bundle
         out.append(Planned(_id("conv", i, "fp16"), "conv", conv=conv, epilogue=epilogue, variant="fp16",
                            **(common | {"design": half.label, "matrix": _id("conv-case", i, half.dtype)})))

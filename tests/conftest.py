@@ -7,6 +7,7 @@ import os
 import tempfile
 
 import pytest
+from hypothesis import strategies as st
 
 # The CLI's console is 160 columns wide when piped unless COLUMNS says otherwise; pytest-xdist's
 # workers inherit a COLUMNS of 80, which wrapped the tables the CLI tests read
@@ -105,3 +106,29 @@ def proxy_on_host(design, smem_bytes: int | None = None):
     out = HostKernel(kernel, sanitize=True).run(np.ones((256, 150), np.float32), 32, {"cluster_of": clusters.cluster_of},
                                                 smem)
     return kernel, clusters, out
+
+
+@st.composite
+def convolutions(draw):
+    """A random convolution (any window, stride, padding and dilation on a small image; an input a window
+    fits in) and its pruned weight (cout × cin·kh·kw, 0-80% dense) and bias or none: (A, geometry, bias)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from lospmm.kernel.geometry import ConvGeometry
+
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dilation, stride, pad = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 3))
+    h = draw(st.integers(max(1, dilation * (kh - 1) + 1 - 2 * pad), 9))
+    w = draw(st.integers(max(1, dilation * (kw - 1) + 1 - 2 * pad), 9))
+    geometry = ConvGeometry(cin=draw(st.integers(1, 4)), h=h, w=w, kh=kh, kw=kw, stride=stride, pad=pad,
+                            dilation=dilation)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    cout = draw(st.integers(1, 9))
+    a = sp.random(cout, geometry.k, density=draw(st.floats(0.0, 0.8)), format="csr", random_state=rng,
+                  dtype=np.float32)
+    a.data[:] = rng.standard_normal(a.nnz).astype(np.float32)
+    a.eliminate_zeros()
+    bias = tuple(rng.standard_normal(cout).tolist()) if draw(st.booleans()) else ()
+    return a, geometry, bias
+

@@ -173,7 +173,7 @@ class KernelDesign:
     def serves_conv(self) -> bool:
         """Whether an implicit-im2col conv kernel of this design exists (conv_kernel is itself: the grid's
         order, walks and columns per thread of a baked design in its number format or of a streamed
-        fp32 one, a staged one's blocking, the N:M kernel on CUDA cores in any number
+        fp32 one, a sliced one's slices, a staged one's blocking, the N:M kernel on CUDA cores in any number
         format); a convolution in another design is served by the GEMM kernel on its im2col B."""
         return self.conv_kernel == self
 
@@ -196,6 +196,13 @@ class KernelDesign:
         pixels), 1 for every other (and for a design whose convolutions are im2col GEMMs)."""
         kernel = self.conv_kernel  # conv_design keeps the columns per thread of a baked or streamed design
         return kernel.columns_per_thread if kernel is not None else 1
+
+    @property
+    def conv_lane_windows(self) -> bool:
+        """Whether its implicit-im2col conv kernel finds and keeps each lane's window (render.conv's form
+        of V lanes; a sliced one's at any V: render.sliced), not one pixel's window mask."""
+        kernel = self.conv_kernel
+        return kernel is not None and (self.conv_lanes > 1 or kernel.k_slices > 1)
 
     @property
     def fixed_n1(self) -> int:
@@ -354,9 +361,10 @@ def design_named(text: str) -> KernelDesign:
 
 def conv_design(design: KernelDesign) -> KernelDesign:
     """The part of `design` an implicit-im2col conv kernel has: the grid's order, the column walks,
-    whether A's values are baked or streamed, a baked one's columns per thread, or a staged design's blocking (its copy gathers the
-    pixels' inputs), or the N:M kernel's in its number format; its loads already take one instruction
-    from the pixel's pointer. A baked design keeps its columns per thread: V output pixels a thread
+    whether A's values are baked or streamed, a baked one's columns per thread, a sliced one's slices of K
+    (render.sliced: each slice's window loads, its shared rows reduced as the GEMM's), or a staged
+    design's blocking (its copy gathers the pixels' inputs), or the N:M kernel's in its number format;
+    its loads already take one instruction from the pixel's pointer. A baked design keeps its columns per thread: V output pixels a thread
     (n1 apart, so that a warp's loads of each stay consecutive), each literal feeding V multiply-adds,
     each pixel's input its own load (adjacent output pixels are not adjacent inputs); a streamed one
     keeps them alike (each value read from data feeds V multiply-adds). A half design's (fp16/bf16, baked) keeps its number
@@ -369,6 +377,9 @@ def conv_design(design: KernelDesign) -> KernelDesign:
     if design.a_values == "streamed":
         return KernelDesign(order=design.order, column_walks=design.column_walks, a_values="streamed",
                             columns_per_thread=design.columns_per_thread)
+    if design.k_slices > 1:  # its slices and reduction as the GEMM's; its chained loads stay in its name only
+        return KernelDesign(order=design.order, columns_per_thread=design.columns_per_thread, loads="chained",
+                            k_slices=design.k_slices)
     return KernelDesign(order=design.order, column_walks=design.column_walks,
                         columns_per_thread=design.columns_per_thread, dtype=design.dtype,
                         accumulate=design.accumulate, promote_every=design.promote_every)

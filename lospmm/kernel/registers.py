@@ -25,7 +25,9 @@ class RegisterModel:
     window, input and output pointers, masks and whether it is a pixel, and ptxas keeps the lanes'
     independent loads in flight: NVRTC sm_90 at ptxas -O2 on a 64-channel 3×3 layer at 0.9, M1 1-16,
     V 2 and 4, walks 1 and 4, spilled at most 16 B at 8 a lane above the GEMM's prediction, none at 12
-    but one tile of V = 2, M1 = 4), mask_regs=2 (a baked conv kernel of one pixel a thread keeps its
+    but one tile of V = 2, M1 = 4; a sliced conv kernel keeps its lanes' windows at V = 1 too: a 16-channel
+    3×3 layer at 0.8, M1 4-24, 2-8 slices, padded, spilled up to 96 B at the mask's 2, none at 8),
+    mask_regs=2 (a baked conv kernel of one pixel a thread keeps its
     window's mask of entries beside the sums: NVRTC sm_90, ptxas -O1, 3×3 and 7×7 layers at 0.8, M1
     1-12, spilled 16 B at the floor of 32 at M1 = 4, none 2 above), slice_regs=4 (a sliced tile of one
     column a thread keeps its slice, its shared address and whether it is inside N beside the sums:
@@ -78,7 +80,7 @@ def predicted_registers(m1: int, params=RegisterModel(), design: KernelDesign = 
     # floor too (at the floor of 32 a tile of 4 rows spilled 16 B)
     staged = params.staged_regs if design.loads == "staged" else 0
     window = params.window_regs if conv and design.a_values == "streamed" and not design.looped else 0
-    if conv and design.conv_lanes > 1:  # each lane's window and loads
+    if conv and design.conv_lane_windows:  # each lane's window and loads
         window = getattr(params, "lane_regs", RegisterModel.lane_regs) * design.conv_lanes
     elif conv and design.a_values == "baked" and design.loads != "staged":  # its pixel's window mask
         window = getattr(params, "mask_regs", RegisterModel.mask_regs)

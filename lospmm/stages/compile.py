@@ -63,10 +63,11 @@ def kernel_options(arch: str, m1: int, ptxas_level: int = 1, design: KernelDesig
     linked kernel (a baked conv kernel of V > 1 lanes at ptxas -O2 at least); `extra_registers` above it (at most 255 in all: the device program's latency A/B
     gives a deeper prefetch room)."""
     registers = predicted_registers(m1, design=design, conv=conv) + extra_registers
-    if conv and design.conv_lanes > 1:
+    if conv and design.conv_lane_windows:
         # ptxas -O1 hoists the V lanes' independent window loads and spills kilobytes at any cap (NVRTC
         # sm_90: 0.6-14 KB a thread on a 3×3 layer, 255 registers included); -O2 schedules them within
-        # the prediction, and compiled that layer faster
+        # the prediction, and compiled that layer faster (a sliced one of one lane: 0.1-1 KB at -O1 with
+        # 12 registers more, none at -O2 with 8 more)
         ptxas_level = max(ptxas_level, 2)
     return CompileOptions(arch=arch, maxrregcount=min(255, registers), ptxas_level=ptxas_level, relocatable=True)
 

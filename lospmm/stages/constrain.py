@@ -44,7 +44,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lospmm.kernel.design import BASELINE, KernelDesign, conv_design
+from lospmm.kernel.design import BASELINE, KernelDesign
 from lospmm.devices import Device
 from lospmm.devices import block_fits_registers, block_registers
 from lospmm.kernel.registers import RegisterModel, predicted_registers

@@ -12,7 +12,7 @@ from lospmm.kernel.package import KernelDirError
 
 def _jobs():
     micro = [sets.planned_job(p) for p in sets.micro_plan(n=4096) if p.layer == "footprint-256"]
-    return micro + [sets.planned_job(p) for p in sets.conv_plan(batch=2)[:6] if p.variant in ("", "im2col-gemm")]
+    return micro + [sets.planned_job(p) for p in sets.conv_plan(batch=2)[:7] if p.variant in ("", "im2col-gemm")]
 
 
 def test_a_bundle_holds_each_kernels_package_its_launch_rows_and_the_a_it_is_checked_against(tmp_path):

@@ -232,12 +232,12 @@ def test_the_staged_set_puts_the_staged_design_on_each_layers_tiles_beside_its_c
     assert staged["estimate: over reference"] > 0 and staged["datasheet: over reference"] > 0
 
 
-def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2col_gemm():
-    # issue 35: the streamed and staged designs' implicit-im2col kernels beside the baked one, the same A and M1
+def test_the_conv_step_measures_each_case_baked_streamed_staged_sliced_and_as_its_im2col_gemm():
+    # issue 35: the streamed, staged and sliced designs' implicit-im2col kernels beside the baked one, the same A and M1
     from benchmarks.analysis import conv_summary
 
     plan = sets.conv_plan(batch=2)
-    assert len([p for p in plan if not p.prune]) == 6 * len(sets.CONV_CASES)
+    assert len([p for p in plan if not p.prune]) == 7 * len(sets.CONV_CASES)
     staged = [p for p in plan if p.variant == "staged"]
     assert len(staged) == len(sets.CONV_CASES) and all(p.n1 == 32 and p.m1 == plan[0].m1 for p in staged)
     assert sets.planned_job(staged[0]).source().spec.form == "conv"
@@ -251,6 +251,11 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     assert len(vector) == len(sets.CONV_CASES) and all(p.m1 == plan[0].m1 and p.n1 == plan[0].n1 for p in vector)
     v2 = sets.planned_job(vector[0]).source()
     assert v2.spec.form == "conv" and v2.layout.columns_per_thread == 2 and v2.spec.epilogue == baked.spec.epilogue
+    sliced = [p for p in plan if p.variant == "sliced"]  # a tile's walk over 4 groups of warps, same A and M1
+    assert len(sliced) == len(sets.CONV_CASES) and all(p.m1 == plan[0].m1 and p.n1 == 256 for p in sliced)
+    walked = sets.planned_job(sliced[0]).source()
+    assert walked.spec.form == "conv" and walked.design.k_slices == 4 and walked.layout.block() == 1024
+    assert walked.spec.epilogue == baked.spec.epilogue
     # its launch row's estimate loads each lane's input apart (a review found it priced as the GEMM's v=2)
     from benchmarks import analysis
 
@@ -270,9 +275,11 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_and_as_its_im2co
     assert pair.spec.form == "conv" and pair.spec.dtype == "fp16" and pair.layout.columns_per_thread == 2
     assert pair.spec.epilogue == baked.spec.epilogue
     rows = [dict(set="conv", layer=p.layer, variant=p.variant, m=p.m, k=p.k, n=p.n, sparsity=p.sparsity,
-                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "fp16": 4.0, "im2col-gemm": 12.0}[p.variant],
-                 spread=0.01, cudnn_us=30.0 if p.variant != "fp16" else 6.0) for p in plan[:6]]
+                 ours_us={"": 10.0, "streamed": 15.0, "staged": 8.0, "v2": 9.0, "sliced": 7.0, "fp16": 4.0,
+                          "im2col-gemm": 12.0}[p.variant],
+                 spread=0.01, cudnn_us=30.0 if p.variant != "fp16" else 6.0) for p in plan[:7]]
     (summary,) = conv_summary(rows)
+    assert summary["sliced / implicit"] == 0.7
     assert summary["streamed / implicit"] == 1.5 and summary["implicit / gemm"] == pytest.approx(10 / 12)
     assert summary["staged / implicit"] == 0.8 and summary["v=2 / implicit"] == 0.9
     assert summary["cuDNN fp16 / fp16"] == 1.5 and summary["implicit / fp16"] == 2.5 and summary["cuDNN / implicit"] == 3.0
@@ -288,7 +295,7 @@ def test_the_conv_step_sets_the_nm_conv_kernel_against_the_baked_one_on_the_same
     nm = [p for p in plan if p.variant == "nm"]
     baked = {p.layer: p for p in plan if p.variant == "nm-baked"}
     assert [p.layer.split(":")[0] for p in nm] == ["1", "2", "3", "4"] and set(baked) == {p.layer for p in nm}
-    assert len(sets.conv_plan(batch=2, nm=False)) == 6 * len(sets.CONV_CASES)
+    assert len(sets.conv_plan(batch=2, nm=False)) == 7 * len(sets.CONV_CASES)
     p = nm[2]
     from lospmm.kernel.numbers import rounded_matrix
     assert (p.prune, p.sparsity, p.matrix) == ("nm:2:4", 0.5, baked[p.layer].matrix) and p.conv == baked[p.layer].conv

@@ -23,6 +23,7 @@ from lospmm.stages import compile as nv
 from lospmm.stages.cluster import proxy_clusters
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import identity_tiles, reordered_tiles
+from tests.conftest import convolutions
 
 
 def host_error(kernel, a, n, seed=0, sanitize=False) -> float:
@@ -220,24 +221,6 @@ def test_the_host_checked_text_is_the_units_compiled():
     assert all(u.count("LOSPMM_TILE void tile_") >= 1 for u in kernel.units[:-1])
 
 
-@st.composite
-def convolutions(draw):
-    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    dilation, stride, pad = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 3))
-    h = draw(st.integers(max(1, dilation * (kh - 1) + 1 - 2 * pad), 9))
-    w = draw(st.integers(max(1, dilation * (kw - 1) + 1 - 2 * pad), 9))
-    geometry = ConvGeometry(cin=draw(st.integers(1, 4)), h=h, w=w, kh=kh, kw=kw, stride=stride, pad=pad,
-                            dilation=dilation)
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    cout = draw(st.integers(1, 9))
-    a = sp.random(cout, geometry.k, density=draw(st.floats(0.0, 0.8)), format="csr", random_state=rng,
-                  dtype=np.float32)
-    a.data[:] = rng.standard_normal(a.nnz).astype(np.float32)
-    a.eliminate_zeros()
-    bias = tuple(rng.standard_normal(cout).tolist()) if draw(st.booleans()) else ()
-    return a, geometry, bias
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
        relu=st.booleans(), shard_nnz=st.sampled_from([1, 7, 4096]),
@@ -313,7 +296,7 @@ def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, w
 
 @pytest.mark.parametrize("pad", [1, 0])
 @pytest.mark.parametrize("design", ["v=4", "v=2,walks=3", "fp16", "bf16,acc=f32", "streamed,v=2",
-                                    "streamed,v=4,walks=3"])
+                                    "streamed,v=4,walks=3", "chained,slices=2", "chained,v=4,slices=4"])
 def test_a_vector_conv_kernels_lanes_past_the_last_pixel_store_nothing(design, pad):
     """Empty rows (zeroing blocks) and a last block of pixels that fills only some lanes: a lane past the
     last pixel loads and stores nothing, in the tile functions and the zeroing ones (ASan sees a store
@@ -340,12 +323,14 @@ def test_a_conv_kernel_links_into_one_entry_without_spills_at_the_prediction():
     # a streamed one keeps its pixel's window across its loop: at one walk 8 registers above the GEMM's
     # (RegisterModel.window_regs; 16 B spilled at M1 = 16 without them)
     # a baked one of V lanes keeps each lane's window and loads (RegisterModel.lane_regs), compiled at
-    # ptxas -O2 (at -O1 it spilled kilobytes at any cap)
+    # ptxas -O2 (at -O1 it spilled kilobytes at any cap); a sliced one too at V = 1 (320 B spilled at
+    # M1 = 16 at the window mask's registers)
     for m1, design in ((1, "baseline"), (16, "baseline"), (16, "streamed"), (24, "streamed"),
                        (16, "streamed,column-x,walks=4"), (8, "staged,tiles=4"), (16, "staged,tiles=2,warps=2"),
                        (1, "v=2"), (8, "v=2"), (2, "v=4"), (16, "v=4,walks=4,column-x"), (16, "fp16"),
                        (32, "bf16,acc=f32"), (16, "fp16,promote=4"), (16, "streamed,v=2"), (4, "streamed,v=4"),
-                       (16, "streamed,v=4,walks=4")):
+                       (16, "streamed,v=4,walks=4"), (16, "chained,slices=4"), (8, "chained,v=2,slices=4"),
+                       (4, "chained,v=4,slices=2")):
         d = design_named(design)
         weight = rounded_matrix(a, d.dtype)[0] if d.half else a
         kernel = conv_kernel_source(weight, reordered_tiles(weight, m1), d.fixed_n1 or 64, geometry,

@@ -1,7 +1,8 @@
 """The sliced design (k_slices, the K split across a block's warps): a tile's columns in W slices, each
 walked by its own group of N1 threads over the same columns, the rows two slices touch summed through
 shared memory. Against scipy on the host (every slice count, vector width, load and grid order, an
-epilogue), its barrier and partial sums, its proxy, its label, launch, registers and estimate."""
+epilogue), its barrier and partial sums, its proxy, its label, launch, registers and estimate; its
+implicit-im2col conv kernel against a reference convolution."""
 
 import re
 
@@ -14,6 +15,7 @@ from lospmm.kernel.check import checked
 from lospmm.kernel.choices import design_problem
 from lospmm.kernel.design import SLICE_SHARED_BYTES, design_named
 from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.estimate import estimate_timer
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.registers import predicted_registers
@@ -25,7 +27,7 @@ from lospmm.stages.constrain import constrained_candidates
 from lospmm.stages.pad import proxy_dynamic_shared
 from lospmm.stages.prune import random_pruned
 from lospmm.stages.reorder import reordered_tiles, tile_stats
-from tests.conftest import host_run_wrong, proxy_on_host
+from tests.conftest import convolutions, host_run_wrong, proxy_on_host
 
 
 @given(st.lists(st.integers(0, 9), max_size=40), st.sampled_from([2, 4, 8]))
@@ -82,6 +84,60 @@ def test_the_barrier_and_every_partial_sum_are_needed():
     dropped = tuple(re.sub(r"    lospmm_part_st\(mine, Pl, [^;]*;\n", "", u, count=1) for u in kernel.units)
     assert dropped != kernel.units
     assert host_run_wrong(KernelSource(kernel.spec, dropped), a, 70)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), m1=st.integers(1, 5), n1=st.sampled_from([1, 7, 32]), batch=st.integers(1, 3),
+       slices=st.sampled_from([2, 4, 8]), v=st.sampled_from([1, 2, 4]), order=st.sampled_from(["tile-x", "column-x"]),
+       prefetch=st.integers(0, 2), relu=st.booleans(), seed=st.integers(0, 1000))
+def test_a_sliced_conv_kernel_equals_a_reference_convolution_on_the_host(conv, m1, n1, batch, slices, v, order,
+                                                                         prefetch, relu, seed):
+    """Every window, stride, padding and dilation: each slice loads its columns' window inputs (zero in
+    the padding) for V pixels a thread, the shared rows are reduced, and a last block of pixels that fills
+    only some threads and lanes still meets the barrier and stores nothing past Y (under ASan)."""
+    a, geometry, bias = conv
+    design = design_named(f"chained,{order},v={v},slices={slices}")
+    assert design.conv_kernel == design and design.serves_conv
+    kernel = kernel_source(a, reordered_tiles(a, m1), n1, CodegenParams(prefetch=prefetch, design=design),
+                           Epilogue(bias, "relu" if relu else ""), geometry)
+    spec = kernel.spec
+    assert spec.form == "conv" and spec.cooperative and spec.layout.block() == slices * n1
+    assert kernel.params == ("const float* X", "float* Y", "int batch") and spec.alignment == 4
+    result = checked(HostKernel(kernel, True), a, batch, seed)
+    assert result.ok, (design.label, result.message)
+
+
+def test_the_sliced_conv_kernels_barrier_and_partial_sums_are_needed():
+    geometry = ConvGeometry(cin=8, h=6, w=5, kh=3, kw=3, pad=1)
+    a = random_pruned(16, geometry.k, 0.5, np.random.default_rng(3))
+    kernel = kernel_source(a, reordered_tiles(a, 8), 8, CodegenParams(design=design_named("chained,v=2,slices=4")),
+                           Epilogue(), geometry)
+    assert "__syncthreads();" in kernel.source and "lospmm_part_st2(" in kernel.source
+    assert "const float* p = " not in kernel.source  # window loads: no chained pointer into B
+    assert checked(HostKernel(kernel, True), a, 2).ok
+    without_barrier = KernelSource(kernel.spec, tuple(u.replace("  __syncthreads();\n", "") for u in kernel.units))
+    assert host_run_wrong(without_barrier, a, 2)
+    dropped = tuple(re.sub(r"    lospmm_part_st2\(mine, Pl, [^;]*;\n", "", u, count=1) for u in kernel.units)
+    assert dropped != kernel.units and host_run_wrong(KernelSource(kernel.spec, dropped), a, 2)
+
+
+def test_a_sliced_run_serves_a_convolution_with_its_sliced_conv_kernel():
+    from lospmm.kernel.choices import served_options
+    from lospmm.kernel.render.conv import conv_kernel
+    from lospmm.stages.emit import served_form
+
+    design = design_named("chained,v=2,slices=4")
+    a = random_pruned(64, 576, 0.9, np.random.default_rng(0))
+    tiles = reordered_tiles(a, 8)
+    [served] = served_options(a, tiles, 64, 576, 4096, 64, design, DEVICES["h100"], conv=True, untiled=False)
+    assert served.design == design and served_form(design, True) == "implicit-conv"
+    # its lanes' windows at any V: the conv kernel's registers and ptxas level are the lanes' (compile.kernel_options)
+    one_lane = design_named("chained,slices=4")
+    assert one_lane.conv_lane_windows and not design_named("chained").conv_lane_windows
+    assert predicted_registers(8, design=one_lane, conv=True) == predicted_registers(8, design=one_lane) + 12
+    with pytest.raises(ValueError, match="sliced or staged one is its renderer's"):
+        conv_kernel(a, tiles, 64, ConvGeometry(cin=64, h=4, w=4, kh=3, kw=3, pad=1),
+                    params=CodegenParams(design=design))
 
 
 def test_the_sliced_launch_is_w_groups_of_n1_threads_over_n1_columns():
@@ -147,8 +203,8 @@ def test_the_sliced_design_reads_back_from_its_label_and_refuses_what_it_is_not(
             design_named(text)
     with pytest.raises(ValueError, match="k_slices must be one of"):
         design_named("slices=3")
-    # a convolution in a sliced run is served by the baked conv kernel of its grid (the implicit im2col)
-    assert d.conv_kernel == design_named("v=2") and not d.serves_conv
+    # a convolution in a sliced run is served by its own sliced conv kernel (the implicit im2col)
+    assert d.conv_kernel == d and d.serves_conv and d.conv_lanes == 2
 
 
 def test_a_block_past_its_threads_or_shared_memory_is_refused_everywhere():

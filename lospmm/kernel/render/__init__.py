@@ -17,7 +17,7 @@ from lospmm.kernel.render.baked import baked_kernel, baked_proxy
 from lospmm.kernel.render.common import CodegenParams, float_literal, kernel_name, shard_groups
 from lospmm.kernel.render.conv import conv_kernel
 from lospmm.kernel.render.nm import nm_kernel
-from lospmm.kernel.render.sliced import sliced_kernel, sliced_proxy
+from lospmm.kernel.render.sliced import sliced_conv_kernel, sliced_kernel, sliced_proxy
 from lospmm.kernel.render.sparse_mma import sparse_mma_kernel
 from lospmm.kernel.sparse_mma import MMATiling
 from lospmm.kernel.render.staged import staged_kernel, staged_proxy
@@ -32,7 +32,7 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                   nm: NMTiling | None = None) -> KernelSource:
     """The kernel of `matrix` on `tiles` (reorder.Tiles) in blocks of `n1` threads, in
     `params.design`, storing through `epilogue`: an implicit-im2col convolution kernel when `conv`
-    is given (baked in any number format, staged, streamed or N:M), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
+    is given (baked in any number format, sliced, staged, streamed or N:M), else a GEMM kernel, baked, staged or streamed as the design says. A half design's A must hold
     its dtype's values already (numbers.rounded_matrix). The nm design renders the N:M kernel in the
     blocking `nm` (its tiles and N1 are not used): the sparse tensor-core kernel for a blocking of
     sparse_mma (mma sums). ValueError naming what no renderer can do."""
@@ -55,6 +55,8 @@ def kernel_source(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
             return streamed_conv_kernel(matrix, tiles, n1, conv, epilogue, params)
         if design.loads == "staged":
             return staged_kernel(matrix, tiles, n1, params, epilogue, conv)
+        if design.k_slices > 1:
+            return sliced_conv_kernel(matrix, tiles, n1, conv, epilogue, params)
         return conv_kernel(matrix, tiles, n1, conv, epilogue, params)
     if design.loads == "staged":
         return staged_kernel(matrix, tiles, n1, params, epilogue)

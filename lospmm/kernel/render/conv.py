@@ -14,7 +14,7 @@ the pixel's pointer. In fp16/bf16 (a half design's pair) a thread's two output p
 lanes: each lane's 16-bit input goes into its half of the pair B value, one packed multiply-add
 (or two fp32 ones) per nonzero as the GEMM's, and each lane's half of the stored pair to its
 pixel (the epilogue in fp32, rounded once). A streamed design's conv kernel is render.streamed's,
-a staged design's render.staged's."""
+a sliced one's render.sliced's, a staged one's render.staged's."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     design = params.design
     if params.n1_at_launch:
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
-    if design.a_values != "baked" or design.loads == "staged" or design != conv_design(design):
+    if design.a_values != "baked" or design.loads != "based" or design != conv_design(design):
         raise ValueError(f"design {design.label}: an implicit-im2col conv kernel takes only the grid's order "
-                         f"(tile-x or column-x), walks, columns per thread and number format (a streamed or "
-                         f"staged one is its renderer's)")
+                         f"(tile-x or column-x), walks, columns per thread and number format (a streamed, "
+                         f"sliced or staged one is its renderer's)")
     code = number_code(design)  # one column a thread (baseline), V lanes, or a half design's pair
     a = code.matrix(matrix)
     a.sort_indices()

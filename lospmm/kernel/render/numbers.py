@@ -50,14 +50,16 @@ def epilogue_applied(epilogue: Epilogue, acc: str, row: int, v: int = 1, bias_va
 
 
 class Fp32Code:
-    """fp32 kernels of `design`: V columns per thread, based or chained B addresses."""
+    """fp32 kernels of `design`: V columns per thread, based or chained B addresses (chained from the
+    thread's `chain_from` pointer; "" where the loads are a conv kernel's window loads, each one
+    instruction from its pixel's pointer already)."""
 
     ctype = "float"
     kernel_prefix, proxy_prefix = "lospmm_full", "lospmm_proxy"
     kernel_kind, proxy_kind = "full kernel", "proxy"
 
-    def __init__(self, design: KernelDesign):
-        self.design, self.v = design, design.columns_per_thread
+    def __init__(self, design: KernelDesign, chain_from: str = "Bn"):
+        self.design, self.v, self.chain_from = design, design.columns_per_thread, chain_from
         self.vector, self.lanes, self.store_fn = VECTOR_TYPE[self.v], LANES[self.v], f"lospmm_st{SUFFIX[self.v]}"
 
     # --- naming and the kernel's frame ---
@@ -90,9 +92,9 @@ class Fp32Code:
         return None
 
     def declarations(self, num_rows: int) -> list[str]:
-        chained = ["  const float* p = Bn;\n"] if self.design.loads == "chained" else []
-        return chained + [f"  {self.vector} " + ", ".join(f"acc{i} = {zero_value(self.v)}" for i in range(num_rows))
-                          + ";\n"]
+        chains = self.design.loads == "chained" and self.chain_from
+        sums = f"  {self.vector} " + ", ".join(f"acc{i} = {zero_value(self.v)}" for i in range(num_rows)) + ";\n"
+        return ([f"  const float* p = {self.chain_from};\n"] if chains else []) + [sums]
 
     def load(self, j: int, column: int, previous: int) -> str:
         if self.design.loads == "chained":

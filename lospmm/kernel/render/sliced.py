@@ -16,6 +16,10 @@ others' partials to its own in slice order and stores the row through the epilog
 are declared once for the whole function, so a slice's sums stay in registers across the barrier.
 Threads past N load column 0 of B (never past it) and store nothing: no thread leaves before the barrier.
 Rows of A with no nonzero are stored by extra blocks after the last tile, by their first N1 threads.
+
+The implicit-im2col convolution in this design (sliced_conv_kernel) slices and reduces its tiles alike;
+each B value is its window's input as render.conv's kernel of V lanes loads it (V output pixels a thread,
+n1 apart, each its own window, zero in the padding), and each owner stores its rows to its pixels' NCHW Y.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from lospmm.kernel.design import conv_design
 from lospmm.kernel.epilogue import Epilogue
+from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, entry_unit, kernel_name, proxy_nonzeros,
-                                         sorted_matrix, straight_line, tile_columns, tile_costs, units, zero_functions)
+                                         sorted_matrix, straight_line, tile_columns, tile_costs, units, zero_blocks,
+                                         zero_functions)
+from lospmm.kernel.render.conv import lane_windows, pixel_output, window_bit
 from lospmm.kernel.render.numbers import LANES, Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -65,13 +73,14 @@ def row_owners(parts: list[tuple[list[int], list]], num_rows: int) -> tuple[list
 
 
 def sliced_body(code: Fp32Code, columns: list[int], nonzeros: list, num_rows: int, prefetch: int, store,
-                slot_bytes: str) -> tuple[list[str], int]:
+                slot_bytes: str, load=None) -> tuple[list[str], int]:
     """A tile's (or cluster's) function body in the sliced design: its accumulators, each slice's
     straight-line walk of its run of columns (under `slice == s`) with its partial sums of the reduced
     rows stored to its slots, the barrier (where any row is reduced), and each owner's sums and stores
     (`store(i)`: row i's store statement, of its accumulator acc{i}) for its live threads. `slot_bytes`:
-    the bytes between two slots (a literal, or an expression of N1 read at launch). Returns the lines
-    and how many rows it reduces (its slots per slice)."""
+    the bytes between two slots (a literal, or an expression of N1 read at launch); `load`: the statement
+    that defines b{j} (straight_line's; default code.load: B's row). Returns the lines and how many rows it
+    reduces (its slots per slice)."""
     slices = code.design.k_slices
     parts = column_slices(columns, nonzeros, slices)
     by_row, owner, reduced = row_owners(parts, num_rows)
@@ -88,7 +97,7 @@ def sliced_body(code: Fp32Code, columns: list[int], nonzeros: list, num_rows: in
                     for i in reduced if s in by_row[i] and owner[i] != s]
         if not cols:
             continue
-        body, _ = straight_line(code, cols, nzs, num_rows, prefetch, code.load)
+        body, _ = straight_line(code, cols, nzs, num_rows, prefetch, load or code.load)
         out.append(f"  if (slice == {s}) {{\n" + "".join(body[len(declared):]) + "".join(partials) + "  }\n")
     if reduced:
         out.append("  __syncthreads();\n")
@@ -108,6 +117,25 @@ def sliced_body(code: Fp32Code, columns: list[int], nonzeros: list, num_rows: in
     if finals:
         out.append("  if (live) {\n" + "".join(finals) + "  }\n")
     return out, len(reduced)
+
+
+def _tile_functions(code: Fp32Code, a: sp.csr_matrix, tiles, n1: int, prefetch: int, signature: str, store,
+                    load=None, windows: str = "") -> tuple[list[str], int]:
+    """Each tile's function in the sliced design (`store(i, row)`: row i's store statement, of A's row
+    `row`; `load` and `windows`: a conv kernel's window loads and its lanes' windows, found first), and the
+    most rows any tile reduces (its slots per slice)."""
+    functions, most = [], 0
+    for t in range(tiles.num_tiles):
+        rows = tiles.tile(t)
+        sub, cols = tile_columns(a, rows)
+        values = code.tile_values(sub.data)
+        nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
+        body, reduced = sliced_body(code, [int(c) for c in cols], nonzeros, len(rows), prefetch,
+                                    lambda i, rows=rows: store(i, int(rows[i])), str(4 * n1 * code.v), load)
+        most = max(most, reduced)
+        functions.append("".join([f"LOSPMM_TILE void tile_{t}{signature} {{\n", _thread_setup(str(n1)), windows,
+                                  *body, "  LOSPMM_TILE_END\n}\n"]))
+    return functions, most
 
 
 def _signature() -> str:
@@ -163,17 +191,8 @@ def sliced_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
     name = kernel_name("lospmm_sliced", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
                        design.code_key, *(() if epilogue.empty else ("epilogue", *epilogue.name_parts())))
-    functions, most = [], 0
-    for t in range(tiles.num_tiles):
-        rows = tiles.tile(t)
-        sub, cols = tile_columns(a, rows)
-        values = code.tile_values(sub.data)
-        nonzeros = [[(int(sub.indices[p]), values[p]) for p in range(sub.indptr[c], sub.indptr[c + 1])] for c in cols]
-        body, reduced = sliced_body(code, [int(c) for c in cols], nonzeros, len(rows), params.prefetch,
-                                    lambda i, rows=rows: code.store(i, int(rows[i]), epilogue), str(4 * n1 * v))
-        most = max(most, reduced)
-        functions.append("".join([f"LOSPMM_TILE void tile_{t}{_signature()} {{\n", _thread_setup(str(n1)),
-                                  *body, "  LOSPMM_TILE_END\n}\n"]))
+    functions, most = _tile_functions(code, a, tiles, n1, params.prefetch, _signature(),
+                                      lambda i, row: code.store(i, row, epilogue))
     floats = max(1, slices * most * n1 * v)
     header = (f"// lospmm sliced kernel {name}: M={m} K={k} nnz={a.nnz} M1={tiles.m1} N1={n1} slices={slices} "
               f"tiles={tiles.num_tiles} prefetch={params.prefetch} design={design.code_label} "
@@ -186,6 +205,71 @@ def sliced_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
                        f"if (live && threadIdx.x < {n1}) zero_{{z}}(Cn, N)", axes(design)[0])
     layout = LaunchLayout(tiles.num_tiles + len(zeros), design.block_threads(n1), v, 1, design.order, slices)
     spec = KernelSpec(name, "gemm", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, nnz=int(a.nnz))
+    return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
+                                    + [entry]))
+
+
+def sliced_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, epilogue: Epilogue = Epilogue(),
+                       params: CodegenParams = CodegenParams()) -> KernelSource:
+    """The sliced design's implicit-im2col conv kernel of `matrix` on `tiles` (parameters X, Y, batch;
+    launched over geometry.n(batch) columns in blocks of W·`n1` threads): the GEMM's slices and reduction,
+    each B value its window's input (V output pixels a thread, n1 apart, each its own window and loads).
+    A thread past the last pixel walks pixel 0's window (inside X), meets the barrier and stores nothing.
+    ValueError where the design is not a sliced conv form, or the block cannot be launched."""
+    design = params.design
+    if design.k_slices == 1 or design != conv_design(design):
+        raise ValueError(f"design {design.label}: the sliced conv kernel is a sliced design's conv form "
+                         f"(grid order, columns per thread, slices)")
+    if params.n1_at_launch:
+        raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
+    checked_tile(n1)
+    problem = design.block_problem(tiles.m1, n1)
+    if problem:
+        raise ValueError(f"design {design.label}: {problem}")
+    g = geometry
+    code = Fp32Code(design, chain_from="")  # each load one instruction from its lane's window corner
+    a = sorted_matrix(matrix, epilogue)
+    m, k = a.shape
+    if k != g.k:
+        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {g.k}")
+    v, slices, hwo = design.columns_per_thread, design.k_slices, g.pixels
+    name = kernel_name("lospmm_sliced_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
+                       tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
+                       design.code_key, tuple(vars(g).values()), *epilogue.name_parts())
+
+    def load(j: int, column: int, previous: int) -> str:
+        return code.window_load(j, g.window_offset(column)[0], *window_bit(g, column), g.windows_inside)
+
+    signature = ("(const float* __restrict__ X, float* __restrict__ Y, const int n, const int total, "
+                 "float* __restrict__ Pl, const bool live)")
+    functions, most = _tile_functions(code, a, tiles, n1, params.prefetch, signature,
+                                      lambda i, row: code.pixel_stores(i, row, epilogue, hwo), load,
+                                      lane_windows(g, m, n1, v))
+    floats = max(1, slices * most * n1 * v)
+    header = (f"// lospmm sliced conv kernel {name}: Cout={m} Cin={g.cin} {g.h}x{g.w} window {g.kh}x{g.kw} "
+              f"stride={g.stride} pad={g.pad} dilation={g.dilation} -> {g.h_out}x{g.w_out}, nnz={a.nnz} "
+              f"M1={tiles.m1} N1={n1} slices={slices} tiles={tiles.num_tiles} prefetch={params.prefetch} "
+              f"design={design.code_label} shared={4 * floats} B bias={bool(epilogue.bias)} "
+              f"activation={epilogue.activation or 'none'}")
+    zeros = [("(float* __restrict__ Y, const int n, const int total)",  # each lane that is a pixel: its rows' zeros
+              "".join(f"  if (n + {lane * n1} < total) "
+                      f"{code.pixel_zero_store(pixel_output(g, m, f'(n + {lane * n1})'), int(r), epilogue, hwo)}\n"
+                      for r in rows for lane in range(v)))
+             for rows in zero_blocks(tiles.empty_rows, max(tiles.m1, 1))]
+    tile_axis, column_axis = axes(design)
+    head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"
+            f"  __shared__ __align__(16) float Ps[{floats}];\n"
+            f"  const int lane = threadIdx.x % {n1};\n"
+            f"  const int total = batch * {hwo};\n"
+            f"  const int first = blockIdx.{column_axis} * {n1 * v} + lane;\n"
+            "  const bool live = first < total;  // a thread past the last pixel walks pixel 0 and stores nothing\n"
+            "  const int n = live ? first : 0;\n"
+            f"  float* Pl = Ps + lane * {v};\n")
+    preamble = _preamble(code) + ("" if g.windows_inside else included("window.cuh"))
+    entry = entry_unit(preamble, header, tiles.num_tiles, signature, zeros, head, "X, Y, n, total, Pl, live",
+                       f"if (live && threadIdx.x < {n1}) zero_{{z}}(Y, n, total)", tile_axis)
+    layout = LaunchLayout(tiles.num_tiles + len(zeros), design.block_threads(n1), v, 1, design.order, slices)
+    spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
                                     + [entry]))
 
