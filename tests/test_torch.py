@@ -399,12 +399,13 @@ def test_an_im2col_kernel_of_a_convolution_serves_it_through_unfold(searched, tm
 
 
 @pytest.mark.parametrize("design, served", [("streamed,chained", "streamed"), ("staged,tiles=4", "staged,tiles=4"),
-                                            ("chained,v=2", "v=2")])
-def test_a_streamed_staged_or_vector_conv_kernel_serves_its_convolution_with_its_bias_and_activation(
+                                            ("chained,v=2", "v=2"), ("chained,v=2,slices=2", "chained,v=2,slices=2")])
+def test_a_streamed_staged_vector_or_sliced_conv_kernel_serves_its_convolution_with_its_bias_and_activation(
         searched, tmp_path, design, served):
     # the streamed design's implicit-im2col kernel (one loop over the layer's data), the staged one's (a
-    # block's copy gathers its tiles' window inputs) and a vector one's (two pixels a thread, each lane its
-    # own window) fuse the run's bias and ReLU of pw as the baked one does; served in place of the module,
+    # block's copy gathers its tiles' window inputs), a vector one's (two pixels a thread, each lane its
+    # own window) and a sliced one's (a tile's columns over two groups of warps, summed through shared
+    # memory) fuse the run's bias and ReLU of pw as the baked one does; served in place of the module,
     # each computes the pruned model's output
     from lospmm.flows.kernels import write_full_kernel
     from lospmm.flows.storage.runs import run_record
