@@ -704,7 +704,7 @@ def launch_work(row: dict, arrays: dict | None = None):
     return KernelWork(row["m"], row["k"], row["n"], row["m1"], row["n1"], np.asarray(arrays["tile_loads"], np.int64),
                       np.asarray(arrays["tile_fmas"], np.int64), row["registers"], row["spill_bytes"],
                       row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design,
-                      staged, *split, lane_loads(design, row.get("form") == "conv"))
+                      staged, *split, lane_loads(design, row.get("form") == "conv"), row.get("form") == "conv")
 
 
 def table4_rows(measured: list[dict]) -> list[dict]:

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from benchmarks.analysis import FP32_SAME_TILE
 from benchmarks.bundle import NM_SPMM_MODEL
 from lospmm.kernel.choices import DESIGN_CANDIDATES, PENDING_DESIGNS
-from lospmm.kernel.design import design_named
+from lospmm.kernel.design import KernelDesign, design_named
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.numbers import in_format
@@ -323,21 +323,30 @@ def ab_plan(designs=AB_DESIGNS, layers=AB_LAYERS, sparsity: float = 0.9) -> list
         shape = next(s for s in gemm_shapes(model) if s.layer == layer)
         m1, n1 = (int(x) for x in measured[(model, layer)]["tile"].replace("x", "×").split("×"))
         for design in designs:
-            d, tile_n1 = design_named(design), n1
-            if d.k_slices > 1 and (d.block_problem(m1, n1) or n1 % 32):
-                # a sliced block's threads and shared memory bound its N1, and a slice is whole warps: the
-                # widest multiple of 32 under the tile's that it launches at (the tile's own under 32)
-                fits = [w for w in range(32, n1 + 1, 32) if not d.block_problem(m1, w)] or \
-                    ([n1] if not d.block_problem(m1, n1) else [])
-                if not fits:
-                    raise ValueError(f"{model} {layer}: design {d.label} launches at no N1 up to the tile's "
-                                     f"{m1}×{n1} ({d.block_problem(m1, n1)})")
-                tile_n1 = max(fits)
+            d = design_named(design)
+            try:
+                tile_n1 = sliced_n1(d, m1, n1)
+            except ValueError as e:
+                raise ValueError(f"{model} {layer}: {e}") from None
             narrowed = f"; N1 {tile_n1}, the widest whole warps its block launches at" if tile_n1 != n1 else ""
             out.append(Planned(_id("ab", model, layer, design), "ab", model, layer, shape.m, shape.k, shape.n, sparsity,
                                4 if model != "bert-base" else 32, d.label, m1, tile_n1, _id(model, layer, sparsity),
                                f"today's tile (H100 call l, {AB_TILES_FROM.parent.name}){narrowed}"))
     return out
+
+
+def sliced_n1(design: KernelDesign, m1: int, n1: int) -> int:
+    """The N1 a tile of `m1`×`n1` launches at in `design`: its own, but a sliced block's threads and
+    shared memory bound its N1, and a slice is whole warps: the widest multiple of 32 up to n1 that it
+    launches at (n1 itself under 32). ValueError where it launches at none."""
+    if design.k_slices == 1 or (not design.block_problem(m1, n1) and n1 % 32 == 0):
+        return n1
+    fits = [w for w in range(32, n1 + 1, 32) if not design.block_problem(m1, w)] or \
+        ([n1] if not design.block_problem(m1, n1) else [])
+    if not fits:
+        raise ValueError(f"design {design.label} launches at no N1 up to the tile's {m1}×{n1} "
+                         f"({design.block_problem(m1, n1)})")
+    return max(fits)
 
 
 def reorder_plan(layers=AB_LAYERS, sparsity: float = 0.9, orders=("identity", "algorithm1", "kept")) -> list[Planned]:
@@ -789,9 +798,9 @@ def conv_plan(sparsity: float = 0.9, m1: int = 2, n1: int = 256, batch: int = 4,
                            **(common | {"design": staged.label, "n1": staged.fixed_n1})))
         out.append(Planned(_id("conv", i, "v2"), "conv", conv=conv, epilogue=epilogue, variant="v2",
                            **(common | {"design": design_named("v=2").label})))
-        sliced = design_named(CONV_SLICED)  # CONV_SLICED's groups × N1 threads a block: at most 1024
+        sliced = design_named(CONV_SLICED)  # its block's threads and partial sums bound N1 (sliced_n1)
         out.append(Planned(_id("conv", i, "sliced"), "conv", conv=conv, epilogue=epilogue, variant="sliced",
-                           **(common | {"design": sliced.label, "n1": min(n1, 1024 // sliced.k_slices)})))
+                           **(common | {"design": sliced.label, "n1": sliced_n1(sliced, m1, n1)})))
         half = design_named(CONV_HALF)  # its A rounded to fp16: a matrix of its own in the bundle
         out.append(Planned(_id("conv", i, "fp16"), "conv", conv=conv, epilogue=epilogue, variant="fp16",
                            **(common | {"design": half.label, "matrix": _id("conv-case", i, half.dtype)})))

@@ -182,8 +182,9 @@ class KernelDesign:
         """The implicit-im2col conv kernel a run in this design serves a convolution with: the part of
         the design such a kernel has (conv_design: the grid's order, the walks, whether A is baked or
         streamed, a baked one's columns per thread and number format (a half one's pair: two output
-        pixels a thread), the staged blocking, or the N:M kernel's own; its loads already take one
-        instruction from the pixel's pointer, so `chained` has nothing to add); None for the N:M kernel
+        pixels a thread), a sliced one's slices (its `chained` kept in its name only), the staged blocking,
+        or the N:M kernel's own; its loads already take one instruction from the pixel's pointer, so
+        `chained` has nothing to add); None for the N:M kernel
         on sparse tensor cores (its convolutions are im2col GEMMs)."""
         if self.accumulate == "mma":
             return None

@@ -186,6 +186,9 @@ class KernelWork:
     # B loads per column of a tile and thread: 1 (one load of the thread's V columns), or a baked conv
     # kernel's V (each lane loads its own pixel's input: adjacent output pixels are not adjacent inputs)
     lane_loads: int = 1
+    # an implicit-im2col conv kernel's: each B load its window input, at a literal offset from its pixel's
+    # corner, whatever the design's loads say (a sliced conv form keeps `chained` in its name only)
+    window_loads: bool = False
 
     @property
     def row_blocks(self) -> int:
@@ -208,13 +211,21 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
         staged, chunk_loads, chunk_fmas = design_work(matrix, tiles, design)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
                       registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas,
-                      lane_loads(design, conv))
+                      lane_loads(design, conv), conv)
 
 
 def lane_loads(design: KernelDesign, conv: bool) -> int:
     """B loads per column of a tile and thread (KernelWork.lane_loads): a conv kernel's lanes each load
     their own input (KernelDesign.conv_lanes), every other kernel one load of its V columns."""
     return design.conv_lanes if conv else 1
+
+
+def address_instructions(work: KernelWork, params: "EstimateParams") -> float:
+    """Instructions a B load's address takes beside the load: chained loads' (from the previous load's
+    address), or based ones' (from the thread's column); a conv kernel's window loads are priced as the
+    baked conv kernel's, whatever its design's loads."""
+    chained = work.design.loads == "chained" and not work.window_loads
+    return params.chained_addr_instr_per_load if chained else params.addr_instr_per_load
 
 
 def proxy_work(clusters, m: int, k: int, n: int, n1: int, registers: int, smem_bytes: int, spill_bytes: int = 0,
@@ -260,7 +271,7 @@ def walk_instructions(work: KernelWork, params: EstimateParams = EstimateParams(
     d = work.design
     if d.a_values == "streamed":
         return streamed_instructions(work, params)
-    addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
+    addr = address_instructions(work, params)
     fmas = work.tile_fmas.astype(np.float64)
     per_load, per_row = 1 + addr, params.store_instr
     extra = 0.0
@@ -309,7 +320,7 @@ def streamed_instructions(work: KernelWork, params: EstimateParams = EstimatePar
     its offset and B load (with its address; a conv kernel's V lanes one each), M1 value loads and
     M1·V FFMAs (dense: the column's rows without a nonzero multiply a zero), the loop; then the stores."""
     d = work.design
-    addr = params.chained_addr_instr_per_load if d.loads == "chained" else params.addr_instr_per_load
+    addr = address_instructions(work, params)
     per_column = 1 + work.lane_loads * (1 + addr) + work.m1 + work.m1 * d.columns_per_thread + STREAMED_LOOP_INSTR
     return (per_column * work.tile_loads.astype(np.float64) + params.store_instr * work.m1
             + params.block_overhead_instr + (params.loop_instr_per_walk if d.looped else 0) + work.spill_bytes / 4.0)

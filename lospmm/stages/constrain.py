@@ -201,7 +201,8 @@ def searched_designs(designs: Sequence[KernelDesign], op: str, implicit_conv: bo
     """The designs a layer's search spans: `designs`, each once; a convolution served by an
     implicit-im2col kernel (`op` "conv" and `implicit_conv`) spans the conv kernel of each
     (KernelDesign.conv_kernel: a baked design's grid order, walks and columns per thread in its number
-    format, a streamed one's order, walks and columns per thread, a staged one's blocking, the N:M kernel's), the kernel it is
+    format, a streamed one's order, walks and columns per thread, a sliced one's slices, a staged one's
+    blocking, the N:M kernel's), the kernel it is
     served by; where no design has one (the N:M kernel on sparse tensor cores) it stays an im2col GEMM in
     the first design (stages.emit.kernel_form)."""
     unique = tuple(dict.fromkeys(designs))

@@ -256,6 +256,9 @@ def test_the_conv_step_measures_each_case_baked_streamed_staged_sliced_and_as_it
     walked = sets.planned_job(sliced[0]).source()
     assert walked.spec.form == "conv" and walked.design.k_slices == 4 and walked.layout.block() == 1024
     assert walked.spec.epilogue == baked.spec.epilogue
+    # a taller tile: N1 narrowed to the widest whole warps its partial sums fit (4 · 16 · 192 · 4 B = 48 KiB)
+    tall = next(p for p in sets.conv_plan(batch=2, m1=16, nm=False) if p.variant == "sliced")
+    assert tall.n1 == 192 and sets.planned_job(tall).source().layout.block() == 768
     # its launch row's estimate loads each lane's input apart (a review found it priced as the GEMM's v=2)
     from benchmarks import analysis
 

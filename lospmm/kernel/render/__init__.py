@@ -1,8 +1,8 @@
 """One way to render: `kernel_source` for a layer's kernel and `proxy_source` for a search proxy,
 each dispatching to the renderer of its form — baked GEMM (render.baked), staged GEMM
 and convolution (render.staged), streamed GEMM and convolution (render.streamed), N:M GEMM and convolution (render.nm),
-N:M GEMM on sparse tensor cores (render.sparse_mma), sliced GEMM (a tile's K split across a block's
-warps, render.sliced), implicit-im2col convolution (render.conv) — with the number format as the
+N:M GEMM on sparse tensor cores (render.sparse_mma), sliced GEMM and convolution (a tile's K split
+across a block's warps, render.sliced), implicit-im2col convolution (render.conv) — with the number format as the
 strategy the renderers use (render.numbers). The same text compiles with NVRTC and, under the host
 shim, with the host C++ compiler."""
 
