@@ -283,8 +283,9 @@ def test_a_half_conv_kernel_storing_the_wrong_half_or_reading_beside_the_window_
     ("3×3, padding borders", 4, (7, 6), 3, 1, 1),
     ("3×3, stride 2", 4, (9, 9), 3, 2, 1),
     ("7×7 first layer, stride 2", 3, (16, 15), 7, 2, 3),
+    ("11×11 first layer, stride 4: 121 window entries, four mask words", 3, (31, 29), 11, 4, 2),
 ])
-@pytest.mark.parametrize("design", ["baseline", "streamed", "v=4,walks=2", "streamed,v=4,walks=2"])
+@pytest.mark.parametrize("design", ["baseline", "streamed", "v=4,walks=2", "streamed,v=4,walks=2", "chained,v=2,slices=2"])
 def test_conv_kernels_read_only_their_input_under_the_sanitizer(name, cin, hw, window, stride, pad, design):
     geometry = ConvGeometry(cin=cin, h=hw[0], w=hw[1], kh=window, kw=window, stride=stride, pad=pad)
     a = random_pruned(8, geometry.k, 0.6, np.random.default_rng(3))

@@ -208,8 +208,19 @@ def _lanes_tile_function(a: sp.csr_matrix, code: Fp32Code | HalfCode, t: int, ro
 def window_mask_lines(g: ConvGeometry, suffix: str = "", indent: str = "  ") -> str:
     """The lines that make a pixel's window mask from its row and column masks (rows_ok, cols_ok; names
     suffixed `suffix`): bit ky·kw + kx set where that entry lies inside the image, in one 32-bit word
-    ok0 (two, ok0 and ok1, past 32 entries), so that each load tests one literal bit (window_bit)."""
+    ok0 (two, ok0 and ok1, past 32 entries; past 64, as many words as it takes, each made from the
+    window rows whose entries reach into it), so that each load tests one literal bit (window_bit)."""
     rows, cols = f"rows_ok{suffix}", f"cols_ok{suffix}"
+    if mask_name(g) is None:  # an 11×11 first layer's 121 entries: four words
+        lines = []
+        for word in range(-(-g.kh * g.kw // 32)):
+            lines.append(f"{indent}unsigned ok{word}{suffix} = 0u;\n")
+            for ky in range(g.kh):
+                shift = ky * g.kw - 32 * word  # where the row's first entry falls in this word
+                if -g.kw < shift < 32:
+                    part = f"{cols} << {shift}" if shift >= 0 else f"{cols} >> {-shift}"
+                    lines.append(f"{indent}if ({rows} & {1 << ky}u) ok{word}{suffix} |= {part};\n")
+        return "".join(lines)
     if mask_name(g) == "ok0":
         return (f"{indent}unsigned ok0{suffix} = 0u;\n"
                 + "".join(f"{indent}if ({rows} & {1 << ky}u) ok0{suffix} |= {cols} << {ky * g.kw};\n" for ky in range(g.kh)))
