@@ -47,8 +47,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     a = code.matrix(matrix)
     a.sort_indices()
     m, k = a.shape
-    if k != geometry.k:
-        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
+    checked_conv_weight(k, geometry)
     if epilogue.bias and len(epilogue.bias) != m:
         raise ValueError(f"bias has {len(epilogue.bias)} values for {m} output channels")
     checked_tile(n1)
@@ -76,10 +75,7 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
                      for t in range(tiles.num_tiles)]
     if design.looped or v > 1:  # each thread's pixels from n, n1·V a block: the tile function finds each window
         if v > 1:
-            zero_bodies = [_walked(design.looped, [  # each lane that is a pixel: its rows' zero outputs
-                f"  if (n + {lane * n1} < total) "
-                f"{code.pixel_zero_store(pixel_output(g, m, f'(n + {lane * n1})'), int(r), epilogue, hwo)}\n"
-                for r in rows for lane in range(v)]) for rows in zeros]
+            zero_bodies = [_walked(design.looped, lane_zero_stores(code, g, m, n1, v, rows, epilogue)) for rows in zeros]
         else:
             zero_bodies = [
                 "  do {\n"
@@ -110,6 +106,20 @@ def conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeometry, e
     spec = KernelSpec(name, "conv", m, k, tiles.m1, layout, tiles.num_tiles, design, epilogue, g, nnz=int(a.nnz))
     return KernelSource(spec, tuple(units("tile", functions, tile_costs(a, tiles), params.shard_nnz, preamble)
                                     + [entry]))
+
+
+def checked_conv_weight(k: int, geometry: ConvGeometry) -> None:
+    """ValueError where A's K columns are not the convolution's cin·kh·kw (every conv renderer's first check)."""
+    if k != geometry.k:
+        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
+
+
+def lane_zero_stores(code, g: ConvGeometry, m: int, n1: int, lanes: int, rows, epilogue: Epilogue) -> list[str]:
+    """A zeroing block's lines in a conv kernel of `lanes` pixels a thread (n1 apart): each lane that is a
+    pixel stores `rows`' outputs of a zero (their epilogue's)."""
+    return [f"  if (n + {lane * n1} < total) "
+            f"{code.pixel_zero_store(pixel_output(g, m, f'(n + {lane * n1})'), int(r), epilogue, g.pixels)}\n"
+            for r in rows for lane in range(lanes)]
 
 
 def _tile_function(a: sp.csr_matrix, code: Fp32Code, t: int, rows, prefetch: int, g: ConvGeometry,

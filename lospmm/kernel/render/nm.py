@@ -36,8 +36,8 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout
 from lospmm.kernel.nm import NMTiling, nm_operands
 from lospmm.kernel.render.common import kernel_name
-from lospmm.kernel.render.conv import (WINDOW_INSIDE, mask_name, mask_type, pixel_output, pixel_window, window_entries,
-                                       window_mask_lines)
+from lospmm.kernel.render.conv import (WINDOW_INSIDE, checked_conv_weight, mask_name, mask_type, pixel_output, pixel_window,
+                                       window_entries, window_mask_lines)
 from lospmm.kernel.render.numbers import epilogue_scalar
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -56,8 +56,7 @@ def nm_kernel(matrix: sp.csr_matrix, tiling: NMTiling, design: KernelDesign,
         if not design.serves_conv:
             raise ValueError(f"design {design.label}: no implicit-im2col N:M kernel (the sparse tensor cores' "
                              f"convolutions are im2col GEMMs)")
-        if conv.k != a.shape[1]:
-            raise ValueError(f"weight has K={a.shape[1]} columns, the conv geometry needs cin·kh·kw = {conv.k}")
+        checked_conv_weight(a.shape[1], conv)
         if epilogue.bias and len(epilogue.bias) != a.shape[0]:
             raise ValueError(f"bias has {len(epilogue.bias)} values for {a.shape[0]} output channels")
     operands = nm_operands(a, t)  # refuses an A without the pattern before anything is rendered

@@ -35,7 +35,7 @@ from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, entry_unit, kernel_name, proxy_nonzeros,
                                          sorted_matrix, straight_line, tile_columns, tile_costs, units, zero_blocks,
                                          zero_functions)
-from lospmm.kernel.render.conv import lane_windows, pixel_output, window_bit
+from lospmm.kernel.render.conv import checked_conv_weight, lane_windows, lane_zero_stores, window_bit
 from lospmm.kernel.render.numbers import LANES, Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -230,8 +230,7 @@ def sliced_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeom
     code = Fp32Code(design, chain_from="")  # each load one instruction from its lane's window corner
     a = sorted_matrix(matrix, epilogue)
     m, k = a.shape
-    if k != g.k:
-        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {g.k}")
+    checked_conv_weight(k, g)
     v, slices, hwo = design.columns_per_thread, design.k_slices, g.pixels
     name = kernel_name("lospmm_sliced_conv", m, k, a.indptr.tobytes(), a.indices.tobytes(), a.data.tobytes(),
                        tiles.rows.tobytes(), tiles.tile_ptr.tobytes(), n1, params.prefetch, params.shard_nnz,
@@ -251,10 +250,8 @@ def sliced_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGeom
               f"M1={tiles.m1} N1={n1} slices={slices} tiles={tiles.num_tiles} prefetch={params.prefetch} "
               f"design={design.code_label} shared={4 * floats} B bias={bool(epilogue.bias)} "
               f"activation={epilogue.activation or 'none'}")
-    zeros = [("(float* __restrict__ Y, const int n, const int total)",  # each lane that is a pixel: its rows' zeros
-              "".join(f"  if (n + {lane * n1} < total) "
-                      f"{code.pixel_zero_store(pixel_output(g, m, f'(n + {lane * n1})'), int(r), epilogue, hwo)}\n"
-                      for r in rows for lane in range(v)))
+    zeros = [("(float* __restrict__ Y, const int n, const int total)",
+              "".join(lane_zero_stores(code, g, m, n1, v, rows, epilogue)))
              for rows in zero_blocks(tiles.empty_rows, max(tiles.m1, 1))]
     tile_axis, column_axis = axes(design)
     head = (f"LOSPMM_KERNEL void {name}(const float* __restrict__ X, float* __restrict__ Y, const int batch) {{\n"

@@ -27,7 +27,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, entry_unit, kernel_name, proxy_nonzeros, sorted_matrix,
                                          tile_columns, units, zero_functions)
-from lospmm.kernel.render.conv import WINDOW_INSIDE, pixel_output, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, checked_conv_weight, pixel_output, pixel_window, window_entries
 from lospmm.kernel.render.numbers import Fp32Code
 from lospmm.kernel.spec import KernelSource, KernelSpec
 from lospmm.kernel.staging import block_tiles, chunk_count, staged_shared_bytes
@@ -53,8 +53,8 @@ def staged_kernel(matrix: sp.csr_matrix, tiles, n1: int, params: CodegenParams =
     a = sorted_matrix(matrix, epilogue)
     m, k = a.shape
     g = geometry
-    if g is not None and k != g.k:
-        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {g.k}")
+    if g is not None:
+        checked_conv_weight(k, g)
     code = Fp32Code(design)
     per_block, rows = design.tiles_per_block, design.staged_rows
     name = kernel_name("lospmm_staged" if g is None else "lospmm_staged_conv", m, k, a.indptr.tobytes(),

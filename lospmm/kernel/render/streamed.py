@@ -27,7 +27,7 @@ from lospmm.kernel.includes import included
 from lospmm.kernel.layout import LaunchLayout, proxy_layout
 from lospmm.kernel.render.common import (CodegenParams, axes, checked_tile, first_column, float_literal, kernel_name,
                                          sorted_matrix, zero_blocks)
-from lospmm.kernel.render.conv import WINDOW_INSIDE, lane_windows, pixel_window, window_entries
+from lospmm.kernel.render.conv import WINDOW_INSIDE, checked_conv_weight, lane_windows, pixel_window, window_entries
 from lospmm.kernel.render.numbers import LANES, SUFFIX, VECTOR_TYPE, epilogue_applied, zero_value
 from lospmm.kernel.spec import KernelSource, KernelSpec
 
@@ -71,8 +71,7 @@ def streamed_conv_kernel(matrix: sp.csr_matrix, tiles, n1: int, geometry: ConvGe
         raise ValueError("an implicit-im2col conv kernel bakes its N1 in (N1 at launch is the GEMM kernels')")
     a = sorted_matrix(matrix, epilogue)
     m, k = a.shape
-    if k != geometry.k:
-        raise ValueError(f"weight has K={k} columns, the conv geometry needs cin·kh·kw = {geometry.k}")
+    checked_conv_weight(k, geometry)
     checked_tile(n1)
     g, m1 = geometry, max(tiles.m1, 1)
     blocks, colptr, cols, values, rows = _blocks(a, tiles, m1)
