@@ -692,7 +692,7 @@ def launch_rows(rows: list[dict]) -> list[dict]:
 
 def launch_work(row: dict, arrays: dict | None = None):
     """The estimate's KernelWork of a launch-list row (arrays: the row's own columns by default)."""
-    from lospmm.kernel.estimate import KernelWork, lane_loads
+    from lospmm.kernel.estimate import KernelWork
 
     arrays = row if arrays is None else arrays
     design = design_named(row["design"]) if row.get("design") else design_named("baseline")
@@ -704,7 +704,7 @@ def launch_work(row: dict, arrays: dict | None = None):
     return KernelWork(row["m"], row["k"], row["n"], row["m1"], row["n1"], np.asarray(arrays["tile_loads"], np.int64),
                       np.asarray(arrays["tile_fmas"], np.int64), row["registers"], row["spill_bytes"],
                       row.get("smem_bytes") or 0, row.get("zero_blocks") or 0, row.get("prefetch") or 1, design,
-                      staged, *split, lane_loads(design, row.get("form") == "conv"), row.get("form") == "conv")
+                      staged, *split, row.get("form") == "conv")
 
 
 def table4_rows(measured: list[dict]) -> list[dict]:

@@ -183,12 +183,16 @@ class KernelWork:
     # kernel.staging.chunk_work); None where not known (the walk is then priced whole)
     chunk_loads: np.ndarray | None = None
     chunk_fmas: np.ndarray | None = None
-    # B loads per column of a tile and thread: 1 (one load of the thread's V columns), or a baked conv
-    # kernel's V (each lane loads its own pixel's input: adjacent output pixels are not adjacent inputs)
-    lane_loads: int = 1
     # an implicit-im2col conv kernel's: each B load its window input, at a literal offset from its pixel's
     # corner, whatever the design's loads say (a sliced conv form keeps `chained` in its name only)
-    window_loads: bool = False
+    conv: bool = False
+
+    @property
+    def lane_loads(self) -> int:
+        """B loads per column of a tile and thread: 1 (one load of the thread's V columns), or a conv
+        kernel's lanes (KernelDesign.conv_lanes: each lane loads its own pixel's input, adjacent output
+        pixels not being adjacent inputs)."""
+        return self.design.conv_lanes if self.conv else 1
 
     @property
     def row_blocks(self) -> int:
@@ -211,20 +215,14 @@ def full_kernel_work(tiles, m: int, k: int, n: int, n1: int, registers: int, spi
         staged, chunk_loads, chunk_fmas = design_work(matrix, tiles, design)
     return KernelWork(m, k, n, tiles.m1, n1, np.asarray(tiles.tile_nnc, np.int64), np.asarray(tiles.tile_nnz, np.int64),
                       registers, spill_bytes, 0, zero, prefetch, design, staged, chunk_loads, chunk_fmas,
-                      lane_loads(design, conv), conv)
-
-
-def lane_loads(design: KernelDesign, conv: bool) -> int:
-    """B loads per column of a tile and thread (KernelWork.lane_loads): a conv kernel's lanes each load
-    their own input (KernelDesign.conv_lanes), every other kernel one load of its V columns."""
-    return design.conv_lanes if conv else 1
+                      conv)
 
 
 def address_instructions(work: KernelWork, params: "EstimateParams") -> float:
     """Instructions a B load's address takes beside the load: chained loads' (from the previous load's
     address), or based ones' (from the thread's column); a conv kernel's window loads are priced as the
     baked conv kernel's, whatever its design's loads."""
-    chained = work.design.loads == "chained" and not work.window_loads
+    chained = work.design.loads == "chained" and not work.conv
     return params.chained_addr_instr_per_load if chained else params.addr_instr_per_load
 
 
