@@ -94,7 +94,7 @@ def run(
     until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
     artifacts: str = _ARTIFACTS,
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
-    seed: int = typer.Option(_RUN.seed, "--seed"),
+    seed: int = typer.Option(_RUN.seed, "--seed", help="Seed of the random pruning (the zoo's; `--prune random` on weights): the same seed, the same A."),
     prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is; an N:M pattern in it is recorded) | nm:N:M (in every M weights along K the N largest kept; random positions for the zoo) | nm:N:M:V (V consecutive rows share each pattern, as NM-SpMM); default: random for the zoo, magnitude for weights."),
     batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
     seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
@@ -185,7 +185,7 @@ def train_ranker_cmd(
                                 "N's and M1's wider (SyntheticParams)."),
     gpu: str = typer.Option(_RUN.gpu, "--gpu", help="Device table for constraints and the estimate timer."),
     timer: str = typer.Option(_RUN.timer, "--timer", help="auto | estimate | cuda (times every kept candidate)."),
-    seed: int = typer.Option(_RUN.seed, "--seed"),
+    seed: int = typer.Option(_RUN.seed, "--seed", help="Seed of the synthetic layers and of LightGBM's training."),
     measured: list[Path] = typer.Option([], "--measured", help="Train on measured full-kernel times instead: a "
                                         "device's launch file(s) (benchmarks.device's kernel-speed-sample-*.parquet), held "
                                         "out by layer; the model is named for the device and driver (env.json beside "
@@ -541,6 +541,8 @@ def _show_run(record: dict, artifacts: str, root: str | None = None, limit: int 
         skipped = inspection.skipped_line(record)  # expected, on a clean run too: a line, not a problem table
         if skipped is not None:
             console.print(skipped, style="dim", soft_wrap=True)
+        for line in inspection.pruned_again_lines(artifacts, record):  # a pruned checkpoint without --prune keep
+            console.print(line, style="yellow", soft_wrap=True, markup=False)
     if summary is not None:
         console.print(summary)
 

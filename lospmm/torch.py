@@ -529,11 +529,17 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     if outcome == "layers":
         warnings.warn(f"lt.search: {line} (`{lospmm_command(record, 'inspect', result['run_id'])}` shows why)",
                       SearchWarning, stacklevel=2)
+    from lospmm.flows.reports.inspection import pruned_again_lines
+
+    for again in pruned_again_lines(plan.root, record):  # a pruned model searched without prune="keep"
+        keyword = again.replace("`--prune keep`", "prune='keep'")
+        warnings.warn(f"lt.search: {keyword}", SearchWarning, stacklevel=2)
     return result["run_id"]
 
 
 class SearchWarning(UserWarning):
-    """lt.search finished, but some of the model's layers got no kernel (each named, with its status)."""
+    """lt.search finished, but some of the model's layers got no kernel (each named, with its status),
+    or a model already pruned was pruned again (searched without prune="keep")."""
 
 
 # a CLI flag in a ConfigError -> the keyword a Python caller gives (the rest: dashes to underscores)
@@ -750,7 +756,7 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
             raise KernelDirError(f"{p}: no kernel directory (kernel.json) in it")
         return found
     from lospmm.flows.reports.inspection import lospmm_command
-    from lospmm.flows.storage.runs import artifacts_of, run_record
+    from lospmm.flows.storage.runs import artifacts_of, run_record, why_no_artifact
     from lospmm.flows.storage.store import ArtifactError, read_artifact
 
     try:
@@ -758,6 +764,8 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
     except (LookupError, ValueError) as e:
         raise KernelDirError(f"{source}: neither a kernel directory nor a run under {artifacts} ({e})") from None
     emits = artifacts_of(record, "emit")
+    if not emits:
+        raise KernelDirError(f"{why_no_artifact(record, 'emit')}, so no kernels to serve")
     if sparsity is not None:
         there = sorted({e.get("sparsity") for e in emits})
         emits = [e for e in emits if e.get("sparsity") == sparsity]

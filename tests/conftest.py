@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
@@ -40,14 +45,55 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def prefect_server():
-    """A temporary Prefect API (SQLite) for the integration tests, PREFECT_HOME in a temp dir."""
+def prefect_server(migrated_prefect_db):
+    """A temporary Prefect API (SQLite) for the integration tests, PREFECT_HOME in a temp dir, its
+    database a copy of the migrated one."""
     home = tempfile.mkdtemp(prefix="lospmm-prefect-home-")
     os.environ["PREFECT_HOME"] = home
-    from prefect.testing.utilities import prefect_test_harness
+    from unittest import mock
 
-    with prefect_test_harness(server_startup_timeout=90):
+    import prefect.testing.utilities as harness
+
+    def seeded_temp_dir() -> str:  # where the harness puts its database (were that to change: migrated there, slower)
+        temp_dir = tempfile.mkdtemp()
+        shutil.copyfile(migrated_prefect_db, Path(temp_dir) / "prefect-test.db")
+        return temp_dir
+
+    with mock.patch.object(harness, "mkdtemp", seeded_temp_dir), \
+            harness.prefect_test_harness(server_startup_timeout=90):
         yield home
+
+
+@pytest.fixture(scope="session")
+def migrated_prefect_db(tmp_path_factory) -> Path:
+    """A Prefect database migrated once for the whole test run, every xdist worker's: a fresh
+    PREFECT_HOME's first API start spends about 17 s of its 24 migrating (2 cores), and each
+    process-level test starts one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
+    template = shared / "prefect-template" / "prefect.db"
+    with open(shared / "prefect-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker migrates; the other waits for it
+        if not template.exists():
+            building = Path(tempfile.mkdtemp(prefix="prefect-template-", dir=shared))
+            env = {**os.environ, "PREFECT_HOME": str(building)}
+            for name in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
+                env.pop(name, None)
+            done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0 and (building / "prefect.db").exists(), done.stdout[-2000:] + done.stderr[-2000:]
+            building.rename(template.parent)  # whole, or not there
+    return template
+
+
+@pytest.fixture()
+def fresh_prefect_home(tmp_path, migrated_prefect_db) -> Path:
+    """An empty PREFECT_HOME of this test's own (tmp_path/prefect-home) whose database is already
+    migrated: no flow runs in it, and its API starts in seconds rather than half a minute."""
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    shutil.copyfile(migrated_prefect_db, home / "prefect.db")
+    return home
 
 
 def run_directly(plan, sparsity: float, wrap=None, force: tuple[str, ...] = ()) -> dict[str, dict]:

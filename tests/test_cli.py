@@ -250,6 +250,31 @@ def test_an_interrupted_run_is_recorded_so_and_one_stopped_before_it_began_says_
     assert run_record(tmp_path)["status"] == RunStatus.CANCELLED
 
 
+@pytest.mark.usefixtures("prefect_server")
+def test_a_pruned_checkpoint_pruned_again_says_so_at_the_end_and_keep_does_not(tmp_path):
+    """The default prune on a checkpoint whose layers hold 80% zeros prunes them again: the run ends
+    with a line naming the file, the share and `--prune keep`, and inspect shows it too."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    w[rng.random(w.shape) < 0.8] = 0
+    weights = tmp_path / "net.safetensors"
+    save_file({"fc.weight": w, "head.weight": rng.standard_normal((8, 64)).astype(np.float32)}, str(weights))
+    art = ["--artifacts", str(tmp_path / "art"), "--until", "prune", "--tokens", "64"]
+    said = (f"net ({weights}): 1 of its 2 searched layers were already pruned ({(w == 0).mean():.1%} zeros in "
+            f"their weights) and were pruned again by magnitude to 0.9; `--prune keep` searches pruned weights as "
+            f"they are")
+    result = runner.invoke(app, ["run", "--weights", str(weights), *art], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and said in " ".join(result.output.split()), result.output
+    run_id = re.search(r"lospmm run (\S+)", result.output)[1]
+    shown = runner.invoke(app, ["inspect", run_id, "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
+    assert said in " ".join(shown.output.split()), shown.output
+    kept = runner.invoke(app, ["run", "--weights", str(weights), "--prune", "keep", *art], env={"COLUMNS": "250"})
+    assert kept.exit_code == 0 and "already pruned" not in kept.output, kept.output
+
+
 def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_path):
     """`--prune keep` keeps the file's zeros: without --sparsity the run is named for their share over
     the searched layers (as lt.search names it), not the default 0.9; a file without zeros is refused

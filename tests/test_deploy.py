@@ -31,9 +31,9 @@ def _prefect(env, *args, timeout=180, check=True):
 
 
 @pytest.fixture()
-def server(tmp_path):
+def server(tmp_path, fresh_prefect_home):
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    env = {**os.environ, "PREFECT_HOME": str(fresh_prefect_home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false",
            "COLUMNS": "250"}  # rich tables in the CLI output are not truncated
     log = open(tmp_path / "server.log", "w")

@@ -816,6 +816,26 @@ def test_a_layer_that_gets_no_kernel_is_a_warning_naming_it(tmp_path, prefect_se
         lt.sparsify(narrow, run_id, backend="host", artifacts=tmp_path, strict=False)
 
 
+def test_a_pruned_model_searched_without_keep_is_a_warning_naming_keep(tmp_path, prefect_server):
+    """A model pruned before lt.search (torch.nn.utils.prune's 80% here) and pruned again by magnitude
+    at 0.7: its layers keep their own zeros, sparser than asked, and lt.search says so and names
+    prune="keep"; with keep it says nothing."""
+    import warnings
+
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    prune.l1_unstructured(model[0], "weight", amount=0.8)
+    with pytest.warns(lt.SearchWarning, match="1 of its 2 searched layers were already pruned \\(80.0% zeros in their "
+                                              "weights\\) and were pruned again by magnitude to 0.7; prune='keep' .*"
+                                              "at sparsity 0.7 they kept their own zeros"):
+        lt.search(model, torch.randn(16, 32), sparsity=0.7, artifacts=tmp_path, until="prune")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", lt.SearchWarning)
+        lt.search(model, torch.randn(16, 32), prune="keep", artifacts=tmp_path, until="prune")
+
+
 def test_one_model_serves_a_mix_of_kernel_designs(tmp_path):
     """Three layers in three designs (baked v=4 walking, streamed, the N:M kernel), each directory
     carrying its own: one nn.Sequential of SparseLinear serves them together, as the pruned model."""

@@ -16,7 +16,7 @@ from lospmm.flows.execution.taskio import failed_row, is_transient
 from lospmm.flows.execution.units import UnitCompiler
 from lospmm.flows.storage.compile_cache import cached_kernel, compile_summary
 from lospmm.flows.storage.faults import fault_key, faulted, record_fault
-from lospmm.flows.storage.runs import artifacts_of
+from lospmm.flows.storage.runs import artifacts_of, why_no_artifact
 from lospmm.flows.storage.schemas import LAYER_COLUMNS
 from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
@@ -54,9 +54,11 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     in the blocking the estimate prices lowest at the run's N (`m1` and `n1` are not used)."""
     entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
     sparsities = sorted({s for (st, s) in entries if st == "reorder"})
+    if not sparsities:
+        raise LookupError(why_no_artifact(record, "reorder"))
     if sparsity is None:
         if len(sparsities) != 1:
-            raise LookupError(f"run has sparsities {sparsities}; pick one with --sparsity")
+            raise LookupError(f"run {record['run_id']} has sparsities {sparsities}; pick one with --sparsity")
         sparsity = sparsities[0]
     if ("reorder", sparsity) not in entries:
         raise LookupError(f"run {record['run_id']} has no reorder artifact at sparsity {sparsity}")

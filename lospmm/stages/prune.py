@@ -111,6 +111,7 @@ class PrunedLayer:
     status: Status = Status.OK  # OK, EMPTY (pruned to all zeros) or ERROR
     message: str = ""
     pattern: NMPattern | None = None  # N:M: the one pruned to, or (keep) the one the weights have
+    zeros_before: float = float("nan")  # the share of zeros in the weights as read (NaN: no weights)
 
     @property
     def nnz(self) -> int:
@@ -192,10 +193,73 @@ def pruned_layer(
                 return _error(shape, s, problem)
             matrix = _with_values(matrix, weight)
     achieved = 1.0 - matrix.nnz / (shape.m * shape.k)
+    zeros = zeros_share(weight)
     if matrix.nnz == 0:
         return PrunedLayer(shape, s, achieved, matrix, Status.EMPTY,
-                           f"{shape.layer}: pruned to all zeros at sparsity {s} (M={shape.m}, K={shape.k})")
-    return PrunedLayer(shape, s, achieved, matrix, pattern=pattern)
+                           f"{shape.layer}: pruned to all zeros at sparsity {s} (M={shape.m}, K={shape.k})",
+                           zeros_before=zeros)
+    return PrunedLayer(shape, s, achieved, matrix, pattern=pattern, zeros_before=zeros)
+
+
+def zeros_share(weight: np.ndarray | None) -> float:
+    """The share of a weight's entries that are zero (NaN for no weight): a trained dense layer has
+    next to none, a pruned checkpoint's its sparsity."""
+    if weight is None or weight.size == 0:
+        return float("nan")
+    return 1.0 - np.count_nonzero(weight) / weight.size
+
+
+# a layer whose weights hold at least this share of zeros was pruned before it reached the run (a
+# dense trained layer has next to none)
+PRUNED_BEFORE_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class PrunedAgain:
+    """A weights source whose layers were pruned before the run pruned them again (by a method other
+    than `keep`): how many of its searched layers held at least PRUNED_BEFORE_SHARE zeros, the share
+    of zeros in those layers' weights, and the sparsities at which they kept more zeros than asked."""
+
+    layers: int
+    of_layers: int
+    zeros: float
+    method: str
+    sparsities: tuple[float, ...]
+    kept_own: tuple[float, ...]  # requested sparsities below the layers' own zeros: achieved > requested
+
+    def line(self, source: str) -> str:
+        """One line for the run's end (and lt.search's warning)."""
+        asked = ", ".join(f"{x:g}" for x in self.sparsities)
+        out = (f"{source}: {self.layers} of its {self.of_layers} searched layers were already pruned "
+               f"({self.zeros:.1%} zeros in their weights) and were pruned again by {self.method} to {asked}; "
+               f"`--prune keep` searches pruned weights as they are")
+        if self.kept_own:
+            out += (f" (at sparsity {', '.join(f'{x:g}' for x in self.kept_own)} they kept their own zeros: "
+                    f"sparser than asked)")
+        return out
+
+
+def pruned_again(rows: list[dict]) -> PrunedAgain | None:
+    """From one source's 02_pruned rows (any sparsities; `layer`, `m`, `k`, `method`, `zeros_before`,
+    `sparsity_requested`, `sparsity_achieved`): whether a pruned checkpoint was pruned again, None
+    when not (`keep`, no weights read, or no layer held PRUNED_BEFORE_SHARE zeros)."""
+    layers: dict[str, dict] = {}
+    for r in rows:
+        zeros = r.get("zeros_before")
+        if r.get("method") == "keep" or zeros is None or not np.isfinite(zeros):
+            continue
+        layers.setdefault(r["layer"], r)
+    pruned = {name: r for name, r in layers.items() if r["zeros_before"] >= PRUNED_BEFORE_SHARE}
+    if not pruned:
+        return None
+    size = sum(r["m"] * r["k"] for r in pruned.values())
+    zeros = sum(r["zeros_before"] * r["m"] * r["k"] for r in pruned.values()) / size
+    mine = [r for r in rows if r["layer"] in pruned and r.get("method") != "keep"]
+    sparsities = tuple(sorted({float(r["sparsity_requested"]) for r in mine}))
+    kept_own = tuple(sorted({float(r["sparsity_requested"]) for r in mine
+                             if np.isfinite(r.get("sparsity_achieved") or np.nan)
+                             and r["sparsity_achieved"] > r["sparsity_requested"] + 0.005}))
+    return PrunedAgain(len(pruned), len(layers), zeros, next(iter(pruned.values()))["method"], sparsities, kept_own)
 
 
 def grouped_as_dense(weight: sp.csr_matrix, groups: int) -> sp.csr_matrix:

@@ -194,7 +194,7 @@ def test_a_stop_request_ends_the_stage_under_way(tmp_path, monkeypatch, stage):
 
 # 4. Ctrl-C inside lospmm.torch.search stops the flow it started.
 
-def test_ctrl_c_in_torch_search_stops_its_flow_and_records_it_cancelled(tmp_path):
+def test_ctrl_c_in_torch_search_stops_its_flow_and_records_it_cancelled(tmp_path, fresh_prefect_home):
     root = tmp_path / "art"
     script = tmp_path / "search.py"
     script.write_text(textwrap.dedent(f"""
@@ -209,7 +209,7 @@ def test_ctrl_c_in_torch_search_stops_its_flow_and_records_it_cancelled(tmp_path
         except KeyboardInterrupt as e:
             print("INTERRUPTED", e)
     """))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env = {**os.environ, "PREFECT_HOME": str(fresh_prefect_home)}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -276,6 +276,10 @@ def test_a_second_signal_during_a_stop_runs_on_second_and_exits_at_once(tmp_path
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 130 and done.stdout.split() == ["first:", "STOP", "True", "second"], done
+    # the first is answered at once (a compile under way can take a minute before the stop shows), once
+    from lospmm.flows.execution.stopping import STOPPING
+
+    assert done.stderr.count(STOPPING) == 1 and "interrupt again to stop at once" in STOPPING, done.stderr
 
 
 def test_an_embedded_api_that_did_not_start_points_at_its_log():

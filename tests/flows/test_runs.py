@@ -122,3 +122,21 @@ def test_a_records_artifacts_are_found_by_stage_model_and_sparsity():
     assert [e["path"] for e in artifacts_of(record, "prune", sparsity=0.9)] == ["02/b"]
     assert [e["path"] for e in artifacts_of(record, model="m", sparsity=None)] == ["01/a"]
     assert artifacts_of(record, "prune", model="n") == []
+
+
+def test_why_a_run_has_no_artifact_of_a_stage_names_the_run_and_the_cause(tmp_path):
+    """`lospmm kernel` and lt.sparsify on a run without the stage they read: cancelled before its end
+    listed its artifacts, stopped by --until, failed, or simply without it."""
+    from lospmm.flows.storage.runs import RunStatus, why_no_artifact
+
+    base = {"run_id": "20260101-000000-abcdef", "entries": [], "config": {"until": "emit"}}
+    cancelled = why_no_artifact({**base, "status": RunStatus.CANCELLED}, "emit")
+    assert cancelled == ("run 20260101-000000-abcdef was cancelled, and its record lists no artifacts (a run's end "
+                         "writes them): run its command again to finish it")
+    stopped = {**base, "status": RunStatus.COMPLETED, "config": {"until": "prune"},
+               "entries": [{"stage": "prune", "path": "02_pruned/x.parquet"}]}
+    assert why_no_artifact(stopped, "reorder") == ("run 20260101-000000-abcdef stopped after prune (--until prune): "
+                                                   "it has no reorder artifact")
+    assert why_no_artifact(stopped, "prune") == "run 20260101-000000-abcdef has no prune artifact"
+    failed = {**stopped, "status": RunStatus.FAILED, "config": {"until": "emit"}}
+    assert why_no_artifact(failed, "emit") == "run 20260101-000000-abcdef failed: it has no emit artifact"

@@ -207,3 +207,34 @@ def test_keep_detects_the_pattern_of_an_nm_checkpoint_and_not_of_unstructured_we
     # unstructured at 0.9: under 16 of every 32, but the groups are not filled to any N
     loose = magnitude_pruned(weight, 0.9).toarray()
     assert pruned_layer(_shape(m=64, k=128), 0.9, PruneParams(method="keep"), loose).pattern is None
+
+
+def test_a_pruned_checkpoint_pruned_again_is_told_apart_from_dense_weights_and_from_keep():
+    """zeros_before is the share of zeros in the weights as read; pruned_again names a source whose
+    layers held PRUNED_BEFORE_SHARE or more before a method other than keep pruned them, and the
+    sparsities at which they kept their own zeros (sparser than asked)."""
+    from lospmm.stages.prune import PRUNED_BEFORE_SHARE, pruned_again, zeros_share
+
+    rng = np.random.default_rng(0)
+    shape = _shape(k=32)
+    dense = rng.standard_normal((64, 32)).astype(np.float32)
+    pruned = dense * (rng.random(dense.shape) >= 0.8)
+    assert zeros_share(dense) == 0 and zeros_share(None) != zeros_share(None)  # NaN: no weights
+    rows = []
+    for sparsity in (0.7, 0.9):
+        for name, w in (("fc", pruned), ("head", dense)):
+            layer = pruned_layer(replace(shape, layer=name), sparsity, PruneParams("magnitude"), w)
+            assert layer.zeros_before == pytest.approx((w == 0).mean())
+            rows.append({"layer": name, "m": 64, "k": 32, "method": "magnitude", "zeros_before": layer.zeros_before,
+                         "sparsity_requested": sparsity, "sparsity_achieved": layer.sparsity_achieved})
+    again = pruned_again(rows)
+    assert (again.layers, again.of_layers, again.method, again.sparsities) == (1, 2, "magnitude", (0.7, 0.9))
+    assert again.zeros == pytest.approx((pruned == 0).mean()) and again.kept_own == (0.7,)  # 0.8 held, 0.7 asked
+    line = again.line("net (net.safetensors)")
+    assert "1 of its 2 searched layers were already pruned" in line and "`--prune keep`" in line
+    assert "at sparsity 0.7 they kept their own zeros" in line
+    assert pruned_again([r for r in rows if r["layer"] == "head"]) is None  # dense weights: nothing to say
+    assert pruned_again([{**r, "method": "keep"} for r in rows]) is None  # their zeros searched as they are
+    assert pruned_again([{**r, "zeros_before": float("nan")} for r in rows]) is None  # the zoo: no weights read
+    light = dense * (rng.random(dense.shape) >= PRUNED_BEFORE_SHARE / 2)  # a few zeros: not called pruned
+    assert pruned_again([{**rows[0], "zeros_before": zeros_share(light)}]) is None

@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # a reader takes the flow's context; the catalog itself needs
 
 # 02_pruned (artifacts/README.md documents every column)
 SCHEMA = pa.schema(
-    LAYER + [("sparsity_requested", F64), ("sparsity_achieved", F64), ("method", STR), ("nm", STR), ("nnz", I64)]
+    LAYER + [("sparsity_requested", F64), ("sparsity_achieved", F64), ("method", STR), ("nm", STR), ("nnz", I64),
+              ("zeros_before", F64)]
     + STATUS
     + [("indptr", pa.list_(I32)), ("indices", pa.list_(I32)), ("data", pa.list_(F32)), ("seconds", F64)]
 )

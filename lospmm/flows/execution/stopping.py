@@ -15,14 +15,19 @@ from lospmm.flows.execution.taskio import POLLING_STOP, STOP, installed
 from lospmm.flows.storage.runs import RunStatus, run_record, write_run_record
 
 
+STOPPING = ("stopping: each stage stops at its next item and writes nothing unfinished (an item under way, such as "
+            "one kernel's compile, finishes first); interrupt again to stop at once")
+
+
 @contextmanager
-def stops_cleanly(exit_code_on_second: int | None = None, on_second=None):
+def stops_cleanly(exit_code_on_second: int | None = None, on_second=None, said_on_first: str = STOPPING):
     """While the block runs, SIGINT and SIGTERM stop the run: tasks stop at their next item (a stage
     that did not finish writes nothing), the flow leaves once they did, and KeyboardInterrupt comes
-    out of the block. A second signal exits the process at once with `exit_code_on_second` (the CLI),
-    after `on_second()` (the CLI records the run cancelled: else it would read as killed), or, where
-    None, raises KeyboardInterrupt again (a notebook's second Ctrl-C). Off the main thread, where
-    handlers cannot be set, only STOP is managed."""
+    out of the block. The first signal is answered at once on stderr (`said_on_first`: an item under
+    way, one kernel's compile, can take a minute). A second signal exits the process at once with
+    `exit_code_on_second` (the CLI), after `on_second()` (the CLI records the run cancelled: else it
+    would read as killed), or, where None, raises KeyboardInterrupt again (a notebook's second
+    Ctrl-C). Off the main thread, where handlers cannot be set, only STOP is managed."""
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():
         try:
@@ -44,6 +49,11 @@ def stops_cleanly(exit_code_on_second: int | None = None, on_second=None):
                     os._exit(exit_code_on_second)
             raise KeyboardInterrupt
         STOP.set()
+        if said_on_first:
+            try:  # a plain write: the handler may run inside a print of the console's
+                os.write(2, f"{said_on_first}\n".encode())
+            except OSError:
+                pass
         if not POLLING_STOP.is_set():  # else the flow's wait sees STOP and stops from a safe place
             raise KeyboardInterrupt
 

@@ -31,7 +31,7 @@ def prune(key: str, ctx: RunContext, label: str, inputs: dict, force: bool, sour
         a = layer.matrix
         return {**base, "sparsity_achieved": layer.sparsity_achieved, "nnz": layer.nnz, "status": layer.status,
                 "nm": layer.pattern.method[3:] if layer.pattern else "",
-                "message": layer.message,
+                "message": layer.message, "zeros_before": layer.zeros_before,
                 **({"indptr": a.indptr, "indices": a.indices, "data": a.data} if a is not None else {}),
                 "seconds": time.perf_counter() - t0}
 
