@@ -541,10 +541,11 @@ def _show_run(record: dict, artifacts: str, root: str | None = None, limit: int 
         skipped = inspection.skipped_line(record)  # expected, on a clean run too: a line, not a problem table
         if skipped is not None:
             console.print(skipped, style="dim", soft_wrap=True)
-        for line in inspection.pruned_again_lines(artifacts, record):  # a pruned checkpoint without --prune keep
-            console.print(line, style="yellow", soft_wrap=True, markup=False)
     if summary is not None:
         console.print(summary)
+    if layer is None:  # after the summary, where the run's last lines stay in view
+        for line in inspection.pruned_again_lines(artifacts, record):  # a pruned checkpoint without --prune keep
+            console.print(line, style="yellow", soft_wrap=True, markup=False)
 
 
 # a run's outcome (inspection.run_outcome) as `run`'s exit code, and the colour of its line

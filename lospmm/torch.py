@@ -765,7 +765,7 @@ def kernel_dirs(source: str | Path, artifacts: str | Path = "artifacts", sparsit
         raise KernelDirError(f"{source}: neither a kernel directory nor a run under {artifacts} ({e})") from None
     emits = artifacts_of(record, "emit")
     if not emits:
-        raise KernelDirError(f"{why_no_artifact(record, 'emit')}, so no kernels to serve")
+        raise KernelDirError(f"no kernels to serve: {why_no_artifact(record, 'emit', 'search again as before')}")
     if sparsity is not None:
         there = sorted({e.get("sparsity") for e in emits})
         emits = [e for e in emits if e.get("sparsity") == sparsity]

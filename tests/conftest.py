@@ -54,13 +54,22 @@ def prefect_server(migrated_prefect_db):
 
     import prefect.testing.utilities as harness
 
-    def seeded_temp_dir() -> str:  # where the harness puts its database (were that to change: migrated there, slower)
+    seeded = []
+
+    def seeded_temp_dir() -> str:  # where the harness puts its database
         temp_dir = tempfile.mkdtemp()
         shutil.copyfile(migrated_prefect_db, Path(temp_dir) / "prefect-test.db")
+        seeded.append(temp_dir)
         return temp_dir
 
     with mock.patch.object(harness, "mkdtemp", seeded_temp_dir), \
             harness.prefect_test_harness(server_startup_timeout=90):
+        from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+        # a Prefect that puts it elsewhere would migrate a database of its own again (half a minute): say so
+        url = PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""
+        assert seeded and url.endswith(f"{seeded[0]}/prefect-test.db"), \
+            f"prefect_test_harness no longer uses the seeded database ({url}): mend tests/conftest.py"
         yield home
 
 
@@ -77,8 +86,9 @@ def migrated_prefect_db(tmp_path_factory) -> Path:
         if not template.exists():
             building = Path(tempfile.mkdtemp(prefix="prefect-template-", dir=shared))
             env = {**os.environ, "PREFECT_HOME": str(building)}
-            for name in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
-                env.pop(name, None)
+            for name in [n for n in env if n.startswith(("PREFECT_API_DATABASE_", "PREFECT_SERVER_DATABASE_"))]:
+                env.pop(name)  # this home's prefect.db, not a database the environment names
+            env.pop("PREFECT_API_URL", None)
             done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
                                   capture_output=True, text=True, timeout=300)
             assert done.returncode == 0 and (building / "prefect.db").exists(), done.stdout[-2000:] + done.stderr[-2000:]

@@ -263,16 +263,21 @@ def test_a_pruned_checkpoint_pruned_again_says_so_at_the_end_and_keep_does_not(t
     weights = tmp_path / "net.safetensors"
     save_file({"fc.weight": w, "head.weight": rng.standard_normal((8, 64)).astype(np.float32)}, str(weights))
     art = ["--artifacts", str(tmp_path / "art"), "--until", "prune", "--tokens", "64"]
-    said = (f"net ({weights}): 1 of its 2 searched layers were already pruned ({(w == 0).mean():.1%} zeros in "
-            f"their weights) and were pruned again by magnitude to 0.9; `--prune keep` searches pruned weights as "
-            f"they are")
+    said = (f"net ({weights}): 1 of its 2 searched layers already held zeros ({(w == 0).mean():.1%} of their "
+            f"weights: pruned before?) and were pruned again by magnitude to 0.9; `--prune keep` searches pruned "
+            f"weights as they are")
     result = runner.invoke(app, ["run", "--weights", str(weights), *art], env={"COLUMNS": "250"})
     assert result.exit_code == 0 and said in " ".join(result.output.split()), result.output
     run_id = re.search(r"lospmm run (\S+)", result.output)[1]
     shown = runner.invoke(app, ["inspect", run_id, "--artifacts", str(tmp_path / "art")], env={"COLUMNS": "250"})
     assert said in " ".join(shown.output.split()), shown.output
+    # a kernel asked of it names why there is none (it said "run has sparsities []")
+    kernel = runner.invoke(app, ["kernel", run_id, "--layer", "fc.weight", "--m1", "2", "--n1", "32", "--out",
+                                 str(tmp_path / "k"), "--artifacts", str(tmp_path / "art")])
+    assert kernel.exit_code != 0 and (f"run {run_id} stopped after prune (--until prune): it has no reorder artifact"
+                                      in " ".join(kernel.output.split())), kernel.output
     kept = runner.invoke(app, ["run", "--weights", str(weights), "--prune", "keep", *art], env={"COLUMNS": "250"})
-    assert kept.exit_code == 0 and "already pruned" not in kept.output, kept.output
+    assert kept.exit_code == 0 and "already held zeros" not in kept.output, kept.output
 
 
 def test_keep_without_a_sparsity_names_the_run_for_the_zeros_the_file_holds(tmp_path):

@@ -827,10 +827,12 @@ def test_a_pruned_model_searched_without_keep_is_a_warning_naming_keep(tmp_path,
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
     prune.l1_unstructured(model[0], "weight", amount=0.8)
-    with pytest.warns(lt.SearchWarning, match="1 of its 2 searched layers were already pruned \\(80.0% zeros in their "
-                                              "weights\\) and were pruned again by magnitude to 0.7; prune='keep' .*"
+    with pytest.warns(lt.SearchWarning, match="1 of its 2 searched layers already held zeros \\(80.0% of their "
+                                              "weights: pruned before\\?\\) and were pruned again by magnitude to 0.7; prune='keep' .*"
                                               "at sparsity 0.7 they kept their own zeros"):
-        lt.search(model, torch.randn(16, 32), sparsity=0.7, artifacts=tmp_path, until="prune")
+        run_id = lt.search(model, torch.randn(16, 32), sparsity=0.7, artifacts=tmp_path, until="prune")
+    with pytest.raises(KernelDirError, match=f"no kernels to serve: run {run_id} stopped after prune \\(--until prune\\)"):
+        lt.sparsify(model, run_id, backend="host", artifacts=tmp_path)  # (it said "0 emitted (model, sparsity) sets")
     with warnings.catch_warnings():
         warnings.simplefilter("error", lt.SearchWarning)
         lt.search(model, torch.randn(16, 32), prune="keep", artifacts=tmp_path, until="prune")

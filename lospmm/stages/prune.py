@@ -230,8 +230,8 @@ class PrunedAgain:
     def line(self, source: str) -> str:
         """One line for the run's end (and lt.search's warning)."""
         asked = ", ".join(f"{x:g}" for x in self.sparsities)
-        out = (f"{source}: {self.layers} of its {self.of_layers} searched layers were already pruned "
-               f"({self.zeros:.1%} zeros in their weights) and were pruned again by {self.method} to {asked}; "
+        out = (f"{source}: {self.layers} of its {self.of_layers} searched layers already held zeros "
+               f"({self.zeros:.1%} of their weights: pruned before?) and were pruned again by {self.method} to {asked}; "
                f"`--prune keep` searches pruned weights as they are")
         if self.kept_own:
             out += (f" (at sparsity {', '.join(f'{x:g}' for x in self.kept_own)} they kept their own zeros: "
@@ -246,20 +246,31 @@ def pruned_again(rows: list[dict]) -> PrunedAgain | None:
     layers: dict[str, dict] = {}
     for r in rows:
         zeros = r.get("zeros_before")
-        if r.get("method") == "keep" or zeros is None or not np.isfinite(zeros):
-            continue
-        layers.setdefault(r["layer"], r)
-    pruned = {name: r for name, r in layers.items() if r["zeros_before"] >= PRUNED_BEFORE_SHARE}
+        if r.get("method") == "keep" or zeros is None or not np.isfinite(zeros) or zeros >= 1.0:
+            continue  # (a layer of zeros only: pruned to nothing, a problem row of its own)
+        layers.setdefault(r["layer"], []).append(r)
+    pruned = {name: rs for name, rs in layers.items()
+              if rs[0]["zeros_before"] >= PRUNED_BEFORE_SHARE and any(_changed_or_mislabelled(r) for r in rs)}
     if not pruned:
         return None
-    size = sum(r["m"] * r["k"] for r in pruned.values())
-    zeros = sum(r["zeros_before"] * r["m"] * r["k"] for r in pruned.values()) / size
-    mine = [r for r in rows if r["layer"] in pruned and r.get("method") != "keep"]
+    firsts = [rs[0] for rs in pruned.values()]
+    size = sum(r["m"] * r["k"] for r in firsts)
+    zeros = sum(r["zeros_before"] * r["m"] * r["k"] for r in firsts) / size
+    mine = [r for rs in pruned.values() for r in rs]
     sparsities = tuple(sorted({float(r["sparsity_requested"]) for r in mine}))
     kept_own = tuple(sorted({float(r["sparsity_requested"]) for r in mine
                              if np.isfinite(r.get("sparsity_achieved") or np.nan)
                              and r["sparsity_achieved"] > r["sparsity_requested"] + 0.005}))
-    return PrunedAgain(len(pruned), len(layers), zeros, next(iter(pruned.values()))["method"], sparsities, kept_own)
+    return PrunedAgain(len(pruned), len(layers), zeros, firsts[0]["method"], sparsities, kept_own)
+
+
+def _changed_or_mislabelled(row: dict) -> bool:
+    # pruning removed weights the file held, or kept the file's own zeros past the sparsity asked (a run
+    # named for it); a 2:4 checkpoint pruned to nm:2:4 is neither: the same A, as asked
+    achieved = row.get("sparsity_achieved")
+    if achieved is None or not np.isfinite(achieved):
+        return False
+    return achieved > row["zeros_before"] + 1e-6 or achieved > row["sparsity_requested"] + 0.005
 
 
 def grouped_as_dense(weight: sp.csr_matrix, groups: int) -> sp.csr_matrix:

@@ -231,10 +231,17 @@ def test_a_pruned_checkpoint_pruned_again_is_told_apart_from_dense_weights_and_f
     assert (again.layers, again.of_layers, again.method, again.sparsities) == (1, 2, "magnitude", (0.7, 0.9))
     assert again.zeros == pytest.approx((pruned == 0).mean()) and again.kept_own == (0.7,)  # 0.8 held, 0.7 asked
     line = again.line("net (net.safetensors)")
-    assert "1 of its 2 searched layers were already pruned" in line and "`--prune keep`" in line
+    assert "1 of its 2 searched layers already held zeros" in line and "`--prune keep`" in line
     assert "at sparsity 0.7 they kept their own zeros" in line
     assert pruned_again([r for r in rows if r["layer"] == "head"]) is None  # dense weights: nothing to say
     assert pruned_again([{**r, "method": "keep"} for r in rows]) is None  # their zeros searched as they are
     assert pruned_again([{**r, "zeros_before": float("nan")} for r in rows]) is None  # the zoo: no weights read
     light = dense * (rng.random(dense.shape) >= PRUNED_BEFORE_SHARE / 2)  # a few zeros: not called pruned
     assert pruned_again([{**rows[0], "zeros_before": zeros_share(light)}]) is None
+    # a 2:4 checkpoint pruned to nm:2:4 is the same A, as asked: nothing to say; a layer of zeros only neither
+    two_four = nm_pruned(dense, NMPattern(2, 4)).toarray()
+    same = pruned_layer(shape, 0.5, PruneParams("nm:2:4"), two_four)
+    assert same.zeros_before == 0.5 and np.array_equal(same.matrix.toarray(), two_four)
+    assert pruned_again([{"layer": "fc", "m": 64, "k": 32, "method": "nm:2:4", "zeros_before": same.zeros_before,
+                          "sparsity_requested": 0.5, "sparsity_achieved": same.sparsity_achieved}]) is None
+    assert pruned_again([{**rows[1], "zeros_before": 1.0, "sparsity_achieved": 1.0}]) is None

@@ -219,18 +219,19 @@ def pruned_again_lines(root: str | Path, record: dict) -> list[str]:
     """A line for each model whose weights were pruned before the run pruned them again
     (stages.prune.pruned_again: a pruned checkpoint searched without `--prune keep`), from its 02_pruned
     artifacts; none for the zoo, `keep`, or a prune artifact from before `zeros_before` was kept."""
+    weights = (record.get("config") or {}).get("weights") or []
+    weights = [weights] if isinstance(weights, str) else list(weights)
+    if not weights:  # the zoo: no weights read, nothing pruned before
+        return []
     rows: dict[str, list[dict]] = {}
     for e in record.get("entries", []):
         if e["stage"] != "prune" or not e.get("path"):
             continue
-        try:
-            table = read_artifact(Path(root) / e["path"])
-        except Exception:  # noqa: BLE001 (a damaged artifact: inspect's run table says so)
+        try:  # its scalar columns only (not the CSR payload)
+            table = read_artifact(Path(root) / e["path"], columns=PRUNED_AGAIN_COLUMNS)
+        except Exception:  # noqa: BLE001 (damaged, or from before zeros_before: inspect's run table says the first)
             continue
-        if "zeros_before" in table.column_names:
-            rows.setdefault(e.get("model", ""), []).extend(table.select(PRUNED_AGAIN_COLUMNS).to_pylist())
-    weights = (record.get("config") or {}).get("weights") or []
-    weights = [weights] if isinstance(weights, str) else list(weights)
+        rows.setdefault(e.get("model", ""), []).extend(table.to_pylist())
     out = []
     for model, model_rows in rows.items():
         again = pruned_again(model_rows)

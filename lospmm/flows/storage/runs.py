@@ -142,18 +142,17 @@ def run_record(root: str | Path, run_id: str | None = None) -> dict[str, Any]:
 _ANY = object()
 
 
-def why_no_artifact(record: dict[str, Any], stage: str) -> str:
+def why_no_artifact(record: dict[str, Any], stage: str, again: str = "run its command again") -> str:
     """Why the run's record lists no `stage` artifact, in a few words naming the run: it stopped
     before its end wrote the record's artifacts (cancelled, killed, failed, still running), or its
-    `--until` ends before `stage`; else that no layer of it got that far."""
+    `--until` ends before `stage`; else that it has none. `again`: how the reader finishes a run."""
     from lospmm.stages import STAGES
 
     run_id, status = record.get("run_id", "?"), shown_status(record)
     ended = {RunStatus.CANCELLED: "was cancelled", RunStatus.KILLED: "was killed", RunStatus.RUNNING: "is still running",
-             RunStatus.FAILED: "failed"}.get(status, f"is {status}")
+             RunStatus.FAILED: "failed"}.get(status, f"is {status}" if status else "has no status")
     if status in (RunStatus.CANCELLED, RunStatus.KILLED, RunStatus.RUNNING) and not record.get("entries"):
-        return (f"run {run_id} {ended}, and its record lists no artifacts (a run's end writes them): run its "
-                f"command again to finish it")
+        return f"run {run_id} {ended}, and its record lists no artifacts (a run's end writes them): {again} to finish it"
     until = (record.get("config") or {}).get("until")
     if until in STAGES and stage in STAGES and STAGES.index(until) < STAGES.index(stage):
         return f"run {run_id} stopped after {until} (--until {until}): it has no {stage} artifact"
