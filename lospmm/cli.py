@@ -544,7 +544,7 @@ def _show_run(record: dict, artifacts: str, root: str | None = None, limit: int 
     if summary is not None:
         console.print(summary)
     if layer is None:  # after the summary, where the run's last lines stay in view
-        for line in inspection.pruned_again_lines(artifacts, record):  # a pruned checkpoint without --prune keep
+        for line in record.get("pruned_again", []):  # a pruned checkpoint without --prune keep (summary.pruned_again_lines)
             console.print(line, style="yellow", soft_wrap=True, markup=False)
 
 

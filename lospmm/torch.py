@@ -529,9 +529,7 @@ def search(model: nn.Module, example_input, sparsity: float | None = None, prune
     if outcome == "layers":
         warnings.warn(f"lt.search: {line} (`{lospmm_command(record, 'inspect', result['run_id'])}` shows why)",
                       SearchWarning, stacklevel=2)
-    from lospmm.flows.reports.inspection import pruned_again_lines
-
-    for again in pruned_again_lines(plan.root, record):  # a pruned model searched without prune="keep"
+    for again in record.get("pruned_again", []):  # a pruned model searched without prune="keep"
         keyword = again.replace("`--prune keep`", "prune='keep'")
         warnings.warn(f"lt.search: {keyword}", SearchWarning, stacklevel=2)
     return result["run_id"]

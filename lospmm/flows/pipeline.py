@@ -26,7 +26,8 @@ from lospmm.flows.config import RunConfig, RunPlan, resolved
 from lospmm.flows.dag import DAG, Node, node_key
 from lospmm.flows.storage.runs import RunStatus, process_fields, release_reserve, reserve_space, write_run_record
 from lospmm.flows.storage.store import artifact_path, checked_sidecar, sidecar_path, valid_sidecar
-from lospmm.flows.reports.summary import layer_outcomes, publish_layer_summary, write_summary
+from lospmm.flows.reports.summary import (layer_outcomes, publish_layer_summary, pruned_again_lines, scalar_artifacts,
+                                          write_summary)
 from lospmm.flows.execution.stopping import stopped_quietly
 from lospmm.flows.execution.taskio import POLLING_STOP, STOP, Interrupted, RunContext, quiet_disk_errors, run_failure
 
@@ -225,14 +226,16 @@ def pipeline(config: dict, refresh: list[str] | None = None, run_id: str | None 
 
 
 def _finished(root: Path, record: dict, t_start: float) -> dict:
-    """The run's end, written: its summary (summary/<run_id>.parquet), its layers' outcomes, its
-    record, in the room its reserve kept. OSError where the record cannot be written."""
+    """The run's end, written: its summary (summary/<run_id>.parquet), its layers' outcomes, the lines
+    on weights pruned again, its record, in the room its reserve kept. OSError where the record cannot be written."""
     record.update(wall_seconds=time.perf_counter() - t_start, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     release_reserve(root, record["run_id"])  # the room set aside for what follows
     rows = []
     try:
-        record["summary"], rows = write_summary(root, record)
+        arts = scalar_artifacts(root, record)
+        record["summary"], rows = write_summary(root, record, arts)
         record["layers"] = layer_outcomes(root, record, rows)
+        record["pruned_again"] = pruned_again_lines(record, arts)
     except Exception as e:  # the stages' artifacts stand on their own; say why the summary is missing
         record["summary_error"] = run_failure(e) or f"{type(e).__name__}: {e}"
     write_run_record(root, record, final=True)

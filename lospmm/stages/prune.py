@@ -258,19 +258,24 @@ def pruned_again(rows: list[dict]) -> PrunedAgain | None:
     zeros = sum(r["zeros_before"] * r["m"] * r["k"] for r in firsts) / size
     mine = [r for rs in pruned.values() for r in rs]
     sparsities = tuple(sorted({float(r["sparsity_requested"]) for r in mine}))
-    kept_own = tuple(sorted({float(r["sparsity_requested"]) for r in mine
-                             if np.isfinite(r.get("sparsity_achieved") or np.nan)
-                             and r["sparsity_achieved"] > r["sparsity_requested"] + 0.005}))
+    kept_own = tuple(sorted({float(r["sparsity_requested"]) for r in mine if _sparser_than_asked(r)}))
     return PrunedAgain(len(pruned), len(layers), zeros, firsts[0]["method"], sparsities, kept_own)
 
 
-def _changed_or_mislabelled(row: dict) -> bool:
-    # pruning removed weights the file held, or kept the file's own zeros past the sparsity asked (a run
-    # named for it); a 2:4 checkpoint pruned to nm:2:4 is neither: the same A, as asked
+def _achieved(row: dict) -> float:
     achieved = row.get("sparsity_achieved")
-    if achieved is None or not np.isfinite(achieved):
-        return False
-    return achieved > row["zeros_before"] + 1e-6 or achieved > row["sparsity_requested"] + 0.005
+    return float("nan") if achieved is None else achieved
+
+
+def _sparser_than_asked(row: dict) -> bool:
+    # the file's own zeros kept past the sparsity asked: a run named for a sparsity its kernels do not have
+    return _achieved(row) > row["sparsity_requested"] + 0.005
+
+
+def _changed_or_mislabelled(row: dict) -> bool:
+    # pruning removed weights the file held, or kept its zeros past the sparsity asked; a 2:4 checkpoint
+    # pruned to nm:2:4 is neither: the same A, as asked (NaN compares false: a row with no A)
+    return _achieved(row) > row["zeros_before"] + 1e-6 or _sparser_than_asked(row)
 
 
 def grouped_as_dense(weight: sp.csr_matrix, groups: int) -> sp.csr_matrix:

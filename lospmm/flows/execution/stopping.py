@@ -25,10 +25,11 @@ def stops_cleanly(exit_code_on_second: int | None = None, on_second=None, said_o
     that did not finish writes nothing), the flow leaves once they did, and KeyboardInterrupt comes
     out of the block. The first signal our handler sees is answered at once on stderr's file descriptor
     (`said_on_first`: an item under way, one kernel's compile, can take a minute; a SIGTERM inside
-    Prefect's flow is Prefect's, and a notebook shows the process's stderr in its log, not the cell). A second signal exits the process at once with
-    `exit_code_on_second` (the CLI), after `on_second()` (the CLI records the run cancelled: else it
-    would read as killed), or, where None, raises KeyboardInterrupt again (a notebook's second
-    Ctrl-C). Off the main thread, where handlers cannot be set, only STOP is managed."""
+    Prefect's flow is Prefect's, and a notebook shows the process's stderr in its log, not the cell).
+    A second signal exits the process at once with `exit_code_on_second` (the CLI), after
+    `on_second()` (the CLI records the run cancelled: else it would read as killed), or, where None,
+    raises KeyboardInterrupt again (a notebook's second Ctrl-C). Off the main thread, where handlers
+    cannot be set, only STOP is managed."""
     STOP.clear()
     if threading.current_thread() is not threading.main_thread():
         try:

@@ -15,7 +15,6 @@ from lospmm.flows.reports.summary import grouped_summary
 from lospmm.flows.storage.runs import RunStatus, shown_status
 from lospmm.flows.storage.store import artifact_problem, intact_sidecar, read_artifact
 from lospmm.stages.constrain import REMOVED_BY
-from lospmm.stages.prune import pruned_again
 from lospmm.status import Status
 
 SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, grouped
@@ -24,8 +23,7 @@ SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, g
 VIEW_COLUMNS = {
     "extract": ["layer", "op", "m", "n", "k", "repeat", "kh", "stride", "h_out", "status", "message"],
     "prune": ["layer", "m", "n", "k", "repeat", "sparsity_requested", "sparsity_achieved", "zeros_before", "method",
-              "nm", "nnz",
-              "status", "message", "seconds"],
+              "nm", "nnz", "status", "message", "seconds"],
     "reorder": ["layer", "sparsity", "m1", "num_tiles", "num_empty_rows", "order", "identity_nnc_sum",
                 "reordered_nnc_sum", "identity_max_nnc", "reordered_max_nnc", "identity_cov_nnz", "reordered_cov_nnz",
                 "status", "seconds"],
@@ -210,34 +208,6 @@ def skipped_line(record: dict) -> str | None:
                       for model, c in sorted(by_model.items()))
     return (f"{total} tensor{'s' * (total > 1)} not searched: {parts} "
             f"(`{lospmm_command(record, 'inspect', record.get('run_id', 'RUN'), '--stage extract')}` lists them)")
-
-
-PRUNED_AGAIN_COLUMNS = ["layer", "m", "k", "method", "zeros_before", "sparsity_requested", "sparsity_achieved"]
-
-
-def pruned_again_lines(root: str | Path, record: dict) -> list[str]:
-    """A line for each model whose weights were pruned before the run pruned them again
-    (stages.prune.pruned_again: a pruned checkpoint searched without `--prune keep`), from its 02_pruned
-    artifacts; none for the zoo, `keep`, or a prune artifact from before `zeros_before` was kept."""
-    weights = (record.get("config") or {}).get("weights") or []
-    weights = [weights] if isinstance(weights, str) else list(weights)
-    if not weights:  # the zoo: no weights read, nothing pruned before
-        return []
-    rows: dict[str, list[dict]] = {}
-    for e in record.get("entries", []):
-        if e["stage"] != "prune" or not e.get("path"):
-            continue
-        try:  # its scalar columns only (not the CSR payload)
-            table = read_artifact(Path(root) / e["path"], columns=PRUNED_AGAIN_COLUMNS)
-        except Exception:  # noqa: BLE001 (damaged, or from before zeros_before: inspect's run table says the first)
-            continue
-        rows.setdefault(e.get("model", ""), []).extend(table.to_pylist())
-    out = []
-    for model, model_rows in rows.items():
-        again = pruned_again(model_rows)
-        if again is not None:
-            out.append(again.line(f"{model} ({weights[0]})" if len(weights) == 1 else model))
-    return out
 
 
 def _expected_skip(entry: dict, problem: dict) -> bool:

@@ -15,6 +15,7 @@ from lospmm.flows.storage.schemas import F64, I32, LAYER, STR
 from lospmm.flows.storage.runs import artifacts_of
 from lospmm.flows.storage.store import read_artifact, write_artifact
 from lospmm.flows.execution.taskio import layer_fields
+from lospmm.stages.prune import pruned_again
 from lospmm.status import Status
 
 SEARCH_STAGES = ("prune", "reorder", "rank", "cluster", "compile", "time", "emit")
@@ -28,17 +29,44 @@ SUMMARY = pa.schema(
 SCHEMAS = artifact_schemas()
 
 
-def write_summary(root: Path, record: dict) -> tuple[str | None, list[dict]]:
-    """Per layer: candidates at each step, search seconds by stage, chosen tile and its time; written
-    to summary/<run_id>.parquet (publish_layer_summary shows them in Prefect). Returns the file's
-    path (None if nothing ran) and the rows."""
+def scalar_artifacts(root: Path, record: dict) -> dict[tuple, dict[str, list[dict]]]:
+    """(model, sparsity) -> stage -> the rows of the run's artifact, its scalar columns only (the CSR
+    and tile payloads are not needed at the run's end): read once for write_summary and
+    pruned_again_lines."""
     by = {}
     for e in artifacts_of(record):
         if "sparsity" in e:
-            # the scalar columns only: the CSR and tile payloads are not needed here
             cols = schemas.scalar_columns(SCHEMAS[e["stage"]])
             by.setdefault((e["model"], e["sparsity"]), {})[e["stage"]] = \
                 read_artifact(root / e["path"], columns=cols).to_pylist()
+    return by
+
+
+def pruned_again_lines(record: dict, by: dict[tuple, dict[str, list[dict]]]) -> list[str]:
+    """A line for each model whose weights were pruned before the run pruned them again
+    (stages.prune.pruned_again: a pruned checkpoint searched without `--prune keep`), from its 02_pruned
+    rows in `by` (scalar_artifacts); none for the zoo or `keep`. Kept in the record: `run`, `inspect
+    RUN` and lt.search show them."""
+    weights = (record.get("config") or {}).get("weights") or []
+    weights = [weights] if isinstance(weights, str) else list(weights)
+    if not weights:  # the zoo: no weights read, nothing pruned before
+        return []
+    rows: dict[str, list[dict]] = {}
+    for (model, _), arts in by.items():
+        rows.setdefault(model, []).extend(arts.get("prune", []))
+    out = []
+    for model, model_rows in rows.items():
+        again = pruned_again(model_rows)
+        if again is not None:
+            out.append(again.line(f"{model} ({weights[0]})" if len(weights) == 1 else model))
+    return out
+
+
+def write_summary(root: Path, record: dict, by: dict[tuple, dict[str, list[dict]]]) -> tuple[str | None, list[dict]]:
+    """Per layer: candidates at each step, search seconds by stage, chosen tile and its time, from the
+    run's artifacts (`by`: scalar_artifacts); written to summary/<run_id>.parquet
+    (publish_layer_summary shows them in Prefect). Returns the file's path (None if nothing ran) and
+    the rows."""
     stages = SEARCH_STAGES
     rows = []
     for (model, sparsity), arts in by.items():
