@@ -12,6 +12,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+try:  # typer vendors click from 0.2x on: its parse errors are its own copy's classes
+    from typer._click import exceptions as parse_errors
+except ImportError:  # pragma: no cover - an older typer on the released click
+    from click import exceptions as parse_errors
+
 from lospmm.flows.config import SHARD, ConfigError, RunConfig, read_design, resolved
 from lospmm.flows.storage.runs import RunStatus
 from lospmm.stages import STAGES
@@ -44,9 +49,24 @@ _EXITS_AFTER = [False]  # set by the console entry point: the process ends with 
 
 
 def main() -> None:
-    """Entry point: lets list options take space-separated values, then runs the app."""
+    """Entry point: lets list options take space-separated values, then runs the app. A command line
+    click cannot parse (an unknown option, `--sparsity abc`) is answered as every other bad input: one
+    line naming the command and the problem, exit 2 (typer's own answer is a box of several lines)."""
     _EXITS_AFTER[0] = True
-    app(args=_expanded(sys.argv[1:]), prog_name="lospmm")
+    try:
+        code = app(args=_expanded(sys.argv[1:]), prog_name="lospmm", standalone_mode=False)
+    except parse_errors.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "lospmm"
+        err.print(f"[red]error:[/] {escape(where)}: {escape(e.format_message().rstrip('.'))} (see {escape(where)} --help)")
+        sys.exit(e.exit_code)
+    except parse_errors.ClickException as e:  # a bad file argument and the like: click's own message, one line
+        err.print(f"[red]error:[/] {escape(e.format_message())}")
+        sys.exit(e.exit_code)
+    except parse_errors.Abort:  # end of input at a prompt
+        err.print("[yellow]aborted[/]")
+        sys.exit(1)
+    # without standalone mode a typer.Exit (and Ctrl-C: 130) comes back as its code, a command's end as None
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _expanded(argv: list[str]) -> list[str]:
@@ -366,7 +386,7 @@ def _rerun_hint(error: Exception, run_id: str, artifacts: str, stage: str | None
 @app.command()
 def kernel(
     run_id: Optional[str] = typer.Argument(None, help="Run (default: the latest)."),
-    layer: str = typer.Option(..., "--layer", help="Layer name as in the run's artifacts."),
+    layer: str = typer.Option(..., "--layer", help="Layer name as in the run's artifacts, or text in only one layer's name."),
     m1: Optional[int] = typer.Option(None, "--m1", help="Rows per thread (an M1 the run reordered for); a baked "
                                      "kernel's tile, with --n1."),
     n1: Optional[int] = typer.Option(None, "--n1", help="Threads per block."),

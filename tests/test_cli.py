@@ -36,6 +36,40 @@ def test_bad_run_options_fail_fast_with_a_clear_message(tmp_path, args, message)
     assert not (tmp_path / "01_shapes").exists()  # nothing started
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["run", "--sparsity", "abc"], "error: lospmm run: Invalid value for '--sparsity': "),
+    (["run", "--zoo", "resnet50", "--bogus"], "error: lospmm run: No such option: --bogus"),
+    (["kernel"], "error: lospmm kernel: Missing option '--layer' (see lospmm kernel --help)"),
+    (["nosuch"], "error: lospmm: No such command 'nosuch' (see lospmm --help)"),
+])
+def test_a_command_line_that_does_not_parse_gets_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, line):
+    from lospmm import cli
+
+    monkeypatch.setattr(cli, "_EXITS_AFTER", [False])  # main() marks the process as ending with the command
+    monkeypatch.setattr("sys.argv", ["lospmm", *argv])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    out = capsys.readouterr()
+    assert stop.value.code == 2 and out.out == ""
+    assert out.err.startswith(line) and out.err.count("\n") == 1, out.err
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_the_entry_point_keeps_help_and_exit_codes(tmp_path, monkeypatch, capsys):
+    from lospmm import cli
+
+    monkeypatch.setattr(cli, "_EXITS_AFTER", [False])
+    monkeypatch.chdir(tmp_path)
+    for argv, code in ((["run", "--help"], 0), (["inspect"], 2)):  # help; no runs under artifacts: bad input
+        monkeypatch.setattr("sys.argv", ["lospmm", *argv])
+        with pytest.raises(SystemExit) as stop:
+            cli.main()
+        assert stop.value.code == code, argv
+    out = capsys.readouterr()
+    assert "Usage: lospmm run" in out.out and "no runs under artifacts" in out.err
+
+
 def test_unreadable_weights_file_is_named(tmp_path):
     bad = tmp_path / "junk.safetensors"
     bad.write_bytes(b"this is not a safetensors file")

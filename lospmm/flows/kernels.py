@@ -41,6 +41,27 @@ from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_
 from lospmm.status import Status
 
 
+def layer_asked(layers: list[str], asked: str, shown: int = 12) -> str:
+    """The run's layer `asked` names: its whole name or, as `inspect --layer` matches, text only one
+    layer's name contains. LookupError listing the layers it matches (or, matching none, the run's
+    layers), at most `shown` of them."""
+    if asked in layers:
+        return asked
+    names = list(dict.fromkeys(layers))
+    matches = [name for name in names if asked in name]
+    if len(matches) == 1:
+        return matches[0]
+
+    def listed(found: list[str]) -> str:
+        more = len(found) - shown
+        return ", ".join(found[:shown]) + (f" and {more} more (lospmm inspect RUN --stage prune lists them)"
+                                           if more > 0 else "")
+
+    if matches:
+        raise LookupError(f"--layer {asked!r} is in {len(matches)} layers' names: {listed(matches)}; give one whole")
+    raise LookupError(f"layer {asked!r} is not in the run; its {len(names)} layers: {listed(names)}")
+
+
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
                       implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE,
@@ -65,8 +86,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"])
     reordered = read_artifact(Path(root) / entries[("reorder", sparsity)]["path"])
     layers = pruned.column("layer").to_pylist()
-    if layer not in layers:
-        raise LookupError(f"layer {layer!r} is not in the run; layers: {', '.join(layers)}")
+    layer = layer_asked(layers, layer)
     pruned_row = layers.index(layer)
     status = pruned.column("status")[pruned_row].as_py()
     if status != "ok":  # refused at prune: it has no A to render

@@ -645,3 +645,19 @@ def test_a_convolution_served_as_its_im2col_gemm_shows_the_unfolding_it_was_chos
                                "sm_90", EmitParams(nm_kernel=False), logging.getLogger("test"))
         assert row["status"] == "ok" and row["form"] == "gemm", row["message"]
         assert row["unfold_us"] == pytest.approx(want) if want else np.isnan(row["unfold_us"])
+
+
+def test_a_layer_is_named_whole_or_by_text_only_it_contains():
+    from lospmm.flows.kernels import layer_asked
+
+    layers = ["enc.0.query", "enc.0.key", "enc.1.query", "enc.1.key", "fc"]
+    assert layer_asked(layers, "enc.0.key") == "enc.0.key"
+    assert layer_asked(layers, "1.qu") == "enc.1.query"  # as inspect --layer matches
+    assert layer_asked(layers, "fc") == "fc"
+    with pytest.raises(LookupError, match=r"'query' is in 2 layers' names: enc.0.query, enc.1.query; give one whole"):
+        layer_asked(layers, "query")
+    with pytest.raises(LookupError, match=r"'conv' is not in the run; its 5 layers: enc.0.query, .*, fc$"):
+        layer_asked(layers, "conv")
+    many = [f"block.{i}" for i in range(30)]
+    with pytest.raises(LookupError, match=r"block.11 and 18 more \(lospmm inspect RUN --stage prune lists them\)"):
+        layer_asked(many, "block")

@@ -331,7 +331,7 @@ def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
     assert json.loads((out / "kernel.json").read_text())["m1"] == 8
     assert facts["compile"]["status"] == "ok" and (out / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
     with pytest.raises(LookupError, match="M1 values in the run"):
-        write_full_kernel(str(root), record, "enc.0.ffn.weight", 5, 64, str(out))
+        write_full_kernel(str(root), record, "0.ffn", 5, 64, str(out))  # text in one layer's name names it
     with pytest.raises(LookupError, match="not in the run"):
         write_full_kernel(str(root), record, "nope", 8, 64, str(out))
     # a layer the run refused (a NaN in its weights): its reason, not a failure to read an A it never had
