@@ -62,7 +62,7 @@ def main() -> None:
     except parse_errors.ClickException as e:  # a bad file argument and the like: click's own message, one line
         err.print(f"[red]error:[/] {escape(e.format_message())}")
         sys.exit(e.exit_code)
-    except parse_errors.Abort:  # end of input at a prompt
+    except typer.Abort:  # end of input at a prompt (typer's own class, vendored click or not)
         err.print("[yellow]aborted[/]")
         sys.exit(1)
     # without standalone mode a typer.Exit (and Ctrl-C: 130) comes back as its code, a command's end as None

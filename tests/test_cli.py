@@ -70,6 +70,37 @@ def test_the_entry_point_keeps_help_and_exit_codes(tmp_path, monkeypatch, capsys
     assert "Usage: lospmm run" in out.out and "no runs under artifacts" in out.err
 
 
+def test_the_entry_point_passes_a_commands_own_exit_through(monkeypatch, capsys):
+    """A command that ends the process itself (sys.exit, as click does on a broken pipe) keeps its
+    code; an abort at a prompt is one line and 1."""
+    import sys
+
+    import typer
+
+    from lospmm import cli
+
+    own = typer.Typer()
+
+    @own.command()
+    def leave(code: int = 0, abort: bool = False) -> None:
+        if abort:
+            raise typer.Abort()
+        sys.exit(code)
+
+    @own.command()
+    def other() -> None:  # two commands: the first is a subcommand, as lospmm's are
+        pass
+
+    monkeypatch.setattr(cli, "app", own)
+    monkeypatch.setattr(cli, "_EXITS_AFTER", [False])
+    for argv, code in ((["leave", "--code", "3"], 3), (["leave", "--abort"], 1), (["other"], 0)):
+        monkeypatch.setattr("sys.argv", ["lospmm", *argv])
+        with pytest.raises(SystemExit) as stop:
+            cli.main()
+        assert stop.value.code == code, argv
+    assert capsys.readouterr().err == "aborted\n"
+
+
 def test_unreadable_weights_file_is_named(tmp_path):
     bad = tmp_path / "junk.safetensors"
     bad.write_bytes(b"this is not a safetensors file")
