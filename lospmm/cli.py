@@ -42,6 +42,9 @@ EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_LAYERS_FAILED, EXIT_INTERRUPTED =
 
 # Options that take several values after one flag: `--sparsity 0.5 0.7 0.9`.
 _MULTI = ("--sparsity", "--zoo", "--m1")
+# `lospmm run --help` in panels, in the order a user meets them
+_MODEL_PANEL, _PRUNE_PANEL, _SEARCH_PANEL, _KERNEL_PANEL, _RUNNING_PANEL = (
+    "The model", "Pruning", "The search", "The kernels", "Running")
 _ARTIFACTS = typer.Option("artifacts", "--artifacts", help="Artifact root directory.")
 
 
@@ -104,59 +107,60 @@ _RUN = RunConfig()  # the options' defaults are the run's, stated once (RunConfi
 
 @app.command()
 def run(
-    zoo: list[str] = typer.Option([], "--zoo", help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="safetensors checkpoint, or a sharded one (its folder or model.safetensors.index.json: the shards read as one model) (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
-    tokens: int = typer.Option(_RUN.tokens, "--tokens", help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
-    sparsity: list[float] = typer.Option([], "--sparsity", help=f"One or more sparsities in (0, 1) (default: "
+    zoo: list[str] = typer.Option([], "--zoo", rich_help_panel=_MODEL_PANEL, help=f"Built-in model(s): {', '.join(ZOO_NAMES)}, or 'all'."),
+    weights: Optional[Path] = typer.Option(None, "--weights", rich_help_panel=_MODEL_PANEL, help="safetensors checkpoint, or a sharded one (its folder or model.safetensors.index.json: the shards read as one model) (each 2-D float weight a linear layer; embeddings, buffers, norms, biases skipped with the reason; a config.json beside it is read; one saved by lospmm.torch.save_model carries each Linear's N and each Conv2d's geometry) or ONNX model (.onnx: MatMul/Gemm/Conv weights with the graph's shapes; the onnx extra)."),
+    tokens: int = typer.Option(_RUN.tokens, "--tokens", rich_help_panel=_MODEL_PANEL, help="N (tokens: sequences × length) for --weights layers (an ONNX linear layer: where its graph leaves N symbolic; a checkpoint's pooler gets --batch)."),
+    sparsity: list[float] = typer.Option([], "--sparsity", rich_help_panel=_PRUNE_PANEL, help=f"One or more sparsities in (0, 1) (default: "
                                          f"{' '.join(map(str, _RUN.sparsities))}; with --prune nm:N:M, 1 - N/M; with --prune keep, "
                                          f"the share of zeros the file's searched layers hold, the only one it "
                                          f"takes: keep prunes nothing)."),
-    until: str = typer.Option(_RUN.until, "--until", help=f"Last stage to run: {', '.join(STAGES)}."),
-    artifacts: str = _ARTIFACTS,
-    gpu: str = typer.Option(_RUN.gpu, "--gpu", help=f"Built-in device table: {', '.join(DEVICES)}."),
-    seed: int = typer.Option(_RUN.seed, "--seed", help="Seed of the random pruning (the zoo's; `--prune random` on weights): the same seed, the same A."),
-    prune: Optional[str] = typer.Option(None, "--prune", help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is; an N:M pattern in it is recorded) | nm:N:M (in every M weights along K the N largest kept; random positions for the zoo) | nm:N:M:V (V consecutive rows share each pattern, as NM-SpMM); default: random for the zoo, magnitude for weights."),
-    batch: int = typer.Option(_RUN.batch, "--batch", help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
-    seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", help="BERT sequence length."),
-    cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", help="CNN batch size (an ONNX model's image "
+    gpu: str = typer.Option(_RUN.gpu, "--gpu", rich_help_panel=_SEARCH_PANEL, help=f"Built-in device table: {', '.join(DEVICES)}."),
+    seed: int = typer.Option(_RUN.seed, "--seed", rich_help_panel=_PRUNE_PANEL, help="Seed of the random pruning (the zoo's; `--prune random` on weights): the same seed, the same A."),
+    prune: Optional[str] = typer.Option(None, "--prune", rich_help_panel=_PRUNE_PANEL, help="random | magnitude (per layer) | global (one threshold over the model) | keep (an already pruned checkpoint as it is; an N:M pattern in it is recorded) | nm:N:M (in every M weights along K the N largest kept; random positions for the zoo) | nm:N:M:V (V consecutive rows share each pattern, as NM-SpMM); default: random for the zoo, magnitude for weights."),
+    batch: int = typer.Option(_RUN.batch, "--batch", rich_help_panel=_MODEL_PANEL, help="BERT batch size (sequences); also the N of a --weights checkpoint's pooler layers, which see one row per sequence (at most --tokens)."),
+    seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", rich_help_panel=_MODEL_PANEL, help="BERT sequence length."),
+    cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", rich_help_panel=_MODEL_PANEL, help="CNN batch size (an ONNX model's image "
                                   "inputs whose batch is symbolic take it, and the layers after their convolutions)."),
-    image_size: int = typer.Option(_RUN.image_size, "--image-size"),
-    m1: list[int] = typer.Option(list(_RUN.m1s), "--m1", help="Candidate M1 values (rows per thread)."),
-    th_row: float = typer.Option(_RUN.th_row, "--th-row", help="Load-balance threshold on COV_row."),
-    th_col: float = typer.Option(_RUN.th_col, "--th-col", help="Load-balance threshold on WASTE_col."),
-    verify: bool = typer.Option(_RUN.verify, "--verify", help="Run every compiled proxy on the host under AddressSanitizer."),
-    timer: str = typer.Option(_RUN.timer, "--timer", help="auto (cuda with a GPU, else estimate) | estimate | cuda."),
-    top_k: int = typer.Option(_RUN.top_k, "--top-k", help="Candidates the ranker passes on to proxy timing."),
-    no_rank: bool = typer.Option(False, "--no-rank", help="Time every kept candidate (LO-SpMM without the ranker)."),
-    ranker: Optional[Path] = typer.Option(None, "--ranker", help="Ranker model (from train-ranker); default: shipped."),
-    jobs: int = typer.Option(_RUN.jobs, "--jobs", help="Threads for NVRTC and host checks (0 = every core)."),
-    dask: str = typer.Option(_RUN.dask, "--dask", help="Dask scheduler address (tcp://host:8786): run the tasks and "
+    image_size: int = typer.Option(_RUN.image_size, "--image-size", rich_help_panel=_MODEL_PANEL),
+    m1: list[int] = typer.Option(list(_RUN.m1s), "--m1", rich_help_panel=_SEARCH_PANEL, help="Candidate M1 values (rows per thread)."),
+    th_row: float = typer.Option(_RUN.th_row, "--th-row", rich_help_panel=_SEARCH_PANEL, help="Load-balance threshold on COV_row."),
+    th_col: float = typer.Option(_RUN.th_col, "--th-col", rich_help_panel=_SEARCH_PANEL, help="Load-balance threshold on WASTE_col."),
+    verify: bool = typer.Option(_RUN.verify, "--verify", rich_help_panel=_KERNEL_PANEL, help="Run every compiled proxy on the host under AddressSanitizer."),
+    timer: str = typer.Option(_RUN.timer, "--timer", rich_help_panel=_SEARCH_PANEL, help="auto (cuda with a GPU, else estimate) | estimate | cuda."),
+    top_k: int = typer.Option(_RUN.top_k, "--top-k", rich_help_panel=_SEARCH_PANEL, help="Candidates the ranker passes on to proxy timing."),
+    no_rank: bool = typer.Option(False, "--no-rank", rich_help_panel=_SEARCH_PANEL, help="Time every kept candidate (LO-SpMM without the ranker)."),
+    ranker: Optional[Path] = typer.Option(None, "--ranker", rich_help_panel=_SEARCH_PANEL, help="Ranker model (from train-ranker); default: shipped."),
+    jobs: int = typer.Option(_RUN.jobs, "--jobs", rich_help_panel=_RUNNING_PANEL, help="Threads for NVRTC and host checks (0 = every core)."),
+    dask: str = typer.Option(_RUN.dask, "--dask", rich_help_panel=_RUNNING_PANEL, help="Dask scheduler address (tcp://host:8786): run the tasks and "
                              "kernel compiles on that cluster; workers must see --artifacts at the same path."),
-    im2col: bool = typer.Option(False, "--im2col", help="Emit convolutions as GEMM kernels on the im2col matrix "
+    im2col: bool = typer.Option(False, "--im2col", rich_help_panel=_KERNEL_PANEL, help="Emit convolutions as GEMM kernels on the im2col matrix "
                                 "(default: implicit-im2col kernels that read the NCHW input, where the geometry is known)."),
-    no_nm_kernel: bool = typer.Option(False, "--no-nm-kernel", help="Serve N:M layers with the baked kernel of "
+    no_nm_kernel: bool = typer.Option(False, "--no-nm-kernel", rich_help_panel=_KERNEL_PANEL, help="Serve N:M layers with the baked kernel of "
                                       "their searched tile only (default: the N:M kernel where the estimate "
                                       "prices it lower; a convolution's in its implicit-im2col form in fp32)."),
-    design: str = typer.Option(_RUN.design, "--design", help=_RUN_DESIGN_HELP),
-    input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", help="An ONNX model's input dims "
+    design: str = typer.Option(_RUN.design, "--design", rich_help_panel=_KERNEL_PANEL, help=_RUN_DESIGN_HELP),
+    input_shape: list[str] = typer.Option(list(_RUN.input_shapes), "--input-shape", rich_help_panel=_MODEL_PANEL, help="An ONNX model's input dims "
                                           "fixed before shape inference, as trtexec --shapes takes them: "
                                           "NAME:1x3x640x640 (repeatable): convolutions after a symbolic H/W get their sizes."),
-    dtype: str = typer.Option(_RUN.dtype, "--dtype", help="The emitted kernels' B and C: fp32, fp16 or bf16 "
+    dtype: str = typer.Option(_RUN.dtype, "--dtype", rich_help_panel=_KERNEL_PANEL, help="The emitted kernels' B and C: fp32, fp16 or bf16 "
                               "(default: the weights' own; fp32 for the zoo and ONNX). Half kernels are searched as "
                               "half kernels (their own constraints, proxies, estimate and ranker); GEMM form with "
                               "the bias and activation fused; convolutions in implicit-im2col form too."),
-    accumulate: str = typer.Option(_RUN.accumulate, "--accumulate", help="A half run's sums: packed (in the dtype, "
+    accumulate: str = typer.Option(_RUN.accumulate, "--accumulate", rich_help_panel=_KERNEL_PANEL, help="A half run's sums: packed (in the dtype, "
                                    "the default) or f32 (B converted, fp32 FMAs, rounded once at the store). A layer "
                                    "pruned 2:4 (at most 2 of every 4 columns) is also priced on sparse tensor cores "
                                    "(mma.sp, fp32 sums) and served there where cheaper."),
-    promote_every: int = typer.Option(_RUN.promote_every, "--promote-every", help="A half run's packed sums moved "
+    promote_every: int = typer.Option(_RUN.promote_every, "--promote-every", rich_help_panel=_KERNEL_PANEL, help="A half run's packed sums moved "
                                       "into fp32 every K nonzeros of a row (0: never)."),
-    reorder: str = typer.Option(",".join(_RUN.reorder), "--reorder", help="Candidate row orders per (layer, M1), "
+    reorder: str = typer.Option(",".join(_RUN.reorder), "--reorder", rich_help_panel=_SEARCH_PANEL, help="Candidate row orders per (layer, M1), "
                                 "comma-separated; the one the estimate prices cheapest is kept, never above the "
                                 "identity's Σ nnc: identity (always), algorithm1 (the paper's), partition "
                                 "(Mt-KaHyPar), refine (row swaps from the best so far)."),
-    reorder_budget: float = typer.Option(_RUN.reorder_budget, "--reorder-budget", help="The partitioner's priced "
+    reorder_budget: float = typer.Option(_RUN.reorder_budget, "--reorder-budget", rich_help_panel=_SEARCH_PANEL, help="The partitioner's priced "
                                          "seconds per layer, all its M1s together (0: not run)."),
+    until: str = typer.Option(_RUN.until, "--until", rich_help_panel=_RUNNING_PANEL, help=f"Last stage to run: {', '.join(STAGES)}."),
+    artifacts: str = typer.Option("artifacts", "--artifacts", rich_help_panel=_RUNNING_PANEL,
+                                  help="Artifact root directory."),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:  # a search of BERT-base takes minutes: not started unasked

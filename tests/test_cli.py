@@ -121,6 +121,21 @@ def test_run_help_states_the_poolers_rows_and_the_input_shapes():
     assert "pooler" in text and "--input-shape" in text and "NAME:1x3x640x640" in text
 
 
+def test_run_help_shows_its_options_in_panels_in_the_order_a_user_meets_them():
+    text = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels == ["Options", "The model", "Pruning", "The search", "The kernels", "Running"], panels
+    under = {}  # each option under the panel above it
+    for line in text.splitlines():
+        if line.startswith("╭─ "):
+            panel = re.match(r"╭─ (.+?) ─", line)[1]
+        elif re.match(r"│ (--[a-z0-9-]+)", line):
+            under[re.match(r"│ (--[a-z0-9-]+)", line)[1]] = panel
+    assert (under["--weights"], under["--prune"], under["--top-k"], under["--dtype"], under["--artifacts"]) == (
+        "The model", "Pruning", "The search", "The kernels", "Running")
+    assert len(under) == 33  # every option shown once (32 and --help)
+
+
 def test_inspect_without_runs_says_how_to_start(tmp_path):
     result = runner.invoke(app, ["inspect", "--artifacts", str(tmp_path)])
     assert result.exit_code == 2 and "lospmm run" in result.output
