@@ -56,10 +56,11 @@ def main() -> None:
     click cannot parse (an unknown option, `--sparsity abc`) is answered as every other bad input: one
     line naming the command and the problem, exit 2 (typer's own answer is a box of several lines)."""
     _EXITS_AFTER[0] = True
+    argv = _expanded(sys.argv[1:])
     try:
-        code = app(args=_expanded(sys.argv[1:]), prog_name="lospmm", standalone_mode=False)
+        code = app(args=argv, prog_name="lospmm", standalone_mode=False)
     except parse_errors.UsageError as e:
-        where = e.ctx.command_path if e.ctx is not None else "lospmm"
+        where = e.ctx.command_path if e.ctx is not None else _command_path(argv)
         err.print(f"[red]error:[/] {escape(where)}: {escape(e.format_message().rstrip('.'))} (see {escape(where)} --help)")
         sys.exit(e.exit_code)
     except parse_errors.ClickException as e:  # a bad file argument and the like: click's own message, one line
@@ -70,6 +71,13 @@ def main() -> None:
         sys.exit(1)
     # without standalone mode a typer.Exit (and Ctrl-C: 130) comes back as its code, a command's end as None
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _command_path(argv: list[str]) -> str:
+    """`lospmm` and the command argv names, for an error click raised without its context (an option
+    missing its value)."""
+    commands = typer.main.get_command(app).commands
+    return "lospmm" + (f" {argv[0]}" if argv and argv[0] in commands else "")
 
 
 def _expanded(argv: list[str]) -> list[str]:

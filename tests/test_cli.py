@@ -41,6 +41,7 @@ def test_bad_run_options_fail_fast_with_a_clear_message(tmp_path, args, message)
     (["run", "--zoo", "resnet50", "--bogus"], "error: lospmm run: No such option: --bogus"),
     (["kernel"], "error: lospmm kernel: Missing option '--layer' (see lospmm kernel --help)"),
     (["nosuch"], "error: lospmm: No such command 'nosuch' (see lospmm --help)"),
+    (["run", "--zoo"], "error: lospmm run: Option '--zoo' requires an argument (see lospmm run --help)"),
 ])
 def test_a_command_line_that_does_not_parse_gets_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, line):
     from lospmm import cli
