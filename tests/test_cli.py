@@ -130,8 +130,8 @@ def test_run_help_shows_its_options_in_panels_in_the_order_a_user_meets_them():
     for line in text.splitlines():
         if line.startswith("╭─ "):
             panel = re.match(r"╭─ (.+?) ─", line)[1]
-        elif re.match(r"│ (--[a-z0-9-]+)", line):
-            under[re.match(r"│ (--[a-z0-9-]+)", line)[1]] = panel
+        elif option := re.match(r"│ (--[a-z0-9-]+)", line):
+            under[option[1]] = panel
     assert (under["--weights"], under["--prune"], under["--top-k"], under["--dtype"], under["--artifacts"]) == (
         "The model", "Pruning", "The search", "The kernels", "Running")
     assert len(under) == 33  # every option shown once (32 and --help)
