@@ -1036,16 +1036,18 @@ def analysis_decision(out: Path, name: str) -> dict:
 
 
 def next_steps(budget_s: float = STEP_LIMIT_S, build: bool = False, jobs: int = 16, here: str | None = None,
-               results: Path = RESULTS, run: Callable = None) -> None:
+               results: Path = RESULTS, run: Callable = None, carry: Path = CARRY) -> None:
     """The next steps done neither on their own device nor on this one (`here`: this GPU's results
     folder; an H200 window goes on past what an earlier H200 window measured), in order, while the
-    time left covers a step's need."""
+    time left covers a step's need. A step done there but with carried bundles it did not measure
+    (`carry`) runs again."""
     run = run or run_step
     here = here or device_slug(env_facts()["name"])
     deadline = Deadline.after(budget_s)
     for step in STEPS:
         state = step_state(step, results)
-        if any(state.get(d, {}).get("state") == "done" and not _changed_since(step, d, results=results, plan=False)
+        if any(state.get(d, {}).get("state") == "done"
+               and not _changed_since(step, d, carry=carry, results=results, plan=False)
                for d in (step.device, here)):
             continue
         if deadline.left() < min(step.device_seconds, STEP_LIMIT_S) / 2:

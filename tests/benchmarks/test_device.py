@@ -170,18 +170,20 @@ def test_counters_profile_each_part_of_a_bundle_that_travels_in_parts(tmp_path, 
 
 def test_next_goes_on_past_the_steps_this_kind_of_gpu_already_measured(tmp_path):
     # an H200 window after another: the gate and designs it measured are not run again; an H100 window
-    # still runs them (the targets are the H100's)
-    results = tmp_path / "results"
+    # still runs them (the targets are the H100's). No bundles carried: the work tree's .gpu/ is not read
+    results, carry = tmp_path / "results", tmp_path / "carry"
     for step in ("gate", "designs"):
         (results / "h200" / step).mkdir(parents=True)
         (results / "h200" / step / "done.json").write_text("{}")
     ran = []
-    device.next_steps(1e6, here="h200", results=results, run=lambda step, *a, **k: ran.append(step.name))
+    device.next_steps(1e6, here="h200", results=results, carry=carry,
+                       run=lambda step, *a, **k: ran.append(step.name))
     assert ran[:2] == ["counters", "latency"] and "gate" not in ran and "designs" not in ran
     # issue 30's own steps first, the later issues' after them
     assert ran.index("h200-calibration") < ran.index("designs-held-out") < ran.index("reorder") < ran.index("nm")
     ran.clear()
-    device.next_steps(1e6, here="h100", results=results, run=lambda step, *a, **k: ran.append(step.name))
+    device.next_steps(1e6, here="h100", results=results, carry=carry,
+                       run=lambda step, *a, **k: ran.append(step.name))
     assert ran[:3] == ["gate", "designs", "counters"]
 
 
