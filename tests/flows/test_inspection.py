@@ -136,3 +136,41 @@ def test_a_runs_outcome_says_what_it_gave():
     failed = {**base, "status": "failed", "entries": [{"stage": "emit", "label": "m-s0.9", "state": "Failed",
                                                         "error": "RuntimeError: boom\ntraceback"}]}
     assert run_outcome(failed) == ("failed", "run r1 failed: emit m-s0.9: RuntimeError: boom")
+
+
+def test_a_stage_view_says_once_what_every_row_shares_and_leaves_out_empty_columns():
+    # `inspect RUN --stage S` at a terminal's width: 20 emit columns had folded to 2 characters each at 120
+    # columns. A column empty in every row shown, or one value in all of them, is said once under the table;
+    # --all-columns (columns=None) keeps every column as stored
+    import io
+
+    import pyarrow as pa
+
+    from lospmm.flows.reports.inspection import _plain_table
+
+    table = pa.Table.from_pylist([
+        {"layer": f"enc.{i}.query", "design": "baked,based,tile-x,walks=1,v=1", "runner_up": "",
+         "runner_up_estimate_us": float("nan"), "full_time_us": 5.0 + i, "status": "ok"} for i in range(3)])
+    view = ["layer", "design", "runner_up", "runner_up_estimate_us", "full_time_us", "status"]
+
+    def shown(t):
+        out = io.StringIO()
+        Console(file=out, width=120).print(_plain_table(t, 60, "emit", view))
+        return out.getvalue()
+
+    text = shown(table)
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "full time us"]
+    flat = " ".join(text.split())
+    assert "in every row shown: design baked,based,tile-x,walks=1,v=1; status ok" in flat
+    assert "empty in every row shown: runner_up, runner_up_estimate_us" in flat
+    # one row shares everything with itself: only its empty columns go
+    one = shown(table.slice(0, 1))
+    header = next(line for line in one.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "design", "full time us", "status"]
+    assert not any(line.startswith("in every row shown") for line in one.splitlines())
+    # every column, as stored
+    out = io.StringIO()
+    Console(file=out, width=400).print(_plain_table(table, 60, "emit", None))
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.split("┃")[1:-1]] == list(table.column_names)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from lospmm.flows.dag import list_columns
 from lospmm.flows.reports.summary import grouped_summary
@@ -307,14 +309,30 @@ SHORT_COLUMNS = {"kernel_dir": lambda v: Path(v).name, "cubin_path": lambda v: P
                  "timer": lambda v: v.split(":", 1)[0]}
 
 
-def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table:
+def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table | Group:
+    """An artifact's rows, `columns` of them (None: every column but the lists, as stored). A default
+    view (`columns` given) fits a terminal: a column empty in every row shown, or (over two rows or
+    more) holding one value in all of them, is said once under the table (at the console's width, not
+    the table's), and headers wrap at their words (time_us as "time us")."""
     cols = columns or [c for c in table.column_names if c not in list_columns()]
+    rows = table.slice(0, limit).select(cols).to_pylist()
+    short = columns is not None
+    cells = {c: [_cell(c, r[c], short=short) for r in rows] for c in cols}
+    notes = []
+    if short and rows:
+        empty = [c for c in cols if c != "layer" and not any(cells[c])]
+        same = [c for c in cols if c != "layer" and c not in empty and len(rows) > 1 and len(set(cells[c])) == 1]
+        cols = [c for c in cols if c not in empty and c not in same]
+        if same:
+            notes.append("in every row shown: " + "; ".join(f"{c} {cells[c][0]}" for c in same))
+        if empty:
+            notes.append("empty in every row shown: " + ", ".join(empty))
     t = Table(title=f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})")
     for c in cols:
-        t.add_column(c, overflow="fold", no_wrap=c == "layer")
-    for r in table.slice(0, limit).select(cols).to_pylist():
-        t.add_row(*(_cell(c, v, short=columns is not None) for c, v in r.items()))
-    return t
+        t.add_column(c.replace("_", " ") if short else c, overflow="fold", no_wrap=c == "layer")
+    for i in range(len(rows)):
+        t.add_row(*(cells[c][i] for c in cols))
+    return Group(t, Text("\n".join(notes))) if notes else t
 
 
 def _cell(column: str, value, short: bool = True) -> str:
