@@ -310,6 +310,23 @@ class KernelDesign:
 BASELINE = KernelDesign()
 
 
+def short_design_label(text: str) -> str:
+    """A design label as people read it: the tokens the default design does not share ("baked,chained,
+    tile-x,walks=1,v=1" is "chained"; the default is "baseline"), which design_named reads back to the
+    same design. A served kernel's label keeps its tile ("1×32 baked,chained,…" is "1×32 chained"); text
+    that names no design (the N:M kernel's "nm 2:4,…", a tile alone) is returned as it is."""
+    tile, _, label = text.rpartition(" ") if " " in text else ("", "", text)
+    try:
+        design_named(label)
+    except ValueError:
+        return text
+    if not label:
+        return text
+    common = set(BASELINE.label.split(","))
+    short = ",".join(t for t in label.split(",") if t not in common) or "baseline"
+    return f"{tile} {short}" if tile else short
+
+
 def design_named(text: str) -> KernelDesign:
     """A design from its label's tokens in any order, each optional (the default's value otherwise):
     `baked|streamed`, `based|chained|staged`, `tile-x|column-x`, `walks=W`, `v=1|2|4`, a staged

@@ -92,6 +92,25 @@ def test_a_stage_view_shows_paths_and_timers_short_and_missing_values_empty():
     assert _cell("timer", "estimate:h100-2026-11-23") == "estimate" and _cell("timer", "cuda") == "cuda"
     assert _cell("runner_up_estimate_us", float("nan")) == "" and _cell("full_time_us", 9.47612) == "9.476"
     assert _cell("designs_measured", None) == ""
+    # a design by what it does not share with the default; whole with --all-columns
+    assert _cell("design", "1×32 baked,chained,tile-x,walks=1,v=1") == "1×32 chained"
+    assert _cell("design", "baked,based,tile-x,walks=1,v=1", short=False) == "baked,based,tile-x,walks=1,v=1"
+    assert _cell("designs_measured", "1×32 baked,chained,tile-x,walks=1,v=1: 2.50 µs; nm 2:4,64x128,8x8: failed (x: y)") \
+        == "1×32 chained: 2.50 µs; nm 2:4,64x128,8x8: failed (x: y)"
+
+
+def test_the_emit_view_prices_a_design_in_one_cell():
+    # estimate and design price: one figure where they agree, both where the device's pricing moved it
+    import pyarrow as pa
+
+    from lospmm.flows.reports.inspection import PRICED, RUNNER_UP_PRICED, _priced_designs
+
+    nan = float("nan")
+    table = _priced_designs(pa.Table.from_pylist([
+        {"design_estimate_us": 16.388, "design_price_us": 11.23, "runner_up_estimate_us": 16.39, "runner_up_price_us": 11.82},
+        {"design_estimate_us": 9.476, "design_price_us": 9.476, "runner_up_estimate_us": nan, "runner_up_price_us": nan}]))
+    assert table.column(PRICED).to_pylist() == ["16.39 / 11.23", "9.476"]
+    assert table.column(RUNNER_UP_PRICED).to_pylist() == ["16.39 / 11.82", ""]
 
 
 def test_a_layer_the_nm_kernel_serves_is_no_fallback():
@@ -162,7 +181,7 @@ def test_a_stage_view_says_once_what_every_row_shares_and_leaves_out_empty_colum
     header = next(line for line in text.splitlines() if line.startswith("┃"))
     assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "full time us"]
     flat = " ".join(text.split())
-    assert "in every row shown: design baked,based,tile-x,walks=1,v=1; status ok" in flat
+    assert "in every row shown: design baseline; status ok" in flat  # (a design by its short label)
     assert "empty in every row shown: runner_up, runner_up_estimate_us" in flat
     # one row shares everything with itself: only its empty columns go
     one = shown(table.slice(0, 1))

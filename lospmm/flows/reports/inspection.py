@@ -16,10 +16,14 @@ from lospmm.flows.dag import list_columns
 from lospmm.flows.reports.summary import grouped_summary
 from lospmm.flows.storage.runs import RunStatus, shown_status
 from lospmm.flows.storage.store import artifact_problem, intact_sidecar, read_artifact
+from lospmm.kernel.design import short_design_label
 from lospmm.stages.constrain import REMOVED_BY
 from lospmm.status import Status
 
 SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, grouped
+
+# emit's default view: a design's estimate and price in one cell ("16.4 / 11.2", one figure where they agree)
+PRICED, RUNNER_UP_PRICED = "estimate / price µs", "runner-up estimate / price µs"
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {
@@ -40,8 +44,8 @@ VIEW_COLUMNS = {
              "registers", "smem_bytes", "status", "message"],
     # the served kernel's `design` names its tile (M1×N1) or its N:M blocking; `form` whether a convolution
     # reads its NCHW input itself (implicit-conv) or an im2col B (gemm)
-    "emit": ["layer", "form", "dtype", "design", "design_estimate_us", "design_price_us", "runner_up", "runner_up_estimate_us", "runner_up_price_us",
-             "designs_measured", "timer",
+    # (the design's and runner-up's estimate and price in one cell each: _priced_designs)
+    "emit": ["layer", "form", "dtype", "design", PRICED, "runner_up", RUNNER_UP_PRICED, "designs_measured", "timer",
              "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
              "max_rel_error", "status", "kernel_dir"],
 }
@@ -250,6 +254,8 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
             view = VIEW_COLUMNS[stage]
             if stage == "emit" and "design" not in table.column_names:  # a run before designs were chosen: its tile
                 view = [*view[:2], "m1", "n1", *view[2:]]
+            if stage == "emit" and not all_columns and "design_price_us" in table.column_names:
+                table = _priced_designs(table)
             cols = None if all_columns else [c for c in view if c in table.column_names]
             out.append((str(path), _plain_table(table, limit, f"{stage} {e.get('model', '')} {e.get('sparsity', '')}",
                                                 cols)))
@@ -257,6 +263,21 @@ def stage_tables(root: str, record: dict, stage: str, layer: str | None, rows: b
         raise LookupError(f"--layer {layer!r}: no layer of run {record['run_id']}'s {stage} artifacts contains it "
                           f"(layers there: {', '.join(dict.fromkeys(names))}, …)")
     return out
+
+
+def _priced_designs(table: pa.Table) -> pa.Table:
+    """10_kernels with emit's view cells: the served design's and the runner-up's estimate and price,
+    each one cell ("16.4 / 11.2"; one figure where the price is the estimate)."""
+    def cell(estimate, price) -> str:
+        if estimate is None or estimate != estimate:
+            return ""
+        same = price is None or price != price or abs(price - estimate) <= 1e-9 * max(abs(estimate), 1.0)
+        return _num(estimate) if same else f"{_num(estimate)} / {_num(price)}"
+
+    rows = table.select(["design_estimate_us", "design_price_us", "runner_up_estimate_us", "runner_up_price_us"]).to_pylist()
+    return (table.append_column(PRICED, pa.array([cell(r["design_estimate_us"], r["design_price_us"]) for r in rows], pa.string()))
+            .append_column(RUNNER_UP_PRICED, pa.array([cell(r["runner_up_estimate_us"], r["runner_up_price_us"]) for r in rows],
+                                                      pa.string())))
 
 
 def _reduction_table(table: pa.Table, entry: dict) -> Table:
@@ -304,9 +325,17 @@ def _orders_table(table: pa.Table, entry: dict, limit: int) -> Table:
 
 
 # a stage's default view shows these columns short (`--all-columns` shows them whole): a path by its
-# last part (the run's folder is the artifact's), a timer by its kind (its calibration is the run's)
+# last part (the run's folder is the artifact's), a timer by its kind (its calibration is the run's), a
+# design by what it does not share with the default (kernel.design.short_design_label)
 SHORT_COLUMNS = {"kernel_dir": lambda v: Path(v).name, "cubin_path": lambda v: Path(v).name,
-                 "timer": lambda v: v.split(":", 1)[0]}
+                 "timer": lambda v: v.split(":", 1)[0], "design": short_design_label, "runner_up": short_design_label,
+                 "designs_measured": lambda v: _short_designs(v), "designs_priced": lambda v: _short_designs(v)}
+
+
+def _short_designs(text: str) -> str:
+    """10_kernels' designs_measured or designs_priced ("label: figures; …") with each label short."""
+    return "; ".join(f"{short_design_label(label)}: {rest}" if rest else short_design_label(label)
+                     for label, _, rest in (entry.partition(": ") for entry in text.split("; ")))
 
 
 def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table | Group:
@@ -401,7 +430,7 @@ def _served(r: dict) -> str:
     """The kernel a layer is served by (10_kernels' `design`: its tile, with the design when it is not
     the run's, or the N:M kernel's pattern and blocking); its tile for a run before designs were chosen."""
     if r.get("design"):
-        return r["design"]
+        return short_design_label(r["design"])
     return f"{r['m1']}×{r['n1']}" if r["m1"] else "-"
 
 
