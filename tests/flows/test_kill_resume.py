@@ -19,8 +19,9 @@ from lospmm.flows.storage.store import sidecar_path, valid_sidecar
 
 
 def _cmd(root: Path) -> list[str]:
-    # Algorithm 1 only: this test is about killing and resuming, not what the partitioner costs
-    return [sys.executable, "-m", "lospmm.cli", "run", "--zoo", "all", "--sparsity", "0.5", "0.9",
+    # Algorithm 1 only: this test is about killing and resuming, not what the partitioner costs; the two
+    # small models (all four took 32 s a run here, these two 18 s)
+    return [sys.executable, "-m", "lospmm.cli", "run", "--zoo", "shufflenetv2", "mobilenetv2", "--sparsity", "0.5", "0.9",
             "--until", "constrain", "--reorder", "algorithm1", "--artifacts", str(root)]
 
 
@@ -60,7 +61,7 @@ def test_sigkill_then_resume(tmp_path, fresh_prefect_home):
     done = subprocess.run(_cmd(root), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, _excerpt(done.stdout + done.stderr)
     record = json.loads(sorted((root / "runs").glob("*.json"))[-1].read_text())
-    assert record["status"] == "completed" and len(record["entries"]) == 4 * (1 + 2 * 3)
+    assert record["status"] == "completed" and len(record["entries"]) == 2 * (1 + 2 * 3)
     for parquet, mtime in finished.items():
         assert parquet.stat().st_mtime_ns == mtime, f"{parquet} was recomputed"
     for e in record["entries"]:
