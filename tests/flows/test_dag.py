@@ -28,7 +28,7 @@ def edited(monkeypatch):
 
     monkeypatch.setattr(store, "_source", source)
 
-    def edit(module: str, text: str = "\n# edited\n") -> None:
+    def edit(module: str, text: str = "\n_EDITED = True\n") -> None:  # code: a comment is no edit of it
         edits[module] = text
         store.module_closure_hash.cache_clear()
         stage_version.cache_clear()

@@ -57,6 +57,27 @@ def test_editing_a_helper_module_changes_the_stage_version(tmp_path, monkeypatch
     assert module_closure_hash("tmpstages.stage", prefix="tmpstages") != before
 
 
+def test_editing_only_comments_docstrings_or_layout_keeps_the_version(tmp_path, monkeypatch):
+    # what only a reader sees is not code: every cached artifact and prepared GPU bundle stays valid
+    pkg = tmp_path / "tmpdocs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    stage = pkg / "stage.py"
+    stage.write_text('"""A stage."""\n\ndef out(x):\n    """Twice x."""\n    return 2 * x\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def version(text: str) -> str:
+        stage.write_text(text)
+        module_closure_hash.cache_clear()
+        return module_closure_hash("tmpdocs.stage", prefix="tmpdocs")
+
+    before = version(stage.read_text())
+    assert version('"""A stage, said better."""\n# why it doubles\n\n\ndef out(x):\n'
+                   '    """x, doubled."""\n    "a string as a comment"\n    return 2*x  # doubled\n') == before
+    assert version('def out(x):\n    return 3 * x\n') != before
+    assert version('def out(x):\n    return 2 * x\n\nNAME = "a string that is data"\n') != before
+
+
 def test_write_then_read_round_trips_and_leaves_no_temp_files(tmp_path):
     path = artifact_path(tmp_path, "prune", "m-s0.9", "ab" * 32)
     side = write_artifact(path, _table(), {"stage": "prune", "key": "k"})

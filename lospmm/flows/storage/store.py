@@ -41,8 +41,8 @@ class ArtifactError(RuntimeError):
 
 
 def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """Source of a module and, transitively, of every module under `prefix` it imports (at module
-    level or inside functions), except those in `skip`. Read from the files, not imported (only a
+    """The code of a module (_code_text, with the files it reads as code) and, transitively, of every
+    module under `prefix` it imports (at module level or inside functions), except those in `skip`. Read from the files, not imported (only a
     module declaring `__code_files__` is, to read that list): the version of code that needs Prefect
     or a GPU library is known without them (the device program hashes a bundle's code on a machine
     without Prefect)."""
@@ -56,9 +56,32 @@ def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ..
         if spec is None:
             raise ModuleNotFoundError(f"no module named {name!r}", name=name)
         source = _source(spec)
-        seen[name] = source + (_code_files(importlib.import_module(name)) if "__code_files__" in source else "")
+        seen[name] = _code_text(source) + (_code_files(importlib.import_module(name)) if "__code_files__" in source else "")
         todo.extend(_imports_under(prefix, source, name, spec.submodule_search_locations is not None))
     return seen
+
+
+class _WithoutDocstrings(ast.NodeTransformer):
+    """Drops every statement that is a string alone (docstrings, and strings written as comments)."""
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for field_name in ("body", "orelse", "finalbody"):
+            body = getattr(node, field_name, None)
+            if isinstance(body, list) and body and all(isinstance(s, ast.stmt) for s in body):
+                kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                and isinstance(s.value.value, str))]
+                if not kept and field_name == "body" and not isinstance(node, ast.Module):
+                    kept = [ast.Pass()]  # a function of a docstring alone is a function that passes
+                setattr(node, field_name, kept)
+        return node
+
+
+def _code_text(source: str) -> str:
+    """A module's code as its version sees it: its syntax tree without docstrings, so comments, docstrings
+    and layout are not in it. Editing what only a reader sees then keeps every artifact's cache key and
+    every prepared GPU bundle; editing what runs changes them."""
+    return ast.dump(_WithoutDocstrings().visit(ast.parse(source)))
 
 
 @lru_cache(maxsize=None)
