@@ -77,6 +77,7 @@ class _WithoutDocstrings(ast.NodeTransformer):
         return node
 
 
+@lru_cache(maxsize=4096)  # every stage's closure holds most modules: each is parsed and dumped once
 def _code_text(source: str) -> str:
     """A module's code as its version sees it: its syntax tree without docstrings, so comments, docstrings
     and layout are not in it. Editing what only a reader sees then keeps every artifact's cache key and
@@ -94,7 +95,12 @@ def module_closure_hash(module_name: str, prefix: str = "lospmm", skip: tuple[st
     return h.hexdigest()[:16]
 
 
-def _imports_under(prefix: str, source: str, module_name: str, is_package: bool) -> Iterable[str]:
+@lru_cache(maxsize=4096)  # each stage's closure walks most modules: parse each once a process
+def _imports_under(prefix: str, source: str, module_name: str, is_package: bool) -> tuple[str, ...]:
+    return tuple(_each_import_under(prefix, source, module_name, is_package))
+
+
+def _each_import_under(prefix: str, source: str, module_name: str, is_package: bool) -> Iterable[str]:
     package = module_name if is_package else module_name.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
