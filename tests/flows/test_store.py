@@ -142,8 +142,6 @@ def test_a_bundles_code_version_is_known_on_a_machine_without_prefect():
     import subprocess
     import sys
 
-    from lospmm.flows.storage.store import module_closure_hash
-
     from benchmarks.bundle import inputs_hash
 
     probe = ("import sys; sys.modules['prefect'] = None; sys.modules['prefect_dask'] = None\n"
