@@ -160,7 +160,7 @@ def test_run_inspect_and_rerun(tmp_path):
     assert detail.exit_code == 0 and "04_candidates/" in detail.output and "Completed" in detail.output
     assert "per layer: candidates after each step" in detail.output  # the run's summary, shown again
     constrain = runner.invoke(app, ["inspect", "--stage", "constrain", *common])
-    assert constrain.exit_code == 0 and "-register" in constrain.output and "pooler.dense" in constrain.output
+    assert constrain.exit_code == 0 and "register / utilisation" in constrain.output and "pooler.dense" in constrain.output
     reorder = runner.invoke(app, ["inspect", "--stage", "reorder", "--layer", "query", *common])
     assert reorder.exit_code == 0 and "candidate orders" in reorder.output and "query" in reorder.output
     assert "algorithm1" in reorder.output and "kept / identity" in reorder.output
@@ -221,11 +221,13 @@ def test_cuda_timer_without_a_gpu_is_refused_up_front(tmp_path):
 
 def test_every_stage_has_an_inspect_view():
     from lospmm.flows.dag import artifact_schemas
-    from lospmm.flows.reports.inspection import VIEW_COLUMNS
+    from lospmm.flows.reports.inspection import DERIVED_COLUMNS, VIEW_COLUMNS
     from lospmm.stages import STAGES
 
     for stage in STAGES:
-        assert set(VIEW_COLUMNS[stage]) <= set(artifact_schemas()[stage].names), stage
+        names, derived = set(artifact_schemas()[stage].names), DERIVED_COLUMNS.get(stage, {})
+        assert set(VIEW_COLUMNS[stage]) <= names | set(derived), stage
+        assert all(set(reads) <= names for reads in derived.values()), stage  # a cell made of what is stored
 
 
 def test_a_bad_artifact_root_fails_before_anything_starts(tmp_path):

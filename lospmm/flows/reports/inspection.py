@@ -24,6 +24,9 @@ SCREENFUL = 40  # layers a summary or problem table lists one by one; past it, g
 
 # emit's default view: a design's estimate and price in one cell ("16.4 / 11.2", one figure where they agree)
 PRICED, RUNNER_UP_PRICED = "estimate / price µs", "runner-up estimate / price µs"
+# a default view's cells made of an artifact's columns (_priced_designs): a view column, the columns it reads
+DERIVED_COLUMNS = {"emit": {PRICED: ("design_estimate_us", "design_price_us"),
+                            RUNNER_UP_PRICED: ("runner_up_estimate_us", "runner_up_price_us")}}
 
 # What `inspect --stage S` shows by default; --all-columns shows every non-list column.
 VIEW_COLUMNS = {
@@ -274,18 +277,20 @@ def _priced_designs(table: pa.Table) -> pa.Table:
         same = price is None or price != price or abs(price - estimate) <= 1e-9 * max(abs(estimate), 1.0)
         return _num(estimate) if same else f"{_num(estimate)} / {_num(price)}"
 
-    rows = table.select(["design_estimate_us", "design_price_us", "runner_up_estimate_us", "runner_up_price_us"]).to_pylist()
-    return (table.append_column(PRICED, pa.array([cell(r["design_estimate_us"], r["design_price_us"]) for r in rows], pa.string()))
-            .append_column(RUNNER_UP_PRICED, pa.array([cell(r["runner_up_estimate_us"], r["runner_up_price_us"]) for r in rows],
-                                                      pa.string())))
+    for name, (estimate, price) in DERIVED_COLUMNS["emit"].items():
+        cells = [cell(e, p) for e, p in zip(table.column(estimate).to_pylist(), table.column(price).to_pylist())]
+        table = table.append_column(name, pa.array(cells, pa.string()))
+    return table
 
 
 def _reduction_table(table: pa.Table, entry: dict) -> Table:
     """Per layer: candidates left after each constraint (Fig. 3 in numbers), and the kept tiles."""
     t = Table(title=f"constrain {entry.get('model', '')} s={entry.get('sparsity', '')}: candidates left")
-    for c in ("layer", "M", "N", "K", "designs", "total", *(f"-{r}" for r in REMOVED_BY), "kept",
-              "kept (M1,N1) sample"):
-        t.add_column(c, overflow="fold", no_wrap=c == "layer")
+    # the counts each constraint removed in one column, and the sample at a width of its own: in 13
+    # columns at 120 characters a count folded over two lines and the sample to a tile per two lines
+    removed_by = "removed by " + " / ".join(r.replace("_", " ") for r in REMOVED_BY)
+    for c in ("layer", "M", "N", "K", "designs", "total", removed_by, "kept", "kept (M1,N1) sample"):
+        t.add_column(c, overflow="fold", no_wrap=c == "layer", min_width=16 if c.startswith("kept (") else None)
     for row_layer in dict.fromkeys(table.column("layer").to_pylist()):
         sub = table.filter(pc.equal(table["layer"], row_layer)).to_pylist()
         removed = [r["removed_by"] for r in sub]
@@ -294,7 +299,7 @@ def _reduction_table(table: pa.Table, entry: dict) -> Table:
         first = sub[0]
         designs = {r.get("design") for r in sub if r.get("design")}
         t.add_row(row_layer, str(first["m"]), str(first["n"]), str(first["k"]), str(len(designs) or 1), str(len(sub)),
-                  *(str(removed.count(r)) for r in REMOVED_BY),
+                  " / ".join(str(removed.count(r)) for r in REMOVED_BY),
                   str(len(kept)) + (" (fallback)" if any(r.get("fallback") for r in kept) else ""),
                   sample if first["status"] != Status.ERROR else first["message"])
     return t
