@@ -446,11 +446,20 @@ def test_a_run_of_many_layers_is_summarised_in_groups_with_the_full_table_in_the
     console.print(table)
     text = console.export_text()
     assert table.row_count == 2 and "41 layers" in text and "summary/r.parquet" in text  # ok and error groups
-    assert shown.row_count == len(rows)  # --limit shows every layer
+    # --limit shows every layer (the table, then what its rows share, said once)
+    assert shown.renderables[0].row_count == len(rows) and "in every row shown: model m" in _text(shown)
     many = {**record, "entries": [{**record["entries"][0], "problems": [
         {"layer": f"layer{i}", "status": "error", "message": f"layer{i}: ValueError: bad"} for i in range(100)]}]}
     grouped = problems_table(many)
     assert grouped.row_count == 1  # 100 layers failing alike are one row
+
+
+def _text(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(renderable)
+    return console.export_text()
 
 
 def test_a_cached_run_is_served_from_its_artifacts_without_prefect(tmp_path, monkeypatch):

@@ -193,3 +193,33 @@ def test_a_stage_view_says_once_what_every_row_shares_and_leaves_out_empty_colum
     Console(file=out, width=400).print(_plain_table(table, 60, "emit", None))
     header = next(line for line in out.getvalue().splitlines() if line.startswith("┃"))
     assert [c.strip() for c in header.split("┃")[1:-1]] == list(table.column_names)
+
+
+def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_path):
+    # the README's main job (ten ShuffleNetV2 layers at 0.9, no GPU): 16 columns had been cut to 3–5
+    # characters at 120 columns and the last one cropped. What every layer shares is said once below it
+    import io
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    from lospmm.flows.reports.inspection import summary_table
+    from lospmm.flows.storage.store import write_artifact
+
+    rows = [{"model": "shufflenetv2", "layer": f"stage{i}.0.branch2.0", "sparsity": 0.9, "status": "ok",
+             "candidates": 320, "after_constrain": 100 + i, "after_rank": 10, "timed": 10, "m1": 2, "n1": 32 * (i + 1),
+             "dtype": "fp32", "timer": "estimate:h100-2026-11-23", "time_us": 5.0 + i, "speedup_vs_dense": float("nan"),
+             "compile_seconds": 0.5, "emit_seconds": 2.0, "search_seconds": 4.0 + i,
+             "design": f"2×{32 * (i + 1)}" + (" baked,chained,tile-x,walks=1,v=1" if i == 9 else "")} for i in range(10)]
+    write_artifact(tmp_path / "summary" / "r.parquet", pa.Table.from_pylist(rows), {"stage": "summary"})
+    out = io.StringIO()
+    Console(file=out, width=120).print(summary_table(str(tmp_path), {"summary": "summary/r.parquet"}))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    header = next(line for line in lines if line.startswith("┃"))
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "constrain", "kernel", "time µs", "search s"]
+    assert "│ stage9.0.branch2.0 │" in out.getvalue() and "2×320 chained" in out.getvalue()  # the design, short
+    flat = " ".join(out.getvalue().split())
+    assert "in every row shown: model shufflenetv2; sparsity 0.9; status ok; cands 320; rank 10; timed 10; dtype fp32; timer " \
+           "estimate:h100-2026-11-23; compile s 0.5; emit s 2.0" in flat
+    assert "empty in every row shown: vs cuBLAS" in flat

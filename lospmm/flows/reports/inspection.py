@@ -345,28 +345,45 @@ def _short_designs(text: str) -> str:
 
 def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table | Group:
     """An artifact's rows, `columns` of them (None: every column but the lists, as stored). A default
-    view (`columns` given) fits a terminal: a column empty in every row shown, or (over two rows or
-    more) holding one value in all of them, is said once under the table (at the console's width, not
-    the table's), and headers wrap at their words (time_us as "time us")."""
+    view (`columns` given) fits a terminal (_fitted_table), its headers wrapping at their words
+    (time_us as "time us")."""
     cols = columns or [c for c in table.column_names if c not in list_columns()]
     rows = table.slice(0, limit).select(cols).to_pylist()
     short = columns is not None
     cells = {c: [_cell(c, r[c], short=short) for r in rows] for c in cols}
-    notes = []
-    if short and rows:
-        empty = [c for c in cols if c != "layer" and not any(cells[c])]
-        same = [c for c in cols if c != "layer" and c not in empty and len(rows) > 1 and len(set(cells[c])) == 1]
-        cols = [c for c in cols if c not in empty and c not in same]
-        if same:
-            notes.append("in every row shown: " + "; ".join(f"{c} {cells[c][0]}" for c in same))
-        if empty:
-            notes.append("empty in every row shown: " + ", ".join(empty))
-    t = Table(title=f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})")
-    for c in cols:
-        t.add_column(c.replace("_", " ") if short else c, overflow="fold", no_wrap=c == "layer")
-    for i in range(len(rows)):
-        t.add_row(*(cells[c][i] for c in cols))
-    return Group(t, Text("\n".join(notes))) if notes else t
+    title = f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})"
+    if not short:
+        t = Table(title=title)
+        for c in cols:
+            t.add_column(c, overflow="fold", no_wrap=c == "layer")
+        for i in range(len(rows)):
+            t.add_row(*(cells[c][i] for c in cols))
+        return t
+    return _fitted_table(title, {c.replace("_", " "): cells[c] for c in cols}, names={c.replace("_", " "): c for c in cols})
+
+
+def _fitted_table(title: str, columns: dict[str, list[str]], keep: tuple[str, ...] = ("layer",), names: dict | None = None,
+                  empty: tuple[str, ...] = ("",), column_options: dict | None = None, notes: tuple[str, ...] = ()) -> Table | Group:
+    """A table of string cells (`columns`: header -> its cells) made to fit a terminal: a column whose
+    every cell is empty (one of `empty`), or (over two rows or more) that holds one value in all of
+    them, is said once under the table instead, by its name in `names` (its header otherwise), at the
+    console's width, not the table's; `keep` are never moved. `notes` follow those lines."""
+    rows = len(next(iter(columns.values()), []))
+    names, options, said = names or {}, column_options or {}, []
+    blank = [c for c, v in columns.items() if c not in keep and rows and all(x in empty for x in v)]
+    same = [c for c, v in columns.items() if c not in keep and c not in blank and rows > 1 and len(set(v)) == 1]
+    if same:
+        said.append("in every row shown: " + "; ".join(f"{names.get(c, c)} {columns[c][0]}" for c in same))
+    if blank:
+        said.append("empty in every row shown: " + ", ".join(names.get(c, c) for c in blank))
+    shown = [c for c in columns if c not in blank and c not in same]
+    t = Table(title=title)
+    for c in shown:
+        t.add_column(c, **{"overflow": "fold", "no_wrap": c in keep, **options.get(c, {})})
+    for i in range(rows):
+        t.add_row(*(columns[c][i] for c in shown))
+    said += list(notes)
+    return Group(t, Text("\n".join(said))) if said else t
 
 
 def _cell(column: str, value, short: bool = True) -> str:
@@ -385,7 +402,7 @@ def _num(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: str | None = None) -> Table | None:
+def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: str | None = None) -> Table | Group | None:
     """The run's per-layer summary (summary/<run_id>.parquet), if the run reached it: one row per
     layer up to `limit` layers, else grouped by model, sparsity and status (summary.grouped_summary).
     `layer`: only layers whose name contains it (LookupError where none does)."""
@@ -413,22 +430,27 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                       fmt(g["dtype"]), fmt(g["timer"]), _time_cell(g["time_us"], g.get("unfold_us")),
                       _speedup(g["speedup_vs_dense"]), f"{g['search_seconds']:.1f}")
         return t
-    t = Table(title="per layer: candidates after each step, the kernel served (its tile M1×N1, with its design when "
-                    "not the run's, or the N:M kernel's blocking), its dtype, time (timer named per row; 'estimate' = "
-                    "analytic model, not a measurement; '+… unfold (est.)': a convolution served as its im2col GEMM, "
-                    "and the estimated unfolding of X it pays first; vs cuBLAS in the kernel's dtype), search seconds")
-    for c in ("model", "layer", "sparsity", "status", "cands", "constrain", "rank", "timed", "kernel", "dtype", "timer",
-              "time µs", "vs cuBLAS", "compile s", "emit s", "search s"):
-        # a long layer name wraps: cut short it would name no layer; a time keeps its unfolding (others may shorten)
-        t.add_column(c, overflow="fold" if c in ("layer", "time µs") else "ellipsis", min_width=12 if c == "layer" else None)
-    for r in rows:
-        t.add_row(r["model"], r["layer"], f"{r['sparsity']:g}", r["status"], fmt(r["candidates"]),
-                  fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]),
-                  _served(r), fmt(r.get("dtype")), fmt(r["timer"]),
-                  _time_cell(r["time_us"], r.get("unfold_us")),
-                  _speedup(r.get("speedup_vs_dense")), fmt(r["compile_seconds"], "{:.1f}"),
-                  fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
-    return t
+    columns = {"model": [r["model"] for r in rows], "layer": [r["layer"] for r in rows],
+               "sparsity": [f"{r['sparsity']:g}" for r in rows], "status": [r["status"] for r in rows],
+               "cands": [fmt(r["candidates"]) for r in rows], "constrain": [fmt(r["after_constrain"]) for r in rows],
+               "rank": [fmt(r["after_rank"]) for r in rows], "timed": [fmt(r["timed"]) for r in rows],
+               "kernel": [_served(r) for r in rows], "dtype": [fmt(r.get("dtype")) for r in rows],
+               "timer": [fmt(r["timer"]) for r in rows],
+               "time µs": [_time_cell(r["time_us"], r.get("unfold_us")) for r in rows],
+               "vs cuBLAS": [_speedup(r.get("speedup_vs_dense")) for r in rows],
+               "compile s": [fmt(r["compile_seconds"], "{:.1f}") for r in rows],
+               "emit s": [fmt(r["emit_seconds"], "{:.1f}") for r in rows],
+               "search s": [f"{r['search_seconds']:.1f}" for r in rows]}
+    # a long layer name wraps: cut short it would name no layer; a time keeps its unfolding (others may shorten)
+    options = {c: {"overflow": "fold" if c in ("layer", "time µs") else "ellipsis", "no_wrap": False,
+                   "min_width": 12 if c == "layer" else None} for c in columns}
+    return _fitted_table(
+        "per layer: candidates after each step, the kernel served, its time, search seconds", columns,
+        keep=("layer", "kernel", "time µs"), empty=("-", ""), column_options=options,
+        notes=("kernel: its tile M1×N1, with its design when not the run's, or the N:M kernel's blocking; time: the "
+               "timer named per row ('estimate' = analytic model, not a measurement; '+… unfold (est.)': a convolution "
+               "served as its im2col GEMM, and the estimated unfolding of X it pays first); vs cuBLAS in the kernel's "
+               "dtype, measured on a GPU only",))
 
 
 def _served(r: dict) -> str:
