@@ -133,15 +133,15 @@ def _layers_cell(record: dict) -> str:
     return f"{len(layers['failed'])} of {layers['total']} failed" if layers["failed"] else str(layers["total"])
 
 
-def run_table(record: dict, root: str | None = None) -> Table:
-    """The run's tasks: state, rows, seconds, artifact. With `root`, each artifact is checked against
-    its sidecar (inspect): one deleted or damaged since shows so, not as the state the run left."""
-    t = Table(title=f"run {record['run_id']} — {shown_status(record)}"
-              + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else "")
-              + (" (every artifact cached and intact: served from them, no Prefect flow run)"
-                 if record.get("served_from_artifacts") else ""))
-    for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "key", "artifact"):
-        t.add_column(c, overflow="fold")
+def run_table(record: dict, root: str | None = None) -> Table | Group:
+    """The run's tasks: state, rows, seconds, artifact (its path holds its key). With `root`, each
+    artifact is checked against its sidecar (inspect): one deleted or damaged since shows so, not as
+    the state the run left. Fitted to the terminal (_fitted_table: one model's name said once)."""
+    title = (f"run {record['run_id']} — {shown_status(record)}"
+             + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else "")
+             + (" (every artifact cached and intact: served from them, no Prefect flow run)"
+                if record.get("served_from_artifacts") else ""))
+    columns: dict[str, list[str]] = {c: [] for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "artifact")}
     changed = []
     for e in record.get("entries", []):
         state = e["state"] + (" (reused file)" if e.get("reused") and e["state"] != "Cached" else "")
@@ -151,13 +151,16 @@ def run_table(record: dict, root: str | None = None) -> Table:
                 state = ("deleted since the run" if not artifact.exists()
                          else f"damaged since the run: {artifact_problem(artifact) or 'fails its checksum'}")
                 changed.append(e["stage"])
-        t.add_row(e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
-                  _num(e.get("seconds")), e["key"][:12], e.get("path") or e.get("error", ""))
+        for c, v in zip(columns, (e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
+                                  _num(e.get("seconds")), e.get("path") or e.get("error", ""))):
+            columns[c].append(v)
+    notes = ()
     if changed:
-        t.caption = (f"`{lospmm_command(record, 'rerun', '--stage', changed[0], record['run_id'])}` recomputes the "
-                     f"{changed[0]} artifact and "
-                     f"what follows from it (a later run recomputes any artifact that fails its checksum)")
-    return t
+        notes = (f"`{lospmm_command(record, 'rerun', '--stage', changed[0], record['run_id'])}` recomputes the "
+                 f"{changed[0]} artifact and what follows from it (a later run recomputes any artifact that fails its "
+                 f"checksum)",)
+    # a model and the sparsities are said once where the run has one of each; stage, state and path stay
+    return _fitted_table(title, columns, keep=("stage", "sparsity", "state", "rows", "compute s", "artifact"), notes=notes)
 
 
 def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
