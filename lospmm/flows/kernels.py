@@ -292,8 +292,7 @@ def emitted_layer(root: str, out: Path, timed: list[dict], matrix, tiles: dict, 
         options = [o for i, (tm1, tn1, label) in enumerate(tiled)
                    for o in served_options(matrix, tiles[tm1], best["m"], best["k"], best["n"], tn1,
                                            design_named(label), timer.device,
-                                           params.nm_kernel and i == 0, params.designs, conv is not None,
-                                           named=run_design)]
+                                           params.nm_kernel and i == 0, params.designs, conv is not None)]
         options = list({(o.label, o.m1, o.n1): o for o in options}.values())  # a tile in a design once
 
         def proxy_of(m1: int, n1: int, label: str) -> dict:

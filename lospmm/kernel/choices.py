@@ -35,7 +35,7 @@ PENDING_DESIGNS = ("chained,slices=2", "chained,slices=4", "chained,v=2,slices=2
 @dataclass(frozen=True)
 class Served:
     """One way to serve a layer: `label` (10_kernels' `design`: `M1×N1` for the baked kernel of that
-    tile in the run's design, `M1×N1 <design label>` in another, `nm N:M[:V],<block>,<thread>` for the
+    tile in the default design (the baseline, in its number format), `M1×N1 <design label>` in another, `nm N:M[:V],<block>,<thread>` for the
     N:M kernel), its estimate, the design it is rendered in and, for the N:M kernel, its blocking."""
 
     label: str
@@ -61,21 +61,21 @@ class Served:
 
 
 def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: KernelDesign, device,
-                   untiled: bool = True, designs: tuple[str, ...] = (), conv: bool = False,
-                   named: KernelDesign | None = None) -> list[Served]:
+                   untiled: bool = True, designs: tuple[str, ...] = (), conv: bool = False) -> list[Served]:
     """Every way to serve a layer, each with its estimate on `device` (calibrated where a calibration
     is stored): the kernel of the chosen tile (`tiles`, `n1`) in `design` first (the run's: the
     search measured its proxies), then in each of `designs` (fp32 labels, taken in the run's number
     format and, for a convolution served by implicit-im2col kernels (`conv`), in their conv form where
     they have one, else as the GEMM on its im2col B) that can serve it (design_problem), then, with
     `untiled`, the kernels that need no tiles and can serve this A in this number format
-    (untiled_options; a convolution's in their conv form). A label names its design unless it is
-    `named` (default: `design`; the run's, where the search spans designs). An option's form is its
+    (untiled_options; a convolution's in their conv form). A label names its design unless it is the
+    default one in its number format (a tile alone: the baseline), whatever the run's design: a
+    `--design chained` run's convolution served by the baseline conv kernel is not taken for chained.
+    An option's form is its
     design's (stages.emit.served_form); every tiled design has a conv form, and an untiled im2col GEMM's
     estimate adds the unfolding of X (untiled_options)."""
-    named = design if named is None else named
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
-        design, named = design.conv_kernel or design, named.conv_kernel or named
+        design = design.conv_kernel or design
     estimate = estimate_timer(device)
     options = []
     for d in tiled_designs(design, designs, conv):
@@ -87,7 +87,7 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
         registers = predicted_registers(tiles.m1, design=d, conv=implicit)
         timing = estimate.time(LaunchUnderTest(tiles, m, k, n, n1, registers, design=d, matrix=matrix, conv=implicit))
         # the design price was fitted on GEMM kernels: a conv form's designs compare by the estimate alone
-        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == named else f" {d.label}"), float(timing.time_us), d,
+        options.append(Served(f"{tiles.m1}×{n1}" + ("" if d == design_in(d.number) else f" {d.label}"), float(timing.time_us), d,
                               None, tiles.m1, n1, None if implicit else estimate.design_price(timing, d)))
     return options + (untiled_options(matrix, n, device, design, conv) if untiled else [])
 

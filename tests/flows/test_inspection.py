@@ -188,11 +188,15 @@ def test_a_stage_view_says_once_what_every_row_shares_and_leaves_out_empty_colum
     header = next(line for line in one.splitlines() if line.startswith("┃"))
     assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "design", "full time us", "status"]
     assert not any(line.startswith("in every row shown") for line in one.splitlines())
-    # every column, as stored
+    # every column, as stored, each row a record of its own (a row of 30 columns fits no terminal: the
+    # probe found --all-columns unreadable at any width)
     out = io.StringIO()
-    Console(file=out, width=400).print(_plain_table(table, 60, "emit", None))
-    header = next(line for line in out.getvalue().splitlines() if line.startswith("┃"))
-    assert [c.strip() for c in header.split("┃")[1:-1]] == list(table.column_names)
+    Console(file=out, width=80).print(_plain_table(table, 60, "emit", None))
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.getvalue().splitlines() if line.startswith("│")]
+    assert [c[0] for c in cells] == list(table.column_names) * 3
+    assert cells[:len(table.column_names)] == [["layer", "enc.0.query"], ["design", "baked,based,tile-x,walks=1,v=1"],
+                                              ["runner_up", ""], ["runner_up_estimate_us", ""], ["full_time_us", "5"],
+                                              ["status", "ok"]]
 
 
 def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_path):
@@ -223,3 +227,15 @@ def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_p
     assert "in every row shown: model shufflenetv2; sparsity 0.9; status ok; cands 320; rank 10; timed 10; dtype fp32; timer " \
            "estimate:h100-2026-11-23; compile s 0.5; emit s 2.0" in flat
     assert "empty in every row shown: vs cuBLAS" in flat
+    # at 80 columns, with long names and every figure its own, nothing is cropped and no figure cut short
+    # (the probe saw 56.3 search seconds as "5")
+    for i, r in enumerate(rows):
+        r.update(layer=f"encoder.layer.{i}.attention.output.dense", compile_seconds=10.5 + i, emit_seconds=20.25 + 3 * i,
+                 search_seconds=50.3 + 7 * i, timed=i + 1)
+    write_artifact(tmp_path / "summary" / "r2.parquet", pa.Table.from_pylist(rows), {"stage": "summary"})
+    out = io.StringIO()
+    Console(file=out, width=80).print(summary_table(str(tmp_path), {"summary": "summary/r2.parquet"}))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
+    assert sorted(c[-1] for c in cells if c[-1]) == sorted(f"{50.3 + 7 * i:.1f}" for i in range(10))

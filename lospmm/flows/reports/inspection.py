@@ -50,24 +50,32 @@ VIEW_COLUMNS = {
     # (the design's and runner-up's estimate and price in one cell each: _priced_designs)
     "emit": ["layer", "form", "dtype", "design", PRICED, "runner_up", RUNNER_UP_PRICED, "designs_measured", "timer",
              "full_time_us", "speedup_vs_dense", "registers", "spill_bytes", "compile_seconds", "check",
-             "max_rel_error", "status", "kernel_dir"],
+             "max_rel_error", "status"],  # (its kernel directory: --all-columns, or `lospmm kernel`)
 }
 
 
-def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Table:
-    t = Table(title="runs")
+def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Table | Group:
+    """The runs, one a row: the run id whole (it is what every other command takes), what was asked
+    (models, sparsities, pruning, design, dtype) and how it went; fitted to the terminal
+    (_fitted_table: what every run shares is said once)."""
     # the flow's own seconds: the embedded Prefect API's start (about 15–25 s) is before it
-    for c in ("run", "status", "layers", "started", "flow s", "models", "sparsities", "until", "tasks", "cached"):
-        t.add_column(c)
+    names = ("run", "status", "layers", "started", "flow s", "models", "sparsities", "prune", "design", "dtype", "until",
+             "tasks", "cached")
+    columns: dict[str, list[str]] = {c: [] for c in names}
     for path, why in damaged:  # a truncated record is listed, not taken for "no runs"
-        t.add_row(path.stem, f"damaged record: {why}", "", "", "", "", "", "", "", "")
+        for c, v in zip(names, (path.stem, f"damaged record: {why}")):
+            columns[c].append(v)
+        for c in names[2:]:
+            columns[c].append("")
     for r in records:
         cfg, entries = r["config"], r.get("entries", [])
         models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])
-        t.add_row(r["run_id"], shown_status(r), _layers_cell(r), r.get("started", ""), _num(r.get("wall_seconds")), ", ".join(models),
-                  " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg["until"], str(len(entries)),
-                  str(sum(e["state"] == "Cached" for e in entries)))
-    return t
+        for c, v in zip(names, (r["run_id"], shown_status(r), _layers_cell(r), r.get("started", ""), _num(r.get("wall_seconds")),
+                                ", ".join(models), " ".join(f"{s:g}" for s in cfg["sparsities"]),
+                                cfg.get("prune") or "default", cfg.get("design") or "baseline", cfg.get("dtype") or "the weights' own",
+                                cfg["until"], str(len(entries)), str(sum(e["state"] == "Cached" for e in entries)))):
+            columns[c].append(v)
+    return _fitted_table("runs", columns, keep=("run", "status", "started"))
 
 
 def run_outcome(record: dict) -> tuple[str, str]:
@@ -355,12 +363,15 @@ def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | N
     short = columns is not None
     cells = {c: [_cell(c, r[c], short=short) for r in rows] for c in cols}
     title = f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})"
-    if not short:
-        t = Table(title=title)
-        for c in cols:
-            t.add_column(c, overflow="fold", no_wrap=c == "layer")
+    if not short:  # every column: too many for a row of a terminal, so each row is a record of its own
+        t = Table(title=title, show_header=False)
+        t.add_column("column", no_wrap=True, style="bold")
+        t.add_column("value", overflow="fold")
         for i in range(len(rows)):
-            t.add_row(*(cells[c][i] for c in cols))
+            if i:
+                t.add_section()
+            for c in cols:
+                t.add_row(c, cells[c][i])
         return t
     return _fitted_table(title, {c.replace("_", " "): cells[c] for c in cols}, names={c.replace("_", " "): c for c in cols})
 
@@ -444,13 +455,14 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                "compile s": [fmt(r["compile_seconds"], "{:.1f}") for r in rows],
                "emit s": [fmt(r["emit_seconds"], "{:.1f}") for r in rows],
                "search s": [f"{r['search_seconds']:.1f}" for r in rows]}
-    # a long layer name wraps: cut short it would name no layer; a time keeps its unfolding (others may shorten)
-    options = {c: {"overflow": "fold" if c in ("layer", "time µs") else "ellipsis", "no_wrap": False,
-                   "min_width": 12 if c == "layer" else None} for c in columns}
+    # no cell is cut short (56.3 cut to "5…" reads as another number): a count or seconds stays whole on
+    # its line, and the words (layer, kernel, status) wrap where the terminal is narrow
+    words = ("model", "layer", "status", "kernel", "timer", "time µs")
+    options = {c: {"no_wrap": c not in words} for c in columns}
     return _fitted_table(
         "per layer: candidates after each step, the kernel served, its time, search seconds", columns,
         keep=("layer", "kernel", "time µs"), empty=("-", ""), column_options=options,
-        notes=("kernel: its tile M1×N1, with its design when not the run's, or the N:M kernel's blocking; time: the "
+        notes=("kernel: its tile M1×N1, with its design when not the baseline, or the N:M kernel's blocking; time: the "
                "timer named per row ('estimate' = analytic model, not a measurement; '+… unfold (est.)': a convolution "
                "served as its im2col GEMM, and the estimated unfolding of X it pays first); vs cuBLAS in the kernel's "
                "dtype, measured on a GPU only",))
