@@ -129,7 +129,7 @@ def run(
     seq_len: int = typer.Option(_RUN.seq_len, "--seq-len", rich_help_panel=_MODEL_PANEL, help="BERT sequence length."),
     cnn_batch: int = typer.Option(_RUN.cnn_batch, "--cnn-batch", rich_help_panel=_MODEL_PANEL, help="CNN batch size (an ONNX model's image "
                                   "inputs whose batch is symbolic take it, and the layers after their convolutions)."),
-    image_size: int = typer.Option(_RUN.image_size, "--image-size", rich_help_panel=_MODEL_PANEL),
+    image_size: int = typer.Option(_RUN.image_size, "--image-size", rich_help_panel=_MODEL_PANEL, help="The zoo CNNs' input height and width in pixels: it sets each convolution's N (output pixels × --cnn-batch)."),
     m1: list[int] = typer.Option(list(_RUN.m1s), "--m1", rich_help_panel=_SEARCH_PANEL, help="Candidate M1 values (rows per thread)."),
     th_row: float = typer.Option(_RUN.th_row, "--th-row", rich_help_panel=_SEARCH_PANEL, help="Load-balance threshold on COV_row."),
     th_col: float = typer.Option(_RUN.th_col, "--th-col", rich_help_panel=_SEARCH_PANEL, help="Load-balance threshold on WASTE_col."),

@@ -267,6 +267,9 @@ def read_design(text: str) -> KernelDesign:
     if not any(token.strip() for token in text.split(",")):
         raise ConfigError(f"--design {text!r} names no design: give one ({AUTO_DESIGN}, baseline, chained, "
                           f"chained,v=4, …)")
+    if AUTO_DESIGN in (token.strip() for token in text.split(",")):
+        raise ConfigError(f"--design {text!r}: `{AUTO_DESIGN}` stands alone (the search spans the designs of "
+                          f"kernel.choices.DESIGN_CANDIDATES); to force one design, give its tokens without it")
     try:
         return design_named(text)
     except ValueError as e:

@@ -405,6 +405,7 @@ def test_a_ranker_over_staged_designs_is_trained_on_their_blocking_and_auto_name
     ("walks=0", "--design: walks=W must be >= 1, got 0"),
     ("v=3", "--design: v=V must be one of (1, 2, 4), got 3"),
     ("AUTO", "(`auto`, `baseline`, or tokens: baked|streamed"),
+    ("auto,v=4", "--design 'auto,v=4': `auto` stands alone"),  # (it said "cannot read 'auto'" and listed auto)
     ("tiles=3", "--design: tiles=G is a staged design's (2, 4, 8, 16), and only its; got based, tiles=3"),
 ])
 def test_a_design_that_cannot_be_read_is_said_in_the_flags_words(tmp_path, text, said):
