@@ -214,7 +214,8 @@ def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_p
              "candidates": 320, "after_constrain": 100 + i, "after_rank": 10, "timed": 10, "m1": 2, "n1": 32 * (i + 1),
              "dtype": "fp32", "timer": "estimate:h100-2026-11-23", "time_us": 5.0 + i, "speedup_vs_dense": float("nan"),
              "compile_seconds": 0.5, "emit_seconds": 2.0, "search_seconds": 4.0 + i,
-             "design": f"2×{32 * (i + 1)}" + (" baked,chained,tile-x,walks=1,v=1" if i == 9 else "")} for i in range(10)]
+             "design": f"2×{32 * (i + 1)}" + (" baked,chained,tile-x,walks=1,v=1" if i == 9 else ""),
+             "pruned": "random"} for i in range(10)]
     write_artifact(tmp_path / "summary" / "r.parquet", pa.Table.from_pylist(rows), {"stage": "summary"})
     out = io.StringIO()
     Console(file=out, width=120).print(summary_table(str(tmp_path), {"summary": "summary/r.parquet"}))
@@ -224,7 +225,7 @@ def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_p
     assert [c.strip() for c in header.split("┃")[1:-1]] == ["layer", "constrain", "kernel", "time µs", "search s"]
     assert "│ stage9.0.branch2.0 │" in out.getvalue() and "2×320 chained" in out.getvalue()  # the design, short
     flat = " ".join(out.getvalue().split())
-    assert "in every row shown: model shufflenetv2; sparsity 0.9; status ok; cands 320; rank 10; timed 10; dtype fp32; timer " \
+    assert "in every row shown: model shufflenetv2; sparsity 0.9; pruned random; status ok; cands 320; rank 10; timed 10; dtype fp32; timer " \
            "estimate:h100-2026-11-23; compile s 0.5; emit s 2.0" in flat
     assert "empty in every row shown: vs cuBLAS" in flat
     # at 80 columns, with long names and every figure its own, nothing is cropped and no figure cut short
@@ -239,3 +240,12 @@ def test_a_runs_summary_fits_120_columns_saying_once_what_its_layers_share(tmp_p
     assert max(len(line) for line in lines) <= 80
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
     assert sorted(c[-1] for c in cells if c[-1]) == sorted(f"{50.3 + 7 * i:.1f}" for i in range(10))
+
+
+def test_the_summary_says_how_each_layer_was_pruned_and_an_nm_pattern_found_in_kept_weights():
+    # a 2:4 checkpoint searched with --prune keep: the run's own output said nothing of the pattern
+    from lospmm.flows.reports.summary import pruned_cell
+
+    assert pruned_cell({"method": "keep", "nm": "2:4"}) == "keep, 2:4 found"
+    assert pruned_cell({"method": "nm:2:4", "nm": "2:4"}) == "nm:2:4"
+    assert pruned_cell({"method": "magnitude", "nm": None}) == "magnitude"

@@ -445,7 +445,8 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                       _speedup(g["speedup_vs_dense"]), f"{g['search_seconds']:.1f}")
         return t
     columns = {"model": [r["model"] for r in rows], "layer": [r["layer"] for r in rows],
-               "sparsity": [f"{r['sparsity']:g}" for r in rows], "status": [r["status"] for r in rows],
+               "sparsity": [f"{r['sparsity']:g}" for r in rows], "pruned": [fmt(r.get("pruned")) for r in rows],
+               "status": [r["status"] for r in rows],
                "cands": [fmt(r["candidates"]) for r in rows], "constrain": [fmt(r["after_constrain"]) for r in rows],
                "rank": [fmt(r["after_rank"]) for r in rows], "timed": [fmt(r["timed"]) for r in rows],
                "kernel": [_served(r) for r in rows], "dtype": [fmt(r.get("dtype")) for r in rows],
@@ -457,7 +458,7 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                "search s": [f"{r['search_seconds']:.1f}" for r in rows]}
     # no cell is cut short (56.3 cut to "5…" reads as another number): a count or seconds stays whole on
     # its line, and the words (layer, kernel, status) wrap where the terminal is narrow
-    words = ("model", "layer", "status", "kernel", "timer", "time µs")
+    words = ("model", "layer", "pruned", "status", "kernel", "timer", "time µs")
     options = {c: {"no_wrap": c not in words} for c in columns}
     return _fitted_table(
         "per layer: candidates after each step, the kernel served, its time, search seconds", columns,

@@ -24,8 +24,15 @@ SUMMARY = pa.schema(
              ("after_rank", I32), ("timed", I32), ("m1", I32), ("n1", I32), ("dtype", STR), ("timer", STR),
              ("time_us", F64), ("unfold_us", F64), ("speedup_vs_dense", F64)]
     + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
-    + [("search_seconds", F64), ("kernel_dir", STR), ("design", STR)]
+    + [("search_seconds", F64), ("kernel_dir", STR), ("design", STR), ("pruned", STR)]
 )
+
+
+def pruned_cell(prune_row: dict) -> str:
+    """How a layer's A was pruned, as the summary says it: 02_pruned's method, with the N:M pattern its
+    weights hold where the method did not impose it ("keep, 2:4 found"; "nm:2:4"; "magnitude")."""
+    method, nm = prune_row.get("method") or "", prune_row.get("nm") or ""
+    return f"{method}, {nm} found" if nm and not method.startswith("nm") else method
 SCHEMAS = artifact_schemas()
 
 
@@ -95,7 +102,7 @@ def write_summary(root: Path, record: dict, by: dict[tuple, dict[str, list[dict]
                    "dtype": em.get("dtype"),
                    "timer": em.get("timer"), "time_us": em.get("full_time_us"), "unfold_us": em.get("unfold_us"),
                    "speedup_vs_dense": em.get("speedup_vs_dense"), "kernel_dir": em.get("kernel_dir"),
-                   "design": em.get("design")}
+                   "design": em.get("design"), "pruned": pruned_cell(lay)}
             row.update({f"{s_}_seconds": seconds[s_].get(name) for s_ in stages})
             row["search_seconds"] = sum(row[f"{s_}_seconds"] or 0.0 for s_ in stages)
             rows.append(row)
