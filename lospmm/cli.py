@@ -45,7 +45,8 @@ _MULTI = ("--sparsity", "--zoo", "--m1")
 # `lospmm run --help` in panels, in the order a user meets them
 _MODEL_PANEL, _PRUNE_PANEL, _SEARCH_PANEL, _KERNEL_PANEL, _RUNNING_PANEL = (
     "The model", "Pruning", "The search", "The kernels", "Running")
-_ARTIFACTS = typer.Option("artifacts", "--artifacts", help="Artifact root directory.")
+_ARTIFACTS_HELP = "Artifact root directory."
+_ARTIFACTS = typer.Option("artifacts", "--artifacts", help=_ARTIFACTS_HELP)
 
 
 _EXITS_AFTER = [False]  # set by the console entry point: the process ends with the command
@@ -167,8 +168,7 @@ def run(
     reorder_budget: float = typer.Option(_RUN.reorder_budget, "--reorder-budget", rich_help_panel=_SEARCH_PANEL, help="The partitioner's priced "
                                          "seconds per layer, all its M1s together (0: not run)."),
     until: str = typer.Option(_RUN.until, "--until", rich_help_panel=_RUNNING_PANEL, help=f"Last stage to run: {', '.join(STAGES)}."),
-    artifacts: str = typer.Option("artifacts", "--artifacts", rich_help_panel=_RUNNING_PANEL,
-                                  help="Artifact root directory."),
+    artifacts: str = typer.Option("artifacts", "--artifacts", rich_help_panel=_RUNNING_PANEL, help=_ARTIFACTS_HELP),
 ) -> None:
     """Run the pipeline over zoo models and/or a weights file."""
     if not zoo and weights is None:  # a search of BERT-base takes minutes: not started unasked

@@ -264,10 +264,11 @@ def read_design(text: str) -> KernelDesign:
     """`--design`'s text as a design (design_named), or ConfigError in the flag's words (_as_tokens);
     one with no token is refused: design_named reads it as the baseline, where a flag given empty is
     more likely a slip."""
-    if not any(token.strip() for token in text.split(",")):
+    tokens = [token.strip() for token in text.split(",")]
+    if not any(tokens):
         raise ConfigError(f"--design {text!r} names no design: give one ({AUTO_DESIGN}, baseline, chained, "
                           f"chained,v=4, …)")
-    if AUTO_DESIGN in (token.strip() for token in text.split(",")):
+    if AUTO_DESIGN in tokens:
         raise ConfigError(f"--design {text!r}: `{AUTO_DESIGN}` stands alone (the search spans the designs of "
                           f"kernel.choices.DESIGN_CANDIDATES); to force one design, give its tokens without it")
     try:

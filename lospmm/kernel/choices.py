@@ -35,8 +35,9 @@ PENDING_DESIGNS = ("chained,slices=2", "chained,slices=4", "chained,v=2,slices=2
 @dataclass(frozen=True)
 class Served:
     """One way to serve a layer: `label` (10_kernels' `design`: `M1×N1` for the baked kernel of that
-    tile in the default design (the baseline, in its number format), `M1×N1 <design label>` in another, `nm N:M[:V],<block>,<thread>` for the
-    N:M kernel), its estimate, the design it is rendered in and, for the N:M kernel, its blocking."""
+    tile in the default design (the baseline, in its number format), `M1×N1 <design label>` in
+    another, `nm N:M[:V],<block>,<thread>` for the N:M kernel), its estimate, the design it is
+    rendered in and, for the N:M kernel, its blocking."""
 
     label: str
     estimate_us: float
@@ -71,9 +72,8 @@ def served_options(matrix, tiles, m: int, k: int, n: int, n1: int, design: Kerne
     (untiled_options; a convolution's in their conv form). A label names its design unless it is the
     default one in its number format (a tile alone: the baseline), whatever the run's design: a
     `--design chained` run's convolution served by the baseline conv kernel is not taken for chained.
-    An option's form is its
-    design's (stages.emit.served_form); every tiled design has a conv form, and an untiled im2col GEMM's
-    estimate adds the unfolding of X (untiled_options)."""
+    An option's form is its design's (stages.emit.served_form); every tiled design has a conv form,
+    and an untiled im2col GEMM's estimate adds the unfolding of X (untiled_options)."""
     if conv:  # an implicit-im2col conv kernel is served in its design's conv form (KernelDesign.conv_kernel)
         design = design.conv_kernel or design
     estimate = estimate_timer(device)

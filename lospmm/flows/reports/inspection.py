@@ -59,23 +59,18 @@ def runs_table(records: list[dict], damaged: list[tuple[Path, str]] = ()) -> Tab
     (models, sparsities, pruning, design, dtype) and how it went; fitted to the terminal
     (_fitted_table: what every run shares is said once)."""
     # the flow's own seconds: the embedded Prefect API's start (about 15–25 s) is before it
-    names = ("run", "status", "layers", "started", "flow s", "models", "sparsities", "prune", "design", "dtype", "until",
-             "tasks", "cached")
-    columns: dict[str, list[str]] = {c: [] for c in names}
-    for path, why in damaged:  # a truncated record is listed, not taken for "no runs"
-        for c, v in zip(names, (path.stem, f"damaged record: {why}")):
-            columns[c].append(v)
-        for c in names[2:]:
-            columns[c].append("")
+    headers = ("run", "status", "layers", "started", "flow s", "models", "sparsities", "prune", "design", "dtype", "until",
+               "tasks", "cached")
+    # a truncated record is listed, not taken for "no runs"
+    rows = [(path.stem, f"damaged record: {why}", *[""] * (len(headers) - 2)) for path, why in damaged]
     for r in records:
         cfg, entries = r["config"], r.get("entries", [])
         models = list(cfg.get("zoo") or []) + ([Path(cfg["weights"]).name] if cfg.get("weights") else [])
-        for c, v in zip(names, (r["run_id"], shown_status(r), _layers_cell(r), r.get("started", ""), _num(r.get("wall_seconds")),
-                                ", ".join(models), " ".join(f"{s:g}" for s in cfg["sparsities"]),
-                                cfg.get("prune") or "default", cfg.get("design") or "baseline", cfg.get("dtype") or "the weights' own",
-                                cfg["until"], str(len(entries)), str(sum(e["state"] == "Cached" for e in entries)))):
-            columns[c].append(v)
-    return _fitted_table("runs", columns, keep=("run", "status", "started"))
+        rows.append((r["run_id"], shown_status(r), _layers_cell(r), r.get("started", ""), _num(r.get("wall_seconds")),
+                     ", ".join(models), " ".join(f"{s:g}" for s in cfg["sparsities"]), cfg.get("prune") or "default",
+                     cfg.get("design") or "baseline", cfg.get("dtype") or "the weights' own", cfg["until"],
+                     str(len(entries)), str(sum(e["state"] == "Cached" for e in entries))))
+    return _fitted_table("runs", headers, rows, keep=("run", "status", "started"))
 
 
 def run_outcome(record: dict) -> tuple[str, str]:
@@ -149,8 +144,7 @@ def run_table(record: dict, root: str | None = None) -> Table | Group:
              + (f", {record['wall_seconds']:.1f} s" if "wall_seconds" in record else "")
              + (" (every artifact cached and intact: served from them, no Prefect flow run)"
                 if record.get("served_from_artifacts") else ""))
-    columns: dict[str, list[str]] = {c: [] for c in ("stage", "model", "sparsity", "state", "rows", "compute s", "artifact")}
-    changed = []
+    rows, changed = [], []
     for e in record.get("entries", []):
         state = e["state"] + (" (reused file)" if e.get("reused") and e["state"] != "Cached" else "")
         if root is not None and e.get("path"):
@@ -159,16 +153,16 @@ def run_table(record: dict, root: str | None = None) -> Table | Group:
                 state = ("deleted since the run" if not artifact.exists()
                          else f"damaged since the run: {artifact_problem(artifact) or 'fails its checksum'}")
                 changed.append(e["stage"])
-        for c, v in zip(columns, (e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
-                                  _num(e.get("seconds")), e.get("path") or e.get("error", ""))):
-            columns[c].append(v)
+        rows.append((e["stage"], e.get("model", ""), _num(e.get("sparsity")), state, str(e.get("rows", "")),
+                     _num(e.get("seconds")), e.get("path") or e.get("error", "")))
     notes = ()
     if changed:
         notes = (f"`{lospmm_command(record, 'rerun', '--stage', changed[0], record['run_id'])}` recomputes the "
                  f"{changed[0]} artifact and what follows from it (a later run recomputes any artifact that fails its "
                  f"checksum)",)
     # a model and the sparsities are said once where the run has one of each; stage, state and path stay
-    return _fitted_table(title, columns, keep=("stage", "sparsity", "state", "rows", "compute s", "artifact"), notes=notes)
+    return _fitted_table(title, ("stage", "model", "sparsity", "state", "rows", "compute s", "artifact"), rows,
+                         keep=("stage", "sparsity", "state", "rows", "compute s", "artifact"), notes=notes)
 
 
 def problems_table(record: dict, limit: int = SCREENFUL) -> Table | None:
@@ -340,18 +334,18 @@ def _orders_table(table: pa.Table, entry: dict, limit: int) -> Table:
     return t
 
 
+def _short_designs(text: str) -> str:
+    """10_kernels' designs_measured or designs_priced ("label: figures; …") with each label short."""
+    return "; ".join(f"{short_design_label(label)}: {rest}" if rest else short_design_label(label)
+                     for label, _, rest in (entry.partition(": ") for entry in text.split("; ")))
+
+
 # a stage's default view shows these columns short (`--all-columns` shows them whole): a path by its
 # last part (the run's folder is the artifact's), a timer by its kind (its calibration is the run's), a
 # design by what it does not share with the default (kernel.design.short_design_label)
 SHORT_COLUMNS = {"kernel_dir": lambda v: Path(v).name, "cubin_path": lambda v: Path(v).name,
                  "timer": lambda v: v.split(":", 1)[0], "design": short_design_label, "runner_up": short_design_label,
-                 "designs_measured": lambda v: _short_designs(v), "designs_priced": lambda v: _short_designs(v)}
-
-
-def _short_designs(text: str) -> str:
-    """10_kernels' designs_measured or designs_priced ("label: figures; …") with each label short."""
-    return "; ".join(f"{short_design_label(label)}: {rest}" if rest else short_design_label(label)
-                     for label, _, rest in (entry.partition(": ") for entry in text.split("; ")))
+                 "designs_measured": _short_designs, "designs_priced": _short_designs}
 
 
 def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | None) -> Table | Group:
@@ -359,43 +353,44 @@ def _plain_table(table: pa.Table, limit: int, title: str, columns: list[str] | N
     view (`columns` given) fits a terminal (_fitted_table), its headers wrapping at their words
     (time_us as "time us")."""
     cols = columns or [c for c in table.column_names if c not in list_columns()]
-    rows = table.slice(0, limit).select(cols).to_pylist()
     short = columns is not None
-    cells = {c: [_cell(c, r[c], short=short) for r in rows] for c in cols}
+    rows = [tuple(_cell(c, v, short=short) for c, v in r.items()) for r in table.slice(0, limit).select(cols).to_pylist()]
     title = f"{title} ({table.num_rows} rows{', first ' + str(limit) if table.num_rows > limit else ''})"
     if not short:  # every column: too many for a row of a terminal, so each row is a record of its own
         t = Table(title=title, show_header=False)
         t.add_column("column", no_wrap=True, style="bold")
         t.add_column("value", overflow="fold")
-        for i in range(len(rows)):
+        for i, row in enumerate(rows):
             if i:
                 t.add_section()
-            for c in cols:
-                t.add_row(c, cells[c][i])
+            for c, cell in zip(cols, row):
+                t.add_row(c, cell)
         return t
-    return _fitted_table(title, {c.replace("_", " "): cells[c] for c in cols}, names={c.replace("_", " "): c for c in cols})
+    headers = tuple(c.replace("_", " ") for c in cols)
+    return _fitted_table(title, headers, rows, names=dict(zip(headers, cols)))
 
 
-def _fitted_table(title: str, columns: dict[str, list[str]], keep: tuple[str, ...] = ("layer",), names: dict | None = None,
-                  empty: tuple[str, ...] = ("",), column_options: dict | None = None, notes: tuple[str, ...] = ()) -> Table | Group:
-    """A table of string cells (`columns`: header -> its cells) made to fit a terminal: a column whose
-    every cell is empty (one of `empty`), or (over two rows or more) that holds one value in all of
-    them, is said once under the table instead, by its name in `names` (its header otherwise), at the
-    console's width, not the table's; `keep` are never moved. `notes` follow those lines."""
-    rows = len(next(iter(columns.values()), []))
+def _fitted_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], keep: tuple[str, ...] = ("layer",),
+                  names: dict | None = None, empty: tuple[str, ...] = ("",), column_options: dict | None = None,
+                  notes: tuple[str, ...] = ()) -> Table | Group:
+    """A table of string cells (`rows` under `headers`) made to fit a terminal: a column whose every
+    cell is empty (one of `empty`), or (over two rows or more) that holds one value in all of them, is
+    said once under the table instead, by its name in `names` (its header otherwise), at the console's
+    width, not the table's; `keep` are never moved. `notes` follow those lines."""
+    columns = dict(zip(headers, zip(*rows))) if rows else {}
     names, options, said = names or {}, column_options or {}, []
-    blank = [c for c, v in columns.items() if c not in keep and rows and all(x in empty for x in v)]
-    same = [c for c, v in columns.items() if c not in keep and c not in blank and rows > 1 and len(set(v)) == 1]
+    blank = [c for c, v in columns.items() if c not in keep and all(x in empty for x in v)]
+    same = [c for c, v in columns.items() if c not in keep and c not in blank and len(rows) > 1 and len(set(v)) == 1]
     if same:
         said.append("in every row shown: " + "; ".join(f"{names.get(c, c)} {columns[c][0]}" for c in same))
     if blank:
         said.append("empty in every row shown: " + ", ".join(names.get(c, c) for c in blank))
-    shown = [c for c in columns if c not in blank and c not in same]
+    shown = [i for i, c in enumerate(headers) if c not in blank and c not in same]
     t = Table(title=title)
-    for c in shown:
-        t.add_column(c, **{"overflow": "fold", "no_wrap": c in keep, **options.get(c, {})})
-    for i in range(rows):
-        t.add_row(*(columns[c][i] for c in shown))
+    for i in shown:
+        t.add_column(headers[i], **{"overflow": "fold", "no_wrap": headers[i] in keep, **options.get(headers[i], {})})
+    for row in rows:
+        t.add_row(*(row[i] for i in shown))
     said += list(notes)
     return Group(t, Text("\n".join(said))) if said else t
 
@@ -444,24 +439,19 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
                       fmt(g["dtype"]), fmt(g["timer"]), _time_cell(g["time_us"], g.get("unfold_us")),
                       _speedup(g["speedup_vs_dense"]), f"{g['search_seconds']:.1f}")
         return t
-    columns = {"model": [r["model"] for r in rows], "layer": [r["layer"] for r in rows],
-               "sparsity": [f"{r['sparsity']:g}" for r in rows], "pruned": [fmt(r.get("pruned")) for r in rows],
-               "status": [r["status"] for r in rows],
-               "cands": [fmt(r["candidates"]) for r in rows], "constrain": [fmt(r["after_constrain"]) for r in rows],
-               "rank": [fmt(r["after_rank"]) for r in rows], "timed": [fmt(r["timed"]) for r in rows],
-               "kernel": [_served(r) for r in rows], "dtype": [fmt(r.get("dtype")) for r in rows],
-               "timer": [fmt(r["timer"]) for r in rows],
-               "time µs": [_time_cell(r["time_us"], r.get("unfold_us")) for r in rows],
-               "vs cuBLAS": [_speedup(r.get("speedup_vs_dense")) for r in rows],
-               "compile s": [fmt(r["compile_seconds"], "{:.1f}") for r in rows],
-               "emit s": [fmt(r["emit_seconds"], "{:.1f}") for r in rows],
-               "search s": [f"{r['search_seconds']:.1f}" for r in rows]}
+    headers = ("model", "layer", "sparsity", "pruned", "status", "cands", "constrain", "rank", "timed", "kernel", "dtype",
+               "timer", "time µs", "vs cuBLAS", "compile s", "emit s", "search s")
+    cells = [(r["model"], r["layer"], f"{r['sparsity']:g}", fmt(r.get("pruned")), r["status"], fmt(r["candidates"]),
+              fmt(r["after_constrain"]), fmt(r["after_rank"]), fmt(r["timed"]), _served(r), fmt(r.get("dtype")),
+              fmt(r["timer"]), _time_cell(r["time_us"], r.get("unfold_us")), _speedup(r.get("speedup_vs_dense")),
+              fmt(r["compile_seconds"], "{:.1f}"), fmt(r["emit_seconds"], "{:.1f}"), f"{r['search_seconds']:.1f}")
+             for r in rows]
     # no cell is cut short (56.3 cut to "5…" reads as another number): a count or seconds stays whole on
     # its line, and the words (layer, kernel, status) wrap where the terminal is narrow
     words = ("model", "layer", "pruned", "status", "kernel", "timer", "time µs")
-    options = {c: {"no_wrap": c not in words} for c in columns}
+    options = {c: {"no_wrap": c not in words} for c in headers}
     return _fitted_table(
-        "per layer: candidates after each step, the kernel served, its time, search seconds", columns,
+        "per layer: candidates after each step, the kernel served, its time, search seconds", headers, cells,
         keep=("layer", "kernel", "time µs"), empty=("-", ""), column_options=options,
         notes=("kernel: its tile M1×N1, with its design when not the baseline, or the N:M kernel's blocking; time: the "
                "timer named per row ('estimate' = analytic model, not a measurement; '+… unfold (est.)': a convolution "
@@ -470,8 +460,9 @@ def summary_table(artifacts: str, record: dict, limit: int = SCREENFUL, layer: s
 
 
 def _served(r: dict) -> str:
-    """The kernel a layer is served by (10_kernels' `design`: its tile, with the design when it is not
-    the run's, or the N:M kernel's pattern and blocking); its tile for a run before designs were chosen."""
+    """The kernel a layer is served by (10_kernels' `design`: its tile, with the design, short, when it
+    is not the baseline, or the N:M kernel's pattern and blocking); its tile for a run before designs
+    were chosen."""
     if r.get("design"):
         return short_design_label(r["design"])
     return f"{r['m1']}×{r['n1']}" if r["m1"] else "-"

@@ -26,6 +26,7 @@ SUMMARY = pa.schema(
     + [(f"{s}_seconds", F64) for s in SEARCH_STAGES]
     + [("search_seconds", F64), ("kernel_dir", STR), ("design", STR), ("pruned", STR)]
 )
+SCHEMAS = artifact_schemas()
 
 
 def pruned_cell(prune_row: dict) -> str:
@@ -33,7 +34,6 @@ def pruned_cell(prune_row: dict) -> str:
     weights hold where the method did not impose it ("keep, 2:4 found"; "nm:2:4"; "magnitude")."""
     method, nm = prune_row.get("method") or "", prune_row.get("nm") or ""
     return f"{method}, {nm} found" if nm and not method.startswith("nm") else method
-SCHEMAS = artifact_schemas()
 
 
 def scalar_artifacts(root: Path, record: dict) -> dict[tuple, dict[str, list[dict]]]:

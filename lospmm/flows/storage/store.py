@@ -42,10 +42,10 @@ class ArtifactError(RuntimeError):
 
 def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
     """The code of a module (_code_text, with the files it reads as code) and, transitively, of every
-    module under `prefix` it imports (at module level or inside functions), except those in `skip`. Read from the files, not imported (only a
-    module declaring `__code_files__` is, to read that list): the version of code that needs Prefect
-    or a GPU library is known without them (the device program hashes a bundle's code on a machine
-    without Prefect)."""
+    module under `prefix` it imports (at module level or inside functions), except those in `skip`.
+    Read from the files, not imported (only a module declaring `__code_files__` is, to read that list):
+    the version of code that needs Prefect or a GPU library is known without them (the device program
+    hashes a bundle's code on a machine without Prefect)."""
     seen: dict[str, str] = {}
     todo = [module_name]
     while todo:
@@ -87,7 +87,7 @@ def _code_text(source: str) -> str:
 
 @lru_cache(maxsize=None)
 def module_closure_hash(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> str:
-    """Hash of `module_closure`: changes when any of those modules' source does."""
+    """Hash of `module_closure`: changes when any of those modules' code does."""
     seen = module_closure(module_name, prefix, skip)
     h = hashlib.sha256()
     for name in sorted(seen):
