@@ -315,7 +315,7 @@ def short_design_label(text: str) -> str:
     tile-x,walks=1,v=1" is "chained"; the default is "baseline"), which design_named reads back to the
     same design. A served kernel's label keeps its tile ("1×32 baked,chained,…" is "1×32 chained"); text
     that names no design (the N:M kernel's "nm 2:4,…", a tile alone) is returned as it is."""
-    tile, _, label = text.rpartition(" ") if " " in text else ("", "", text)
+    tile, _, label = text.rpartition(" ")
     try:
         design_named(label)
     except ValueError:

@@ -51,7 +51,7 @@ def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
     exactly N in at least 90% of the groups of its non-empty rows (a row pruned whole, or an output
     channel a checkpoint left at zero, is no evidence against the pattern), M in NM_GROUPS dividing K,
     N < M; the one of least N/M (then the smallest M), with the longest vector V of consecutive rows
-    that share each group's columns (2, 4, 8, … dividing the rows) — or None when no group size fits
+    that share each group's columns (2, 4, 8, …; the last vector holds the rows left) — or None when no group size fits
     (stages.prune.nm_pattern_of names it an NMPattern). The 90% rule tells an N:M pruning (nearly every
     group filled to N) from unstructured sparsity (which merely stays under some N)."""
     a = sp.csr_matrix(matrix, copy=True)
@@ -74,10 +74,9 @@ def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
     if found is None:
         return None
     dense = a.toarray() != 0
-    vector = 1
-    while rows % (2 * vector) == 0 and 2 * vector <= rows:
-        groups = dense.reshape(rows // (2 * vector), 2 * vector, k)
-        if not (groups == groups[:, :1]).all():
+    vector, row = 1, np.arange(rows)
+    while 2 * vector <= rows:  # each group of 2V rows (the last: the rows left) as its first row
+        if not (dense == dense[row - row % (2 * vector)]).all():
             break
         vector *= 2
     return found[0], found[1], vector

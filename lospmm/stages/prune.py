@@ -35,7 +35,8 @@ WEIGHT_METHODS = ("magnitude", "global", "keep")  # they need real weights
 @dataclass(frozen=True, order=True)
 class NMPattern:
     """N:M sparsity: at most `n` of every `m` consecutive weights along K kept; rows in groups of
-    `vector` consecutive rows share one pattern (1: element-wise)."""
+    `vector` consecutive rows share one pattern (1: element-wise; a layer's last group holds the rows
+    left, fewer where its rows are not a multiple of `vector`, as NM-SpMM pads them)."""
 
     n: int
     m: int
@@ -65,8 +66,6 @@ class NMPattern:
             return f"{layer}: K={k} is narrower than one group of M={self.m} ({self.method})"
         if k % self.m:
             return f"{layer}: K={k} is not a multiple of M={self.m} ({self.method} groups K by M)"
-        if m % self.vector:
-            return f"{layer}: M={m} rows are not a multiple of the vector length {self.vector} ({self.method})"
         return ""
 
 
@@ -306,15 +305,16 @@ def random_pruned(m: int, k: int, sparsity: float, rng: np.random.Generator) -> 
 def nm_pruned(weight: np.ndarray, pattern: NMPattern) -> sp.csr_matrix:
     """In every group of `pattern.m` consecutive columns of every group of `pattern.vector` rows,
     the `pattern.n` columns of largest Σ|w| over those rows kept (ties: the lower column); K a
-    multiple of M and the rows of V (NMPattern.problem)."""
+    multiple of M (NMPattern.problem). The last group of rows holds those left when V does not divide them."""
     w = np.ascontiguousarray(weight, dtype=np.float32)
     rows, k = w.shape
     v, m, n = pattern.vector, pattern.m, pattern.n
-    score = np.abs(w).reshape(rows // v, v, k // m, m).sum(axis=1)  # (row groups, column groups, M)
+    padded = _rows_padded(np.abs(w), v)  # rows of zeros add nothing to the last group's sums
+    score = padded.reshape(-1, v, k // m, m).sum(axis=1)  # (row groups, column groups, M)
     top = np.argsort(-score, axis=-1, kind="stable")[..., :n]
     keep = np.zeros_like(score, dtype=bool)
     np.put_along_axis(keep, top, True, axis=-1)
-    mask = np.repeat(keep[:, None], v, axis=1).reshape(rows, k) & (w != 0)
+    mask = _group_rows(keep, v, rows, k) & (w != 0)
     return sp.csr_matrix(np.where(mask, w, np.float32(0)))
 
 
@@ -322,13 +322,24 @@ def random_nm_pruned(rows: int, k: int, pattern: NMPattern, rng: np.random.Gener
     """N uniformly chosen positions in every group of M columns (one choice per vector of V rows),
     N(0, 1) values: the zoo's N:M benchmark weights."""
     v, m, n = pattern.vector, pattern.m, pattern.n
-    score = rng.random((rows // v, k // m, m))
+    score = rng.random((-(-rows // v), k // m, m))
     keep = np.zeros_like(score, dtype=bool)
     np.put_along_axis(keep, np.argsort(score, axis=-1)[..., :n], True, axis=-1)
-    mask = np.repeat(keep[:, None], v, axis=1).reshape(rows, k)
+    mask = _group_rows(keep, v, rows, k)
     values = rng.standard_normal((rows, k)).astype(np.float32)
     values[values == 0] = np.float32(1e-3)  # an exact zero would drop out of the pattern
     return sp.csr_matrix(np.where(mask, values, np.float32(0)))
+
+
+def _rows_padded(a: np.ndarray, vector: int) -> np.ndarray:
+    """`a` with rows of zeros appended up to a multiple of `vector`."""
+    short = -a.shape[0] % vector
+    return np.pad(a, ((0, short), (0, 0))) if short else a
+
+
+def _group_rows(keep: np.ndarray, vector: int, rows: int, k: int) -> np.ndarray:
+    """The (rows, k) mask of each group's kept columns (keep: (groups, K/M, M)), its padding rows cut."""
+    return np.repeat(keep[:, None], vector, axis=1).reshape(-1, k)[:rows]
 
 
 def nm_pattern_of(matrix: sp.csr_matrix) -> NMPattern | None:

@@ -152,11 +152,12 @@ def _nm_reference(weight: np.ndarray, n: int, m: int, v: int) -> np.ndarray:
 
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from([(1, 2), (2, 4), (1, 4), (2, 8), (4, 32), (12, 32), (16, 32)]), st.sampled_from([1, 2, 4]),
-       st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31))
-def test_nm_pruning_keeps_the_largest_n_of_every_m(nm, v, row_groups, col_groups, seed):
+       st.integers(1, 6), st.integers(0, 3), st.integers(1, 4), st.integers(0, 2**31))
+def test_nm_pruning_keeps_the_largest_n_of_every_m(nm, v, row_groups, rows_short, col_groups, seed):
     n, m = nm
     rng = np.random.default_rng(seed)
-    weight = rng.standard_normal((v * row_groups, m * col_groups)).astype(np.float32)
+    rows = max(1, v * row_groups - rows_short % v)  # the last group of V rows may hold fewer
+    weight = rng.standard_normal((rows, m * col_groups)).astype(np.float32)
     weight[rng.random(weight.shape) < 0.05] = 0  # zeros already there stay zeros
     pattern = NMPattern(n, m, v)
     a = nm_pruned(weight, pattern)
@@ -185,9 +186,15 @@ def test_nm_pruned_layers_record_the_pattern_and_bad_layers_say_why():
     zoo = pruned_layer(_shape(m=16, k=64), 0.75, PruneParams(method="nm:8:32:4"))  # no weights: random positions
     assert zoo.pattern == NMPattern(8, 32, 4) and zoo.nnz == 16 * 64 // 4
     assert nm_pattern_of(zoo.matrix) == NMPattern(8, 32, 4)
+    # rows not a multiple of V (a classifier's 1000 outputs in vectors of 32): the last vector holds the 8 left
+    odd = pruned_layer(_shape(m=1000, k=64), 0.75, PruneParams(method="nm:8:32:32"),
+                       np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32))
+    assert odd.status != Status.ERROR and odd.pattern == NMPattern(8, 32, 32) and odd.nnz == 1000 * 64 // 4
+    assert nm_pattern_of(odd.matrix) == NMPattern(8, 32, 32)
+    last = odd.matrix.toarray()[992:] != 0
+    assert (last == last[0]).all() and not (last == (odd.matrix.toarray()[960] != 0)).all()  # one pattern of its own
     for shape, method, words in ((_shape(k=30), "nm:2:4", "K=30 is not a multiple of M=4"),
-                                 (_shape(k=16), "nm:16:32", "K=16 is narrower than one group of M=32"),
-                                 (_shape(m=6, k=64), "nm:2:4:4", "M=6 rows are not a multiple of the vector length 4")):
+                                 (_shape(k=16), "nm:16:32", "K=16 is narrower than one group of M=32")):
         bad = pruned_layer(shape, 0.5, PruneParams(method=method))
         assert bad.status == Status.ERROR and bad.message.startswith("fc: ") and words in bad.message, bad.message
     with pytest.raises(ValueError, match="N < M"):

@@ -56,8 +56,9 @@ def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ..
         if spec is None:
             raise ModuleNotFoundError(f"no module named {name!r}", name=name)
         source = _source(spec)
-        seen[name] = _code_text(source) + (_code_files(importlib.import_module(name)) if "__code_files__" in source else "")
-        todo.extend(_imports_under(prefix, source, name, spec.submodule_search_locations is not None))
+        code, imports = _code_and_imports(prefix, source, name, spec.submodule_search_locations is not None)
+        seen[name] = code + (_code_files(importlib.import_module(name)) if "__code_files__" in source else "")
+        todo.extend(imports)
     return seen
 
 
@@ -77,12 +78,15 @@ class _WithoutDocstrings(ast.NodeTransformer):
         return node
 
 
-@lru_cache(maxsize=4096)  # every stage's closure holds most modules: each is parsed and dumped once
-def _code_text(source: str) -> str:
-    """A module's code as its version sees it: its syntax tree without docstrings, so comments, docstrings
-    and layout are not in it. Editing what only a reader sees then keeps every artifact's cache key and
-    every prepared GPU bundle; editing what runs changes them."""
-    return ast.dump(_WithoutDocstrings().visit(ast.parse(source)))
+@lru_cache(maxsize=4096)  # every stage's closure holds most modules: each is parsed and dumped once a process
+def _code_and_imports(prefix: str, source: str, module_name: str, is_package: bool) -> tuple[str, tuple[str, ...]]:
+    """A module's code as its version sees it, and the modules under `prefix` it imports. The code is its
+    syntax tree without docstrings, so comments, docstrings and layout are not in it: editing what only a
+    reader sees then keeps every artifact's cache key and every prepared GPU bundle; editing what runs
+    changes them."""
+    tree = ast.parse(source)  # once: the imports are read before the docstrings are dropped from it
+    imports = tuple(_each_import_under(prefix, tree, module_name, is_package))
+    return ast.dump(_WithoutDocstrings().visit(tree)), imports
 
 
 @lru_cache(maxsize=None)
@@ -95,14 +99,9 @@ def module_closure_hash(module_name: str, prefix: str = "lospmm", skip: tuple[st
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=4096)  # each stage's closure walks most modules: parse each once a process
-def _imports_under(prefix: str, source: str, module_name: str, is_package: bool) -> tuple[str, ...]:
-    return tuple(_each_import_under(prefix, source, module_name, is_package))
-
-
-def _each_import_under(prefix: str, source: str, module_name: str, is_package: bool) -> Iterable[str]:
+def _each_import_under(prefix: str, tree: ast.Module, module_name: str, is_package: bool) -> Iterable[str]:
     package = module_name if is_package else module_name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative import
