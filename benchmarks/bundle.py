@@ -98,7 +98,9 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     checked without a GPU). `stop_at` (a time.monotonic() value): no kernel is started after it; the
     kernels built by then are the launch rows of an unfinished bundle (no bundle.json) that can be
     measured, and the next build goes on from them (on the GPU machine a step builds for part of its
-    budget and measures what it built, rather than building past the command's limit)."""
+    budget and measures what it built, rather than building past the command's limit). `sass`: each
+    compiled kernel's SASS facts (sass_facts) in its rows; NvdisasmMissing before anything is built where
+    nvdisasm is not there to read them (a bundle without them lacks the A/B table's instruction columns)."""
     import pyarrow.parquet as pq
 
     from lospmm.devices import device_named
@@ -109,6 +111,14 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     from lospmm.sparse_file import write_matrix
     from lospmm.stages.compile import kernel_options
 
+    if sass:
+        from lospmm.kernel.sass import NvdisasmMissing, nvdisasm
+
+        try:
+            nvdisasm()
+        except NvdisasmMissing as e:
+            raise NvdisasmMissing(f"{name}: {e}: a bundle's rows carry each kernel's SASS facts (instructions per "
+                                  f"multiply-add, code bytes); pip install -e '.[bench]'") from None
     dest = Path(into) / name
     # the code this build runs, hashed before it starts: sources edited while it builds (hours, for a
     # large set) must not lend their hash to kernels rendered by the code loaded before; and a build
@@ -197,7 +207,8 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
     facts = {"name": name, "set": set_name or name, "options": options or {},
              "inputs": inputs, "arch": arch,
              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.perf_counter() - t_start, 1),
-             "kernels": len(jobs), "launches": len(rows), "compiled": sum(r["status"] == "ok" for r in rows)}
+             "kernels": len(jobs), "launches": len(rows), "compiled": sum(r["status"] == "ok" for r in rows),
+             "sass": sass}
     atomic_write(dest / "bundle.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1), encoding="utf-8"))
     return dest
 

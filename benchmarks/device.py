@@ -870,12 +870,20 @@ def opened_bundle(spec: BundleSpec, carry: Path, unpack: Path, build: bool, jobs
     if hard_at is None:  # a build with no hard stop is what lost a whole call (built_within's docstring)
         raise ValueError(f"{spec.name}: a build on the GPU machine needs the time it is stopped at (hard_at)")
     say(f"{spec.name}: building here on {jobs} cores")
+    from lospmm.kernel.sass import NvdisasmMissing, nvdisasm
+
+    try:
+        sass = bool(nvdisasm())
+    except NvdisasmMissing:  # the GPU's time is for measuring: built without, and said so in its log
+        sass = False
+        say(f"{spec.name}: no nvdisasm on this machine: its rows carry no SASS facts (instructions per multiply-add, "
+            f"code bytes); a bundle prepared ahead (python -m benchmarks.device prepare) has them")
     planned = sorted(set_jobs(spec.set, **spec.options), key=lambda job: job.planned.id in measured)  # stable
     new = sum(job.planned.id not in measured for job in planned)
     if measured and new:
         say(f"{spec.name}: the {new} kernels with launches never measured here first")
     return [built_within(spec.name, planned, bundles.HOME, jobs, hard_at, say=say, set_name=spec.set,
-                         options=spec.options, stop_at=stop_at)]
+                         options=spec.options, stop_at=stop_at, sass=sass)]
 
 
 class Log:
@@ -1506,7 +1514,12 @@ def main(argv=None) -> None:
     if args.command == "status":
         status()
     elif args.command == "prepare":
-        prepare(step_named(args.step), args.jobs, pack=not args.no_pack)
+        from lospmm.kernel.sass import NvdisasmMissing
+
+        try:
+            prepare(step_named(args.step), args.jobs, pack=not args.no_pack)
+        except NvdisasmMissing as e:  # before anything is built: one line, what to install
+            raise SystemExit(f"error: {e}") from None
     elif args.command in ("run", "next"):
         started = time.monotonic()
         try:

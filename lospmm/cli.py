@@ -400,8 +400,10 @@ def kernel(
     run_id: Optional[str] = typer.Argument(None, help="Run (default: the latest)."),
     layer: str = typer.Option(..., "--layer", help="Layer name as in the run's artifacts, or text in only one layer's name."),
     m1: Optional[int] = typer.Option(None, "--m1", help="Rows per thread (an M1 the run reordered for); a baked "
-                                     "kernel's tile, with --n1."),
-    n1: Optional[int] = typer.Option(None, "--n1", help="Threads per block."),
+                                     "kernel's tile, with --n1. Without --m1, --n1 and --design: the kernel the run "
+                                     "served the layer with (its tile, design, form and dtype), written again and "
+                                     "checked."),
+    n1: Optional[int] = typer.Option(None, "--n1", help="Threads per block (a multiple of 32)."),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Needed when the run has several."),
     out: Path = typer.Option(Path("kernel"), "--out", help="Kernel directory to write."),
     compile_: bool = typer.Option(True, "--compile/--no-compile", help="Compile with NVRTC (compile cache)."),
@@ -410,9 +412,10 @@ def kernel(
                                        "directly (no im2col matrix), write NCHW output; checked against a "
                                        "reference convolution."),
     relu: bool = typer.Option(False, "--relu", help="Fuse ReLU into the kernel (after the bias and activation the run fuses, if any)."),
-    design: str = typer.Option(_RUN.design, "--design", help=_DESIGN_HELP + " Here `nm` too: the N:M kernel "
-                               "of a layer pruned N:M (A compressed, B through shared memory; its blocking the "
-                               "estimate's cheapest, no --m1/--n1)."),
+    design: Optional[str] = typer.Option(None, "--design", show_default=False, help=_DESIGN_HELP + " Here `nm` "
+                                         "too: the N:M kernel of a layer pruned N:M (A compressed, B through shared "
+                                         "memory; its blocking the estimate's cheapest, no --m1/--n1). Default here: "
+                                         "the run's --design (under auto, chained)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, or a half kernel: fp16 or bf16 (B and C in "
                                         "that dtype, A's values rounded to it; two columns per thread, one packed "
                                         "FMA per nonzero); default: the run's kernels' dtype."),
@@ -424,12 +427,12 @@ def kernel(
                                                 "every K nonzeros of a row (0: never); default: the run's."),
     artifacts: str = _ARTIFACTS,
 ) -> None:
-    """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json."""
-    from lospmm.flows.kernels import write_full_kernel
+    """Write the full Alg. 2 kernel of one layer and tile: kernel.cu, kernel.cubin and kernel.json (by
+    default the kernel the run served the layer with)."""
+    from lospmm.flows.kernels import served_kernel, write_full_kernel
     from lospmm.flows.storage.runs import run_record
     from lospmm.flows.storage.store import ArtifactError
     from lospmm.flows.config import source_design
-    from lospmm.kernel.check import CheckResult
 
     existed = out.exists()
     if existed and not out.is_dir():
@@ -438,24 +441,35 @@ def kernel(
     if existed and any(out.iterdir()) and not (out / "kernel.json").exists():
         _fail(f"--out {out}: a directory of other files, not a kernel directory (give a new path, or a kernel "
               f"directory to replace)")
+    served = None
     try:
         if dtype not in (None, "fp32", "fp16", "bf16"):
             raise ValueError(f"--dtype {dtype}: choose fp32, fp16 or bf16")
-        kernel_design = read_design(design)
-        if kernel_design.half:
-            raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
-                             f"and --promote-every")
-        if kernel_design.tiled and (m1 is None or n1 is None):
-            raise ValueError("--m1 and --n1: the tile of the kernel (an M1 the run reordered for, and threads per "
-                             "block; `lospmm inspect RUN --stage emit` shows each layer's)")
-        if not kernel_design.tiled and (m1 is not None or n1 is not None):
-            raise ValueError(f"--design {design}: its kernel picks its own blocking; leave out --m1 and --n1")
-        m1, n1 = m1 or 0, n1 or 0
+        as_served = design is None and m1 is None and n1 is None  # the run's own kernel of the layer
+        if as_served:
+            for given, flag in ((dtype, "--dtype"), (accumulate, "--accumulate"), (promote_every, "--promote-every")):
+                if given is not None:
+                    raise ValueError(f"{flag}: the kernel the run served is in its own number format; give --design "
+                                     f"(with --m1 and --n1 for a baked one) to write another")
+        elif design is not None:
+            _asked_design(design, m1, n1)  # before any run is read
         record = run_record(artifacts, run_id)
         cfg = record["config"]  # what the run's kernels were, where not told otherwise
-        kernel_design = source_design(kernel_design, dtype or _run_dtype(record),
-                                      (cfg.get("accumulate") or "packed") if accumulate is None else accumulate,
-                                      (cfg.get("promote_every") or 0) if promote_every is None else promote_every)
+        if as_served:
+            served = served_kernel(artifacts, record, layer, sparsity)
+            if implicit_conv and not served.implicit_conv:
+                raise ValueError(f"--implicit-conv: the run served {served.layer} by a GEMM kernel ({served.label}); "
+                                 f"give --design (and --m1 --n1) for an implicit-im2col one")
+            layer, sparsity, implicit_conv = served.layer, served.sparsity, served.implicit_conv
+            m1, n1, kernel_design = served.m1, served.n1, served.design
+        else:
+            if design is None:  # the run's, but auto searched designs per layer: its default then
+                design = cfg.get("design") or _RUN.design
+                design = _RUN.design if design == "auto" else design
+            kernel_design = source_design(_asked_design(design, m1, n1), dtype or _run_dtype(record),
+                                          (cfg.get("accumulate") or "packed") if accumulate is None else accumulate,
+                                          (cfg.get("promote_every") or 0) if promote_every is None else promote_every)
+            m1, n1 = m1 or 0, n1 or 0
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
                                   implicit_conv, relu, kernel_design)
     except (LookupError, ValueError) as e:
@@ -470,6 +484,37 @@ def kernel(
         _fail(f"{type(e).__name__}: {e}" + ("; the compile cache under --artifacts must be writable to build a "
                                               "kernel it lacks (or pass --no-compile)" if in_cache else ""),
               code=EXIT_RUN_FAILED)
+    _kernel_written(facts, out, m1, n1, kernel_design, implicit_conv, served, relu)
+
+
+def _asked_design(design: str, m1: int | None, n1: int | None):
+    """`lospmm kernel`'s design (fp32: --dtype makes it half), with the tile its kernel needs, or none where
+    it picks its own blocking; ValueError naming what is wrong."""
+    kernel_design = read_design(design)
+    if kernel_design.half:
+        raise ValueError(f"--design {design}: give a half kernel's dtype and sums with --dtype, --accumulate "
+                         f"and --promote-every")
+    if kernel_design.tiled and (m1 is None or n1 is None):
+        raise ValueError("--m1 and --n1: the tile of the kernel (an M1 the run reordered for, and threads per "
+                         "block; `lospmm inspect RUN --stage emit` shows each layer's), or neither with no --design "
+                         "for the kernel the run served")
+    if not kernel_design.tiled and (m1 is not None or n1 is not None):
+        raise ValueError(f"--design {design}: its kernel picks its own blocking; leave out --m1 and --n1")
+    return kernel_design
+
+
+def _kernel_written(facts: dict, out: Path, m1: int, n1: int, kernel_design, implicit_conv: bool, served=None,
+                    relu: bool = False) -> None:
+    """`lospmm kernel`'s report of the kernel it wrote (exit 1 where its host check failed); `served`: the
+    run's kernel it wrote again (flows.kernels.ServedKernel), whose name it must have unless --relu changed it."""
+    from lospmm.kernel.check import CheckResult
+
+    if served is not None:
+        same = facts["kernel"] == served.kernel
+        console.print(f"the kernel the run served {served.layer} with at sparsity {served.sparsity:g}: {served.label}"
+                      + ("" if same or relu else f" [yellow](written again it is {facts['kernel']}, served as "
+                                                 f"{served.kernel}: the code changed since the run?)[/]")
+                      + (" (with --relu fused)" if relu else ""))
     c = facts.get("compile", {})
     console.print(f"[bold]{facts['kernel']}[/] → {out}/  {kernel_design.dtype} M={facts['m']} K={facts['k']} nnz={facts['nnz']} "
                   + (f"N:M {facts['nm']['label']}" if facts.get("nm") else f"tile=({m1},{n1})")

@@ -71,6 +71,8 @@ def prefect_server(migrated_prefect_db):
         assert seeded and url.endswith(f"{seeded[0]}/prefect-test.db"), \
             f"prefect_test_harness no longer uses the seeded database ({url}): mend tests/conftest.py"
         yield home
+    # (the harness removes its database's folder itself, at exit): left behind, /tmp gathered a home per worker per run
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

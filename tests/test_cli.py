@@ -174,6 +174,15 @@ def test_run_inspect_and_rerun(tmp_path):
     assert bad.exit_code == 2 and "choose one of" in bad.output
     beyond = runner.invoke(app, ["rerun", "--stage", "emit", *common])
     assert beyond.exit_code == 2 and "it has no 'emit' stage" in beyond.output
+    # `lospmm kernel` without a tile writes the kernel the run served: this run served none
+    out = ["--out", str(tmp_path / "k"), *common]
+    served = runner.invoke(app, ["kernel", "--layer", "pooler", *out])
+    assert served.exit_code == 2 and (f"run {run_record(root)['run_id']} stopped after constrain (--until constrain): it has no emit "
+                                      "artifact; --m1 and --n1 write a kernel of a tile the run reordered for"
+                                      in " ".join(served.output.split())), served.output
+    odd = runner.invoke(app, ["kernel", "--layer", "pooler", "--m1", "8", "--n1", "50", *out])
+    assert odd.exit_code == 2 and "--n1 50: threads per block are a multiple of 32 up to 1024 on the" in odd.output
+    assert not (tmp_path / "k").exists()
 
 
 def test_train_ranker_writes_a_usable_model(tmp_path):

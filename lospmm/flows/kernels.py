@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,11 +31,12 @@ from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.numbers import in_format
 from lospmm.kernel.nm import NMTiling
-from lospmm.kernel.package import cleared, moved_package, write_cubin, write_record, write_source
+from lospmm.kernel.package import cleared, moved_package, read_package, write_cubin, write_record, write_source
 from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
+from lospmm.stages.constrain import n1_choices
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
                                 host_check_columns, measured_contenders, ranked_designs, served_design, served_form,
                                 speedup, timed_ok, timed_rows)
@@ -73,16 +75,8 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     activation). A half `design` (kernel.design.half_design) is a half kernel of the same tile, A
     rounded to its dtype. The nm design writes the N:M kernel of a layer whose A holds an N:M pattern,
     in the blocking the estimate prices lowest at the run's N (`m1` and `n1` are not used)."""
-    entries = {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
-    sparsities = sorted({s for (st, s) in entries if st == "reorder"})
-    if not sparsities:
-        raise LookupError(why_no_artifact(record, "reorder"))
-    if sparsity is None:
-        if len(sparsities) != 1:
-            raise LookupError(f"run {record['run_id']} has sparsities {sparsities}; pick one with --sparsity")
-        sparsity = sparsities[0]
-    if ("reorder", sparsity) not in entries:
-        raise LookupError(f"run {record['run_id']} has no reorder artifact at sparsity {sparsity}")
+    entries = _entries(record)
+    sparsity = _sparsity_of(record, entries, "reorder", sparsity)
     pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"])
     reordered = read_artifact(Path(root) / entries[("reorder", sparsity)]["path"])
     layers = pruned.column("layer").to_pylist()
@@ -105,6 +99,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
         nm = untiled_served(matrix, shape["n"], device, design, layer, conv=implicit_conv).nm
         tiles = None
     else:
+        tile_problem(design, m1, n1, device)
         at = {(reordered.column("layer")[i].as_py(), reordered.column("m1")[i].as_py()): i
               for i in range(reordered.num_rows)}
         if (layer, m1) not in at:
@@ -122,6 +117,77 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     return emitted_kernel(root, matrix, tiles, layer, sparsity, n1, arch, Path(out_dir), compile_, verify,
                           conv=conv_geometry(shape) if implicit_conv else None, design=design, epilogue=epilogue,
                           nm=nm)
+
+
+def tile_problem(design: KernelDesign, m1: int, n1: int, device) -> None:
+    """ValueError where no kernel of `design` has the tile (m1, n1) on `device`: N1 not one the search
+    would try (a multiple of the warp up to the block's thread limit; a staged design's own), or a
+    block past what the design launches (KernelDesign.block_problem)."""
+    if design.fixed_n1 and n1 != design.fixed_n1:
+        raise ValueError(f"--n1 {n1}: design {design.label} has N1 = {design.fixed_n1} (32 threads a tile's warp)")
+    if n1 not in n1_choices(device):
+        raise ValueError(f"--n1 {n1}: threads per block are a multiple of {device.warp_size} up to "
+                         f"{device.max_threads_per_block} on the {device.name}")
+    problem = design.block_problem(m1, n1)
+    if problem:
+        raise ValueError(f"--m1 {m1} --n1 {n1}: {problem}")
+
+
+@dataclass(frozen=True)
+class ServedKernel:
+    """The kernel a run's emit stage served a layer with (10_kernels and its kernel directory), as
+    `lospmm kernel` writes it again when given no tile or design."""
+
+    layer: str
+    sparsity: float
+    m1: int
+    n1: int
+    design: KernelDesign  # as served: a convolution's in its conv form, a half kernel's in its number format
+    implicit_conv: bool
+    kernel: str  # its name (the hash of its text): the same kernel written again has it too
+    label: str  # 10_kernels' design cell, as the run's summary shows it
+
+
+def served_kernel(root: str, record: dict, layer: str, sparsity: float | None = None) -> ServedKernel:
+    """The kernel the run served `layer` with (its whole name, or text only its name contains) at
+    `sparsity` (needed where the run has several), from its emit artifact and the kernel directory it
+    names (read_package: every file as emit wrote it). LookupError saying why there is none: the run
+    has no emit artifact, or served the layer no kernel."""
+    entries = _entries(record)
+    try:
+        sparsity = _sparsity_of(record, entries, "emit", sparsity)
+    except LookupError as e:
+        raise LookupError(f"{e}; --m1 and --n1 write a kernel of a tile the run reordered for") from None
+    rows = read_artifact(Path(root) / entries[("emit", sparsity)]["path"]).to_pylist()
+    layer = layer_asked([r["layer"] for r in rows], layer)
+    row = next(r for r in rows if r["layer"] == layer)
+    if row["status"] != Status.OK or not row.get("kernel_dir"):
+        raise LookupError(f"{layer}: the run served it no kernel ({row.get('message') or row['status']}); --m1 and "
+                          f"--n1 write a kernel of a tile the run reordered for")
+    facts = read_package(Path(root) / row["kernel_dir"]).facts
+    # the row's tile (kernel.json's n1 is a block's threads: a staged block's tiles together)
+    return ServedKernel(layer, sparsity, row["m1"], row["n1"], KernelDesign.of_facts(facts["design"]),
+                        row["form"] == "implicit-conv", facts["kernel"], row["design"])
+
+
+def _entries(record: dict) -> dict:
+    """The run's artifacts by (stage, sparsity)."""
+    return {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
+
+
+def _sparsity_of(record: dict, entries: dict, stage: str, sparsity: float | None) -> float:
+    """The sparsity asked (the run's only one when None) at which the run has a `stage` artifact;
+    LookupError saying why not."""
+    sparsities = sorted({s for (st, s) in entries if st == stage})
+    if not sparsities:
+        raise LookupError(why_no_artifact(record, stage))
+    if sparsity is None:
+        if len(sparsities) != 1:
+            raise LookupError(f"run {record['run_id']} has sparsities {sparsities}; pick one with --sparsity")
+        sparsity = sparsities[0]
+    if (stage, sparsity) not in entries:
+        raise LookupError(f"run {record['run_id']} has no {stage} artifact at sparsity {sparsity}")
+    return sparsity
 
 
 def _failure(facts: dict) -> str:

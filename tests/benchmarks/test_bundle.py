@@ -166,3 +166,20 @@ def test_a_bundles_archives_are_its_own_not_those_of_a_bundle_whose_name_begins_
     assert [a.name for a in pack.archives_of("nm", tmp_path)] == ["nm-1of2.tar.xz", "nm-2of2.tar.xz", "nm.tar.xz"]
     assert [a.name for a in pack.archives_of("sample-0.9", tmp_path)] == ["sample-0.9.tar.xz"]
     assert [a.name for a in pack.archives_of("nm-spmm", tmp_path)] == ["nm-spmm-1of2.tar.xz", "nm-spmm.tar.xz"]
+
+
+def test_a_build_without_nvdisasm_stops_before_anything_is_built_unless_told_to_leave_sass_out(tmp_path, monkeypatch):
+    """A bundle's rows carry each kernel's SASS facts (the A/B table's instructions per multiply-add): a
+    prepare on a machine without nvdisasm built 143 kernels without them, and said nothing."""
+    from lospmm.kernel import sass
+    from lospmm.kernel.sass import NvdisasmMissing
+
+    def missing():
+        raise NvdisasmMissing("nvdisasm not found")
+
+    monkeypatch.setattr(sass, "nvdisasm", missing)
+    with pytest.raises(NvdisasmMissing, match=r"^b: nvdisasm not found: a bundle's rows carry each kernel's SASS"):
+        bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", say=lambda *_: None)
+    assert not (tmp_path / "b").exists()
+    folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    assert bundle.bundle_facts(folder)["sass"] is False and "instructions" not in bundle.bundle_rows(folder)[0]

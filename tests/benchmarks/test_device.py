@@ -3,6 +3,7 @@ step's bundles prepared (built, packed with their hashes) and found again, stale
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -47,6 +48,8 @@ def _tiny(monkeypatch, tmp_path):
     real = sets.set_jobs
     monkeypatch.setattr(sets, "set_jobs", lambda name, **o: [j for j in real(name, **o)
                                                              if j.planned.layer == "footprint-256"])
+    # without SASS facts: CI has no nvdisasm (the bench extra), and a build that needs it stops at once
+    monkeypatch.setattr(device.bundles, "build", functools.partial(device.bundles.build, sass=False))
     return step, spec
 
 
@@ -76,12 +79,23 @@ def test_a_build_on_the_gpu_machine_builds_the_launches_never_measured_first(tmp
     ids = [j.planned.id for j in sets.set_jobs("micro", n=5)]
     built = {}
     monkeypatch.setattr(device, "built_within", lambda name, planned, *a, **k: built.setdefault(
-        "order", [j.planned.id for j in planned]) and tmp_path)
+        "order", [j.planned.id for j in planned]) and built.setdefault("sass", k["sass"]) is not None and tmp_path)
     said = []
     device.opened_bundle(spec, tmp_path / "carry", tmp_path / "there", build=True, jobs=1, say=said.append,
                          hard_at=1e18, measured=frozenset(ids[:3]))
     assert built["order"] == ids[3:] + ids[:3]
     assert f"grown: the {len(ids) - 3} kernels with launches never measured here first" in said
+    # without nvdisasm there, the GPU's time goes on measuring: built without SASS facts, and said so
+    from lospmm.kernel import sass
+
+    def missing():
+        raise sass.NvdisasmMissing("nvdisasm not found")
+
+    monkeypatch.setattr(sass, "nvdisasm", missing)
+    built.clear()
+    device.opened_bundle(spec, tmp_path / "carry", tmp_path / "there", build=True, jobs=1, say=said.append,
+                         hard_at=1e18)
+    assert built["sass"] is False and any(line.startswith("grown: no nvdisasm on this machine") for line in said)
 
 
 def test_a_bundle_built_from_other_code_is_stale_and_rebuilt(tmp_path, monkeypatch):

@@ -326,10 +326,16 @@ def test_kernel_out_naming_an_existing_file_says_so(tmp_path):
 
 def test_kernel_asks_for_a_tile_only_where_the_design_has_one(tmp_path):
     """A baked kernel needs --m1 and --n1 (its tile); the nm design picks its own blocking, so a tile given
-    with it is refused rather than silently ignored. Both before any run is read."""
+    with it is refused rather than silently ignored; the served kernel takes no number format. All before
+    any run is read."""
     art = str(tmp_path / "art")
-    baked = runner.invoke(app, ["kernel", "--layer", "a", "--out", str(tmp_path / "k"), "--artifacts", art])
+    baked = runner.invoke(app, ["kernel", "--layer", "a", "--design", "chained", "--out", str(tmp_path / "k"),
+                                "--artifacts", art])
     assert baked.exit_code == 2 and "--m1 and --n1: the tile of the kernel" in baked.output
+    # no tile and no design: the kernel the run served, in its own number format
+    served = runner.invoke(app, ["kernel", "--layer", "a", "--dtype", "fp16", "--out", str(tmp_path / "k"),
+                                 "--artifacts", art])
+    assert served.exit_code == 2 and "--dtype: the kernel the run served is in its own number format" in served.output
     nm = runner.invoke(app, ["kernel", "--layer", "a", "--design", "nm", "--m1", "4", "--n1", "32",
                              "--out", str(tmp_path / "k"), "--artifacts", art])
     assert nm.exit_code == 2 and "picks its own blocking; leave out --m1 and --n1" in nm.output

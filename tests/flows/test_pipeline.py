@@ -238,7 +238,26 @@ def _served_by(root, paths, proxy_prefix: str, design_label: str) -> list[dict]:
     for r in emitted:
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
         assert json.loads((root / r["kernel_dir"] / "kernel.json").read_text())["design"]["label"] == design_label
+    assert _written_again_as_served(root) == {design_label}
     return emitted
+
+
+def _written_again_as_served(root) -> set[str]:
+    """Each emitted layer's kernel as `lospmm kernel` writes it with no tile or design (flows.kernels.served_kernel):
+    the kernel the run served, the same name (the hash of its text), in the design the run chose for it (the
+    command's old default was `chained`, whatever the run served); the designs' labels."""
+    from lospmm.flows.kernels import served_kernel, write_full_kernel
+
+    record = run_record(root, sorted(p.stem for p in (root / "runs").glob("*.json"))[-1])
+    labels = set()
+    for layer in ("enc.0.q.weight", "enc.0.ffn.weight"):
+        served = served_kernel(str(root), record, layer.split(".")[2])  # text in one layer's name finds it
+        assert served.layer == layer
+        again = write_full_kernel(str(root), record, layer, served.m1, served.n1, str(root.parent / f"again-{layer}"),
+                                  verify=False, design=served.design)
+        assert again["kernel"] == served.kernel and again["design"]["label"] == served.design.label
+        labels.add(served.design.label)
+    return labels
 
 
 def test_a_streamed_run_is_searched_by_streamed_proxies(tmp_path, weights_file):
@@ -314,6 +333,7 @@ def test_design_auto_searches_the_designs_through_every_stage(tmp_path, weights_
         assert r["status"] == "ok" and r["check"] == "host-asan" and r["max_rel_error"] < 1e-5
         facts = json.loads((root / r["kernel_dir"] / "kernel.json").read_text())
         assert facts["design"]["label"] in labels
+    _written_again_as_served(root)
 
 
 def test_full_kernel_directory_for_a_layer_of_a_run(tmp_path, weights_file):
