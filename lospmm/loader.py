@@ -53,6 +53,18 @@ class _Kernel:
         self._alignment = self.spec.alignment  # read once: a µs of every eager call otherwise
         self._kernel = self.package.on(backend)
 
+    def __repr__(self) -> str:
+        # what a user printing a loaded layer needs: which layer, its shape and sparsity, how it is served
+        from lospmm.kernel.design import short_design_label
+
+        spec, design = self.spec, short_design_label(self.facts.get("design", {}).get("label", ""))
+        nm = self.facts.get("nm")
+        served = f"N:M {nm['label']}" if isinstance(nm, dict) else f"tile {spec.m1}×{self.n1} {design}".rstrip()
+        shape = f"M={self.m} K={self.k} nnz={spec.nnz}" + (f" {spec.conv.cin}×{spec.conv.h}×{spec.conv.w} input"
+                                                          if spec.form == "conv" and spec.conv else "")
+        return (f"{type(self).__name__}({spec.layer!r}, {shape}, sparsity {spec.sparsity:g}, {self.dtype}, {served}, "
+                f"backend {self.backend!r}, {str(self.dir)!r})")
+
     def _launch(self, count: int, x, y):
         """One launch over `count` (N or a batch) of input `x` into output `y`. A kernel that computes
         several columns per thread runs on copies padded to its column multiple (and aligned) where

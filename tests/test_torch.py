@@ -142,6 +142,10 @@ def test_sparsify_serves_the_whole_model_on_the_emitted_kernels(searched):
     assert {r.module for r in fast.lospmm_replacements} == {"stem", "dw", "pw", "dilated", "fc"}
     # the implicit-im2col kernels read NCHW X themselves
     assert all(isinstance(getattr(fast, m).kernel, lt.SpConv) for m in ("stem", "dw", "pw", "dilated"))
+    # a loaded kernel says which layer it serves and how (it printed `<lospmm.loader.SpMM object at 0x…>`)
+    shown = repr(fast.fc.kernel)
+    assert shown.startswith("SpMM('fc.weight', M=10 K=32 nnz=") and "sparsity 0.7, fp32, tile " in shown and "backend 'host'" in shown
+    assert repr(fast.stem.kernel).startswith("SpConv('stem.weight', M=") and " input, sparsity 0.7" in repr(fast.stem.kernel)
     # the depthwise layer too: its pruned weight, block-diagonal, in an implicit-conv kernel
     assert 0.65 < float((ref.dw.weight == 0).float().mean()) < 0.75 and ref.dw.weight.shape == (16, 1, 3, 3)
     # the reference holds the kernels' pruned weights: about 70% zeros in every searched layer
