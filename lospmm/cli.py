@@ -403,8 +403,11 @@ def kernel(
                                      "kernel's tile, with --n1. Without --m1, --n1 and --design: the kernel the run "
                                      "served the layer with (its tile, design, form and dtype), written again and "
                                      "checked."),
-    n1: Optional[int] = typer.Option(None, "--n1", help="Threads per block (a multiple of 32)."),
+    n1: Optional[int] = typer.Option(None, "--n1", help="Threads per tile (a multiple of 32; a staged or sliced "
+                                     "block has several tiles' or slices' worth)."),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Needed when the run has several."),
+    model: Optional[str] = typer.Option(None, "--model", help="The run's model the layer is in: needed where "
+                                        "several hold it (a run of --zoo all: each CNN has an fc)."),
     out: Path = typer.Option(Path("kernel"), "--out", help="Kernel directory to write."),
     compile_: bool = typer.Option(True, "--compile/--no-compile", help="Compile with NVRTC (compile cache)."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Check on the host against scipy (ASan build)."),
@@ -456,22 +459,23 @@ def kernel(
         record = run_record(artifacts, run_id)
         cfg = record["config"]  # what the run's kernels were, where not told otherwise
         if as_served:
-            served = served_kernel(artifacts, record, layer, sparsity)
+            served = served_kernel(artifacts, record, layer, sparsity, model)
             if implicit_conv and not served.implicit_conv:
                 raise ValueError(f"--implicit-conv: the run served {served.layer} by a GEMM kernel ({served.label}); "
-                                 f"give --design (and --m1 --n1) for an implicit-im2col one")
-            layer, sparsity, implicit_conv = served.layer, served.sparsity, served.implicit_conv
+                                 f"give --m1 and --n1 for an implicit-im2col kernel of a tile")
+            layer, sparsity, implicit_conv, model = served.layer, served.sparsity, served.implicit_conv, served.model
             m1, n1, kernel_design = served.m1, served.n1, served.design
         else:
             if design is None:  # the run's, but auto searched designs per layer: its default then
                 design = cfg.get("design") or _RUN.design
-                design = _RUN.design if design == "auto" else design
+                design = _RUN.design if design == "auto" or not read_design(design).tiled else design
             kernel_design = source_design(_asked_design(design, m1, n1), dtype or _run_dtype(record),
                                           (cfg.get("accumulate") or "packed") if accumulate is None else accumulate,
                                           (cfg.get("promote_every") or 0) if promote_every is None else promote_every)
             m1, n1 = m1 or 0, n1 or 0
         facts = write_full_kernel(artifacts, record, layer, m1, n1, str(out), sparsity, compile_, verify,
-                                  implicit_conv, relu, kernel_design)
+                                  implicit_conv, relu, kernel_design, nm_tiling=served and served.nm_tiling,
+                                  model=model)
     except (LookupError, ValueError) as e:
         _fail(str(e))
     except (OSError, ArtifactError) as e:  # e.g. a read-only root whose compile cache lacks this kernel

@@ -59,7 +59,8 @@ class _Kernel:
 
         spec, design = self.spec, short_design_label(self.facts.get("design", {}).get("label", ""))
         nm = self.facts.get("nm")
-        served = f"N:M {nm['label']}" if isinstance(nm, dict) else f"tile {spec.m1}×{self.n1} {design}".rstrip()
+        tile_n1 = self.layout.threads // self.layout.groups  # a staged or sliced block holds several tiles' threads
+        served = f"N:M {nm['label']}" if isinstance(nm, dict) else f"tile {spec.m1}×{tile_n1} {design}".rstrip()
         shape = f"M={self.m} K={self.k} nnz={spec.nnz}" + (f" {spec.conv.cin}×{spec.conv.h}×{spec.conv.w} input"
                                                           if spec.form == "conv" and spec.conv else "")
         return (f"{type(self).__name__}({spec.layer!r}, {shape}, sparsity {spec.sparsity:g}, {self.dtype}, {served}, "

@@ -49,6 +49,7 @@ def prefect_server(migrated_prefect_db):
     """A temporary Prefect API (SQLite) for the integration tests, PREFECT_HOME in a temp dir, its
     database a copy of the migrated one."""
     home = tempfile.mkdtemp(prefix="lospmm-prefect-home-")
+    before = os.environ.get("PREFECT_HOME")
     os.environ["PREFECT_HOME"] = home
     from unittest import mock
 
@@ -73,6 +74,10 @@ def prefect_server(migrated_prefect_db):
         yield home
     # (the harness removes its database's folder itself, at exit): left behind, /tmp gathered a home per worker per run
     shutil.rmtree(home, ignore_errors=True)
+    if before is None:
+        os.environ.pop("PREFECT_HOME", None)
+    else:
+        os.environ["PREFECT_HOME"] = before
 
 
 @pytest.fixture(scope="session")

@@ -463,3 +463,29 @@ def test_lospmm_kernel_writes_the_runs_dtype_unless_told(tmp_path):
     half.unlink()
     with pytest.raises(ValueError, match="half.safetensors cannot be read to know its kernels' dtype; give --dtype"):
         _run_dtype(record)
+
+
+def test_lospmm_kernel_finds_a_layer_in_the_one_model_of_the_run_that_holds_it_or_asks_which(tmp_path):
+    """A run of several models: `lospmm kernel --layer fc` read the artifacts of whichever model came last,
+    and so another model's layer of the same name; now the layer's model is found, or asked for."""
+    common = ["--artifacts", str(tmp_path / "art")]
+    run = runner.invoke(app, ["run", "--zoo", "shufflenetv2", "--zoo", "resnet50", "--until", "extract", *common])
+    assert run.exit_code == 0, run.output
+    out = ["--out", str(tmp_path / "k"), *common]
+
+    def said(*args: str) -> str:
+        result = runner.invoke(app, ["kernel", *args, *out])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert ("--layer 'fc' is in 2 of the run's models: shufflenetv2 (fc), resnet50 (fc); give --model"
+            in said("--layer", "fc", "--m1", "1", "--n1", "32"))
+    assert "(--until extract): it has no reorder artifact" in said("--layer", "fc", "--model", "resnet50", "--m1", "1",
+                                                                   "--n1", "32")
+    assert "it has no emit artifact; --m1 and --n1 write" in said("--layer", "fc", "--model", "resnet50")
+    assert "--model vgg16: not a model of run" in said("--layer", "fc", "--model", "vgg16")
+    # text in one model's layer names alone needs no --model
+    assert "(--until extract): it has no reorder artifact" in said("--layer", "layer4.1.conv2", "--m1", "1",
+                                                                   "--n1", "32")
+    assert "layer 'nope' is not in the run" in said("--layer", "nope")
+    assert not (tmp_path / "k").exists()

@@ -23,14 +23,14 @@ from lospmm.flows.storage.store import read_artifact
 from lospmm.devices import device_named
 from lospmm.kernel.check import CheckResult, check_count, checked_paths
 from lospmm.kernel.cuda import CudaError, context_lost
-from lospmm.kernel.design import BASELINE, KernelDesign, design_named
+from lospmm.kernel.design import BASELINE, KernelDesign, design_named, short_design_label
 from lospmm.kernel.choices import served_options, untiled_served
 from lospmm.kernel.epilogue import Epilogue
 from lospmm.kernel.estimate import estimate_timer
 from lospmm.kernel.geometry import ConvGeometry
 from lospmm.kernel.host import HostKernel
 from lospmm.kernel.numbers import in_format
-from lospmm.kernel.nm import NMTiling
+from lospmm.kernel.nm import NMTiling, untiled_tiling
 from lospmm.kernel.package import cleared, moved_package, read_package, write_cubin, write_record, write_source
 from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
@@ -67,20 +67,22 @@ def layer_asked(layers: list[str], asked: str, shown: int = 12) -> str:
 def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out_dir: str,
                       sparsity: float | None = None, compile_: bool = True, verify: bool = True,
                       implicit_conv: bool = False, relu: bool = False, design: KernelDesign = BASELINE,
-                      epilogue: Epilogue | None = None) -> dict:
+                      epilogue: Epilogue | None = None, nm_tiling=None, model: str | None = None) -> dict:
     """Generate (and compile, verify) the full kernel of `layer` at tile (m1, n1) in `design`; returns
     its kernel.json. `implicit_conv`: for a convolution, the kernel reads the NCHW input itself (no
     im2col), with the layer's geometry from the run's shapes and ReLU fused when `relu`. `epilogue`:
     what the kernel fuses (default: what the run's emit stage fuses into this layer — its bias and
     activation). A half `design` (kernel.design.half_design) is a half kernel of the same tile, A
     rounded to its dtype. The nm design writes the N:M kernel of a layer whose A holds an N:M pattern,
-    in the blocking the estimate prices lowest at the run's N (`m1` and `n1` are not used)."""
-    entries = _entries(record)
+    in `nm_tiling` (a kernel's blocking, as served: ServedKernel.nm_tiling) or else the blocking the
+    estimate prices lowest at the run's N (`m1` and `n1` are not used). `model`: the run's model the
+    layer is in, where several hold it (run_layer)."""
+    model, layer = run_layer(root, record, layer, model)
+    entries = _entries(record, model)
     sparsity = _sparsity_of(record, entries, "reorder", sparsity)
     pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"])
     reordered = read_artifact(Path(root) / entries[("reorder", sparsity)]["path"])
     layers = pruned.column("layer").to_pylist()
-    layer = layer_asked(layers, layer)
     pruned_row = layers.index(layer)
     status = pruned.column("status")[pruned_row].as_py()
     if status != "ok":  # refused at prune: it has no A to render
@@ -96,7 +98,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     if not design.tiled:
         if implicit_conv and design.conv_kernel is None:
             raise ValueError(f"{layer}: design {design.label} is a GEMM kernel (no --implicit-conv)")
-        nm = untiled_served(matrix, shape["n"], device, design, layer, conv=implicit_conv).nm
+        nm = nm_tiling or untiled_served(matrix, shape["n"], device, design, layer, conv=implicit_conv).nm
         tiles = None
     else:
         tile_problem(design, m1, n1, device)
@@ -138,6 +140,7 @@ class ServedKernel:
     """The kernel a run's emit stage served a layer with (10_kernels and its kernel directory), as
     `lospmm kernel` writes it again when given no tile or design."""
 
+    model: str
     layer: str
     sparsity: float
     m1: int
@@ -146,41 +149,83 @@ class ServedKernel:
     implicit_conv: bool
     kernel: str  # its name (the hash of its text): the same kernel written again has it too
     label: str  # 10_kernels' design cell, as the run's summary shows it
+    nm_tiling: object = None  # an N:M kernel's blocking, as served (a GPU's emit serves the fastest it timed)
 
 
-def served_kernel(root: str, record: dict, layer: str, sparsity: float | None = None) -> ServedKernel:
-    """The kernel the run served `layer` with (its whole name, or text only its name contains) at
-    `sparsity` (needed where the run has several), from its emit artifact and the kernel directory it
-    names (read_package: every file as emit wrote it). LookupError saying why there is none: the run
-    has no emit artifact, or served the layer no kernel."""
-    entries = _entries(record)
-    try:
-        sparsity = _sparsity_of(record, entries, "emit", sparsity)
-    except LookupError as e:
-        raise LookupError(f"{e}; --m1 and --n1 write a kernel of a tile the run reordered for") from None
-    rows = read_artifact(Path(root) / entries[("emit", sparsity)]["path"]).to_pylist()
-    layer = layer_asked([r["layer"] for r in rows], layer)
-    row = next(r for r in rows if r["layer"] == layer)
-    if row["status"] != Status.OK or not row.get("kernel_dir"):
-        raise LookupError(f"{layer}: the run served it no kernel ({row.get('message') or row['status']}); --m1 and "
-                          f"--n1 write a kernel of a tile the run reordered for")
+def served_kernel(root: str, record: dict, layer: str, sparsity: float | None = None,
+                  model: str | None = None) -> ServedKernel:
+    """The kernel the run served `layer` with (its whole name, or text only its name contains; in
+    `model` where several of the run's models hold it) at `sparsity` (needed where the run has
+    several), from its emit artifact and the kernel directory it names (read_package: every file as
+    emit wrote it). LookupError saying why there is none: the run has no emit artifact, or served the
+    layer no kernel; ValueError where the run refused the layer at prune."""
+    model, layer = run_layer(root, record, layer, model)
+    entries = _entries(record, model)
+    sparsity = _sparsity_of(record, entries, "emit", sparsity,
+                            missing="; --m1 and --n1 write a kernel of a tile the run reordered for")
+    pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"]).to_pylist()
+    refused = next(r for r in pruned if r["layer"] == layer)
+    if refused["status"] != Status.OK:
+        why = refused.get("message") or refused["status"]
+        raise ValueError(f"{why if why.startswith(layer) else f'{layer}: {why}'}; the run refused this layer at "
+                         f"prune, so it has no kernel to write")
+    row = next((r for r in read_artifact(Path(root) / entries[("emit", sparsity)]["path"]).to_pylist()
+                if r["layer"] == layer), None)
+    if row is None or row["status"] != Status.OK or not row.get("kernel_dir"):
+        why = "its emit has no row of it" if row is None else row.get("message") or row["status"]
+        raise LookupError(f"{layer}: the run served it no kernel ({why}); --m1 and --n1 write a kernel of a tile "
+                          f"the run reordered for")
     facts = read_package(Path(root) / row["kernel_dir"]).facts
     # the row's tile (kernel.json's n1 is a block's threads: a staged block's tiles together)
-    return ServedKernel(layer, sparsity, row["m1"], row["n1"], KernelDesign.of_facts(facts["design"]),
-                        row["form"] == "implicit-conv", facts["kernel"], row["design"])
+    return ServedKernel(model, layer, sparsity, row["m1"], row["n1"], KernelDesign.of_facts(facts["design"]),
+                        row["form"] == "implicit-conv", facts["kernel"], short_design_label(row["design"]),
+                        untiled_tiling(facts["nm"]) if isinstance(facts.get("nm"), dict) else None)
 
 
-def _entries(record: dict) -> dict:
-    """The run's artifacts by (stage, sparsity)."""
-    return {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record)}
+def _entries(record: dict, model: str) -> dict:
+    """The run's artifacts of one model by (stage, sparsity)."""
+    return {(e["stage"], e.get("sparsity")): e for e in artifacts_of(record) if e.get("model") == model}
 
 
-def _sparsity_of(record: dict, entries: dict, stage: str, sparsity: float | None) -> float:
+def run_layer(root: str, record: dict, asked: str, model: str | None = None) -> tuple[str, str]:
+    """(model, layer): the run's layer `asked` names (layer_asked: its whole name, or text only one
+    layer's name contains), in `model`, or in the one model of the run that holds it. LookupError
+    naming the models where several do (a run of `--zoo all`: each CNN has its `fc`), or listing the
+    run's layers where none does."""
+    shapes = {e["model"]: e for e in artifacts_of(record) if e["stage"] == "extract"}
+    if not shapes:
+        raise LookupError(why_no_artifact(record, "extract"))
+    if model is not None and model not in shapes:
+        raise LookupError(f"--model {model}: not a model of run {record['run_id']}; its models: {', '.join(shapes)}")
+    rows = {m: read_artifact(Path(root) / e["path"]).to_pylist() for m, e in shapes.items() if model in (None, m)}
+    skipped = {r["layer"]: r["message"] for table in rows.values() for r in table if r["status"] == Status.SKIPPED}
+    if asked in skipped:  # a tensor extract passed over (a bias, a norm): no layer of the run
+        raise LookupError(f"{asked}: the run searched no kernel for it ({skipped[asked] or 'skipped at extract'})")
+    layers = {m: [r["layer"] for r in table if r["status"] != Status.SKIPPED] for m, table in rows.items()}
+    found, errors = [], []
+    for name, names in layers.items():
+        try:
+            found.append((name, layer_asked(names, asked)))
+        except LookupError as e:
+            errors.append(e)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise LookupError(f"--layer {asked!r} is in {len(found)} of the run's models: "
+                          f"{', '.join(f'{m} ({layer})' for m, layer in found)}; give --model")
+    ambiguous = [e for e in errors if "layers' names" in str(e)]  # text several of one model's layers hold
+    if ambiguous:
+        raise ambiguous[0]
+    layer_asked([layer for names in layers.values() for layer in names], asked)  # raises, listing the layers
+    raise LookupError(f"layer {asked!r} is not in run {record['run_id']}")
+
+
+def _sparsity_of(record: dict, entries: dict, stage: str, sparsity: float | None, missing: str = "") -> float:
     """The sparsity asked (the run's only one when None) at which the run has a `stage` artifact;
-    LookupError saying why not."""
+    LookupError saying why not (with `missing` added where the run has none at all)."""
     sparsities = sorted({s for (st, s) in entries if st == stage})
     if not sparsities:
-        raise LookupError(why_no_artifact(record, stage))
+        raise LookupError(why_no_artifact(record, stage) + missing)
     if sparsity is None:
         if len(sparsities) != 1:
             raise LookupError(f"run {record['run_id']} has sparsities {sparsities}; pick one with --sparsity")

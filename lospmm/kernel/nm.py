@@ -51,8 +51,8 @@ def held_pattern(matrix: sp.csr_matrix) -> tuple[int, int, int] | None:
     exactly N in at least 90% of the groups of its non-empty rows (a row pruned whole, or an output
     channel a checkpoint left at zero, is no evidence against the pattern), M in NM_GROUPS dividing K,
     N < M; the one of least N/M (then the smallest M), with the longest vector V of consecutive rows
-    that share each group's columns (2, 4, 8, …; the last vector holds the rows left) — or None when no group size fits
-    (stages.prune.nm_pattern_of names it an NMPattern). The 90% rule tells an N:M pruning (nearly every
+    that share each group's columns (2, 4, 8, …; the last vector holds the rows left) — or None when no
+    group size fits (stages.prune.nm_pattern_of names it an NMPattern). The 90% rule tells an N:M pruning (nearly every
     group filled to N) from unstructured sparsity (which merely stays under some N)."""
     a = sp.csr_matrix(matrix, copy=True)
     a.eliminate_zeros()  # a stored zero is no nonzero of the pattern (nm_operands drops it too)

@@ -426,3 +426,37 @@ def test_the_flows_wait_for_its_tasks_arms_no_alarm_signal(monkeypatch):
                         property(lambda self: __import__("prefect.states", fromlist=["Completed"]).Completed()))
     assert pipeline._awaited("run", submitted)
     assert signal.ITIMER_REAL not in armed
+
+
+def test_lospmm_kernel_writes_an_nm_layers_served_kernel_in_its_blocking_and_names_a_refused_layers_reason(
+        tmp_path, weights_file, monkeypatch):
+    """An N:M run (nm:2:4 in vectors of 32): `lospmm kernel` without a
+    tile writes each layer's served kernel again, an N:M one in the blocking emit served (a GPU's emit serves
+    the fastest blocking it timed, not the estimate's cheapest: nothing is priced again); a layer the run
+    refused at prune is named with its reason, not as missing."""
+    import lospmm.flows.kernels as kernels
+    from lospmm.flows.kernels import served_kernel, write_full_kernel
+
+    root = tmp_path / "artifacts"
+    result = pl.pipeline(config=_config(root, weights_file, sparsities=[0.5], m1s=[2, 8], until="emit",
+                                        prune="nm:2:4:32"))
+    record = run_record(root, result["run_id"])
+    emitted = {r["layer"]: r for r in pq.read_table(root / next(
+        e["path"] for e in record["entries"] if e["stage"] == "emit")).to_pylist()}
+    served_nm = [layer for layer, r in emitted.items() if r["status"] == "ok" and r["design"].startswith("nm ")]
+    assert served_nm, {layer: r["design"] for layer, r in emitted.items()}
+
+    def priced_again(*args, **kwargs):
+        raise AssertionError("the served kernel's blocking was priced again")
+
+    monkeypatch.setattr(kernels, "untiled_served", priced_again)
+    for layer in served_nm:
+        served = served_kernel(str(root), record, layer)
+        assert served.nm_tiling is not None and served.label == emitted[layer]["design"]
+        again = write_full_kernel(str(root), record, layer, served.m1, served.n1, str(tmp_path / layer), verify=False,
+                                  design=served.design, nm_tiling=served.nm_tiling)
+        assert again["kernel"] == served.kernel
+    with pytest.raises(ValueError, match=r"^enc\.0\.broken\.weight: .*NaN.*refused this layer at prune"):
+        served_kernel(str(root), record, "broken")
+    with pytest.raises(LookupError, match=r"^enc\.0\.q\.bias: the run searched no kernel for it \(.*bias \(1-D\)\)"):
+        served_kernel(str(root), record, "enc.0.q.bias")  # a tensor extract passed over

@@ -41,7 +41,7 @@ class ArtifactError(RuntimeError):
 
 
 def module_closure(module_name: str, prefix: str = "lospmm", skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """The code of a module (_code_text, with the files it reads as code) and, transitively, of every
+    """The code of a module (_code_and_imports, with the files it reads as code) and, transitively, of every
     module under `prefix` it imports (at module level or inside functions), except those in `skip`.
     Read from the files, not imported (only a module declaring `__code_files__` is, to read that list):
     the version of code that needs Prefect or a GPU library is known without them (the device program
