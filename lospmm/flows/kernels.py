@@ -82,14 +82,7 @@ def write_full_kernel(root: str, record: dict, layer: str, m1: int, n1: int, out
     sparsity = _sparsity_of(record, entries, "reorder", sparsity)
     pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"])
     reordered = read_artifact(Path(root) / entries[("reorder", sparsity)]["path"])
-    layers = pruned.column("layer").to_pylist()
-    pruned_row = layers.index(layer)
-    status = pruned.column("status")[pruned_row].as_py()
-    if status != "ok":  # refused at prune: it has no A to render
-        why = pruned.column("message")[pruned_row].as_py() or status
-        raise ValueError(f"{why if why.startswith(layer) else f'{layer}: {why}'}; the run refused this layer at prune, "
-                         f"so it has no kernel to write")
-    matrix = csr_from_row(pruned, pruned_row)
+    matrix = csr_from_row(pruned, _pruned_row(pruned, layer))
     shape = next(r for r in read_artifact(Path(root) / entries[("extract", None)]["path"]).to_pylist()
                  if r["layer"] == layer)
     device = device_named(record["config"]["gpu"])
@@ -163,15 +156,10 @@ def served_kernel(root: str, record: dict, layer: str, sparsity: float | None = 
     entries = _entries(record, model)
     sparsity = _sparsity_of(record, entries, "emit", sparsity,
                             missing="; --m1 and --n1 write a kernel of a tile the run reordered for")
-    pruned = read_artifact(Path(root) / entries[("prune", sparsity)]["path"]).to_pylist()
-    refused = next(r for r in pruned if r["layer"] == layer)
-    if refused["status"] != Status.OK:
-        why = refused.get("message") or refused["status"]
-        raise ValueError(f"{why if why.startswith(layer) else f'{layer}: {why}'}; the run refused this layer at "
-                         f"prune, so it has no kernel to write")
     row = next((r for r in read_artifact(Path(root) / entries[("emit", sparsity)]["path"]).to_pylist()
                 if r["layer"] == layer), None)
     if row is None or row["status"] != Status.OK or not row.get("kernel_dir"):
+        _pruned_row(read_artifact(Path(root) / entries[("prune", sparsity)]["path"]), layer)  # refused there?
         why = "its emit has no row of it" if row is None else row.get("message") or row["status"]
         raise LookupError(f"{layer}: the run served it no kernel ({why}); --m1 and --n1 write a kernel of a tile "
                           f"the run reordered for")
@@ -180,6 +168,18 @@ def served_kernel(root: str, record: dict, layer: str, sparsity: float | None = 
     return ServedKernel(model, layer, sparsity, row["m1"], row["n1"], KernelDesign.of_facts(facts["design"]),
                         row["form"] == "implicit-conv", facts["kernel"], short_design_label(row["design"]),
                         untiled_tiling(facts["nm"]) if isinstance(facts.get("nm"), dict) else None)
+
+
+def _pruned_row(pruned, layer: str) -> int:
+    """The row of `layer` in the run's prune artifact (a pyarrow table); ValueError with the reason where
+    the run refused the layer there (it has no A to render)."""
+    row = pruned.column("layer").to_pylist().index(layer)
+    status = pruned.column("status")[row].as_py()
+    if status != Status.OK:
+        why = pruned.column("message")[row].as_py() or status
+        raise ValueError(f"{why if why.startswith(layer) else f'{layer}: {why}'}; the run refused this layer at prune, "
+                         f"so it has no kernel to write")
+    return row
 
 
 def _entries(record: dict, model: str) -> dict:
