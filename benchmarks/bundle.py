@@ -117,8 +117,8 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
         try:
             nvdisasm()
         except NvdisasmMissing as e:
-            raise NvdisasmMissing(f"{name}: {e}: a bundle's rows carry each kernel's SASS facts (instructions per "
-                                  f"multiply-add, code bytes); pip install -e '.[bench]'") from None
+            raise NvdisasmMissing(f"{name}: {e}; a bundle's rows carry each kernel's SASS facts (instructions "
+                                  f"per multiply-add, code bytes)") from None
     dest = Path(into) / name
     # the code this build runs, hashed before it starts: sources edited while it builds (hours, for a
     # large set) must not lend their hash to kernels rendered by the code loaded before; and a build
@@ -208,7 +208,7 @@ def build(name: str, jobs, into: Path = HOME, threads: int = 2, arch: str = "sm_
              "inputs": inputs, "arch": arch,
              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.perf_counter() - t_start, 1),
              "kernels": len(jobs), "launches": len(rows), "compiled": sum(r["status"] == "ok" for r in rows),
-             "sass": sass}
+             "sass": sass_coverage(rows)}
     atomic_write(dest / "bundle.json", lambda tmp: Path(tmp).write_text(json.dumps(facts, indent=1), encoding="utf-8"))
     return dest
 
@@ -248,6 +248,13 @@ def _launch_rows(row: dict, job, timer) -> list[dict]:
         r["estimate_timer"] = timer.name
         out.append(r)
     return out
+
+
+def sass_coverage(rows: list[dict]) -> str:
+    """Which of a bundle's compiled rows carry their SASS facts: "all", "none", or "partial" (a build cut
+    off under one `sass` setting and resumed under the other, or a kernel nvdisasm could not read)."""
+    carried = [r.get("instructions") is not None for r in rows if r.get("status") == "ok"]
+    return "all" if carried and all(carried) else "partial" if any(carried) else "none"
 
 
 def sass_facts(cubin: bytes, source) -> dict:

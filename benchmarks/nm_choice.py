@@ -63,7 +63,7 @@ def main(argv=None) -> None:
         for shape in gemm_shapes(model):
             for method in args.patterns.split(","):
                 pattern = nm_pattern(method)
-                if pattern.problem(shape.layer, shape.m, shape.k):
+                if pattern.problem(shape.layer, shape.k):
                     continue
                 a = pruned_layer(shape, pattern.sparsity, PruneParams(method=method)).matrix
                 tile = searched_tile(shape, pattern.sparsity, BASELINE, device, timer, method)

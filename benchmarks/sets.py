@@ -600,7 +600,7 @@ def nm_plan(patterns=NM_PATTERNS, layers=AB_LAYERS, design: str = "baseline", gp
         shape = next(s for s in gemm_shapes(model) if s.layer == layer)
         for method in patterns:
             pattern = nm_pattern(method)
-            if pattern.problem(layer, shape.m, shape.k):
+            if pattern.problem(layer, shape.k):
                 continue
             for prune in (method, ""):
                 tile = searched_tile(shape, pattern.sparsity, kernel_design, device, timer, prune)

@@ -36,7 +36,7 @@ from lospmm.kernel.render import CodegenParams, kernel_source
 from lospmm.kernel.spec import KernelSpec
 from lospmm.kernel.timing import LaunchUnderTest, Timer
 from lospmm.stages.compile import kernel_options
-from lospmm.stages.constrain import n1_choices
+from lospmm.stages.constrain import design_n1s
 from lospmm.stages.emit import (EmitParams, check_column, cheapest_design, emit_failed, fastest_measured, fastest_proxy,
                                 host_check_columns, measured_contenders, ranked_designs, served_design, served_form,
                                 speedup, timed_ok, timed_rows)
@@ -118,9 +118,9 @@ def tile_problem(design: KernelDesign, m1: int, n1: int, device) -> None:
     """ValueError where no kernel of `design` has the tile (m1, n1) on `device`: N1 not one the search
     would try (a multiple of the warp up to the block's thread limit; a staged design's own), or a
     block past what the design launches (KernelDesign.block_problem)."""
-    if design.fixed_n1 and n1 != design.fixed_n1:
-        raise ValueError(f"--n1 {n1}: design {design.label} has N1 = {design.fixed_n1} (32 threads a tile's warp)")
-    if n1 not in n1_choices(device):
+    if n1 not in design_n1s(design, device):  # the N1 the search would have tried
+        if design.fixed_n1:
+            raise ValueError(f"--n1 {n1}: design {design.label} has N1 = {design.fixed_n1} (32 threads a tile's warp)")
         raise ValueError(f"--n1 {n1}: threads per block are a multiple of {device.warp_size} up to "
                          f"{device.max_threads_per_block} on the {device.name}")
     problem = design.block_problem(m1, n1)

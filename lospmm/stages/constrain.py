@@ -111,6 +111,12 @@ def n1_choices(device: Device) -> list[int]:
     return list(range(device.warp_size, device.max_threads_per_block + 1, device.warp_size))
 
 
+def design_n1s(design: KernelDesign, device: Device) -> list[int]:
+    """The N1 the search tries for a kernel of `design`: a staged design's own (KernelDesign.fixed_n1),
+    else every multiple of the warp up to the block's thread limit (n1_choices)."""
+    return [design.fixed_n1] if design.fixed_n1 else n1_choices(device)
+
+
 def constrained_candidates(
     n: int,
     tiles_by_m1: Mapping[int, TileStats],
@@ -133,7 +139,7 @@ def constrained_candidates(
     for m1 in sorted(tiles_by_m1):
         stats = tiles_by_m1[m1]
         regs = predicted_registers(m1, params, design, conv)
-        for n1 in [design.fixed_n1] if design.fixed_n1 else n1_choices(device):
+        for n1 in design_n1s(design, device):
             num_b = -(-n // (n1 * width))
             blocks = design.blocks_along_a(stats.num_tiles) * -(-num_b // design.column_walks)
             threads = design.block_threads(n1)

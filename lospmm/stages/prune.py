@@ -60,8 +60,9 @@ class NMPattern:
     def __str__(self) -> str:
         return f"{self.n}:{self.m}" + (f" (vectors of {self.vector} rows)" if self.vector > 1 else "")
 
-    def problem(self, layer: str, m: int, k: int) -> str:
-        """Why a layer of M rows and K columns cannot take this pattern ("" when it can)."""
+    def problem(self, layer: str, k: int) -> str:
+        """Why a layer of K columns cannot take this pattern ("" when it can): its groups run along K
+        (any row count takes it, a vector-wise pattern's last vector holding the rows left)."""
         if k < self.m:
             return f"{layer}: K={k} is narrower than one group of M={self.m} ({self.method})"
         if k % self.m:
@@ -159,7 +160,7 @@ def pruned_layer(
     if shape.m < 1 or shape.k < 1 or shape.n < 1:
         return _error(shape, s, f"{shape.layer}: empty GEMM (M={shape.m}, N={shape.n}, K={shape.k})")
     if pattern is not None:
-        problem = pattern.problem(shape.layer, shape.m, shape.k) or (
+        problem = pattern.problem(shape.layer, shape.k) or (
             _weight_problem(shape, weight) if weight is not None else "")
         if problem:
             return _error(shape, s, problem)

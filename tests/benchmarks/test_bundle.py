@@ -178,8 +178,28 @@ def test_a_build_without_nvdisasm_stops_before_anything_is_built_unless_told_to_
         raise NvdisasmMissing("nvdisasm not found")
 
     monkeypatch.setattr(sass, "nvdisasm", missing)
-    with pytest.raises(NvdisasmMissing, match=r"^b: nvdisasm not found: a bundle's rows carry each kernel's SASS"):
+    with pytest.raises(NvdisasmMissing) as raised:
         bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", say=lambda *_: None)
+    assert str(raised.value) == ("b: nvdisasm not found; a bundle's rows carry each kernel's SASS facts "
+                                 "(instructions per multiply-add, code bytes)")
     assert not (tmp_path / "b").exists()
     folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
-    assert bundle.bundle_facts(folder)["sass"] is False and "instructions" not in bundle.bundle_rows(folder)[0]
+    assert bundle.bundle_facts(folder)["sass"] == "none" and "instructions" not in bundle.bundle_rows(folder)[0]
+
+
+def test_a_build_resumed_with_sass_says_its_rows_carry_them_only_in_part(tmp_path, monkeypatch):
+    """bundle.json's `sass` is counted from the rows: a build resumed with nvdisasm after one without it
+    keeps the first kernels' rows as they were, so its facts are "partial", not the last setting's."""
+    from lospmm.kernel import sass
+
+    folder = bundle.build("b", _jobs()[:1], tmp_path, cache=tmp_path / "cache", sass=False, say=lambda *_: None)
+    assert bundle.bundle_facts(folder)["sass"] == "none"
+    monkeypatch.setattr(sass, "nvdisasm", lambda: "nvdisasm")  # CI has none: the facts are stood in for
+    monkeypatch.setattr(bundle, "sass_facts", lambda cubin, source: {"instructions": 100, "instructions_per_fma": 2.0})
+    folder = bundle.build("b", _jobs()[:2], tmp_path, cache=tmp_path / "cache", say=lambda *_: None)
+    rows = bundle.bundle_rows(folder)
+    assert [r["instructions"] for r in rows] == [None, 100]
+    assert bundle.bundle_facts(folder)["sass"] == "partial"
+    (folder / "kernels" / rows[0]["package"] / "row.json").unlink()  # built again, with its facts this time
+    assert bundle.bundle_facts(bundle.build("b", _jobs()[:2], tmp_path, cache=tmp_path / "cache",
+                                            say=lambda *_: None))["sass"] == "all"
