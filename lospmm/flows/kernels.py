@@ -120,7 +120,8 @@ def tile_problem(design: KernelDesign, m1: int, n1: int, device) -> None:
     block past what the design launches (KernelDesign.block_problem)."""
     if n1 not in design_n1s(design, device):  # the N1 the search would have tried
         if design.fixed_n1:
-            raise ValueError(f"--n1 {n1}: design {design.label} has N1 = {design.fixed_n1} (32 threads a tile's warp)")
+            raise ValueError(f"--n1 {n1}: design {short_design_label(design.label)} has N1 = {design.fixed_n1} "
+                             f"(32 threads a tile's warp)")
         raise ValueError(f"--n1 {n1}: threads per block are a multiple of {device.warp_size} up to "
                          f"{device.max_threads_per_block} on the {device.name}")
     problem = design.block_problem(m1, n1)

@@ -661,3 +661,32 @@ def test_a_layer_is_named_whole_or_by_text_only_it_contains():
     many = [f"block.{i}" for i in range(30)]
     with pytest.raises(LookupError, match=r"block.11 and 18 more \(lospmm inspect RUN --stage prune lists them\)"):
         layer_asked(many, "block")
+
+
+def test_lospmm_kernel_takes_a_tile_exactly_where_the_search_would_have_tried_it():
+    """tile_problem (lospmm kernel's --m1/--n1 check) and the constrain stage share one N1 rule
+    (constrain.design_n1s): every N1 the search tries passes, any other is refused with its reason."""
+    from lospmm.devices import device_named
+    from lospmm.flows.kernels import tile_problem
+    from lospmm.kernel.design import design_named
+    from lospmm.stages.constrain import constrained_candidates
+    from lospmm.stages.reorder import TileStats
+
+    h100 = device_named("h100")
+    stats = {4: TileStats(100, 50, 40.0, 4000, 30, 0.1)}
+    for label in ("baseline", "chained,v=4", "staged,tiles=8", "staged,tiles=4,warps=4", "chained,slices=4"):
+        design = design_named(label)
+        # the N1 the search tries, less a block the design cannot launch (registers are ptxas's to say)
+        searched = {c.n1 for c in constrained_candidates(4096, stats, h100, design=design)
+                    if not design.block_problem(4, c.n1)}
+        assert searched
+        for n1 in range(16, 1100, 16):
+            if n1 in searched:
+                tile_problem(design, 4, n1, h100)
+            else:
+                with pytest.raises(ValueError, match=f"^--(n1|m1 4 --n1) {n1}"):
+                    tile_problem(design, 4, n1, h100)
+    with pytest.raises(ValueError, match=r"^--n1 64: design staged,tiles=8 has N1 = 32"):
+        tile_problem(design_named("staged,tiles=8"), 4, 64, h100)
+    with pytest.raises(ValueError, match=r"^--m1 4 --n1 512: 4 slices × N1 = 512: 2048 threads a block, over 1024"):
+        tile_problem(design_named("chained,slices=4"), 4, 512, h100)
