@@ -313,6 +313,34 @@ def test_the_embedded_api_is_given_time_to_start_unless_the_user_set_a_timeout(m
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         assert not detach_embedded_api() and len(waited) == 2  # a real server: nothing started
 
+
+def test_the_embedded_apis_start_is_one_line_and_its_stop_none(monkeypatch, caplog):
+    """Prefect said "Starting temporary server on …" and a second line pointing at its docs, and
+    "Stopping temporary server" after the run's summary; a run says the start in one line."""
+    import logging
+
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from lospmm.flows.execution.server import ApiStartInOneLine, detach_embedded_api
+
+    def start(self, timeout=None):  # what Prefect's start and stop log, on its own logger
+        prefect_server.subprocess_server_logger.info("Starting temporary server on http://127.0.0.1:8917\nSee "
+                                                     "https://docs.prefect.io/v3/concepts/server for more.")
+        prefect_server.subprocess_server_logger.info("Stopping temporary server on http://127.0.0.1:8917")
+
+    monkeypatch.setattr(prefect_server.SubprocessASGIServer, "start", start)
+    monkeypatch.setattr(prefect_server, "subprocess", prefect_server.subprocess)
+    prefect_logger = logging.getLogger("prefect")
+    monkeypatch.setattr(prefect_logger, "filters", list(prefect_logger.filters))  # restored after the test
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), caplog.at_level(logging.INFO, logger="prefect"):
+        detach_embedded_api()
+        detach_embedded_api()  # again in one process: one filter, not two
+    said = [r.getMessage() for r in caplog.records if r.name == "prefect"]
+    assert said == ["Starting the run's embedded Prefect API on http://127.0.0.1:8917 (PREFECT_API_URL points "
+                    "runs at a Prefect server of your own)"] * 2
+    assert sum(isinstance(f, ApiStartInOneLine) for f in prefect_logger.filters) == 1
+
 # 5. Messages that name the file or layer and the problem.
 
 def test_kernel_out_naming_an_existing_file_says_so(tmp_path):

@@ -17,6 +17,7 @@ With PREFECT_API_URL set (a real server) nothing changes.
 from __future__ import annotations
 
 import ctypes
+import logging
 import signal
 import subprocess
 import threading
@@ -60,6 +61,22 @@ class _DetachedSubprocess:
             return subprocess.Popen(*args, **detached, **{"stdout": out, "stderr": subprocess.STDOUT, **kwargs})
 
 
+class ApiStartInOneLine(logging.Filter):
+    """Prefect says that it starts its temporary server in two lines (the second points at its docs)
+    and that it stops it, after the run's summary; a run says the start in one line, with where a
+    server of the user's own goes, and not the stop (the run's own last line says how it ended)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Stopping temporary server on "):
+            return False
+        if message.startswith("Starting temporary server on "):
+            address = message.splitlines()[0].rsplit(" ", 1)[-1]
+            record.msg, record.args = (f"Starting the run's embedded Prefect API on {address} (PREFECT_API_URL "
+                                       f"points runs at a Prefect server of your own)"), ()
+        return True
+
+
 def api_log() -> Path:
     """Where the embedded API's own output goes (its errors: it runs with --log-level error)."""
     from prefect.settings import PREFECT_HOME
@@ -87,6 +104,9 @@ def detach_embedded_api() -> bool:
 
     if not isinstance(prefect_server.subprocess, _DetachedSubprocess):
         prefect_server.subprocess = _DetachedSubprocess()
+    from lospmm.flows.execution.taskio import installed
+
+    installed(ApiStartInOneLine, ("prefect",))  # the logger Prefect's server module says it on
     prefect_server.SubprocessASGIServer().start(timeout=api_start_timeout())  # Prefect's client's own instance
     return True
 
