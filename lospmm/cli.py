@@ -454,8 +454,7 @@ def kernel(
                 if given is not None:
                     raise ValueError(f"{flag}: the kernel the run served is in its own number format; give --design "
                                      f"(with --m1 and --n1 for a baked one) to write another")
-        elif design is not None:
-            _asked_design(design, m1, n1)  # before any run is read
+        asked = _asked_design(design, m1, n1) if design is not None else None  # before any run is read
         record = run_record(artifacts, run_id)
         cfg = record["config"]  # what the run's kernels were, where not told otherwise
         if as_served:
@@ -466,10 +465,11 @@ def kernel(
             layer, sparsity, implicit_conv, model = served.layer, served.sparsity, served.implicit_conv, served.model
             m1, n1, kernel_design = served.m1, served.n1, served.design
         else:
-            if design is None:  # the run's, but auto searched designs per layer: its default then
+            if asked is None:  # the run's, but auto searched designs per layer: its default then
                 design = cfg.get("design") or _RUN.design
-                design = _RUN.design if design == "auto" or not read_design(design).tiled else design
-            kernel_design = source_design(_asked_design(design, m1, n1), dtype or _run_dtype(record),
+                asked = _asked_design(_RUN.design if design == "auto" or not read_design(design).tiled else design,
+                                      m1, n1)
+            kernel_design = source_design(asked, dtype or _run_dtype(record),
                                           (cfg.get("accumulate") or "packed") if accumulate is None else accumulate,
                                           (cfg.get("promote_every") or 0) if promote_every is None else promote_every)
             m1, n1 = m1 or 0, n1 or 0
